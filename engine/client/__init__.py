@@ -1,0 +1,1 @@
+"""OpenAI-compatible chat-completions client (OpenRouter dialect): types, SSE parsing, errors, retries."""

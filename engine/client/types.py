@@ -1,0 +1,185 @@
+"""Value types shared by the client, the store and the scheduler.
+
+Wire facts follow ``shared/reference/openrouter.md`` (OpenRouter chat-completions, late 2026).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token usage and cost of one generation, as billed by the provider.
+
+    Attributes:
+        prompt_tokens: tokens of the prompt (tokens).
+        completion_tokens: generated tokens, reasoning INCLUDED (tokens).
+        reasoning_tokens: the reasoning part of ``completion_tokens`` (tokens), 0 when not reported.
+        cost_usd: ``usage.cost`` in USD credits, or ``None`` when the provider did not report it.
+    """
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost_usd: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One assistant tool call in OpenAI shape; ``arguments`` is the provider's JSON string, verbatim."""
+
+    id: str
+    name: str
+    arguments: str
+    type: str = "function"
+
+    def to_openai(self) -> dict[str, Any]:
+        """Return ``{"id", "type", "function": {"name", "arguments"}}``."""
+        return {"id": self.id, "type": self.type, "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A finished generation.
+
+    Attributes:
+        reasoning: the reasoning text (``reasoning`` / ``reasoning_content`` / ``reasoning_details``).
+        content: the answer text ("" when the model produced none).
+        tool_calls: assembled tool calls, in index order.
+        finish_reason: ``stop`` | ``length`` | ``tool_calls`` | ``content_filter`` | ... (never ``error``:
+            errors raise :class:`RequestError`).
+        native_finish_reason: the provider's own finish reason, when given.
+        usage: billed usage (see :class:`Usage`); zeros when the provider sent none.
+        provider: provider display name from the response's ``provider`` field ("" if absent).
+        model: model id the response names (may be a dated id).
+        generation_id: ``id`` of the response / ``X-Generation-Id`` header.
+        latency_s: seconds from sending the request to the end of the response.
+        ttft_s: seconds from sending to the first content/reasoning/tool-call byte (None if none came).
+    """
+
+    reasoning: str
+    content: str
+    tool_calls: tuple[ToolCall, ...]
+    finish_reason: str
+    native_finish_reason: str | None
+    usage: Usage
+    provider: str
+    model: str
+    generation_id: str
+    latency_s: float
+    ttft_s: float | None
+
+
+class ErrorClass(str, enum.Enum):
+    """How a failed request is classified; the value is the label counted in ``status`` ``errors``."""
+
+    RATE_LIMIT = "rate_limit"  # 429
+    SERVER = "server"  # 500 502 503 529 and other 5xx
+    TIMEOUT = "timeout"  # 408 524, total-time limit
+    MIDSTREAM = "midstream"  # error chunk inside a 200 stream, or 200 body carrying an error
+    DISCONNECT = "disconnect"  # connection reset / closed before [DONE]
+    STALL = "stall"  # no bytes for the stall timeout
+    CONNECT = "connect"  # could not connect
+    PROTOCOL = "protocol"  # unparseable body / chunk
+    BAD_REQUEST = "bad_request"  # 400 (incl. context length exceeded): fail the prompt
+    FORBIDDEN = "forbidden"  # 403 moderation / permission: fail the prompt
+    AUTH = "auth"  # 401: stop the run
+    CREDITS = "credits"  # 402: pause everything
+    OTHER = "other"  # any other 4xx: fail the prompt
+
+    @property
+    def retryable(self) -> bool:
+        """True for transient classes that are retried with backoff."""
+        return self in _RETRYABLE
+
+    @property
+    def fatal(self) -> bool:
+        """True for classes that stop (401) or pause (402) the whole run rather than one prompt."""
+        return self in (ErrorClass.AUTH, ErrorClass.CREDITS)
+
+
+_RETRYABLE = frozenset(
+    {
+        ErrorClass.RATE_LIMIT,
+        ErrorClass.SERVER,
+        ErrorClass.TIMEOUT,
+        ErrorClass.MIDSTREAM,
+        ErrorClass.DISCONNECT,
+        ErrorClass.STALL,
+        ErrorClass.CONNECT,
+        ErrorClass.PROTOCOL,
+    }
+)
+
+
+class RequestError(Exception):
+    """A request that did not yield a :class:`Completion`.
+
+    Attributes:
+        error_class: the :class:`ErrorClass`.
+        status: HTTP status (0 when none, e.g. a reset before headers).
+        message: provider message or local reason; never contains the API key.
+        retry_after_s: seconds the server asked us to wait (``Retry-After`` or ``X-RateLimit-Reset``), or None.
+        provider: provider name if the error names one.
+        generation_id: generation id if one was seen before the failure.
+        tokens_received: completion tokens estimated from text streamed before the failure (a lower bound
+            of what an aborted stream may be billed; the usage chunk is lost).
+        partial_cost_usd: cost reported before the failure, if any.
+    """
+
+    def __init__(
+        self,
+        error_class: ErrorClass,
+        message: str,
+        *,
+        status: int = 0,
+        retry_after_s: float | None = None,
+        provider: str = "",
+        generation_id: str = "",
+        tokens_received: int = 0,
+        partial_cost_usd: float | None = None,
+    ) -> None:
+        super().__init__(f"{error_class.value}{f' HTTP {status}' if status else ''}: {message}")
+        self.error_class = error_class
+        self.status = status
+        self.message = message
+        self.retry_after_s = retry_after_s
+        self.provider = provider
+        self.generation_id = generation_id
+        self.tokens_received = tokens_received
+        self.partial_cost_usd = partial_cost_usd
+
+    @property
+    def retryable(self) -> bool:
+        """Whether the request may be tried again (see :attr:`ErrorClass.retryable`)."""
+        return self.error_class.retryable
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    """What to send: the request body fields other than ``stream`` (which the client sets).
+
+    Attributes:
+        messages: OpenAI-shape messages.
+        tools: OpenAI-shape tools (omitted from the body when empty).
+        max_tokens: completion cap in tokens (always sent: see openrouter.md, credit pre-check).
+        body: every other body field (model, temperature, top_p, seed, reasoning, provider, extra fields).
+    """
+
+    messages: list[dict[str, Any]]
+    max_tokens: int
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    body: dict[str, Any] = field(default_factory=dict)
+
+    def to_body(self, stream: bool) -> dict[str, Any]:
+        """Return the JSON body to POST."""
+        out: dict[str, Any] = dict(self.body)
+        out["messages"] = self.messages
+        if self.tools:
+            out["tools"] = self.tools
+        out["max_tokens"] = self.max_tokens
+        out["stream"] = stream
+        return out

@@ -1,0 +1,85 @@
+"""Prompts: the unit of work, and the stable key that makes resume independent of row order.
+
+A prompt is a list of OpenAI-shape chat messages (``{"role", "content", ...}``) that ends with a
+``user`` or ``tool`` turn, plus an optional list of OpenAI-shape tool definitions. Its key is the
+SHA-256 of its canonical JSON (sorted keys, no whitespace, UTF-8), so the same conversation gets the
+same key whichever file row, order or run it comes from (pitfall 4 of ``eagle3-data.md``: resume by
+a stable key, never by counting output lines).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Roles a prompt message may carry (OpenAI chat-completions roles).
+ROLES = frozenset({"system", "user", "assistant", "tool"})
+
+
+def canonical_json(obj: Any) -> str:
+    """Serialise ``obj`` deterministically: sorted keys, no spaces, non-ASCII kept as UTF-8."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def prompt_key(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+    """Return the stable key of a prompt: 32 hex chars (128 bits) of SHA-256 over canonical JSON.
+
+    ``tools`` of ``None`` and ``[]`` give the same key.
+    """
+    payload = canonical_json({"messages": messages, "tools": tools or []})
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    """One prompt ready to send.
+
+    Attributes:
+        messages: OpenAI-shape chat messages; the last one has role ``user`` or ``tool``.
+        tools: OpenAI-shape tool definitions (``{"type": "function", "function": {...}}``), or empty.
+        key: :func:`prompt_key` of ``messages`` and ``tools``.
+        source: where it came from, ``"path:line"`` (line is 1-based; for a JSON array, the element
+            index + 1; for Parquet, the row index + 1).
+    """
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    key: str = ""
+    source: str = ""
+
+    @staticmethod
+    def make(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, source: str) -> "Prompt":
+        """Build a prompt and compute its key."""
+        tools = list(tools or [])
+        return Prompt(messages=messages, tools=tools, key=prompt_key(messages, tools), source=source)
+
+    def char_count(self) -> int:
+        """Characters of text in the prompt (message contents + tool JSON), for token estimates."""
+        n = 0
+        for m in self.messages:
+            c = m.get("content")
+            if isinstance(c, str):
+                n += len(c)
+            elif c is not None:
+                n += len(canonical_json(c))
+        if self.tools:
+            n += len(canonical_json(self.tools))
+        return n
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """A dataset row that could not become a prompt.
+
+    Attributes:
+        source: ``"path:line"`` as in :class:`Prompt`.
+        reason: short human-readable reason, e.g. ``"invalid JSON: Expecting ',' delimiter"``.
+    """
+
+    source: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.source}: {self.reason}"
