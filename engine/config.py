@@ -1,0 +1,388 @@
+"""Run configuration: the ``config.toml`` schema, validated with pydantic.
+
+Every section forbids unknown keys, so a typo is an error naming the key instead of a silently
+ignored setting. :func:`load_config` raises :class:`ConfigError` whose message names the file, the
+key path (``datasets[2].token_budget``) and what was expected, before any request is sent.
+Relative paths are resolved against the directory of the config file.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+#: OpenRouter's base URL (used when ``provider.kind = "openrouter"`` and no ``base_url`` is given).
+OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message names the file, key and expectation."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RunSection(_Strict):
+    """``[run]``: identity and bookkeeping of one run.
+
+    Attributes:
+        name: run name shown in status and the dashboard.
+        dir: run directory holding ``store.sqlite``, logs and exports (created owner-only).
+        progress_interval_s: seconds between headless progress lines.
+        commit_interval_s: upper bound on seconds between store commits (results are never lost
+            to a crash older than this window).
+        max_attempts: attempts per prompt (first try + retries) before it is failed.
+        drain_timeout_s: on quit/SIGTERM, seconds to let in-flight requests finish before aborting.
+    """
+
+    name: str = "run"
+    dir: Path = Path("runs/run")
+    progress_interval_s: float = Field(5.0, gt=0)
+    commit_interval_s: float = Field(1.0, gt=0, le=10)
+    max_attempts: int = Field(6, ge=1, le=100)
+    drain_timeout_s: float = Field(60.0, ge=0)
+
+
+class TimeoutsSection(_Strict):
+    """``[provider.timeouts]`` in seconds: connect, stall (no bytes for N s), total per request."""
+
+    connect_s: float = Field(10.0, gt=0)
+    stall_s: float = Field(120.0, gt=0)
+    total_s: float = Field(1800.0, gt=0)
+
+
+class MaxPrice(_Strict):
+    """OpenRouter ``provider.max_price`` in USD per million tokens."""
+
+    prompt: float | None = Field(None, ge=0)
+    completion: float | None = Field(None, ge=0)
+
+
+class RoutingSection(_Strict):
+    """``[provider.routing]``: passed verbatim (minus unset keys) as OpenRouter's ``provider`` object.
+
+    Field meanings follow OpenRouter's provider-routing docs (see shared/reference/openrouter.md).
+    """
+
+    order: list[str] | None = None
+    only: list[str] | None = None
+    ignore: list[str] | None = None
+    quantizations: list[
+        Literal["int4", "int8", "fp4", "mxfp4", "nvfp4", "fp6", "fp8", "mxfp8", "fp16", "bf16", "fp32", "unknown"]
+    ] | None = None
+    allow_fallbacks: bool | None = None
+    require_parameters: bool | None = None
+    data_collection: Literal["allow", "deny"] | None = None
+    sort: Literal["price", "throughput", "latency"] | None = None
+    max_price: MaxPrice | None = None
+
+    def to_provider_object(self) -> dict[str, Any]:
+        """Return the ``provider`` request object, or ``{}`` when nothing is set."""
+        return self.model_dump(exclude_none=True)
+
+
+class SimSection(_Strict):
+    """``[provider.sim]``: the built-in simulator (see ``datagen sim --help`` for each option)."""
+
+    seed: int = 0
+    latency_ms: float = Field(0.0, ge=0)
+    tokens_per_s: float = Field(0.0, ge=0)
+    mean_completion_tokens: int = Field(400, ge=1)
+    credits_usd: float | None = Field(None, ge=0)
+    price_in: float = Field(0.40, ge=0)
+    price_out: float = Field(1.90, ge=0)
+    tokenizer: Path | None = None
+    faults: str = ""
+    providers: list[str] = Field(default_factory=lambda: ["SimA", "SimB", "SimC"], min_length=1)
+    cancellable: list[str] = Field(default_factory=lambda: ["SimA", "SimB"])
+    log: Path | None = None
+
+    @field_validator("faults")
+    @classmethod
+    def _faults_parse(cls, v: str) -> str:
+        if v:
+            from engine.sim import parse_faults
+
+            parse_faults(v)
+        return v
+
+
+class ProviderSection(_Strict):
+    """``[provider]``: where completions are bought.
+
+    Attributes:
+        kind: ``openrouter`` | ``openai`` (any OpenAI-compatible server, e.g. vLLM/SGLang) |
+            ``simulated`` (the built-in simulator on an ephemeral loopback port; no key, no network).
+        base_url: API root ending in ``/v1`` (e.g. ``https://openrouter.ai/api/v1``); ignored for
+            ``simulated``. Must be http(s); a key is never sent over plain http except to loopback.
+        model: model id sent in every request.
+        api_key_env: NAME of the environment variable holding the key (never the key itself).
+        api_key_file: optional path of a file holding the key (used when the variable is unset).
+        stream: stream responses with SSE (default) or not.
+    """
+
+    kind: Literal["openrouter", "openai", "simulated"] = "simulated"
+    base_url: str | None = None
+    model: str = "moonshotai/kimi-k2.5"
+    api_key_env: str = "OPENROUTER_API_KEY"
+    api_key_file: Path | None = None
+    stream: bool = True
+    timeouts: TimeoutsSection = Field(default_factory=TimeoutsSection)
+    routing: RoutingSection = Field(default_factory=RoutingSection)
+    sim: SimSection = Field(default_factory=SimSection)
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        u = urlparse(v)
+        if u.scheme not in ("http", "https") or not u.netloc:
+            raise ValueError(f"expected an http(s) URL like https://openrouter.ai/api/v1, got {v!r}")
+        return v.rstrip("/")
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, v: str) -> str:
+        if not v or not all(c.isalnum() or c == "_" for c in v) or v.startswith(("sk-", "sk_")):
+            raise ValueError(f"expected the NAME of an environment variable (e.g. OPENROUTER_API_KEY), got {v[:6]!r}...")
+        return v
+
+    @model_validator(mode="after")
+    def _needs_url(self) -> "ProviderSection":
+        if self.kind == "openai" and not self.base_url:
+            raise ValueError("kind 'openai' needs base_url (e.g. http://127.0.0.1:8000/v1)")
+        return self
+
+    def resolved_base_url(self) -> str | None:
+        """``base_url``, or OpenRouter's for kind ``openrouter``; None for ``simulated``."""
+        if self.kind == "simulated":
+            return None
+        return self.base_url or OPENROUTER_BASE_URL
+
+
+class GenerationSection(_Strict):
+    """``[generation]``: sampling fields sent with every request.
+
+    ``reasoning`` is OpenRouter's reasoning object (``{effort = "high"}`` or ``{max_tokens = N}``,
+    ``exclude``, ``enabled``); ``extra_body`` is merged into the request body last.
+    """
+
+    temperature: float | None = Field(1.0, ge=0, le=2)
+    top_p: float | None = Field(0.95, gt=0, le=1)
+    seed: int | None = None
+    reasoning: dict[str, Any] | None = None
+    extra_body: dict[str, Any] = Field(default_factory=dict)
+
+
+class ClassSection(_Strict):
+    """``[classes.NAME]``: a request class with its own concurrency and completion cap.
+
+    A prompt belongs to the class that lists its dataset in ``datasets``; otherwise to the class
+    with the largest ``min_prompt_tokens`` not above the prompt's estimated tokens.
+
+    Attributes:
+        max_tokens: completion cap per request (tokens), always sent.
+        concurrency: requests of this class in flight at once.
+        min_prompt_tokens: smallest estimated prompt length (tokens) of this class.
+        datasets: dataset names that always belong to this class.
+    """
+
+    max_tokens: int = Field(ge=1)
+    concurrency: int = Field(ge=1, le=100_000)
+    min_prompt_tokens: int = Field(0, ge=0)
+    datasets: list[str] = Field(default_factory=list)
+
+
+class DatasetSection(_Strict):
+    """``[[datasets]]``: one prompt file.
+
+    Attributes:
+        name: unique name (letters, digits, ``_ - .``).
+        path: JSONL, JSON array or Parquet file.
+        format: row format (``auto`` or one of ``engine.datasets.FORMATS``).
+        max_prompts: take at most this many valid prompts, in file order.
+        token_budget: completion-token budget (tokens); enforcement by the budget module.
+        fields: optional column renames, e.g. ``{messages = "dialog"}``.
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$", max_length=64)
+    path: Path
+    format: str = "auto"
+    max_prompts: int | None = Field(None, ge=1)
+    token_budget: int | None = Field(None, ge=1)
+    fields: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("format")
+    @classmethod
+    def _format(cls, v: str) -> str:
+        from engine.datasets import FORMATS
+
+        if v not in FORMATS:
+            raise ValueError(f"expected one of {', '.join(FORMATS)}, got {v!r}")
+        return v
+
+
+def _default_classes() -> dict[str, ClassSection]:
+    return {
+        "short": ClassSection(max_tokens=10_240, concurrency=2_000, min_prompt_tokens=0),
+        "long": ClassSection(max_tokens=16_384, concurrency=500, min_prompt_tokens=8_000),
+    }
+
+
+class Config(_Strict):
+    """The whole ``config.toml``."""
+
+    run: RunSection = Field(default_factory=RunSection)
+    provider: ProviderSection = Field(default_factory=ProviderSection)
+    generation: GenerationSection = Field(default_factory=GenerationSection)
+    classes: dict[str, ClassSection] = Field(default_factory=_default_classes, min_length=1)
+    datasets: list[DatasetSection] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _cross(self) -> "Config":
+        names = [d.name for d in self.datasets]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"dataset names must be unique; repeated: {', '.join(dup)}")
+        for cname, c in self.classes.items():
+            unknown = [d for d in c.datasets if d not in names]
+            if unknown:
+                raise ValueError(f"classes.{cname}.datasets names unknown dataset(s): {', '.join(unknown)}")
+        if not any(c.min_prompt_tokens == 0 for c in self.classes.values()):
+            raise ValueError("one class must have min_prompt_tokens = 0 so every prompt has a class")
+        return self
+
+    def class_for(self, dataset: str, est_prompt_tokens: int) -> str:
+        """Return the class name for a prompt of ``dataset`` with ``est_prompt_tokens`` tokens."""
+        for name, c in self.classes.items():
+            if dataset in c.datasets:
+                return name
+        best, best_min = "", -1
+        for name, c in self.classes.items():
+            if best_min < c.min_prompt_tokens <= est_prompt_tokens:
+                best, best_min = name, c.min_prompt_tokens
+        return best
+
+    def dataset(self, name: str) -> DatasetSection:
+        """Return the dataset section called ``name`` (KeyError if none)."""
+        for d in self.datasets:
+            if d.name == name:
+                return d
+        raise KeyError(name)
+
+
+def _loc(loc: tuple[Any, ...], data: dict[str, Any]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("function-after", "function-before") or str(part).startswith(("function-", "literal[")):
+            continue
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def _format_errors(path: Path, err: ValidationError, data: dict[str, Any]) -> str:
+    lines = [f"{path}: invalid configuration:"]
+    for e in err.errors():
+        key = _loc(e["loc"], data)
+        kind = e["type"]
+        if kind == "extra_forbidden":
+            msg = "unknown key (check the spelling; see README 'Configuration')"
+        elif kind == "missing":
+            msg = "required key is missing"
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            if "input" in e and kind not in ("value_error",) and not isinstance(e["input"], dict):
+                msg += f" (got {e['input']!r})"
+        lines.append(f"  {key}: {msg}")
+    return "\n".join(lines)
+
+
+def _resolve_paths(cfg: Config, base: Path) -> Config:
+    def rel(p: Path | None) -> Path | None:
+        if p is None:
+            return None
+        p = p.expanduser()
+        return p if p.is_absolute() else (base / p)
+
+    datasets = [d.model_copy(update={"path": rel(d.path)}) for d in cfg.datasets]
+    sim = cfg.provider.sim.model_copy(update={"tokenizer": rel(cfg.provider.sim.tokenizer), "log": rel(cfg.provider.sim.log)})
+    provider = cfg.provider.model_copy(update={"sim": sim, "api_key_file": rel(cfg.provider.api_key_file)})
+    run = cfg.run.model_copy(update={"dir": rel(cfg.run.dir)})
+    return cfg.model_copy(update={"datasets": datasets, "provider": provider, "run": run})
+
+
+def parse_config(data: dict[str, Any], path: Path = Path("config.toml"), *, check_files: bool = True) -> Config:
+    """Validate an already-parsed TOML mapping.
+
+    Args:
+        data: the TOML document as a dict.
+        path: the file it came from (for messages and resolving relative paths).
+        check_files: verify that every dataset ``path`` exists and is a readable file.
+
+    Raises:
+        ConfigError: naming ``path``, the key and what was expected.
+    """
+    try:
+        cfg = Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(path, e, data)) from None
+    cfg = _resolve_paths(cfg, path.parent)
+    if check_files:
+        problems = []
+        for i, d in enumerate(cfg.datasets):
+            if not d.path.exists():
+                problems.append(f"  datasets[{i}].path ({d.name}): file not found: {d.path}")
+            elif not d.path.is_file():
+                problems.append(f"  datasets[{i}].path ({d.name}): not a file: {d.path}")
+            elif not os.access(d.path, os.R_OK):
+                problems.append(f"  datasets[{i}].path ({d.name}): not readable: {d.path}")
+        tok = cfg.provider.sim.tokenizer
+        if cfg.provider.kind == "simulated" and tok is not None and not tok.exists():
+            problems.append(f"  provider.sim.tokenizer: not found: {tok}")
+        if problems:
+            raise ConfigError(f"{path}: invalid configuration:\n" + "\n".join(problems))
+    return cfg
+
+
+def load_config(path: str | Path, *, check_files: bool = True) -> Config:
+    """Read and validate a ``config.toml``.
+
+    Raises:
+        ConfigError: file missing/unreadable, TOML syntax error (with line), or invalid values.
+    """
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config file: {e.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: config is not UTF-8 (byte {e.start})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: TOML syntax error: {e}") from None
+    return parse_config(data, path.resolve(), check_files=check_files)
+
+
+def is_loopback_url(url: str) -> bool:
+    """True when ``url``'s host is loopback (127.0.0.0/8, ::1 or ``localhost``)."""
+    host = urlparse(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -1,0 +1,73 @@
+"""The engine's command surface: what the dashboard keys and ``datagen ctl`` call.
+
+Every method validates its arguments (unknown dataset or class -> ``ValueError`` naming it and the
+valid choices), acts on the event loop at once, and returns a short human-readable result.
+"""
+
+from __future__ import annotations
+
+from engine.scheduler import Scheduler
+from engine.snapshot import RunSnapshot
+
+
+class Controller:
+    """Commands on a running :class:`~engine.scheduler.Scheduler`.
+
+    Pause = drain (stop dispatching; in-flight requests finish and are saved). Skip = the
+    dataset's pending prompts count as skipped (in-flight ones drain unless ``abort``). Abort =
+    cancel in-flight streams now; their prompts return to pending. Paused and skipped states are
+    persisted in the store, so a restart honours them.
+    """
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._s = scheduler
+
+    def snapshot(self) -> RunSnapshot:
+        """Immutable snapshot of the engine (see :mod:`engine.snapshot`)."""
+        return self._s.snapshot()
+
+    def _ds(self, name: str) -> str:
+        if name not in self._s.datasets:
+            raise ValueError(f"unknown dataset {name!r}; expected one of: {', '.join(self._s.datasets)}")
+        return name
+
+    async def pause(self, dataset: str | None = None, reason: str = "paused by user") -> str:
+        """Pause one dataset, or the whole run when ``dataset`` is None."""
+        if dataset is None:
+            self._s.pause_all(reason)
+            return "run paused (in-flight requests drain)"
+        await self._s.set_dataset_control(self._ds(dataset), "paused", reason)
+        return f"{dataset} paused"
+
+    async def resume(self, dataset: str | None = None) -> str:
+        """Resume one dataset (paused or skipped), or the whole run when ``dataset`` is None."""
+        if dataset is None:
+            self._s.resume_all()
+            return "run resumed"
+        await self._s.set_dataset_control(self._ds(dataset), "active", "")
+        return f"{dataset} resumed"
+
+    async def skip(self, dataset: str, abort: bool = False, reason: str = "skipped by user") -> str:
+        """Skip a dataset: no more dispatch, pending prompts count as skipped; ``abort`` cancels its in-flight."""
+        await self._s.set_dataset_control(self._ds(dataset), "skipped", reason)
+        n = self._s.abort(dataset) if abort else 0
+        return f"{dataset} skipped" + (f", {n} in-flight aborted" if abort else "")
+
+    def abort(self, dataset: str | None = None) -> str:
+        """Cancel in-flight requests (of ``dataset`` or all) now; their prompts return to pending."""
+        n = self._s.abort(self._ds(dataset) if dataset else None)
+        return f"{n} in-flight request(s) aborted"
+
+    async def set_concurrency(self, cls: str, n: int) -> str:
+        """Set request class ``cls``'s concurrency to ``n`` (>= 0) at once."""
+        if cls not in self._s.limiters:
+            raise ValueError(f"unknown class {cls!r}; expected one of: {', '.join(self._s.limiters)}")
+        if n < 0:
+            raise ValueError(f"concurrency must be >= 0, got {n}")
+        await self._s.set_concurrency(cls, n)
+        return f"class {cls} concurrency {n}"
+
+    def stop(self, reason: str = "stopped by user", abort: bool = False) -> str:
+        """Stop the run (drain, or abort with ``abort``)."""
+        self._s.stop(reason, abort=abort)
+        return "run stopping"

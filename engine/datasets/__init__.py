@@ -1,0 +1,139 @@
+"""Public prompt datasets -> prompts: read a file row by row and turn each row into a ``Prompt``.
+
+Public API::
+
+    FORMATS                                   # accepted format names, "auto" first
+    iter_prompts(path, format="auto", fields=None) -> Iterator[Prompt | Reject]
+    detect_format(row) -> str | None
+    DatasetError                              # whole-file problems
+
+File formats live in :mod:`engine.datasets.readers`, row formats and the multi-turn prompt rule in
+:mod:`engine.datasets.adapters` (glaive's text format in :mod:`engine.datasets.glaive`); this module
+ties them together (:func:`row_to_prompt`: rename fields, pick the adapter, cut, build the Prompt).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from engine.datasets.adapters import (
+    ADAPTERS,
+    EXPECTED_KEYS,
+    FIELD_KEYS,
+    AdapterError,
+    MissingField,
+    cut_prompt,
+    detect_format,
+)
+from engine.datasets.readers import DatasetError, Record, open_records
+from engine.prompts import Prompt, Reject
+
+__all__ = ["FORMATS", "DatasetError", "detect_format", "iter_prompts", "row_to_prompt"]
+
+#: Every format name ``iter_prompts`` accepts: ``"auto"`` (detect per row), then one per adapter.
+FORMATS: tuple[str, ...] = ("auto", *sorted(ADAPTERS))
+
+
+def iter_prompts(
+    path: str | Path, format: str = "auto", fields: dict[str, str] | None = None
+) -> Iterator[Prompt | Reject]:
+    """Stream the prompts of one dataset file, one item per row, in file order.
+
+    Args:
+        path: a ``.jsonl``/``.ndjson``, ``.json`` (array, JSON lines, or one ``.traj`` object) or
+            ``.parquet`` file. JSON lines and Parquet are read incrementally; a JSON array is held
+            in memory but decoded element by element (a truncated array still yields its complete
+            elements, then one ``Reject``).
+        format: one of :data:`FORMATS`; ``"auto"`` picks the adapter per row with
+            :func:`detect_format`, so mixed files work.
+        fields: optional renames, canonical name -> source column, canonical names from
+            ``{"messages", "conversations", "system", "prompt", "instruction", "input", "tools"}``;
+            e.g. ``{"prompt": "question"}`` reads the ``text`` prompt from column ``question``.
+
+    Returns:
+        an iterator yielding, per non-blank row, a ``Prompt`` (messages ending with a user or tool
+        turn; ``source`` is ``"path:line"``) or a ``Reject(source, reason)``. Bad rows never raise.
+
+    Raises:
+        DatasetError: at call time for an unknown format name, a bad ``fields`` mapping, or a file
+            that is missing, unreadable or not JSON lines / JSON / Parquet; during iteration only if
+            a Parquet file fails mid-read.
+    """
+    if format not in FORMATS:
+        raise DatasetError(f"{path}: unknown format {format!r}; expected one of: {', '.join(FORMATS)}")
+    _check_fields(path, fields)
+    return _prompts(open_records(path), format, dict(fields) if fields else None)
+
+
+def _check_fields(path: str | Path, fields: Mapping[str, str] | None) -> None:
+    if fields is None:
+        return
+    if not isinstance(fields, Mapping):
+        raise DatasetError(f"{path}: fields must be a mapping of canonical name -> column, got {type(fields).__name__}")
+    for key, column in fields.items():
+        if key not in FIELD_KEYS:
+            raise DatasetError(
+                f"{path}: unknown field mapping key {key!r}; expected keys from: {', '.join(sorted(FIELD_KEYS))}"
+            )
+        if not isinstance(column, str) or not column:
+            raise DatasetError(f"{path}: field mapping {key!r} -> {column!r}: the column must be a non-empty string")
+
+
+def _prompts(
+    records: Iterator[Record | Reject], format: str, fields: dict[str, str] | None
+) -> Iterator[Prompt | Reject]:
+    for record in records:
+        if isinstance(record, Reject):
+            yield record
+        else:
+            source, row = record
+            yield row_to_prompt(row, source, format, fields)
+
+
+def rename_fields(row: dict[str, Any], fields: Mapping[str, str] | None) -> dict[str, Any]:
+    """Return ``row`` with each canonical name in ``fields`` taken from its mapped source column.
+
+    A mapped canonical name is absent from the result when its source column is absent.
+    """
+    if not fields:
+        return row
+    view = dict(row)
+    for canonical, column in fields.items():
+        if canonical != column:
+            view.pop(canonical, None)
+            if column in row:
+                view[canonical] = row[column]
+    return view
+
+
+def row_to_prompt(row: Any, source: str, format: str, fields: Mapping[str, str] | None = None) -> Prompt | Reject:
+    """Turn one parsed row into a ``Prompt`` or a ``Reject``; never raises for a bad row.
+
+    Args:
+        row: the parsed row (anything; a non-dict is rejected).
+        source: ``"path:line"`` for the result.
+        format: a key of :data:`ADAPTERS` or ``"auto"`` (detect per row).
+        fields: canonical name -> source column renames (keys from :data:`FIELD_KEYS`).
+    """
+    if not isinstance(row, dict):
+        return Reject(source, f"row is a {type(row).__name__}, expected a JSON object")
+    view = rename_fields(row, fields)
+    name = detect_format(view) if format == "auto" else format
+    if name is None:
+        keys = ", ".join(repr(k) for k in list(row)[:12]) + (", ..." if len(row) > 12 else "")
+        return Reject(source, f"unrecognised row format: keys [{keys}]; expected one of: {EXPECTED_KEYS}")
+    try:
+        conv = ADAPTERS[name](view)
+        return Prompt.make(cut_prompt(conv), conv.tools, source)
+    except MissingField as e:
+        column = (fields or {}).get(e.name, e.name)
+        mapped = f" (mapped to {e.name!r})" if column != e.name else ""
+        return Reject(source, f"{name}: missing field {column!r}{mapped}")
+    except AdapterError as e:
+        return Reject(source, f"{name}: {e}")
+    except UnicodeEncodeError:
+        return Reject(source, f"{name}: text holds a lone surrogate escape (e.g. \\ud800), not encodable as UTF-8")
+    except (TypeError, ValueError) as e:
+        return Reject(source, f"{name}: value not JSON-serialisable: {e}")

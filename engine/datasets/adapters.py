@@ -1,0 +1,404 @@
+"""Adapters: one parsed dataset row (a dict) -> one prompt, for each supported row format.
+
+Each adapter turns a row into a :class:`Conversation` (the whole conversation in OpenAI message
+shape, plus tools) or raises :class:`AdapterError` with a precise reason. :func:`cut_prompt` then
+applies the multi-turn rule shared by all formats: the prompt is the conversation up to, not
+including, its LAST assistant turn (the whole conversation if it has no assistant turn), and it
+must end with a ``user`` or ``tool`` turn. ``engine.datasets.row_to_prompt`` runs both.
+
+Formats (see ``shared/datasets/SOURCES.md`` for the datasets):
+
+=================== =============================================================================
+``openai``          ``messages: [{role, content, ...}]`` (+ ``tools``): B4 Mixture-of-Thoughts,
+                    B6 ultrachat_200k, any OpenAI-shape chat data.
+``sharegpt``        ``conversations: [{from, value}]`` (+ ``system``, ``tools``): B7 ShareGPT,
+                    B5 OpenThoughts-114k / OpenThoughts3.
+``instruction``     ``instruction`` (+ ``input``, + ``system``): B3 Magicoder Evol-Instruct, Alpaca.
+``oss_instruct``    ``problem`` as the user turn: B3 Magicoder OSS-Instruct.
+``opencodeinstruct`` ``input`` as the user turn: B2 nvidia/OpenCodeInstruct.
+``glaive``          ``system`` + ``chat`` flat strings: B1 glaive-function-calling-v2.
+``swe_agent``       ``history: [{role, content, tool_calls, tool_call_ids, ...}]``: B8 ``.traj``.
+``ultrachat``       ``data: [str, ...]`` alternating user/assistant: B6 stingning/ultrachat.
+``text``            ``prompt`` string as the user turn.
+=================== =============================================================================
+
+Message numbers in reasons (``"message N: ..."``) are 1-based positions in the row's own turn list
+(``messages``, ``conversations``, ``history``, ``data``, or the turns of a glaive ``chat``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.datasets.glaive import parse_call, parse_glaive
+from engine.prompts import ROLES
+
+#: Canonical field names a ``fields`` mapping may rename (canonical name -> source column).
+FIELD_KEYS = frozenset({"messages", "conversations", "system", "prompt", "instruction", "input", "tools"})
+
+_MISSING = object()
+_OPENAI_KEYS = ("name", "tool_calls", "tool_call_id")
+_SHAREGPT_ROLES = {
+    "human": "user", "user": "user",
+    "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant", "bing": "assistant",
+    "bard": "assistant", "model": "assistant",
+    "system": "system",
+    "tool": "tool", "function": "tool", "observation": "tool",
+    "function_call": "assistant",
+}
+
+
+class AdapterError(ValueError):
+    """A row that cannot become a prompt; ``str(err)`` is the reject reason."""
+
+
+class MissingField(AdapterError):
+    """A required top-level field is absent; ``name`` is its canonical name (before ``fields``)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"missing field {name!r}")
+        self.name = name
+
+
+@dataclass(slots=True)
+class Conversation:
+    """A whole conversation from one row.
+
+    Attributes:
+        messages: OpenAI-shape messages (``role`` always in ``engine.prompts.ROLES``).
+        tools: OpenAI-shape tool definitions.
+        offset: how many messages were added in front of the row's own turn list (e.g. a system
+            message from a separate ``system`` field); used to number messages in reasons.
+    """
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    offset: int = 0
+
+
+# ----------------------------------------------------------------------------- field helpers
+
+
+def _get(row: Mapping[str, Any], name: str) -> Any:
+    if name not in row:
+        raise MissingField(name)
+    return row[name]
+
+
+def _string(row: Mapping[str, Any], name: str) -> str:
+    value = _get(row, name)
+    if not isinstance(value, str):
+        raise AdapterError(f"field {name!r} is {_kind(value)}, expected a string")
+    return value
+
+
+def _list(row: Mapping[str, Any], name: str) -> list[Any]:
+    value = _get(row, name)
+    if not isinstance(value, list):
+        raise AdapterError(f"field {name!r} is {_kind(value)}, expected a list")
+    return value
+
+
+def _system(row: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """An optional ``system`` field as a leading system message (none if absent, null or blank)."""
+    value = row.get("system")
+    if value is None:
+        return []
+    if not isinstance(value, str):
+        raise AdapterError(f"field 'system' is {_kind(value)}, expected a string")
+    return [{"role": "system", "content": value}] if value.strip() else []
+
+
+def _tools(row: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """An optional ``tools`` field: a list (or JSON string of a list) of OpenAI tools or bare schemas."""
+    value = row.get("tools")
+    if value is None or value == "":
+        return []
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise AdapterError(f"field 'tools' is a string but not JSON: {e}") from None
+    if not isinstance(value, list):
+        raise AdapterError(f"field 'tools' is {_kind(value)}, expected a list")
+    tools = []
+    for n, tool in enumerate(value, 1):
+        if not isinstance(tool, dict):
+            raise AdapterError(f"tool {n}: {_kind(tool)}, expected an object")
+        if "function" not in tool and isinstance(tool.get("name"), str):
+            tool = {"type": "function", "function": tool}  # a bare function schema
+        tools.append(tool)
+    return tools
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else f"a {type(value).__name__}"
+
+
+# ----------------------------------------------------------------------------- adapters
+
+
+def adapt_openai(row: Mapping[str, Any]) -> Conversation:
+    """``{"messages": [{role, content, name?, tool_calls?, tool_call_id?}], "tools"?}``.
+
+    Only the OpenAI message keys are kept; keys with null values (as Parquet structs produce) drop.
+    """
+    messages = []
+    for n, m in enumerate(_list(row, "messages"), 1):
+        if not isinstance(m, dict):
+            raise AdapterError(f"message {n}: {_kind(m)}, expected an object")
+        role = m.get("role", _MISSING)
+        if role is _MISSING:
+            raise AdapterError(f"message {n}: missing field 'role'")
+        if role not in ROLES:
+            raise AdapterError(f"message {n}: unknown role {role!r}")
+        msg = {"role": role}
+        if "content" in m:
+            msg["content"] = m["content"]
+        for key in _OPENAI_KEYS:
+            if m.get(key) not in (None, [], ""):
+                msg[key] = m[key]
+        messages.append(msg)
+    return Conversation(messages, _tools(row))
+
+
+def adapt_sharegpt(row: Mapping[str, Any]) -> Conversation:
+    """``{"conversations": [{from, value}], "system"?, "tools"?}``; also ``{role, content}`` turns.
+
+    ``from``: human/user -> user; gpt/assistant/chatgpt/bing/bard/model -> assistant; system;
+    tool/function/observation -> tool; function_call -> assistant with ``tool_calls`` (value is a
+    ``{"name", "arguments"}`` payload; the next tool turn gets its ``tool_call_id``).
+    """
+    messages = _system(row)
+    offset = len(messages)
+    calls = 0
+    pending: str | None = None
+    for n, turn in enumerate(_list(row, "conversations"), 1):
+        if not isinstance(turn, dict):
+            raise AdapterError(f"message {n}: {_kind(turn)}, expected an object")
+        speaker = turn.get("from", turn.get("role", _MISSING))
+        if speaker is _MISSING:
+            raise AdapterError(f"message {n}: missing field 'from'")
+        role = _SHAREGPT_ROLES.get(speaker.lower()) if isinstance(speaker, str) else None
+        if role is None:
+            raise AdapterError(f"message {n}: unknown role {speaker!r}")
+        value = turn.get("value", turn.get("content", _MISSING))
+        if value is _MISSING:
+            raise AdapterError(f"message {n}: missing field 'value'")
+        msg: dict[str, Any] = {"role": role, "content": value}
+        if speaker.lower() == "function_call" and isinstance(value, str):
+            try:
+                name, arguments = parse_call(value)
+            except ValueError as e:
+                raise AdapterError(f"message {n}: {e}") from None
+            calls += 1
+            pending = f"call_{calls}"
+            call = {"id": pending, "type": "function", "function": {"name": name, "arguments": arguments}}
+            msg = {"role": "assistant", "content": "", "tool_calls": [call]}
+        elif role == "tool" and pending is not None:
+            msg["tool_call_id"] = pending
+        messages.append(msg)
+    return Conversation(messages, _tools(row), offset)
+
+
+def adapt_instruction(row: Mapping[str, Any]) -> Conversation:
+    """``{"instruction", "input"?, "response"|"output"?, "system"?, "history"?}``.
+
+    The user turn is the instruction, a blank line, then the input (if non-empty); Alpaca-style
+    ``history: [[query, answer], ...]`` pairs come before it as user/assistant turns, and the
+    answer (``response`` or ``output``, ``""`` if absent) closes the conversation, so the cut
+    before the last assistant turn always lands just after the instruction.
+    """
+    text = _string(row, "instruction")
+    extra = row.get("input")
+    if extra is not None and not isinstance(extra, str):
+        raise AdapterError(f"field 'input' is {_kind(extra)}, expected a string")
+    if extra and extra.strip():
+        text = f"{text}\n\n{extra}"
+    messages = _system(row)
+    offset = len(messages)
+    for n, pair in enumerate(row.get("history") or [], 1):
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
+            raise AdapterError(f"history entry {n}: expected a [query, answer] pair")
+        messages += [{"role": "user", "content": pair[0]}, {"role": "assistant", "content": pair[1]}]
+    answer = row.get("response", row.get("output", ""))
+    messages += [{"role": "user", "content": text}, {"role": "assistant", "content": answer}]
+    return Conversation(messages, offset=offset)
+
+
+def adapt_oss_instruct(row: Mapping[str, Any]) -> Conversation:
+    """Magicoder OSS-Instruct ``{"problem", "solution", "seed", ...}``: ``problem`` is the user turn."""
+    return Conversation([{"role": "user", "content": _string(row, "problem")}])
+
+
+def adapt_opencodeinstruct(row: Mapping[str, Any]) -> Conversation:
+    """nvidia/OpenCodeInstruct ``{"id", "input", "output", ...}``: ``input`` is the user turn."""
+    return Conversation([{"role": "user", "content": _string(row, "input")}])
+
+
+def adapt_glaive(row: Mapping[str, Any]) -> Conversation:
+    """glaive-function-calling-v2 ``{"system", "chat"}``; see :mod:`engine.datasets.glaive`."""
+    system = row.get("system")
+    if system is not None and not isinstance(system, str):
+        raise AdapterError(f"field 'system' is {_kind(system)}, expected a string")
+    chat = _string(row, "chat")
+    try:
+        messages, tools, offset = parse_glaive(system, chat)
+    except ValueError as e:
+        raise AdapterError(str(e)) from None
+    return Conversation(messages, tools, offset)
+
+
+def adapt_swe_agent(row: Mapping[str, Any]) -> Conversation:
+    """SWE-agent ``.traj`` ``{"history": [...], "trajectory", "info", ...}``; tools are not stored.
+
+    Keeps ``role``, ``content``, ``tool_calls`` and ``tool_call_ids`` (first id, as ``tool_call_id``);
+    drops agent-internal keys (``agent``, ``message_type``, ``thought``, ``action``, ``is_demo``...).
+    Demonstration messages are kept: they are part of the prompt the agent saw.
+    """
+    messages = []
+    for n, m in enumerate(_list(row, "history"), 1):
+        if not isinstance(m, dict):
+            raise AdapterError(f"message {n}: {_kind(m)}, expected an object")
+        role = m.get("role", _MISSING)
+        if role is _MISSING:
+            raise AdapterError(f"message {n}: missing field 'role'")
+        if role not in ROLES:
+            raise AdapterError(f"message {n}: unknown role {role!r}")
+        msg = {"role": role}
+        if "content" in m:
+            msg["content"] = m["content"]
+        if m.get("tool_calls"):
+            msg["tool_calls"] = m["tool_calls"]
+        call_id = _first_call_id(m.get("tool_call_ids"))
+        if role == "tool" and call_id:
+            msg["tool_call_id"] = call_id
+        messages.append(msg)
+    return Conversation(messages)
+
+
+def _first_call_id(ids: Any) -> str | None:
+    """``tool_call_ids`` is a list of ids (sometimes its Python repr, ``"['call_x']"``)."""
+    if isinstance(ids, str):
+        text = ids.strip()
+        if not text.startswith("["):
+            return text or None
+        ids = [part.strip().strip("'\"") for part in text.strip("[]").split(",")]
+    if isinstance(ids, list) and ids and isinstance(ids[0], str) and ids[0]:
+        return ids[0]
+    return None
+
+
+def adapt_ultrachat(row: Mapping[str, Any]) -> Conversation:
+    """stingning/ultrachat ``{"id", "data": [str, ...]}``: user, assistant, user, ... by position."""
+    return Conversation(
+        [{"role": "user" if n % 2 == 0 else "assistant", "content": text} for n, text in enumerate(_list(row, "data"))]
+    )
+
+
+def adapt_text(row: Mapping[str, Any]) -> Conversation:
+    """``{"prompt": str, "system"?}``: the string is the single user turn."""
+    system = _system(row)
+    return Conversation([*system, {"role": "user", "content": _string(row, "prompt")}], offset=len(system))
+
+
+#: Format name -> adapter, in the order :func:`detect_format` tries them.
+ADAPTERS: dict[str, Callable[[Mapping[str, Any]], Conversation]] = {
+    "swe_agent": adapt_swe_agent,
+    "glaive": adapt_glaive,
+    "openai": adapt_openai,
+    "sharegpt": adapt_sharegpt,
+    "ultrachat": adapt_ultrachat,
+    "instruction": adapt_instruction,
+    "oss_instruct": adapt_oss_instruct,
+    "opencodeinstruct": adapt_opencodeinstruct,
+    "text": adapt_text,
+}
+
+
+
+def _list_of(kind: type) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, list) and (not v or isinstance(v[0], kind))
+
+
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+#: The key (and a test of its value) that makes :func:`detect_format` pick each format, in order.
+_SIGNATURES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "swe_agent": ("history", _list_of(dict)),  # not Alpaca's history: [[q, a], ...]
+    "glaive": ("chat", _is_str),
+    "openai": ("messages", _list_of(object)),
+    "sharegpt": ("conversations", _list_of(object)),
+    "ultrachat": ("data", _list_of(str)),
+    "instruction": ("instruction", _is_str),
+    "oss_instruct": ("problem", _is_str),
+    "opencodeinstruct": ("input", _is_str),
+    "text": ("prompt", _is_str),
+}
+#: Human-readable list of the signature keys, for "unrecognised row format" rejects.
+EXPECTED_KEYS = "; ".join(f"{key} ({name})" for name, (key, _) in _SIGNATURES.items())
+
+
+def detect_format(row: dict) -> str | None:
+    """Name the adapter that fits a parsed row, or ``None`` if none does (or ``row`` is not a dict).
+
+    Checked in order, first match wins: ``history`` list of objects -> swe_agent; ``chat`` string
+    -> glaive; ``messages`` list -> openai; ``conversations`` list -> sharegpt; ``data`` list of
+    strings -> ultrachat;
+    ``instruction`` string -> instruction; ``problem`` string -> oss_instruct; ``input`` string ->
+    opencodeinstruct; ``prompt`` string -> text.
+    """
+    if not isinstance(row, dict):
+        return None
+    for name, (key, fits) in _SIGNATURES.items():
+        if key in row and fits(row[key]):
+            return name
+    return None
+
+
+# ----------------------------------------------------------------------------- the prompt rule
+
+
+def cut_prompt(conv: Conversation) -> list[dict[str, Any]]:
+    """Apply the multi-turn rule and validate; return the prompt messages.
+
+    Raises:
+        AdapterError: ``"empty conversation"``; ``"message N: null content"`` / ``"missing field
+            'content'"`` / ``"content is a T, expected a string"`` (null or missing content is fine on
+            an assistant message with ``tool_calls``); ``"no user turn"``; ``"roles out of order:
+            prompt ends with a R turn"``; ``"message N: final user turn is empty"``.
+    """
+    messages = conv.messages
+    if not messages:
+        raise AdapterError("empty conversation")
+    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=len(messages))
+    prompt = messages[:last]
+
+    def number(i: int) -> int:
+        return i - conv.offset + 1
+
+    for i, m in enumerate(prompt):
+        content = m.get("content", _MISSING)
+        if isinstance(content, str):
+            continue
+        if m["role"] == "assistant" and m.get("tool_calls") and (content is None or content is _MISSING):
+            continue
+        if content is None:
+            raise AdapterError(f"message {number(i)}: null content")
+        if content is _MISSING:
+            raise AdapterError(f"message {number(i)}: missing field 'content'")
+        raise AdapterError(f"message {number(i)}: content is {_kind(content)}, expected a string")
+    if not any(m["role"] == "user" for m in prompt):
+        raise AdapterError("no user turn" + (" before the last assistant turn" if last < len(messages) else ""))
+    end = prompt[-1]
+    if end["role"] not in ("user", "tool"):
+        where = f"message {number(len(prompt) - 1)}"
+        raise AdapterError(f"roles out of order: prompt ends with a {end['role']} turn ({where})")
+    if end["role"] == "user" and not end["content"].strip():
+        raise AdapterError(f"message {number(len(prompt) - 1)}: final user turn is empty")
+    return prompt

@@ -1,0 +1,216 @@
+"""Readers: dataset files -> parsed rows, streamed one at a time, each with its ``"path:line"`` source.
+
+A reader knows file formats only (JSON lines, a JSON array, a single JSON document, Parquet); what a
+row *means* is :mod:`engine.datasets.adapters`' business. :func:`open_records` checks the file up
+front and returns an iterator of ``(source, value)`` pairs, where ``value`` is whatever the row parsed
+to (usually a dict), or a :class:`~engine.prompts.Reject` for a row that could not be parsed at all.
+
+Sources: ``"{path}:{n}"`` with ``n`` the 1-based line number (JSONL), element index + 1 (JSON array)
+or row index + 1 (Parquet). ``path`` is written as the caller passed it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from engine.prompts import Reject
+
+#: A parsed row: its ``"path:line"`` source and the parsed JSON value (or Parquet row dict).
+Record = tuple[str, Any]
+
+_BOM = b"\xef\xbb\xbf"
+_JSONL_EXT = frozenset({".jsonl", ".ndjson"})
+_JSON_EXT = frozenset({".json", ".traj"})
+_PARQUET_EXT = frozenset({".parquet"})
+_EXPECTED = "a .jsonl/.ndjson (JSON lines), .json (JSON array or JSON lines) or .parquet file"
+_WS = re.compile(r"[ \t\n\r]*")
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")  # what surrogateescape turns undecodable bytes into
+_SNIFF_BYTES = 1 << 16
+_PARQUET_BATCH_ROWS = 1024
+
+
+class DatasetError(Exception):
+    """A problem with a whole dataset file, as opposed to one bad row.
+
+    Raised for: a missing, unreadable or non-regular file; a file that is neither JSON lines, a JSON
+    array nor Parquet; an unknown format name; unknown ``fields`` mapping keys; a Parquet file that
+    pyarrow cannot open or read. The message names the path and what was expected.
+    """
+
+
+def open_records(path: str | Path) -> Iterator[Record | Reject]:
+    """Check ``path`` and return an iterator over its rows, in file order.
+
+    The file type is chosen by extension: ``.jsonl``/``.ndjson`` -> JSON lines; ``.json``/``.traj``
+    -> a JSON array if the first non-space character is ``[``, else JSON lines (or, when its first
+    line is not a JSON value by itself, one pretty-printed JSON object, the ``.traj`` layout);
+    ``.parquet`` -> Parquet. Any other extension is sniffed the same way (``PAR1`` magic, ``[``,
+    ``{``). A UTF-8 byte-order mark at the start is ignored.
+
+    Returns:
+        an iterator yielding ``(source, value)`` per parsed row, or a ``Reject`` per row that could
+        not be parsed: ``"not UTF-8 ..."``, ``"invalid JSON: ..."``, ``"truncated last line: ..."``,
+        ``"truncated JSON array at element N: ..."`` (after all complete elements),
+        ``"invalid JSON array at element N: ..."``. Blank JSONL lines are skipped.
+
+    Raises:
+        DatasetError: now, if the file is missing, not a regular file, unreadable or of an
+            unsupported type; later, from the iterator, if a Parquet file fails mid-read.
+    """
+    p = Path(path)
+    shown = str(path)
+    if not p.exists():
+        raise DatasetError(f"{shown}: no such file; expected {_EXPECTED}")
+    if not p.is_file():
+        raise DatasetError(f"{shown}: not a regular file; expected {_EXPECTED}")
+    try:
+        with open(p, "rb") as fh:
+            head = fh.read(_SNIFF_BYTES)
+    except OSError as e:
+        raise DatasetError(f"{shown}: cannot read file ({e.strerror or e}); expected {_EXPECTED}") from e
+    ext = p.suffix.lower()
+    if ext in _PARQUET_EXT or (ext not in _JSONL_EXT | _JSON_EXT and head.startswith(b"PAR1")):
+        return _iter_parquet(p, shown)
+    if ext in _JSONL_EXT:
+        return _iter_jsonl(p, shown)
+    first = head.removeprefix(_BOM).lstrip(b" \t\r\n")[:1]
+    if first == b"[":
+        return _iter_json_array(p, shown)
+    if first == b"{":
+        return _iter_json_objects(p, shown)
+    if not first and ext in _JSON_EXT and len(head) < _SNIFF_BYTES:
+        return iter(())  # an empty (or all-whitespace) .json file has no rows
+    what = "empty" if not first else f"starts with {first!r}"
+    raise DatasetError(f"{shown}: not a dataset file ({what}); expected {_EXPECTED}")
+
+
+def _iter_jsonl(p: Path, shown: str) -> Iterator[Record | Reject]:
+    """Yield JSON lines one by one; each line is decoded on its own so a bad line costs one row."""
+    with open(p, "rb") as fh:
+        for n, raw in enumerate(fh, 1):
+            if n == 1:
+                raw = raw.removeprefix(_BOM)
+            source = f"{shown}:{n}"
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield Reject(source, f"not UTF-8: byte 0x{raw[e.start]:02x} at column {e.start + 1}")
+                continue
+            if not text.strip():
+                continue
+            try:
+                yield source, json.loads(text)
+            except json.JSONDecodeError as e:
+                what = "invalid JSON" if raw.endswith(b"\n") else "truncated last line"
+                yield Reject(source, f"{what}: {e.msg} (column {e.colno})")
+            except RecursionError:
+                yield Reject(source, "invalid JSON: nested too deeply")
+
+
+def _iter_json_objects(p: Path, shown: str) -> Iterator[Record | Reject]:
+    """A ``.json`` file starting with ``{``: JSON lines, or one pretty-printed object (``.traj``)."""
+    with open(p, "rb") as fh:
+        first_line = b""
+        for raw in fh:
+            if raw.strip(b" \t\r\n\xef\xbb\xbf"):
+                first_line = raw.removeprefix(_BOM)
+                break
+    try:
+        json.loads(first_line)
+    except (ValueError, RecursionError):
+        whole = _load_single_document(p)
+        if whole is not None:
+            yield f"{shown}:1", whole
+            return
+    yield from _iter_jsonl(p, shown)
+
+
+def _load_single_document(p: Path) -> Any:
+    """Parse the whole file as one JSON object; ``None`` if it is not one."""
+    try:
+        obj = json.loads(p.read_bytes().removeprefix(_BOM).decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _iter_json_array(p: Path, shown: str) -> Iterator[Record | Reject]:
+    """Decode a top-level JSON array element by element with ``raw_decode``.
+
+    The text is held in memory (as ``json.load`` would) but elements are decoded and yielded one at
+    a time, so a truncated file still gives all its complete elements, followed by one ``Reject``
+    for the element where it broke. A file that is not valid UTF-8 is decoded with surrogate
+    escapes and each element holding an undecodable byte becomes a ``"not UTF-8"`` reject.
+    """
+    data = p.read_bytes().removeprefix(_BOM)
+    try:
+        text, lossy = data.decode("utf-8"), False
+    except UnicodeDecodeError:
+        text, lossy = data.decode("utf-8", errors="surrogateescape"), True
+    del data
+    truncated = not text.rstrip(" \t\r\n").endswith("]")
+    decoder = json.JSONDecoder()
+    i = _WS.match(text).end() + 1  # just past "["
+    i = _WS.match(text, i).end()
+    if text.startswith("]", i):
+        return
+    n = 0
+    while True:
+        n += 1
+        source = f"{shown}:{n}"
+        try:
+            value, end = decoder.raw_decode(text, i)
+        except json.JSONDecodeError as e:
+            yield Reject(source, _array_break(truncated, n, f"{e.msg} (char {e.pos})"))
+            return
+        except RecursionError:
+            yield Reject(source, _array_break(truncated, n, "nested too deeply"))
+            return
+        if lossy and _ESCAPED_BYTE.search(text, i, end):
+            yield Reject(source, f"not UTF-8: undecodable byte in array element {n}")
+        else:
+            yield source, value
+        i = _WS.match(text, end).end()
+        if i < len(text) and text[i] == ",":
+            i = _WS.match(text, i + 1).end()
+            continue
+        if i < len(text) and text[i] == "]":
+            return
+        what = "end of file" if i >= len(text) else f"{text[i]!r} at char {i}"
+        detail = f"expected ',' or ']' after element {n}, found {what}"
+        yield Reject(f"{shown}:{n + 1}", _array_break(truncated, n + 1, detail))
+        return
+
+
+def _array_break(truncated: bool, n: int, detail: str) -> str:
+    if truncated:
+        return f"truncated JSON array at element {n}: {detail}"
+    return f"invalid JSON array at element {n}: {detail}; rest of file skipped"
+
+
+def _iter_parquet(p: Path, shown: str) -> Iterator[Record | Reject]:
+    """Yield Parquet rows as dicts, reading ``_PARQUET_BATCH_ROWS`` rows at a time."""
+    import pyarrow as pa  # imported here: pyarrow is slow to import and only Parquet needs it
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(p)
+    except (pa.ArrowException, OSError) as e:
+        raise DatasetError(f"{shown}: not a readable Parquet file ({e}); expected {_EXPECTED}") from e
+    return _parquet_rows(pf, shown, pa.ArrowException)
+
+
+def _parquet_rows(pf: Any, shown: str, arrow_error: type[Exception]) -> Iterator[Record]:
+    n = 0
+    try:
+        for batch in pf.iter_batches(batch_size=_PARQUET_BATCH_ROWS):
+            for row in batch.to_pylist():
+                n += 1
+                yield f"{shown}:{n}", row
+    except (arrow_error, OSError) as e:
+        raise DatasetError(f"{shown}: Parquet read failed after row {n} ({e})") from e
+

@@ -1,0 +1,73 @@
+"""``datagen export``: write stored results as files, atomically and in a deterministic order.
+
+Format ``raw``: one JSONL per dataset (``RAW_DIR/<dataset>.jsonl``), one line per completed prompt
+in prompt-id order: ``dataset``, ``key``, ``messages``, ``tools``, ``response`` (``reasoning``,
+``content``, ``tool_calls``, ``finish_reason``), ``usage`` (``prompt_tokens``,
+``completion_tokens``, ``reasoning_tokens``), ``cost_usd``, ``provider``, ``model``,
+``generation_id``. Each file is written to a temporary name in the same directory and renamed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from engine.status import connect_ro
+
+
+def _atomic_write_lines(path: Path, lines) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    n = 0
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            for line in lines:
+                f.write(line)
+                f.write("\n")
+                n += 1
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return n
+
+
+def export_raw(run_dir: Path, out_dir: Path) -> dict[str, int]:
+    """Export every dataset's results as JSONL; returns ``{dataset: lines written}``.
+
+    Raises:
+        engine.status.StatusError: no store in ``run_dir``.
+    """
+    conn = connect_ro(run_dir)
+    try:
+        names = [n for (n,) in conn.execute("SELECT name FROM datasets ORDER BY position")]
+        written = {}
+        for name in names:
+            rows = conn.execute(
+                "SELECT r.dataset, r.key, p.messages, p.tools, r.reasoning, r.content, r.tool_calls, r.finish_reason, "
+                "r.prompt_tokens, r.completion_tokens, r.reasoning_tokens, r.cost_usd, r.provider, r.model, "
+                "r.generation_id FROM results r JOIN prompts p ON p.id = r.prompt_id WHERE r.dataset=? ORDER BY r.prompt_id",
+                (name,),
+            )
+
+            def lines(rows=rows):
+                for (ds, key, msgs, tools, reasoning, content, tcs, fin, pt, ct, rt, cost, prov, model, gid) in rows:
+                    yield json.dumps({
+                        "dataset": ds, "key": key, "messages": json.loads(msgs), "tools": json.loads(tools),
+                        "response": {"reasoning": reasoning, "content": content, "tool_calls": json.loads(tcs),
+                                     "finish_reason": fin},
+                        "usage": {"prompt_tokens": pt, "completion_tokens": ct, "reasoning_tokens": rt},
+                        "cost_usd": cost, "provider": prov, "model": model, "generation_id": gid,
+                    }, ensure_ascii=False)
+
+            written[name] = _atomic_write_lines(Path(out_dir) / f"{name}.jsonl", lines())
+        return written
+    finally:
+        conn.close()

@@ -1,0 +1,65 @@
+"""A concurrency limiter whose capacity can change while requests are in flight."""
+
+from __future__ import annotations
+
+import asyncio
+
+
+class AdjustableLimiter:
+    """Like ``asyncio.Semaphore`` but with a live-settable capacity.
+
+    Lowering the capacity never cancels anything: in-flight holders finish and new acquisitions
+    wait until ``in_use < capacity``. Fair (FIFO) for waiters.
+
+    Args:
+        capacity: maximum holders at once (>= 0; 0 blocks every acquire).
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 0:
+            raise ValueError("capacity must be >= 0")
+        self._capacity = capacity
+        self._in_use = 0
+        self._cond = asyncio.Condition()
+
+    @property
+    def capacity(self) -> int:
+        """Current capacity (requests)."""
+        return self._capacity
+
+    @property
+    def in_use(self) -> int:
+        """Current holders (requests in flight)."""
+        return self._in_use
+
+    async def set_capacity(self, capacity: int) -> None:
+        """Change the capacity; waiters are woken when it grows."""
+        if capacity < 0:
+            raise ValueError("capacity must be >= 0")
+        async with self._cond:
+            self._capacity = capacity
+            self._cond.notify_all()
+
+    async def acquire(self) -> None:
+        """Wait until a slot is free and take it."""
+        async with self._cond:
+            await self._cond.wait_for(lambda: self._in_use < self._capacity)
+            self._in_use += 1
+
+    def try_acquire(self) -> bool:
+        """Take a slot without waiting; False when full."""
+        if self._in_use < self._capacity:
+            self._in_use += 1
+            return True
+        return False
+
+    def release(self) -> None:
+        """Give a slot back (synchronous; wakes one waiter on the loop)."""
+        if self._in_use <= 0:
+            raise RuntimeError("release() without acquire()")
+        self._in_use -= 1
+        asyncio.get_running_loop().create_task(self._wake())
+
+    async def _wake(self) -> None:
+        async with self._cond:
+            self._cond.notify(1)

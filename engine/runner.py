@@ -1,0 +1,243 @@
+"""``datagen run``: wire config, store, ingest, provider, scheduler, writer and reporter together.
+
+Exit codes: 0 completed (or drained on request), 1 configuration/data error, 2 stopped by a fatal
+provider error (401), 3 whole run paused by a guard with ``--exit-on-pause``, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import stat
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, TextIO
+
+from engine.client.chat import ChatClient
+from engine.config import Config, ConfigError, ProviderSection, is_loopback_url
+from engine.ingest import ingest_all
+from engine.progress import format_progress
+from engine.scheduler import Scheduler
+from engine.store import Store
+from engine.writer import StoreWriter
+
+log = logging.getLogger("engine")
+
+
+class KeyError_(ConfigError):
+    """The API key cannot be found (names the variable or file, never the key)."""
+
+
+def resolve_api_key(p: ProviderSection, environ: dict[str, str] | None = None) -> str | None:
+    """Return the API key for ``p``: the env var named ``api_key_env``, else ``api_key_file``.
+
+    Returns None for ``simulated`` and for ``openai`` with neither set (local servers).
+
+    Raises:
+        KeyError_: kind ``openrouter`` with no key found.
+    """
+    env = os.environ if environ is None else environ
+    if p.kind == "simulated":
+        return None
+    key = env.get(p.api_key_env, "").strip()
+    if not key and p.api_key_file is not None:
+        try:
+            st = p.api_key_file.stat()
+            if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+                log.warning("key file %s is readable by group/others; chmod 600 it", p.api_key_file)
+            key = p.api_key_file.read_text().strip()
+        except OSError as e:
+            raise KeyError_(f"provider.api_key_file: cannot read {p.api_key_file}: {e.strerror}") from None
+    if not key:
+        if p.kind == "openrouter":
+            raise KeyError_(
+                f"provider.api_key_env: environment variable {p.api_key_env} is not set "
+                f"(and no provider.api_key_file); export it or use [provider] kind = \"simulated\""
+            )
+        return None
+    url = p.resolved_base_url() or ""
+    if url.startswith("http://") and not is_loopback_url(url):
+        raise ConfigError(f"provider.base_url: refusing to send the API key over plain http to {url}; use https")
+    return key
+
+
+def sim_config_from_section(cfg: Config):
+    """Build the simulator's :class:`~engine.sim.SimConfig` from ``[provider.sim]``."""
+    from engine.sim import SimConfig, parse_faults
+
+    s = cfg.provider.sim
+    return SimConfig(
+        seed=s.seed, latency_ms=s.latency_ms, tokens_per_s=s.tokens_per_s,
+        mean_completion_tokens=s.mean_completion_tokens, credits_usd=s.credits_usd, price_in=s.price_in,
+        price_out=s.price_out, tokenizer=str(s.tokenizer) if s.tokenizer else None,
+        faults=parse_faults(s.faults) if s.faults else {}, providers=tuple(s.providers),
+        cancellable_providers=tuple(s.cancellable), model=cfg.provider.model,
+        log_path=str(s.log) if s.log else None,
+    )
+
+
+def setup_file_logging(run_dir: Path, *, stderr_level: int | None = logging.WARNING) -> None:
+    """Log to ``RUN_DIR/datagen.log`` (owner-only) and, optionally, warnings to stderr."""
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    for h in list(root.handlers):
+        if getattr(h, "_datagen", False):
+            root.removeHandler(h)
+    path = Path(run_dir) / "datagen.log"
+    fh = logging.FileHandler(path, encoding="utf-8")
+    os.chmod(path, 0o600)
+    fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    fh._datagen = True  # type: ignore[attr-defined]
+    root.addHandler(fh)
+    if stderr_level is not None:
+        sh = logging.StreamHandler(sys.stderr)
+        sh.setLevel(stderr_level)
+        sh.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+        sh._datagen = True  # type: ignore[attr-defined]
+        root.addHandler(sh)
+    for noisy in ("httpx", "httpcore", "aiosqlite"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@dataclass
+class Job:
+    """A prepared run: everything opened, nothing dispatched yet. Close with :meth:`close`."""
+
+    cfg: Config
+    store: Store
+    writer: StoreWriter
+    scheduler: Scheduler
+    client: ChatClient
+    sim: object | None
+    writer_stop: asyncio.Event
+    writer_task: asyncio.Task | None = None
+
+    async def close(self) -> None:
+        """Flush, close the client, the store and the simulator."""
+        self.writer_stop.set()
+        if self.writer_task is not None:
+            await self.writer_task
+        else:
+            await self.writer.flush()
+        await self.client.aclose()
+        await self.store.close()
+        if self.sim is not None:
+            self.sim.stop()  # type: ignore[attr-defined]
+
+
+async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
+    """Open the store, ingest, start the simulator if configured and build the scheduler.
+
+    Raises:
+        ConfigError: key missing, plain-http key, etc.
+        engine.datasets.DatasetError / engine.store.StoreError: unusable input or store.
+    """
+    api_key = resolve_api_key(cfg.provider)
+    store = await Store.open(cfg.run.dir)
+    try:
+        prev = await store.get_meta("run_name")
+        if prev is None:
+            await store.set_meta("run_name", cfg.run.name)
+        for rep in await ingest_all(cfg, store):
+            if rep.skipped_unchanged:
+                print(f"[{rep.dataset}] {rep.prompts} prompts (already ingested), {rep.rejected} rejected rows", file=out)
+            else:
+                print(f"[{rep.dataset}] ingested {rep.prompts} prompts ({rep.inserted} new), {rep.rejected} rejected rows", file=out)
+                for ex in rep.examples:
+                    print(f"    rejected {ex}", file=out)
+        sim = None
+        if cfg.provider.kind == "simulated":
+            from engine.sim import SimThread
+
+            sim = SimThread(sim_config_from_section(cfg))
+            base_url = sim.start()
+            api_key = "sim-local"
+            print(f"simulator listening on {base_url}", file=out)
+        else:
+            base_url = cfg.provider.resolved_base_url()
+        t = cfg.provider.timeouts
+        total_conc = sum(c.concurrency for c in cfg.classes.values())
+        client = ChatClient(
+            base_url, api_key, stream=cfg.provider.stream, connect_timeout_s=t.connect_s,
+            stall_timeout_s=t.stall_s, total_timeout_s=t.total_s, max_connections=max(total_conc, 16),
+        )
+        writer = StoreWriter(store, cfg.run.commit_interval_s)
+        sched = Scheduler(cfg, store, writer, client.complete)
+        writer._live = sched.live
+        await sched.load()
+        return Job(cfg, store, writer, sched, client, sim, asyncio.Event())
+    except BaseException:
+        await store.close()
+        raise
+
+
+async def run_headless(
+    cfg: Config,
+    out: TextIO = sys.stdout,
+    *,
+    exit_on_pause: bool = False,
+    install_signals: bool = True,
+    on_ready: Callable[[Job], None] | None = None,
+) -> int:
+    """Run the job printing one progress line per active dataset every ``run.progress_interval_s``.
+
+    Returns the exit code (see module docstring).
+    """
+    job = await prepare(cfg, out)
+    sched = job.scheduler
+    job.writer_task = asyncio.create_task(job.writer.run(job.writer_stop))
+    loop = asyncio.get_running_loop()
+    signals_seen = 0
+
+    def on_signal(signame: str) -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        if signals_seen == 1:
+            print(f"{signame}: draining in-flight requests (up to {cfg.run.drain_timeout_s:.0f}s); again to abort", file=out, flush=True)
+            asyncio.ensure_future(sched.drain(cfg.run.drain_timeout_s))
+        else:
+            print(f"{signame}: aborting in-flight requests", file=out, flush=True)
+            sched.abort()
+
+    if install_signals:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            try:
+                loop.add_signal_handler(sig, on_signal, sig.name)
+            except (NotImplementedError, RuntimeError):
+                pass
+
+    async def reporter() -> None:
+        printed_final: set[str] = set()
+        while True:
+            await asyncio.sleep(cfg.run.progress_interval_s)
+            snap = sched.snapshot()
+            for line in format_progress(snap, printed_final):
+                print(line, file=out, flush=True)
+            if exit_on_pause and snap.state == "paused" and snap.in_flight == 0:
+                print(f"run paused: {snap.state_reason}; exiting (--exit-on-pause)", file=out, flush=True)
+                sched.stop(f"exit on pause: {snap.state_reason}", exit_code=3, abort=False)
+
+    rep = asyncio.create_task(reporter())
+    if on_ready:
+        on_ready(job)
+    try:
+        code = await sched.run()
+    finally:
+        rep.cancel()
+        await asyncio.gather(rep, return_exceptions=True)
+        if install_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                try:
+                    loop.remove_signal_handler(sig)
+                except (NotImplementedError, RuntimeError):
+                    pass
+        await job.close()
+    snap = sched.snapshot()
+    for line in format_progress(snap, set(), final=True):
+        print(line, file=out, flush=True)
+    print(f"run {snap.state}{': ' + snap.state_reason if snap.state_reason else ''}; "
+          f"${snap.cost_usd:.4f} spent; store {job.store.path}", file=out, flush=True)
+    return code

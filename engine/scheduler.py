@@ -1,0 +1,488 @@
+"""The dispatch core: datasets in config order, per-class concurrency, bounded prefetch, retries.
+
+How work flows:
+
+- One dispatcher coroutine per request class. It takes a slot from the class's
+  :class:`~engine.limiter.AdjustableLimiter`, picks the first dataset in config order that has
+  dispatchable prompts of that class, takes the next prompt from a small prefetch buffer (pages of
+  ``PAGE`` rows read by id cursor from the store) and starts one task for it. So the number of
+  tasks equals the requests in flight, never the number of prompts, and memory stays flat with
+  80,000 prompts. When a dataset runs out of prompts to dispatch, the next one starts at once while
+  the previous one's tail drains.
+- A request task runs the attempts (:func:`engine.client.retry.call_with_retries`), queues every
+  attempt and the result or failure on the :class:`~engine.writer.StoreWriter`, and releases its
+  slot. A prompt stays ``pending`` in the store until its result is committed, so a crash only
+  ever re-requests prompts whose result was not stored.
+- 401 stops the run (every in-flight request is cancelled and returns to pending); 402 pauses the
+  whole run (no retry loop); 400/403 fail the prompt with the reason; transient errors are retried
+  with backoff up to ``run.max_attempts`` and then fail the prompt with the last reason.
+
+All mutable state lives on the event loop; :meth:`Scheduler.snapshot` returns an immutable copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from engine.client.accumulate import StreamProgress
+from engine.client.retry import RetryPolicy, call_with_retries
+from engine.client.types import ChatRequest, Completion, ErrorClass, RequestError
+from engine.config import Config
+from engine.limiter import AdjustableLimiter
+from engine.rates import RateWindow, eta_seconds
+from engine.snapshot import ClassSnapshot, DatasetSnapshot, RunSnapshot
+from engine.store import PendingPrompt, Store
+from engine.writer import StoreWriter
+
+log = logging.getLogger(__name__)
+
+#: Prompts read from the store per page, per (dataset, class).
+PAGE = 256
+
+
+@dataclass
+class DatasetRuntime:
+    """Mutable per-dataset counters (engine-internal; read through snapshots)."""
+
+    name: str
+    position: int
+    prompts: int
+    rejected: int
+    token_budget: int | None
+    control: str = "active"  # active | paused | skipped
+    reason: str = ""
+    done: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    pending: dict[str, int] = field(default_factory=dict)  # class -> pending, not in flight
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost_usd: float = 0.0
+    errors: collections.Counter = field(default_factory=collections.Counter)
+    cursor: dict[str, int] = field(default_factory=dict)
+    buffer: dict[str, collections.deque] = field(default_factory=dict)
+    requeue: dict[str, collections.deque] = field(default_factory=dict)
+    started: bool = False
+    rate: RateWindow = field(default_factory=lambda: RateWindow(60))
+    tok_rate: RateWindow = field(default_factory=lambda: RateWindow(60))
+    tasks: set = field(default_factory=set)
+
+    @property
+    def pending_total(self) -> int:
+        return sum(self.pending.values())
+
+    @property
+    def finished(self) -> bool:
+        """True when no prompt can still be dispatched or is in flight."""
+        return self.in_flight == 0 and (self.control == "skipped" or self.pending_total == 0)
+
+    def state(self, run_paused: bool) -> str:
+        if self.control == "skipped":
+            return "skipped"
+        if self.pending_total == 0 and self.in_flight == 0:
+            return "done"
+        if self.control == "paused" or run_paused:
+            return "paused"
+        return "running" if self.started else "pending"
+
+
+class Scheduler:
+    """Runs one generation job over a prepared store.
+
+    Args:
+        cfg: validated config.
+        store: the run's open store, already ingested.
+        writer: the batched writer for ``store``.
+        complete: coroutine function doing ONE attempt: ``complete(req, progress) -> Completion``,
+            raising :class:`~engine.client.types.RequestError` (normally ``ChatClient.complete``).
+        policy: retry timing (attempts, backoff).
+        clock: monotonic clock in seconds (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        cfg: Config,
+        store: Store,
+        writer: StoreWriter,
+        complete: Callable[..., Any],
+        policy: RetryPolicy | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.writer = writer
+        self._complete = complete
+        self.policy = policy or RetryPolicy(max_attempts=cfg.run.max_attempts)
+        self.clock = clock
+        self.datasets: dict[str, DatasetRuntime] = {}
+        self.limiters = {name: AdjustableLimiter(c.concurrency) for name, c in cfg.classes.items()}
+        self.state = "starting"
+        self.state_reason = ""
+        self.run_paused = False
+        self.exit_code = 0
+        self._t0 = clock()
+        self._wall0 = time.time()
+        self._changed: dict[str, asyncio.Event] = {}
+        self._stopping = False
+        self._done = asyncio.Event()
+        self.rate = RateWindow(60)
+        self.on_event: Callable[[str, str, str | None, str], None] | None = None
+        body: dict[str, Any] = {"model": cfg.provider.model}
+        g = cfg.generation
+        for k in ("temperature", "top_p", "seed", "reasoning"):
+            v = getattr(g, k)
+            if v is not None:
+                body[k] = v
+        routing = cfg.provider.routing.to_provider_object()
+        if routing:
+            body["provider"] = routing
+        body.update(g.extra_body)
+        self.base_body = body
+
+    # ---- setup ------------------------------------------------------------------------------
+    async def load(self) -> None:
+        """Load counters and persisted control states from the store."""
+        rows = await self.store.datasets()
+        counts = await self.store.state_counts()
+        usage = await self.store.usage_totals()
+        errors = await self.store.error_counts()
+        for pos, d in enumerate(self.cfg.datasets):
+            row = rows[d.name]
+            rt = DatasetRuntime(d.name, pos, row["prompts"], row["rejected"], d.token_budget)
+            if row["state"] in ("paused", "skipped"):
+                rt.control, rt.reason = row["state"], row["state_reason"]
+            for cls in self.cfg.classes:
+                rt.pending[cls] = counts.get((d.name, cls, "pending"), 0)
+                rt.cursor[cls] = 0
+                rt.buffer[cls] = collections.deque()
+                rt.requeue[cls] = collections.deque()
+            rt.done = sum(n for (ds, _, s), n in counts.items() if ds == d.name and s == "done")
+            rt.failed = sum(n for (ds, _, s), n in counts.items() if ds == d.name and s == "failed")
+            p, c, r, cost, _ = usage.get(d.name, (0, 0, 0, 0.0, 0))
+            rt.prompt_tokens, rt.completion_tokens, rt.reasoning_tokens, rt.cost_usd = p, c, r, cost
+            rt.errors.update(errors.get(d.name, {}))
+            self.datasets[d.name] = rt
+
+    # ---- events -----------------------------------------------------------------------------
+    def event(self, level: str, kind: str, dataset: str | None, message: str) -> None:
+        """Record a run event in the store (batched) and the log."""
+        self.writer.add_event(level, kind, dataset, message)
+        getattr(log, "warning" if level == "warning" else "error" if level == "error" else "info")(
+            "%s%s", f"[{dataset}] " if dataset else "", message
+        )
+        if self.on_event:
+            self.on_event(level, kind, dataset, message)
+
+    def notify(self) -> None:
+        """Wake every dispatcher (state changed: resume, requeue, concurrency...)."""
+        for ev in self._changed.values():
+            ev.set()
+
+    # ---- dispatch ---------------------------------------------------------------------------
+    def _pick(self, cls: str) -> DatasetRuntime | None:
+        if self.run_paused or self._stopping:
+            return None
+        for rt in self.datasets.values():
+            if rt.control == "active" and rt.pending.get(cls, 0) > 0:
+                return rt
+        return None
+
+    def _could_have_work(self, cls: str) -> bool:
+        if self._stopping:
+            return False
+        # In-flight prompts may come back to pending (abort, 402, 401), so they count as possible work.
+        return any(
+            rt.control != "skipped" and (rt.pending.get(cls, 0) > 0 or rt.in_flight > 0) for rt in self.datasets.values()
+        )
+
+    async def _next_prompt(self, rt: DatasetRuntime, cls: str) -> PendingPrompt | None:
+        rq = rt.requeue[cls]
+        if rq:
+            return rq.popleft()
+        buf = rt.buffer[cls]
+        if not buf:
+            page = await self.store.fetch_pending(rt.name, cls, rt.cursor[cls], PAGE)
+            if not page:
+                # Store and counters disagree (should not happen): trust the store.
+                log.warning("[%s] no pending %s prompts found in store; counter was %d", rt.name, cls, rt.pending[cls])
+                rt.pending[cls] = 0
+                return None
+            rt.cursor[cls] = page[-1].id
+            buf.extend(page)
+        return buf.popleft()
+
+    async def _dispatch_class(self, cls: str) -> None:
+        lim = self.limiters[cls]
+        changed = self._changed[cls]
+        while True:
+            await lim.acquire()
+            rt = self._pick(cls)
+            if rt is None:
+                lim.release()
+                if not self._could_have_work(cls):
+                    return
+                changed.clear()
+                await changed.wait()
+                continue
+            p = await self._next_prompt(rt, cls)
+            if p is None:
+                lim.release()
+                continue
+            if rt.control != "active" or self.run_paused or self._stopping:  # changed while fetching
+                rt.requeue[cls].appendleft(p)
+                lim.release()
+                continue
+            rt.pending[cls] -= 1
+            rt.in_flight += 1
+            if not rt.started:
+                rt.started = True
+                rt.rate.start(self.clock())
+                rt.tok_rate.start(self.clock())
+            task = asyncio.get_running_loop().create_task(self._request(rt, p, lim))
+            rt.tasks.add(task)
+            task.add_done_callback(rt.tasks.discard)
+
+    def _request_for(self, p: PendingPrompt) -> ChatRequest:
+        return ChatRequest(
+            messages=p.messages, tools=p.tools, max_tokens=self.cfg.classes[p.cls].max_tokens, body=self.base_body
+        )
+
+    async def _request(self, rt: DatasetRuntime, p: PendingPrompt, lim: AdjustableLimiter) -> None:
+        req = self._request_for(p)
+        attempts = p.attempts
+        started = [time.time()]
+        progress = StreamProgress()
+
+        async def one_attempt() -> Completion:
+            nonlocal attempts
+            attempts += 1
+            started[0] = time.time()
+            progress.chars_received = 0
+            return await self._complete(req, progress=progress)
+
+        def on_attempt(n: int, err: BaseException | None, wait_s: float | None) -> None:
+            now = time.time()
+            if err is None:
+                return
+            if isinstance(err, RequestError):
+                rt.errors[err.error_class.value] += 1
+                self.writer.add_attempt(
+                    p.id, rt.name, attempts, started[0], now, "error", err.error_class.value, err.status or None,
+                    err.message, err.provider or None, err.generation_id or None, err.tokens_received,
+                    err.partial_cost_usd,
+                )
+
+        try:
+            c: Completion = await call_with_retries(one_attempt, self.policy, on_attempt=on_attempt)
+        except asyncio.CancelledError:
+            # Aborted: back to pending; what was streamed is recorded as a lower bound of spend.
+            self.writer.add_attempt(p.id, rt.name, attempts, started[0], time.time(), "aborted",
+                                    tokens_received=progress.tokens_received)
+            self.writer.set_attempts(p.id, attempts)
+            self._return_to_pending(rt, p, attempts)
+            lim.release()
+            raise
+        except RequestError as e:
+            lim.release()
+            self._on_failure(rt, p, e, attempts)
+            return
+        except Exception as e:  # noqa: BLE001 - a bug must cost one prompt, not the run
+            lim.release()
+            log.exception("[%s] unexpected error on prompt %s", rt.name, p.key)
+            self._on_failure(rt, p, RequestError(ErrorClass.OTHER, f"internal error: {type(e).__name__}: {e}"), attempts)
+            return
+        lim.release()
+        self.writer.add_attempt(p.id, rt.name, attempts, started[0], time.time(), "ok", provider=c.provider,
+                                generation_id=c.generation_id, cost_usd=c.usage.cost_usd)
+        self.writer.add_result(p.id, rt.name, p.key, c, attempts)
+        now = self.clock()
+        rt.in_flight -= 1
+        rt.done += 1
+        u = c.usage
+        rt.prompt_tokens += u.prompt_tokens
+        rt.completion_tokens += u.completion_tokens
+        rt.reasoning_tokens += u.reasoning_tokens
+        rt.cost_usd += u.cost_usd or 0.0
+        rt.rate.add(now)
+        rt.tok_rate.add(now, u.completion_tokens)
+        self.rate.add(now)
+        self._check_finished()
+
+    def _return_to_pending(self, rt: DatasetRuntime, p: PendingPrompt, attempts: int) -> None:
+        rt.in_flight -= 1
+        rt.pending[p.cls] += 1
+        rt.requeue[p.cls].appendleft(
+            PendingPrompt(p.id, p.dataset, p.key, p.cls, p.messages, p.tools, attempts)
+        )
+        self.notify()
+        self._check_finished()
+
+    def _on_failure(self, rt: DatasetRuntime, p: PendingPrompt, e: RequestError, attempts: int) -> None:
+        ec = e.error_class
+        if ec == ErrorClass.CREDITS:
+            self.writer.set_attempts(p.id, attempts)
+            self._return_to_pending(rt, p, attempts)
+            if not self.run_paused:
+                self.pause_all(f"out of credits (HTTP 402): {e.message}", kind="credits")
+            return
+        if ec == ErrorClass.AUTH:
+            self.writer.set_attempts(p.id, attempts)
+            self._return_to_pending(rt, p, attempts)
+            if not self._stopping:
+                self.stop(f"API key rejected (HTTP 401): {e.message}. Check the key in ${self.cfg.provider.api_key_env}.",
+                          exit_code=2)
+            return
+        rt.in_flight -= 1
+        rt.failed += 1
+        self.writer.add_failure(p.id, ec.value, str(e), attempts)
+        self._check_finished()
+
+    def _check_finished(self) -> None:
+        if all(rt.finished for rt in self.datasets.values()) and not any(rt.in_flight for rt in self.datasets.values()):
+            if not self._stopping:
+                self.state = "completed"
+            self._done.set()
+        elif self._stopping and not any(rt.in_flight for rt in self.datasets.values()):
+            self._done.set()
+
+    # ---- control (used by engine.controller) ----------------------------------------------
+    def pause_all(self, reason: str, kind: str = "pause") -> None:
+        """Stop dispatching everywhere; in-flight requests finish and are saved (drain)."""
+        self.run_paused = True
+        self.state, self.state_reason = "paused", reason
+        self.event("warning", kind, None, f"run paused: {reason}")
+
+    def resume_all(self) -> None:
+        """Resume dispatching (datasets paused individually stay paused)."""
+        self.run_paused = False
+        self.state, self.state_reason = "running", ""
+        self.event("info", "resume", None, "run resumed")
+        self.notify()
+
+    async def set_dataset_control(self, name: str, control: str, reason: str) -> None:
+        """Set a dataset's control state (``active`` | ``paused`` | ``skipped``) and persist it."""
+        rt = self.datasets[name]
+        rt.control, rt.reason = control, reason
+        await self.store.set_dataset_state(name, control, reason, time.time())
+        self.event("info", control, name, f"dataset {control}" + (f": {reason}" if reason else ""))
+        self.notify()
+        self._check_finished()
+
+    async def set_concurrency(self, cls: str, n: int) -> None:
+        """Change class ``cls``'s concurrency now (in-flight requests are never cancelled)."""
+        await self.limiters[cls].set_capacity(n)
+        self.event("info", "concurrency", None, f"class {cls} concurrency set to {n}")
+        self.notify()
+
+    def abort(self, dataset: str | None = None) -> int:
+        """Cancel in-flight requests (of ``dataset`` or all); they return to pending. Returns the count."""
+        n = 0
+        for rt in self.datasets.values():
+            if dataset is None or rt.name == dataset:
+                for t in list(rt.tasks):
+                    if not t.done():
+                        t.cancel()
+                        n += 1
+        return n
+
+    def stop(self, reason: str, exit_code: int = 0, abort: bool = True) -> None:
+        """Stop the run: no more dispatch; abort in-flight requests unless ``abort`` is False (drain)."""
+        self._stopping = True
+        self.state, self.state_reason = "stopping", reason
+        self.exit_code = exit_code
+        self.event("error" if exit_code else "info", "stop", None, f"run stopping: {reason}")
+        if abort:
+            self.abort()
+        self.notify()
+        self._check_finished()
+
+    # ---- running ----------------------------------------------------------------------------
+    async def run(self) -> int:
+        """Dispatch until every dataset is done/skipped, or the run is stopped. Returns an exit code."""
+        if not self.datasets:
+            await self.load()
+        self.state = "paused" if self.run_paused else "running"
+        self._check_finished()
+        dispatchers = []
+        for cls in self.cfg.classes:
+            self._changed[cls] = asyncio.Event()
+            dispatchers.append(asyncio.create_task(self._dispatch_class(cls), name=f"dispatch-{cls}"))
+        try:
+            await self._done.wait()
+        finally:
+            self._stopping = True
+            self.notify()
+            for d in dispatchers:
+                d.cancel()
+            await asyncio.gather(*dispatchers, return_exceptions=True)
+            tasks = [t for rt in self.datasets.values() for t in rt.tasks]
+            if tasks:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        if self.state == "stopping":
+            self.state = "stopped"
+        return self.exit_code
+
+    async def drain(self, timeout_s: float) -> None:
+        """Stop dispatching, wait up to ``timeout_s`` for in-flight requests, then abort the rest."""
+        self.stop("drain requested", abort=False)
+        try:
+            await asyncio.wait_for(self._done.wait(), timeout_s)
+        except TimeoutError:
+            self.abort()
+
+    # ---- snapshot ---------------------------------------------------------------------------
+    def live(self) -> dict[str, Any]:
+        """Fields of the store's ``runtime`` row (see :class:`~engine.writer.StoreWriter`)."""
+        return {
+            "pid": os.getpid(),
+            "started_at": self._wall0,
+            "state": self.state,
+            "state_reason": self.state_reason,
+            "elapsed_s": self.clock() - self._t0,
+            "live": {
+                "in_flight": {rt.name: rt.in_flight for rt in self.datasets.values()},
+                "datasets": {rt.name: rt.state(self.run_paused) for rt in self.datasets.values()},
+                "concurrency": {c: lim.capacity for c, lim in self.limiters.items()},
+            },
+        }
+
+    def snapshot(self) -> RunSnapshot:
+        """Return an immutable snapshot of the run (O(datasets + classes))."""
+        now = self.clock()
+        dss = []
+        errors: collections.Counter = collections.Counter()
+        for rt in self.datasets.values():
+            skipped = rt.pending_total if rt.control == "skipped" else 0
+            pending = 0 if rt.control == "skipped" else rt.pending_total
+            rps = rt.rate.rate(now)
+            dss.append(
+                DatasetSnapshot(
+                    name=rt.name, state=rt.state(self.run_paused), state_reason=rt.reason, prompts=rt.prompts,
+                    rejected=rt.rejected, done=rt.done, failed=rt.failed, skipped=skipped, pending=pending,
+                    in_flight=rt.in_flight, prompt_tokens=rt.prompt_tokens, completion_tokens=rt.completion_tokens,
+                    reasoning_tokens=rt.reasoning_tokens, cost_usd=rt.cost_usd, token_budget=rt.token_budget,
+                    errors=dict(rt.errors), req_per_s=rps, req_per_s_since_start=rt.rate.rate_since_start(now),
+                    tok_per_s=rt.tok_rate.rate(now),
+                    avg_completion_tokens=(rt.completion_tokens / rt.done) if rt.done else 0.0,
+                    eta_s=eta_seconds(pending + rt.in_flight, rps),
+                )
+            )
+            errors.update(rt.errors)
+        classes = tuple(
+            ClassSnapshot(c, lim.capacity, lim.in_use, self.cfg.classes[c].max_tokens) for c, lim in self.limiters.items()
+        )
+        return RunSnapshot(
+            name=self.cfg.run.name, state=self.state, state_reason=self.state_reason, elapsed_s=now - self._t0,
+            datasets=tuple(dss), classes=classes, in_flight=sum(d.in_flight for d in dss),
+            req_per_s=self.rate.rate(now), cost_usd=sum(d.cost_usd for d in dss), errors=dict(errors),
+            writer_queue=self.writer.queued,
+        )

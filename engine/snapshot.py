@@ -1,0 +1,97 @@
+"""Immutable snapshots of the engine's state: what the TUI, the headless reporter and tests read.
+
+The engine builds a :class:`RunSnapshot` on demand from O(1) counters; nothing in it is shared
+with the engine, so a reader can keep it as long as it likes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetSnapshot:
+    """One dataset's figures.
+
+    Attributes:
+        name: dataset name.
+        state: ``pending`` (not started) | ``running`` | ``paused`` | ``skipped`` | ``done``.
+        state_reason: why it is paused/skipped ("" otherwise).
+        prompts: valid prompts ingested; rejected: rows rejected at ingest.
+        done, failed, skipped, pending, in_flight: prompt counts; they sum to ``prompts``.
+        prompt_tokens, completion_tokens, reasoning_tokens: billed tokens of stored results.
+        cost_usd: summed ``usage.cost`` of stored results (USD).
+        token_budget: configured completion-token budget or None.
+        errors: failed attempts by error class.
+        req_per_s: completions per second over the recent window (60 s).
+        req_per_s_since_start: completions per second since this process started the dataset.
+        tok_per_s: completion tokens per second over the recent window.
+        avg_completion_tokens: mean completion tokens of stored results (since start of the run).
+        eta_s: seconds to finish at the recent rate (None when unknown).
+    """
+
+    name: str
+    state: str
+    state_reason: str
+    prompts: int
+    rejected: int
+    done: int
+    failed: int
+    skipped: int
+    pending: int
+    in_flight: int
+    prompt_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    cost_usd: float
+    token_budget: int | None
+    errors: dict[str, int] = field(default_factory=dict)
+    req_per_s: float = 0.0
+    req_per_s_since_start: float = 0.0
+    tok_per_s: float = 0.0
+    avg_completion_tokens: float = 0.0
+    eta_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClassSnapshot:
+    """A request class: ``concurrency`` limit, ``in_flight`` now, ``max_tokens`` cap (tokens)."""
+
+    name: str
+    concurrency: int
+    in_flight: int
+    max_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunSnapshot:
+    """The whole run.
+
+    Attributes:
+        name: run name; state: ``starting`` | ``running`` | ``paused`` | ``draining`` |
+            ``stopping`` | ``completed`` | ``stopped``; state_reason: why (pause, fatal error).
+        elapsed_s: seconds since this process started the run.
+        datasets, classes: per-dataset and per-class snapshots, in config order.
+        in_flight: requests in flight; req_per_s: recent completions/s over all datasets.
+        cost_usd: summed cost of stored results (USD); errors: failed attempts by class.
+        writer_queue: rows waiting for the next commit.
+    """
+
+    name: str
+    state: str
+    state_reason: str
+    elapsed_s: float
+    datasets: tuple[DatasetSnapshot, ...]
+    classes: tuple[ClassSnapshot, ...]
+    in_flight: int
+    req_per_s: float
+    cost_usd: float
+    errors: dict[str, int]
+    writer_queue: int = 0
+
+    def dataset(self, name: str) -> DatasetSnapshot:
+        """Return the snapshot of dataset ``name`` (KeyError if unknown)."""
+        for d in self.datasets:
+            if d.name == name:
+                return d
+        raise KeyError(name)

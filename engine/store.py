@@ -1,0 +1,288 @@
+"""The run's SQLite store: schema, ingest and dispatch queries (aiosqlite, WAL).
+
+One file per run, ``RUN_DIR/store.sqlite``. Tables:
+
+- ``meta``: schema version, run name, resolved special ids later on.
+- ``datasets``: per dataset its position, ingest fingerprint, counts and persisted state
+  (``paused`` / ``skipped`` survive a restart).
+- ``prompts``: one row per unique (dataset, key) with the messages and tools as JSON, the request
+  class and ``state`` in ``pending | done | failed``. A prompt stays ``pending`` until its result
+  or failure is committed, so a crash only ever re-requests prompts whose result was not stored.
+- ``results``: exactly one row per completed prompt (PRIMARY KEY prompt_id, UNIQUE dataset+key).
+- ``attempts``: one row per finished HTTP attempt (success or error class, status, message).
+- ``rejects``: dataset rows that could not become prompts (file:line, reason).
+- ``events``: run events (pauses, guards, fatal errors) for the log and the dashboard.
+- ``commands``: control commands from other shells (``datagen ctl``), polled by the engine.
+- ``runtime``: one row the live engine refreshes at every commit (pid, heartbeat, in-flight per
+  dataset), so ``datagen status`` from another shell sees in-flight counts consistent with the
+  committed rows.
+
+Writes of the hot path go through :class:`engine.writer.StoreWriter` (batched commits).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import aiosqlite
+
+SCHEMA_VERSION = 1
+DB_NAME = "store.sqlite"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS datasets(
+  name TEXT PRIMARY KEY, position INTEGER NOT NULL, path TEXT NOT NULL, fingerprint TEXT,
+  prompts INTEGER NOT NULL DEFAULT 0, rejected INTEGER NOT NULL DEFAULT 0,
+  state TEXT NOT NULL DEFAULT 'active', state_reason TEXT NOT NULL DEFAULT '',
+  token_budget INTEGER, updated_at REAL NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS prompts(
+  id INTEGER PRIMARY KEY, dataset TEXT NOT NULL, key TEXT NOT NULL, source TEXT NOT NULL,
+  class TEXT NOT NULL, est_prompt_tokens INTEGER NOT NULL, messages TEXT NOT NULL, tools TEXT NOT NULL,
+  state TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0,
+  error_class TEXT, error TEXT, UNIQUE(dataset, key));
+CREATE INDEX IF NOT EXISTS prompts_dispatch ON prompts(dataset, class, state, id);
+CREATE TABLE IF NOT EXISTS results(
+  prompt_id INTEGER PRIMARY KEY, dataset TEXT NOT NULL, key TEXT NOT NULL,
+  reasoning TEXT NOT NULL, content TEXT NOT NULL, tool_calls TEXT NOT NULL,
+  finish_reason TEXT NOT NULL, native_finish_reason TEXT, provider TEXT NOT NULL, model TEXT NOT NULL,
+  generation_id TEXT NOT NULL, prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL,
+  reasoning_tokens INTEGER NOT NULL, cost_usd REAL, latency_s REAL NOT NULL, ttft_s REAL,
+  attempts INTEGER NOT NULL, created_at REAL NOT NULL, UNIQUE(dataset, key));
+CREATE TABLE IF NOT EXISTS attempts(
+  id INTEGER PRIMARY KEY, prompt_id INTEGER NOT NULL, dataset TEXT NOT NULL, n INTEGER NOT NULL,
+  started_at REAL NOT NULL, ended_at REAL NOT NULL, outcome TEXT NOT NULL, error_class TEXT,
+  status INTEGER, message TEXT, provider TEXT, generation_id TEXT,
+  tokens_received INTEGER NOT NULL DEFAULT 0, cost_usd REAL);
+CREATE INDEX IF NOT EXISTS attempts_dataset ON attempts(dataset, outcome, error_class);
+CREATE TABLE IF NOT EXISTS rejects(
+  id INTEGER PRIMARY KEY, dataset TEXT NOT NULL, source TEXT NOT NULL, reason TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS events(
+  id INTEGER PRIMARY KEY, ts REAL NOT NULL, level TEXT NOT NULL, kind TEXT NOT NULL,
+  dataset TEXT, message TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS commands(
+  id INTEGER PRIMARY KEY, ts REAL NOT NULL, verb TEXT NOT NULL, dataset TEXT, arg TEXT,
+  done_at REAL, result TEXT);
+CREATE TABLE IF NOT EXISTS runtime(
+  id INTEGER PRIMARY KEY CHECK (id = 1), pid INTEGER, started_at REAL, heartbeat_at REAL,
+  state TEXT, state_reason TEXT, elapsed_s REAL, live TEXT);
+"""
+
+
+class StoreError(Exception):
+    """The store cannot be opened or used (wrong schema version, not a run directory...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingPrompt:
+    """A prompt fetched for dispatch.
+
+    Attributes:
+        id: row id (dispatch order within a dataset and class).
+        dataset: dataset name.
+        key: stable prompt key.
+        cls: request class name.
+        messages: OpenAI-shape messages.
+        tools: OpenAI-shape tools (may be empty).
+        attempts: attempts already made in earlier runs.
+    """
+
+    id: int
+    dataset: str
+    key: str
+    cls: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    attempts: int
+
+
+def db_path(run_dir: Path) -> Path:
+    """Path of the store inside ``run_dir``."""
+    return Path(run_dir) / DB_NAME
+
+
+def make_run_dir(run_dir: Path) -> None:
+    """Create ``run_dir`` owner-only (0700); tighten it if it already exists and is ours."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        os.chmod(run_dir, 0o700)
+    except PermissionError:
+        pass
+
+
+class Store:
+    """Async access to one run's store. Use :meth:`open`; all methods run on the aiosqlite thread."""
+
+    def __init__(self, conn: aiosqlite.Connection, path: Path) -> None:
+        self.conn = conn
+        self.path = path
+
+    @classmethod
+    async def open(cls, run_dir: Path) -> "Store":
+        """Open (creating if needed) the store of ``run_dir``.
+
+        Raises:
+            StoreError: the database has another schema version or is not a SQLite file.
+        """
+        make_run_dir(run_dir)
+        path = db_path(run_dir)
+        new = not path.exists()
+        if new:
+            fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
+            os.close(fd)
+        conn = await aiosqlite.connect(path, isolation_level=None)
+        try:
+            await conn.execute("PRAGMA journal_mode=WAL")
+            await conn.execute("PRAGMA synchronous=NORMAL")
+            await conn.execute("PRAGMA busy_timeout=10000")
+            await conn.executescript(SCHEMA)
+            cur = await conn.execute("SELECT value FROM meta WHERE key='schema_version'")
+            row = await cur.fetchone()
+            if row is None:
+                await conn.execute("INSERT INTO meta VALUES('schema_version', ?)", (str(SCHEMA_VERSION),))
+            elif int(row[0]) != SCHEMA_VERSION:
+                raise StoreError(f"{path}: schema version {row[0]}, this datagen expects {SCHEMA_VERSION}")
+        except sqlite3.DatabaseError as e:
+            await conn.close()
+            raise StoreError(f"{path}: not a usable store: {e}") from None
+        except BaseException:
+            await conn.close()
+            raise
+        return cls(conn, path)
+
+    async def close(self) -> None:
+        """Checkpoint the WAL and close."""
+        try:
+            await self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            await self.conn.close()
+
+    # ---- meta -------------------------------------------------------------------------------
+    async def get_meta(self, key: str) -> str | None:
+        """Return ``meta[key]`` or None."""
+        cur = await self.conn.execute("SELECT value FROM meta WHERE key=?", (key,))
+        row = await cur.fetchone()
+        return None if row is None else row[0]
+
+    async def set_meta(self, key: str, value: str) -> None:
+        """Set ``meta[key]`` (committed at once)."""
+        await self.conn.execute("INSERT INTO meta VALUES(?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, value))
+
+    # ---- datasets ---------------------------------------------------------------------------
+    async def datasets(self) -> dict[str, dict[str, Any]]:
+        """Return every dataset row as a dict, keyed by name."""
+        self.conn.row_factory = aiosqlite.Row
+        try:
+            cur = await self.conn.execute("SELECT * FROM datasets ORDER BY position")
+            return {r["name"]: dict(r) for r in await cur.fetchall()}
+        finally:
+            self.conn.row_factory = None
+
+    async def register_dataset(self, name: str, position: int, path: str, token_budget: int | None) -> None:
+        """Insert a dataset row or update its position/path/budget (state is kept)."""
+        await self.conn.execute(
+            "INSERT INTO datasets(name, position, path, token_budget) VALUES(?,?,?,?) "
+            "ON CONFLICT(name) DO UPDATE SET position=excluded.position, path=excluded.path, "
+            "token_budget=excluded.token_budget",
+            (name, position, path, token_budget),
+        )
+
+    async def set_dataset_state(self, name: str, state: str, reason: str, now: float) -> None:
+        """Persist a dataset's control state (``active`` | ``paused`` | ``skipped``) and reason."""
+        await self.conn.execute(
+            "UPDATE datasets SET state=?, state_reason=?, updated_at=? WHERE name=?", (state, reason, now, name)
+        )
+
+    # ---- ingest -----------------------------------------------------------------------------
+    async def ingest_batch(self, dataset: str, rows: Iterable[tuple[str, str, str, int, str, str]]) -> int:
+        """Insert prompts ``(key, source, class, est_prompt_tokens, messages_json, tools_json)``.
+
+        Existing (dataset, key) rows are left untouched (their state and results are kept).
+        Returns the number of rows inserted.
+        """
+        rows = list(rows)
+        if not rows:
+            return 0
+        before = self.conn.total_changes
+        await self.conn.execute("BEGIN")
+        await self.conn.executemany(
+            "INSERT OR IGNORE INTO prompts(dataset, key, source, class, est_prompt_tokens, messages, tools) "
+            "VALUES(?,?,?,?,?,?,?)",
+            [(dataset, *r) for r in rows],
+        )
+        await self.conn.execute("COMMIT")
+        return self.conn.total_changes - before
+
+    async def replace_rejects(self, dataset: str, rejects: list[tuple[str, str]]) -> None:
+        """Replace the dataset's reject list with ``(source, reason)`` rows."""
+        await self.conn.execute("BEGIN")
+        await self.conn.execute("DELETE FROM rejects WHERE dataset=?", (dataset,))
+        await self.conn.executemany("INSERT INTO rejects(dataset, source, reason) VALUES(?,?,?)", [(dataset, s, r) for s, r in rejects])
+        await self.conn.execute("COMMIT")
+
+    async def finish_ingest(self, dataset: str, fingerprint: str, rejected: int) -> int:
+        """Record a completed ingest; returns the dataset's prompt count."""
+        cur = await self.conn.execute("SELECT COUNT(*) FROM prompts WHERE dataset=?", (dataset,))
+        (n,) = await cur.fetchone()
+        await self.conn.execute(
+            "UPDATE datasets SET fingerprint=?, prompts=?, rejected=? WHERE name=?", (fingerprint, n, rejected, dataset)
+        )
+        return n
+
+    async def reclassify(self, dataset: str, classify) -> None:
+        """Recompute every prompt's class with ``classify(est_prompt_tokens) -> class``."""
+        cur = await self.conn.execute("SELECT DISTINCT est_prompt_tokens, class FROM prompts WHERE dataset=?", (dataset,))
+        changes = [(classify(t), dataset, t) for t, c in await cur.fetchall() if classify(t) != c]
+        if changes:
+            await self.conn.executemany("UPDATE prompts SET class=? WHERE dataset=? AND est_prompt_tokens=?", changes)
+
+    # ---- dispatch ---------------------------------------------------------------------------
+    async def fetch_pending(self, dataset: str, cls: str, after_id: int, limit: int) -> list[PendingPrompt]:
+        """Return up to ``limit`` pending prompts of (dataset, class) with id > ``after_id``, by id."""
+        cur = await self.conn.execute(
+            "SELECT id, key, messages, tools, attempts FROM prompts "
+            "WHERE dataset=? AND class=? AND state='pending' AND id>? ORDER BY id LIMIT ?",
+            (dataset, cls, after_id, limit),
+        )
+        return [
+            PendingPrompt(id=i, dataset=dataset, key=k, cls=cls, messages=json.loads(m), tools=json.loads(t), attempts=a)
+            for i, k, m, t, a in await cur.fetchall()
+        ]
+
+    async def state_counts(self) -> dict[tuple[str, str, str], int]:
+        """Return ``{(dataset, class, state): count}`` over all prompts."""
+        cur = await self.conn.execute("SELECT dataset, class, state, COUNT(*) FROM prompts GROUP BY 1, 2, 3")
+        return {(d, c, s): n for d, c, s, n in await cur.fetchall()}
+
+    async def usage_totals(self) -> dict[str, tuple[int, int, int, float, int]]:
+        """Return ``{dataset: (prompt_tokens, completion_tokens, reasoning_tokens, cost_usd, results)}``."""
+        cur = await self.conn.execute(
+            "SELECT dataset, SUM(prompt_tokens), SUM(completion_tokens), SUM(reasoning_tokens), "
+            "SUM(COALESCE(cost_usd, 0)), COUNT(*) FROM results GROUP BY dataset"
+        )
+        return {d: (p or 0, c or 0, r or 0, cost or 0.0, n) for d, p, c, r, cost, n in await cur.fetchall()}
+
+    async def error_counts(self) -> dict[str, dict[str, int]]:
+        """Return ``{dataset: {error_class: failed attempts}}``."""
+        cur = await self.conn.execute(
+            "SELECT dataset, error_class, COUNT(*) FROM attempts WHERE outcome='error' GROUP BY 1, 2"
+        )
+        out: dict[str, dict[str, int]] = {}
+        for d, c, n in await cur.fetchall():
+            out.setdefault(d, {})[c] = n
+        return out
+
+    async def pending_commands(self) -> list[tuple[int, str, str | None, str | None]]:
+        """Return control commands not yet applied: ``(id, verb, dataset, arg)`` in order."""
+        cur = await self.conn.execute("SELECT id, verb, dataset, arg FROM commands WHERE done_at IS NULL ORDER BY id")
+        return list(await cur.fetchall())
+
+    async def mark_command(self, cid: int, now: float, result: str) -> None:
+        """Record that command ``cid`` was applied with ``result``."""
+        await self.conn.execute("UPDATE commands SET done_at=?, result=? WHERE id=?", (now, result, cid))
