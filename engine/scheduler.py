@@ -128,6 +128,7 @@ class Scheduler:
         self.run_paused = False
         self.exit_code = 0
         self._t0 = clock()
+        self._prior_elapsed = 0.0
         self._wall0 = time.time()
         self._changed: dict[str, asyncio.Event] = {}
         self._stopping = False
@@ -153,6 +154,7 @@ class Scheduler:
         counts = await self.store.state_counts()
         usage = await self.store.usage_totals()
         errors = await self.store.error_counts()
+        self._prior_elapsed = await self.store.prior_elapsed_s()
         for pos, d in enumerate(self.cfg.datasets):
             row = rows[d.name]
             rt = DatasetRuntime(d.name, pos, row["prompts"], row["rejected"], d.token_budget)
@@ -440,6 +442,10 @@ class Scheduler:
             self.abort()
 
     # ---- snapshot ---------------------------------------------------------------------------
+    def elapsed_s(self) -> float:
+        """Run seconds: this process's time plus what earlier processes of the run accumulated."""
+        return self._prior_elapsed + (self.clock() - self._t0)
+
     def live(self) -> dict[str, Any]:
         """Fields of the store's ``runtime`` row (see :class:`~engine.writer.StoreWriter`)."""
         return {
@@ -447,7 +453,7 @@ class Scheduler:
             "started_at": self._wall0,
             "state": self.state,
             "state_reason": self.state_reason,
-            "elapsed_s": self.clock() - self._t0,
+            "elapsed_s": self.elapsed_s(),
             "live": {
                 "in_flight": {rt.name: rt.in_flight for rt in self.datasets.values()},
                 "datasets": {rt.name: rt.state(self.run_paused) for rt in self.datasets.values()},
@@ -481,7 +487,7 @@ class Scheduler:
             ClassSnapshot(c, lim.capacity, lim.in_use, self.cfg.classes[c].max_tokens) for c, lim in self.limiters.items()
         )
         return RunSnapshot(
-            name=self.cfg.run.name, state=self.state, state_reason=self.state_reason, elapsed_s=now - self._t0,
+            name=self.cfg.run.name, state=self.state, state_reason=self.state_reason, elapsed_s=self.elapsed_s(),
             datasets=tuple(dss), classes=classes, in_flight=sum(d.in_flight for d in dss),
             req_per_s=self.rate.rate(now), cost_usd=sum(d.cost_usd for d in dss), errors=dict(errors),
             writer_queue=self.writer.queued,

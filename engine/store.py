@@ -242,6 +242,12 @@ class Store:
         if changes:
             await self.conn.executemany("UPDATE prompts SET class=? WHERE dataset=? AND est_prompt_tokens=?", changes)
 
+    async def prior_elapsed_s(self) -> float:
+        """Run seconds accumulated by earlier processes of this run (0.0 for a new run)."""
+        cur = await self.conn.execute("SELECT elapsed_s FROM runtime WHERE id=1")
+        row = await cur.fetchone()
+        return float(row[0] or 0.0) if row else 0.0
+
     # ---- dispatch ---------------------------------------------------------------------------
     async def fetch_pending(self, dataset: str, cls: str, after_id: int, limit: int) -> list[PendingPrompt]:
         """Return up to ``limit`` pending prompts of (dataset, class) with id > ``after_id``, by id."""

@@ -128,7 +128,10 @@ class RequestError(Exception):
         tokens_received: completion tokens estimated from text streamed before the failure (a lower bound
             of what an aborted stream may be billed; the usage chunk is lost).
         partial_cost_usd: cost reported before the failure, if any.
+        attempts: attempts made when this error ended a retry loop (set by ``retry.call_with_retries``; 1 else).
     """
+
+    attempts: int = 1
 
     def __init__(
         self,

@@ -1,0 +1,511 @@
+"""Token and dollar budgets that cannot be overshot by ``concurrency x max_tokens``.
+
+Pure logic, no I/O, no clocks. A request *reserves* its expected cost at dispatch and *settles*
+the actual figure on completion (or *releases*, counting what was streamed, when it fails), so
+``used + reserved`` bounds what may still be spent and a dispatcher simply stops when a new
+reservation does not fit. The expected completion length comes from a per-(dataset, class)
+:class:`CompletionEstimator`: ``max_tokens`` until calibrated, then a high percentile of recent
+lengths. Unknown prices are ``None``, never ``$0``.
+
+Units: token budgets count tokens, cost budgets count USD; :class:`Budget` is unit-agnostic.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from engine.stats import QuantileWindow
+
+PRICE_SOURCES = ("observed", "config", "models_endpoint")
+
+
+class BudgetExceeded(Exception):
+    """A reservation was requested that the budget cannot hold (callers check first)."""
+
+
+class NoPriceError(ValueError):
+    """A dollar cap is set but no price is known, so a request's cost cannot be reserved."""
+
+
+def fmt_usd(x: float) -> str:
+    """``$1,234.57`` (two decimals, thousands separators)."""
+    return f"-${-x:,.2f}" if x < 0 else f"${x:,.2f}"
+
+
+class CompletionEstimator:
+    """Expected completion length for one (dataset, class).
+
+    ``expected()`` is ``max_tokens`` until ``calibrate_after`` completions were observed, then the
+    nearest-rank ``percentile`` of the last ``window`` observations (``v[ceil(p * n)]`` of the
+    sorted values, see :mod:`engine.stats`), clamped to ``[1, max_tokens]``.
+
+    Args:
+        max_tokens: the class's completion cap per request (tokens, >= 1).
+        calibrate_after: observations needed before the percentile is trusted (>= 0).
+        percentile: quantile of recent lengths used as the reservation (0 < p <= 1).
+        window: most recent observations the percentile is taken over (>= 1).
+
+    Raises:
+        ValueError: any argument out of range.
+    """
+
+    def __init__(
+        self, max_tokens: int, calibrate_after: int = 50, percentile: float = 0.90, window: int = 2000
+    ) -> None:
+        if max_tokens < 1 or calibrate_after < 0 or not 0.0 < percentile <= 1.0:
+            raise ValueError("need max_tokens >= 1, calibrate_after >= 0, 0 < percentile <= 1")
+        self.max_tokens = int(max_tokens)
+        self.calibrate_after = int(calibrate_after)
+        self.percentile = float(percentile)
+        self._recent = QuantileWindow(window)
+        self._count = 0
+        self._sum = 0
+
+    def observe(self, completion_tokens: int) -> None:
+        """Record one completed response's completion length (tokens).
+
+        Raises:
+            ValueError: ``completion_tokens < 0``.
+        """
+        if completion_tokens < 0:
+            raise ValueError("completion_tokens must be >= 0")
+        self._recent.add(completion_tokens)
+        self._count += 1
+        self._sum += int(completion_tokens)
+
+    @property
+    def calibrated(self) -> bool:
+        """True once at least ``calibrate_after`` completions were observed."""
+        return self._count >= self.calibrate_after
+
+    @property
+    def count(self) -> int:
+        """Completions observed since start."""
+        return self._count
+
+    def expected(self) -> int:
+        """Tokens to reserve for the next request of this class (``1..max_tokens``)."""
+        if not self.calibrated or self._recent.count == 0:
+            return self.max_tokens
+        q = self._recent.quantile(self.percentile)
+        assert q is not None
+        return max(1, min(self.max_tokens, int(q)))
+
+    def mean(self) -> float | None:
+        """Mean completion length over ALL observations since start (tokens); None before any."""
+        return self._sum / self._count if self._count else None
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """An open hold of ``amount`` (budget units) on one :class:`Budget`; ``rid`` is unique
+    across all budgets of the process."""
+
+    amount: float
+    rid: int
+
+
+_rids = itertools.count(1)
+
+
+class Budget:
+    """A spend limit in one unit (tokens or USD) with reservations.
+
+    Args:
+        limit: the cap (>= 0), or None for unlimited (still tracks ``used``/``reserved``).
+
+    Raises:
+        ValueError: negative or NaN ``limit``.
+    """
+
+    def __init__(self, limit: float | None) -> None:
+        if limit is not None and not limit >= 0:
+            raise ValueError(f"limit must be >= 0 or None, got {limit!r}")
+        self.limit = limit
+        self.used = 0.0
+        self._open: dict[int, float] = {}
+        self._reserved = 0.0
+
+    @property
+    def reserved(self) -> float:
+        """Sum of the open reservations (units)."""
+        return self._reserved
+
+    def can_reserve(self, amount: float) -> bool:
+        """True when unlimited or ``used + reserved + amount <= limit``."""
+        return self.limit is None or self.used + self._reserved + amount <= self.limit
+
+    def reserve(self, amount: float) -> Reservation:
+        """Hold ``amount`` units for a request about to be sent.
+
+        Raises:
+            ValueError: negative or NaN ``amount``.
+            BudgetExceeded: :meth:`can_reserve` is False.
+        """
+        if not amount >= 0:
+            raise ValueError(f"amount must be >= 0, got {amount!r}")
+        if not self.can_reserve(amount):
+            raise BudgetExceeded(
+                f"cannot reserve {amount:g}: used {self.used:g} + reserved {self._reserved:g} "
+                f"> limit {self.limit:g}"
+            )
+        res = Reservation(float(amount), next(_rids))
+        self._open[res.rid] = res.amount
+        self._reserved += res.amount
+        return res
+
+    def is_open(self, res: Reservation) -> bool:
+        """True while ``res`` belongs to this budget and was neither settled nor released."""
+        return res.rid in self._open
+
+    def _close(self, res: Reservation) -> None:
+        amount = self._open.pop(res.rid, None)
+        if amount is None:
+            raise ValueError(f"reservation {res.rid} already settled/released or not from this budget")
+        # Reset exactly when idle so float residue cannot accumulate over millions of requests.
+        self._reserved = self._reserved - amount if self._open else 0.0
+
+    def settle(self, res: Reservation, actual: float) -> None:
+        """Close ``res`` and add the request's ``actual`` spend to ``used``.
+
+        Raises:
+            ValueError: ``res`` already closed or foreign; negative ``actual``.
+        """
+        if not actual >= 0:
+            raise ValueError(f"actual must be >= 0, got {actual!r}")
+        self._close(res)
+        self.used += actual
+
+    def release(self, res: Reservation, spent: float = 0.0) -> None:
+        """Close ``res`` of an aborted/failed request; ``spent`` (what was streamed/billed
+        anyway) is added to ``used``.
+
+        Raises:
+            ValueError: ``res`` already closed or foreign; negative ``spent``.
+        """
+        self.settle(res, spent)
+
+    def add_used(self, amount: float) -> None:
+        """Add spend that had no reservation (units).
+
+        Raises:
+            ValueError: negative ``amount``.
+        """
+        if not amount >= 0:
+            raise ValueError(f"amount must be >= 0, got {amount!r}")
+        self.used += amount
+
+    @property
+    def remaining(self) -> float | None:
+        """``limit - used`` (may be negative after an overshoot); None when unlimited."""
+        return None if self.limit is None else self.limit - self.used
+
+    def exhausted(self, next_amount: float) -> bool:
+        """True when a limit is set and ``used + next_amount > limit``: even with nothing in
+        flight, one more request of ``next_amount`` would not fit."""
+        return self.limit is not None and self.used + next_amount > self.limit
+
+    @property
+    def overshoot(self) -> float:
+        """``max(0, used - limit)`` (units; 0 when unlimited)."""
+        return 0.0 if self.limit is None else max(0.0, self.used - self.limit)
+
+
+@dataclass(frozen=True)
+class Prices:
+    """Per-token prices of one model (USD per token).
+
+    Attributes:
+        prompt_usd_per_token / completion_usd_per_token: >= 0.
+        source: ``"observed"``, ``"config"`` or ``"models_endpoint"``.
+
+    Raises:
+        ValueError: a negative/non-finite price or an unknown source.
+    """
+
+    prompt_usd_per_token: float
+    completion_usd_per_token: float
+    source: str
+
+    def __post_init__(self) -> None:
+        for p in (self.prompt_usd_per_token, self.completion_usd_per_token):
+            if not (math.isfinite(p) and p >= 0):
+                raise ValueError(f"price must be finite and >= 0, got {p!r}")
+        if self.source not in PRICE_SOURCES:
+            raise ValueError(f"source must be one of {PRICE_SOURCES}, got {self.source!r}")
+
+    def cost(self, prompt_tokens: float, completion_tokens: float) -> float:
+        """Cost in USD of ``prompt_tokens`` + ``completion_tokens``."""
+        return prompt_tokens * self.prompt_usd_per_token + completion_tokens * self.completion_usd_per_token
+
+
+def _parse_price(v: object) -> float | None:
+    try:
+        p = float(v)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return p if math.isfinite(p) and p >= 0 else None
+
+
+# "-20250101", "-2025-01-01", "@2025...", ":0905": a separator then digits/separators only, so
+# "openai/gpt-4o" never prices "openai/gpt-4o-mini".
+_DATED_SUFFIX = re.compile(r"[-_@:.]\d[\d\-_.:]*")
+
+
+def prices_from_models_endpoint(doc: dict, model: str) -> Prices | None:
+    """Prices of ``model`` from OpenRouter's ``GET /api/v1/models`` document.
+
+    ``doc`` is ``{"data": [{"id": ..., "pricing": {"prompt": "0.0000004", "completion": ...}}]}``
+    with USD-per-token prices as strings. ``model`` matches an entry whose id equals it; otherwise
+    the longest listed id that ``model`` starts with followed by a dated/numeric suffix only
+    (``"vendor/m-20250101"`` -> ``"vendor/m"``). Other pricing keys (``request``, ``image``...) are
+    ignored.
+
+    Returns:
+        ``Prices(source="models_endpoint")``; None when the model is not listed, the document is
+        malformed, or a price is missing, negative (OpenRouter's ``"-1"`` for variable pricing) or
+        unparseable. Never invents a zero price for a missing model.
+    """
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not isinstance(data, list):
+        return None
+    entries = [e for e in data if isinstance(e, dict) and isinstance(e.get("id"), str)]
+    match = next((e for e in entries if e["id"] == model), None)
+    if match is None:
+        prefixed = [e for e in entries if model.startswith(e["id"])
+                    and _DATED_SUFFIX.fullmatch(model[len(e["id"]):])]
+        if not prefixed:
+            return None
+        match = max(prefixed, key=lambda e: len(e["id"]))
+    pricing = match.get("pricing")
+    if not isinstance(pricing, dict):
+        return None
+    pp, cp = _parse_price(pricing.get("prompt")), _parse_price(pricing.get("completion"))
+    if pp is None or cp is None:
+        return None
+    return Prices(pp, cp, "models_endpoint")
+
+
+class PriceObserver:
+    """Learns effective per-token prices from results that carried a reported cost.
+
+    Fits ``cost = a * prompt_tokens + b * completion_tokens`` by least squares (2x2 normal
+    equations over running sums, O(1) per result). When the system is degenerate (all results
+    have the same prompt:completion ratio, or only one kind of token) or the fit gives a negative
+    price, it falls back to one blended price ``sum(cost) / sum(prompt + completion)`` for both.
+
+    Args:
+        min_results: results with a cost needed before observed prices are returned.
+    """
+
+    def __init__(self, min_results: int = 20) -> None:
+        self.min_results = min_results
+        self.n = 0
+        self._spp = self._spc = self._scc = self._spy = self._scy = 0.0
+        self._sy = self._st = 0.0
+
+    def observe(self, prompt_tokens: int, completion_tokens: int, cost_usd: float | None) -> None:
+        """Record one result (tokens, USD); results with ``cost_usd`` None are ignored.
+
+        Raises:
+            ValueError: negative tokens or a negative/non-finite cost.
+        """
+        if cost_usd is None:
+            return
+        if prompt_tokens < 0 or completion_tokens < 0 or not (math.isfinite(cost_usd) and cost_usd >= 0):
+            raise ValueError("tokens and cost must be >= 0")
+        p, c, y = float(prompt_tokens), float(completion_tokens), float(cost_usd)
+        self.n += 1
+        self._spp += p * p
+        self._spc += p * c
+        self._scc += c * c
+        self._spy += p * y
+        self._scy += c * y
+        self._sy += y
+        self._st += p + c
+
+    def fitted(self) -> Prices | None:
+        """Observed prices from whatever was seen (ignores ``min_results``); None before any
+        result with tokens."""
+        if self._st <= 0:
+            return None
+        det = self._spp * self._scc - self._spc * self._spc
+        if det > 1e-9 * self._spp * self._scc:
+            a = (self._spy * self._scc - self._scy * self._spc) / det
+            b = (self._scy * self._spp - self._spy * self._spc) / det
+            if a >= 0 and b >= 0:
+                return Prices(a, b, "observed")
+        blended = self._sy / self._st
+        return Prices(blended, blended, "observed")
+
+    def prices(self, fallback: Prices | None) -> Prices | None:
+        """Observed prices once ``min_results`` results with a cost were seen, else ``fallback``
+        (None when no price is known at all: callers must refuse a dollar cap then)."""
+        if self.n >= self.min_results:
+            fit = self.fitted()
+            if fit is not None:
+                return fit
+        return fallback
+
+
+@dataclass(frozen=True)
+class Reservations:
+    """The holds of one dispatched request across its dataset's budgets.
+
+    Attributes:
+        cls: request class (``"short"``, ``"long"``...).
+        est_prompt_tokens: prompt-token estimate used (tokens).
+        expected_completion_tokens: completion tokens reserved (tokens).
+        tokens / cost / run_cost: reservations on the token, dataset-cost and run-cost budgets.
+    """
+
+    cls: str
+    est_prompt_tokens: int
+    expected_completion_tokens: int
+    tokens: Reservation
+    cost: Reservation
+    run_cost: Reservation
+
+
+class DatasetBudgets:
+    """Token budget, cost cap and the shared run cost cap of one dataset, reserved atomically.
+
+    Args:
+        max_tokens: completion cap per class (tokens), e.g. ``{"short": 10240, "long": 16384}``;
+            one :class:`CompletionEstimator` is kept per class.
+        token_budget: token cap (tokens) or None.
+        max_cost_usd: dataset cost cap (USD) or None.
+        run_cost: the run-wide cost :class:`Budget` shared by all datasets (None: unlimited).
+        counts_total: the token budget counts prompt + completion tokens (default completion only).
+        calibrate_after / percentile / window: passed to each :class:`CompletionEstimator`.
+    """
+
+    def __init__(self, max_tokens: Mapping[str, int], *, token_budget: int | None = None,
+                 max_cost_usd: float | None = None, run_cost: Budget | None = None,
+                 counts_total: bool = False, calibrate_after: int = 50, percentile: float = 0.90,
+                 window: int = 2000) -> None:
+        self.estimators = {
+            cls: CompletionEstimator(mt, calibrate_after, percentile, window)
+            for cls, mt in max_tokens.items()
+        }
+        self.tokens = Budget(token_budget)
+        self.cost = Budget(max_cost_usd)
+        self.run_cost = run_cost if run_cost is not None else Budget(None)
+        self.counts_total = counts_total
+        self._reason = ""
+
+    def _estimator(self, cls: str) -> CompletionEstimator:
+        try:
+            return self.estimators[cls]
+        except KeyError:
+            raise KeyError(f"unknown request class {cls!r}") from None
+
+    def _amounts(self, cls: str, est_prompt_tokens: int, prices: Prices | None) -> tuple[int, int, float]:
+        if est_prompt_tokens < 0:
+            raise ValueError("est_prompt_tokens must be >= 0")
+        expected = self._estimator(cls).expected()
+        tok = expected + (est_prompt_tokens if self.counts_total else 0)
+        cost = 0.0
+        if self.cost.limit is not None or self.run_cost.limit is not None:
+            if prices is None:
+                raise NoPriceError("a cost cap is set but no price is known for this model")
+            cost = prices.cost(est_prompt_tokens, expected)
+        return expected, tok, cost
+
+    def try_reserve(self, cls: str, est_prompt_tokens: int, prices: Prices | None) -> Reservations | None:
+        """Reserve one request of class ``cls`` on all budgets, or nothing.
+
+        Token amount: expected completion tokens (+ ``est_prompt_tokens`` when ``counts_total``).
+        Cost amount (USD): ``prices.cost(est_prompt_tokens, expected)`` when any cost cap is set,
+        else 0.
+
+        Returns:
+            The :class:`Reservations`, or None (nothing reserved) when any budget refuses.
+
+        Raises:
+            KeyError: unknown class.
+            NoPriceError: a cost cap is set and ``prices`` is None.
+            ValueError: negative ``est_prompt_tokens``.
+        """
+        expected, tok, cost = self._amounts(cls, est_prompt_tokens, prices)
+        if not (self.tokens.can_reserve(tok) and self.cost.can_reserve(cost)
+                and self.run_cost.can_reserve(cost)):
+            return None
+        return Reservations(cls, est_prompt_tokens, expected, self.tokens.reserve(tok),
+                            self.cost.reserve(cost), self.run_cost.reserve(cost))
+
+    def _check_open(self, r: Reservations) -> None:
+        if not (self.tokens.is_open(r.tokens) and self.cost.is_open(r.cost)
+                and self.run_cost.is_open(r.run_cost)):
+            raise ValueError("reservations already settled/released or not from these budgets")
+
+    def settle(self, r: Reservations, prompt_tokens: int, completion_tokens: int,
+               cost_usd: float | None, prices: Prices | None) -> None:
+        """Close a completed request: observe its length in the class estimator and add its
+        tokens and cost (``cost_usd`` if reported, else ``prices.cost(...)``, else 0 USD).
+
+        Raises:
+            ValueError: ``r`` already settled/released (nothing is changed then) or negatives.
+        """
+        self._check_open(r)
+        if prompt_tokens < 0 or completion_tokens < 0:
+            raise ValueError("token counts must be >= 0")
+        if cost_usd is None:
+            cost_usd = prices.cost(prompt_tokens, completion_tokens) if prices is not None else 0.0
+        if not cost_usd >= 0:
+            raise ValueError(f"cost_usd must be >= 0, got {cost_usd!r}")
+        self._estimator(r.cls).observe(completion_tokens)
+        self.tokens.settle(r.tokens, completion_tokens + (prompt_tokens if self.counts_total else 0))
+        self.cost.settle(r.cost, cost_usd)
+        self.run_cost.settle(r.run_cost, cost_usd)
+
+    def release(self, r: Reservations, tokens_spent: int = 0, cost_spent: float = 0.0) -> None:
+        """Close an aborted/failed request, counting what was streamed/billed anyway
+        (``tokens_spent`` in budget tokens, ``cost_spent`` USD). Truncated lengths are not fed to
+        the estimator (they would bias it low).
+
+        Raises:
+            ValueError: ``r`` already settled/released (nothing is changed then) or negatives.
+        """
+        self._check_open(r)
+        if not (tokens_spent >= 0 and cost_spent >= 0):
+            raise ValueError("spent amounts must be >= 0")
+        self.tokens.release(r.tokens, tokens_spent)
+        self.cost.release(r.cost, cost_spent)
+        self.run_cost.release(r.run_cost, cost_spent)
+
+    def budget_met(self, cls_next: str, prices: Prices | None = None, est_prompt_tokens: int = 0) -> bool:
+        """True when this dataset can never dispatch another request of ``cls_next``: a budget's
+        ``used`` reached its limit, or it is :meth:`Budget.exhausted` for the next request's
+        expected amount (tokens; USD only when ``prices`` is given). The shared run cost cap
+        counts too. The dataset's remaining prompts then count as skipped. :meth:`reason` tells
+        which budget.
+
+        Raises:
+            KeyError: unknown class.
+        """
+        expected = self._estimator(cls_next).expected()
+        tok = expected + (est_prompt_tokens if self.counts_total else 0)
+        cost = prices.cost(est_prompt_tokens, expected) if prices is not None else 0.0
+        unit = "prompt+completion tokens" if self.counts_total else "completion tokens"
+        self._reason = ""
+        t = self.tokens
+        if t.limit is not None and (t.used >= t.limit or t.exhausted(tok)):
+            self._reason = f"token budget met: {t.used:,.0f} / {t.limit:,.0f} {unit}"
+            if t.used < t.limit:
+                self._reason += f" (next request needs ~{tok:,})"
+        for b, name in ((self.cost, "cost cap max_cost_usd"), (self.run_cost, "run cost cap")):
+            if not self._reason and b.limit is not None and (b.used >= b.limit or b.exhausted(cost)):
+                self._reason = f"{name} met: {fmt_usd(b.used)} / {fmt_usd(b.limit)}"
+                if b.used < b.limit:
+                    self._reason += f" (next request needs ~${cost:,.4f})"
+        return bool(self._reason)
+
+    def reason(self) -> str:
+        """Why the last :meth:`budget_met` call returned True, e.g.
+        ``"token budget met: 200,312 / 200,000 completion tokens"``; ``""`` if it returned False."""
+        return self._reason

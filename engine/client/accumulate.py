@@ -1,0 +1,485 @@
+"""Assembly of a :class:`Completion` from streamed chunks or from a non-streaming body.
+
+Wire facts (``shared/reference/openrouter.md``):
+
+* reasoning arrives as ``reasoning`` (OpenRouter), ``reasoning_content`` (vLLM/SGLang/Moonshot) or
+  ``reasoning_details[*].text``; OpenRouter sends ``reasoning`` AND ``reasoning_details`` with the same text in one
+  chunk, so per chunk the FIRST present spelling is taken (``reasoning`` > ``reasoning_content`` > details),
+  never their sum;
+* tool calls stream as fragments keyed by ``index`` (first fragment: ``id``, ``type``, ``function.name``; later
+  ones: ``function.arguments`` pieces, concatenated verbatim);
+* ``finish_reason`` may be repeated by a second chunk carrying ``usage``, or usage may come in a final chunk with
+  ``choices: []``: usage is read from whichever chunk has it, the finish is counted once;
+* a mid-stream error is a chunk with top-level ``error`` and ``choices[0].finish_reason == "error"``, or (older
+  form) ``choices[0].error``; ``code`` is an int or a string.
+
+``tokens_received`` is an ESTIMATE of completion tokens streamed so far: characters of reasoning + content +
+tool-call arguments received, divided by 4 and rounded up. Use it as a lower-bound-style estimate of what an aborted
+stream may be billed (its usage chunk is lost); it is not a tokenizer count.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .errors import describe_error_object, get_header, truncate
+from .types import Completion, ErrorClass, RequestError, ToolCall, Usage
+
+__all__ = [
+    "StreamAccumulator",
+    "StreamProgress",
+    "estimate_tokens",
+    "parse_completion_body",
+    "parse_usage",
+    "reasoning_text",
+]
+
+
+def estimate_tokens(chars: int) -> int:
+    """Estimated tokens for ``chars`` characters of generated text: ``ceil(chars / 4)`` (a rough lower bound)."""
+    return -(-chars // 4)
+
+
+class StreamProgress:
+    """Live progress of one request, updated by the client as bytes arrive.
+
+    Pass one to :meth:`ChatClient.complete` to learn, after a cancellation or failure, how much was streamed (the
+    scheduler accounts spend of aborted streams from it).
+
+    Attributes:
+        chars_received: characters of reasoning + content + tool-call arguments received so far.
+        generation_id: generation id as soon as known (``X-Generation-Id`` header or first chunk ``id``).
+        provider: provider display name as soon as a chunk names it.
+        status: HTTP status once headers arrived (0 before).
+        cost_usd: ``usage.cost`` if a usage chunk arrived, else None.
+    """
+
+    __slots__ = ("chars_received", "generation_id", "provider", "status", "cost_usd")
+
+    def __init__(self) -> None:
+        self.chars_received = 0
+        self.generation_id = ""
+        self.provider = ""
+        self.status = 0
+        self.cost_usd: float | None = None
+
+    @property
+    def tokens_received(self) -> int:
+        """Estimated completion tokens received so far: ``ceil(chars_received / 4)`` (see module docstring)."""
+        return -(-self.chars_received // 4)
+
+    def reset(self) -> None:
+        """Clear all fields (``ChatClient.complete`` does this at the start of every attempt)."""
+        self.chars_received = 0
+        self.generation_id = ""
+        self.provider = ""
+        self.status = 0
+        self.cost_usd = None
+
+    def __repr__(self) -> str:
+        return (
+            f"StreamProgress(tokens_received={self.tokens_received}, chars_received={self.chars_received}, "
+            f"generation_id={self.generation_id!r}, provider={self.provider!r}, status={self.status})"
+        )
+
+
+def _details_text(details: Any) -> str:
+    if not isinstance(details, list):
+        return ""
+    parts: list[str] = []
+    for d in details:
+        if not isinstance(d, dict):
+            continue
+        kind = d.get("type")
+        if kind == "reasoning.text" or kind is None:
+            t = d.get("text")
+        elif kind == "reasoning.summary":
+            t = d.get("summary")
+        else:  # reasoning.encrypted and unknown kinds carry no readable text
+            t = None
+        if isinstance(t, str) and t:
+            parts.append(t)
+    return "".join(parts)
+
+
+def reasoning_text(obj: Mapping[str, Any]) -> str:
+    """Reasoning text of a ``delta`` or ``message``: ``reasoning``, else ``reasoning_content``, else the text of the
+    ``reasoning_details`` entries (``reasoning.text`` text, ``reasoning.summary`` summary). Never a sum of two."""
+    r = obj.get("reasoning")
+    if r and isinstance(r, str):
+        return r
+    r = obj.get("reasoning_content")
+    if r and isinstance(r, str):
+        return r
+    d = obj.get("reasoning_details")
+    if d:
+        return _details_text(d)
+    return ""
+
+
+def _int(v: Any) -> int:
+    try:
+        return int(v or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def parse_usage(u: Any) -> Usage:
+    """Build :class:`Usage` from a ``usage`` object (tolerates missing fields and numeric strings)."""
+    if not isinstance(u, dict):
+        return Usage()
+    details = u.get("completion_tokens_details")
+    reasoning = _int(details.get("reasoning_tokens")) if isinstance(details, dict) else 0
+    cost = u.get("cost")
+    try:
+        cost_usd = float(cost) if cost is not None else None
+    except (TypeError, ValueError):
+        cost_usd = None
+    return Usage(
+        prompt_tokens=_int(u.get("prompt_tokens")),
+        completion_tokens=_int(u.get("completion_tokens")),
+        reasoning_tokens=reasoning,
+        cost_usd=cost_usd,
+    )
+
+
+def _tool_id(tid: Any, index: int) -> str:
+    # A missing id is synthesised so downstream multi-turn formatting always has one.
+    return str(tid) if tid else f"call_{index}"
+
+
+class StreamAccumulator:
+    """Consumes parsed stream chunks (dicts) and assembles a :class:`Completion`.
+
+    Args:
+        t_start: ``clock()`` value when the request was sent (for ``ttft_s`` / ``latency_s``); defaults to now.
+        progress: a :class:`StreamProgress` to update live (one is created if omitted; see :attr:`progress`).
+        clock: monotonic clock, injectable for tests.
+        generation_id: generation id known from the ``X-Generation-Id`` header, if any (wins over chunk ``id``).
+
+    Usage::
+
+        acc = StreamAccumulator()
+        for chunk in chunks:
+            acc.feed(chunk)          # raises RequestError(MIDSTREAM) on an error chunk
+        completion = acc.completion()
+    """
+
+    __slots__ = (
+        "progress",
+        "_clock",
+        "_t_start",
+        "_content",
+        "_reasoning",
+        "_tools",
+        "finish_reason",
+        "native_finish_reason",
+        "usage_raw",
+        "provider",
+        "model",
+        "generation_id",
+        "ttft_s",
+        "chunks",
+    )
+
+    def __init__(
+        self,
+        *,
+        t_start: float | None = None,
+        progress: StreamProgress | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        generation_id: str = "",
+    ) -> None:
+        self.progress = progress if progress is not None else StreamProgress()
+        self._clock = clock
+        self._t_start = clock() if t_start is None else t_start
+        self._content: list[str] = []
+        self._reasoning: list[str] = []
+        # index -> [id, type, name, [argument pieces]]
+        self._tools: dict[int, list[Any]] = {}
+        self.finish_reason: str | None = None
+        self.native_finish_reason: str | None = None
+        self.usage_raw: dict[str, Any] | None = None
+        self.provider = ""
+        self.model = ""
+        self.generation_id = generation_id
+        if generation_id and not self.progress.generation_id:
+            self.progress.generation_id = generation_id
+        self.ttft_s: float | None = None
+        self.chunks = 0
+
+    # -- state ------------------------------------------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        """True once a (non-error) ``finish_reason`` was seen: the generated text is complete."""
+        return self.finish_reason is not None
+
+    @property
+    def tokens_received(self) -> int:
+        """Estimated completion tokens received so far (``ceil(chars / 4)``, see module docstring)."""
+        return self.progress.tokens_received
+
+    @property
+    def received_anything(self) -> bool:
+        """True when any text, tool call, finish or usage has arrived."""
+        return bool(self.progress.chars_received or self._tools or self.finish_reason or self.usage_raw)
+
+    # -- feeding ----------------------------------------------------------------------------------------------
+
+    def feed(self, chunk: Any) -> None:
+        """Consume one parsed chunk.
+
+        Raises:
+            RequestError: ``MIDSTREAM`` for an error chunk (either form); ``PROTOCOL`` when the chunk is not an
+                object.
+        """
+        if type(chunk) is not dict:
+            raise self.error(ErrorClass.PROTOCOL, f"stream chunk is not a JSON object: {truncate(repr(chunk), 200)}")
+        self.chunks += 1
+        if not self.model:
+            self._meta(chunk)
+        elif not self.provider and chunk.get("provider"):
+            self.provider = self.progress.provider = str(chunk["provider"])
+        err = chunk.get("error")
+        if err is not None:
+            raise self._midstream(err)
+        usage = chunk.get("usage")
+        if usage:
+            self.usage_raw = usage
+            cost = usage.get("cost") if isinstance(usage, dict) else None
+            if cost is not None:
+                try:
+                    self.progress.cost_usd = float(cost)
+                except (TypeError, ValueError):
+                    pass
+        choices = chunk.get("choices")
+        if not choices:
+            return
+        choice = choices[0]
+        if type(choice) is not dict:
+            return
+        delta = choice.get("delta")
+        if delta:
+            self._delta(delta)
+        fr = choice.get("finish_reason")
+        if fr is not None:
+            if fr == "error" or choice.get("error") is not None:
+                raise self._midstream(choice.get("error") or {"message": "finish_reason=error with no error object"})
+            if self.finish_reason is None:
+                self.finish_reason = str(fr)
+                nfr = choice.get("native_finish_reason")
+                self.native_finish_reason = str(nfr) if nfr is not None else None
+        elif choice.get("error") is not None:
+            raise self._midstream(choice["error"])
+
+    def _meta(self, chunk: dict[str, Any]) -> None:
+        gid = chunk.get("id")
+        if gid and not self.generation_id:
+            self.generation_id = str(gid)
+            if not self.progress.generation_id:
+                self.progress.generation_id = self.generation_id
+        model = chunk.get("model")
+        if model:
+            self.model = str(model)
+        prov = chunk.get("provider")
+        if prov and not self.provider:
+            self.provider = self.progress.provider = str(prov)
+
+    def _delta(self, delta: dict[str, Any]) -> None:
+        got = 0
+        c = delta.get("content")
+        if c and type(c) is str:
+            self._content.append(c)
+            got += len(c)
+        r = delta.get("reasoning")
+        if not (r and type(r) is str):
+            r = delta.get("reasoning_content")
+            if not (r and type(r) is str):
+                d = delta.get("reasoning_details")
+                r = _details_text(d) if d else ""
+        if r:
+            self._reasoning.append(r)
+            got += len(r)
+        tcs = delta.get("tool_calls")
+        if tcs:
+            got += self._tool_deltas(tcs)
+            if self.ttft_s is None and self._tools:
+                self.ttft_s = self._clock() - self._t_start
+        if got:
+            self.progress.chars_received += got
+            if self.ttft_s is None:
+                self.ttft_s = self._clock() - self._t_start
+
+    def _tool_deltas(self, tcs: Any) -> int:
+        got = 0
+        if not isinstance(tcs, list):
+            return 0
+        tools = self._tools
+        for tc in tcs:
+            if not isinstance(tc, dict):
+                continue
+            idx = tc.get("index")
+            tid = tc.get("id")
+            if not isinstance(idx, int):
+                # Some providers omit index: a fragment with a new id opens a new call, otherwise it continues
+                # the most recent one.
+                if tid and not any(t[0] == tid for t in tools.values()):
+                    idx = len(tools)
+                elif tid:
+                    idx = next(i for i, t in tools.items() if t[0] == tid)
+                else:
+                    idx = max(tools) if tools else 0
+            slot = tools.get(idx)
+            if slot is None:
+                slot = tools[idx] = ["", "function", "", []]
+            if tid and not slot[0]:
+                slot[0] = str(tid)
+            ttype = tc.get("type")
+            if ttype and slot[1] != ttype:
+                slot[1] = str(ttype)
+            fn = tc.get("function")
+            if isinstance(fn, dict):
+                name = fn.get("name")
+                if name and not slot[2]:
+                    slot[2] = str(name)
+                    got += len(slot[2])
+                args = fn.get("arguments")
+                if args:
+                    if not isinstance(args, str):  # a provider sending an object: keep it as JSON text
+                        args = json.dumps(args, ensure_ascii=False)
+                    slot[3].append(args)
+                    got += len(args)
+        return got
+
+    # -- results ----------------------------------------------------------------------------------------------
+
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        """The assembled tool calls in index order."""
+        return tuple(
+            ToolCall(id=_tool_id(t[0], i), name=t[2], arguments="".join(t[3]), type=t[1])
+            for i, t in sorted(self._tools.items())
+        )
+
+    def completion(self, *, latency_s: float | None = None, finish_reason_default: str = "unknown") -> Completion:
+        """The assembled :class:`Completion`.
+
+        Args:
+            latency_s: seconds from send to end; defaults to ``clock() - t_start``.
+            finish_reason_default: used when no ``finish_reason`` arrived (a stream that ended with ``[DONE]`` but
+                no finish); the caller decides whether that is acceptable.
+        """
+        if latency_s is None:
+            latency_s = self._clock() - self._t_start
+        return Completion(
+            reasoning="".join(self._reasoning),
+            content="".join(self._content),
+            tool_calls=self.tool_calls(),
+            finish_reason=self.finish_reason if self.finish_reason is not None else finish_reason_default,
+            native_finish_reason=self.native_finish_reason,
+            usage=parse_usage(self.usage_raw),
+            provider=self.provider,
+            model=self.model,
+            generation_id=self.generation_id,
+            latency_s=latency_s,
+            ttft_s=self.ttft_s,
+        )
+
+    def error(self, error_class: ErrorClass, message: str, *, status: int = 0) -> RequestError:
+        """A :class:`RequestError` carrying what this stream received so far (tokens, provider, id, cost)."""
+        return RequestError(
+            error_class,
+            message,
+            status=status,
+            provider=self.provider,
+            generation_id=self.generation_id,
+            tokens_received=self.tokens_received,
+            partial_cost_usd=self.progress.cost_usd,
+        )
+
+    def _midstream(self, err: Any) -> RequestError:
+        message, _meta, provider = describe_error_object(err)
+        if provider and not self.provider:
+            self.provider = self.progress.provider = provider
+        e = self.error(ErrorClass.MIDSTREAM, message, status=200)
+        if provider:
+            e.provider = provider
+        return e
+
+
+def parse_completion_body(
+    text: str | bytes,
+    headers: Mapping[str, str] | None = None,
+    *,
+    latency_s: float = 0.0,
+    progress: StreamProgress | None = None,
+) -> Completion:
+    """Parse a NON-streaming 200 body into a :class:`Completion`.
+
+    Leading whitespace padding (keep-alive newlines/spaces sent before the JSON) is stripped. A 200 body that
+    carries an error (top-level ``error`` with null content, or ``choices[0].finish_reason == "error"`` with
+    ``choices[0].error``) raises ``RequestError(MIDSTREAM)``; an unparseable or empty body raises ``PROTOCOL``.
+
+    Args:
+        text: the response body.
+        headers: response headers (for ``X-Generation-Id``).
+        latency_s: seconds from send to the end of the body (also reported as ``ttft_s`` when anything was
+            generated: a non-streaming body arrives at once).
+        progress: optional :class:`StreamProgress` to update (generation id, chars received).
+    """
+    gid = get_header(headers, "X-Generation-Id") or ""
+    if isinstance(text, bytes):
+        raw = text.lstrip()
+    else:
+        raw = text.lstrip().encode() if text else b""
+    if not raw:
+        raise RequestError(ErrorClass.PROTOCOL, "empty response body", status=200, generation_id=gid)
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise RequestError(
+            ErrorClass.PROTOCOL,
+            f"response body is not JSON: {truncate(raw[:600].decode('utf-8', 'replace'))}",
+            status=200,
+            generation_id=gid,
+        ) from None
+    if not isinstance(body, dict):
+        raise RequestError(ErrorClass.PROTOCOL, "response body is not a JSON object", status=200, generation_id=gid)
+    acc = StreamAccumulator(t_start=0.0, progress=progress, clock=lambda: latency_s, generation_id=gid)
+    acc._meta(body)
+    if body.get("usage"):
+        acc.usage_raw = body["usage"]
+        acc.progress.cost_usd = parse_usage(body["usage"]).cost_usd
+    choices = body.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    # Count what was generated first, so an error raised below carries it.
+    content = message.get("content")
+    content = content if isinstance(content, str) else ""
+    reasoning = reasoning_text(message)
+    if content:
+        acc._content.append(content)
+    if reasoning:
+        acc._reasoning.append(reasoning)
+    chars = len(content) + len(reasoning)
+    tcs = message.get("tool_calls")
+    if isinstance(tcs, list) and tcs:
+        fixed = [dict(tc, index=i) if isinstance(tc, dict) else tc for i, tc in enumerate(tcs)]
+        chars += acc._tool_deltas(fixed)
+    acc.progress.chars_received += chars
+    err = body.get("error")
+    if err is not None:
+        raise acc._midstream(err)
+    fr = choice.get("finish_reason")
+    if fr == "error" or choice.get("error") is not None:
+        raise acc._midstream(choice.get("error") or {"message": "finish_reason=error with no error object"})
+    if not choice:
+        raise acc.error(ErrorClass.PROTOCOL, "response body has no choices")
+    acc.finish_reason = str(fr) if fr is not None else None
+    nfr = choice.get("native_finish_reason")
+    acc.native_finish_reason = str(nfr) if nfr is not None else None
+    acc.ttft_s = latency_s if acc.progress.chars_received else None
+    return acc.completion(latency_s=latency_s)

@@ -1,0 +1,398 @@
+"""Async chat-completions client for OpenRouter (and any OpenAI-compatible server, e.g. the simulator).
+
+One :meth:`ChatClient.complete` call is exactly ONE attempt: every failure mode becomes a :class:`RequestError`
+with an :class:`ErrorClass` (retrying is :mod:`engine.client.retry`'s job). Failure modes:
+
+=====================================================  ==============================================
+what happened                                          raised
+=====================================================  ==============================================
+HTTP status >= 300 (body read and classified)          see :func:`~engine.client.errors.classify_http_error`
+cannot connect / connect timeout                       ``CONNECT``
+no bytes for ``stall_timeout_s`` (httpx read timeout)  ``STALL`` (carries ``tokens_received``)
+whole request over ``total_timeout_s``                 ``TIMEOUT`` (carries ``tokens_received``)
+reset / peer closed before ``[DONE]`` and finish       ``DISCONNECT`` (carries ``tokens_received``)
+error chunk in a 200 stream / 200 body with an error   ``MIDSTREAM``
+undecodable chunk / body                               ``PROTOCOL``
+=====================================================  ==============================================
+
+A stream whose ``finish_reason`` arrived is returned as a :class:`Completion` even if the connection then breaks
+before ``[DONE]``: the text is complete (usage may then be missing: ``usage.cost_usd is None``).
+
+The API key is never put into a message, repr or log: messages are built from response data and exception class
+names only, and every raised message is additionally scrubbed of the key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import time
+from typing import Any
+
+import httpx
+
+from .accumulate import StreamAccumulator, StreamProgress, parse_completion_body
+from .errors import classify_http_error, truncate
+from .pool import ShardedTransport, env_proxy_for
+from .sse import DONE, SSEDecodeError, SSEParser
+from .types import ChatRequest, Completion, ErrorClass, RequestError
+
+__all__ = ["ChatClient", "StreamProgress", "is_loopback_host"]
+
+_ERROR_BODY_LIMIT = 64 * 1024
+"""At most this many bytes of an error response body are read."""
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` (and ``*.localhost``), 127.0.0.0/8 and ::1 (incl. IPv4-mapped loopback)."""
+    h = host.strip().strip("[]").lower().rstrip(".")
+    if h == "localhost" or h.endswith(".localhost"):
+        return True
+    try:
+        ip = ipaddress.ip_address(h)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+class _Secret:
+    """Holds the API key; its repr never shows it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return "<redacted>"
+
+    __str__ = __repr__
+
+
+class ChatClient:
+    """Async OpenAI-compatible chat-completions client (OpenRouter dialect), HTTP/1.1, pooled.
+
+    Args:
+        base_url: API root, e.g. ``https://openrouter.ai/api/v1`` (``/chat/completions`` is appended).
+        api_key: sent as ``Authorization: Bearer KEY`` when given. Refused (``ValueError``) over plain ``http://``
+            to anything but a loopback host.
+        stream: use SSE streaming (default) or plain JSON bodies.
+        connect_timeout_s: TCP+TLS connect limit (s).
+        stall_timeout_s: longest silence tolerated while waiting for / reading the response (s); keep-alive
+            comments and whitespace padding count as bytes. For ``stream=False`` against a server that sends no
+            padding, this must exceed the generation time.
+        total_timeout_s: limit for one whole request, including waiting for a pooled connection (s).
+        max_connections: connection-pool size (and keep-alive pool size): one connection per concurrent stream.
+        pool_shard_size: connections per pool shard (see :mod:`engine.client.pool`: httpcore's pool bookkeeping
+            is quadratic in its size, so the connections are split over ``max_connections / pool_shard_size``
+            small pools).
+        headers: extra headers for every request.
+        referer: optional ``HTTP-Referer`` (OpenRouter app attribution).
+        title: optional ``X-Title`` (OpenRouter app attribution).
+        trust_env: honour ``HTTPS_PROXY``/``NO_PROXY`` and ``SSL_CERT_FILE``/``SSL_CERT_DIR`` from the environment.
+        drain_timeout_s: after ``[DONE]``, how long to wait for the end of the HTTP body so the connection can be
+            reused (s).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        *,
+        stream: bool = True,
+        connect_timeout_s: float = 10,
+        stall_timeout_s: float = 120,
+        total_timeout_s: float = 1800,
+        max_connections: int = 4096,
+        headers: dict[str, str] | None = None,
+        referer: str | None = None,
+        title: str | None = None,
+        trust_env: bool = True,
+        drain_timeout_s: float = 2.0,
+        pool_shard_size: int = 32,
+    ) -> None:
+        try:
+            url = httpx.URL(base_url)
+        except Exception:
+            raise ValueError("invalid base_url") from None
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(f"base_url must be an http(s) URL with a host, got scheme {url.scheme!r}")
+        extra = dict(headers or {})
+        sends_secret = bool(api_key) or any(k.lower() == "authorization" for k in extra)
+        if sends_secret and url.scheme == "http" and not is_loopback_host(url.host):
+            raise ValueError(
+                f"refusing to send an API key over plain http:// to non-loopback host {url.host!r}; use https://"
+            )
+        self._base = str(url).rstrip("/")
+        self._chat_url = self._base + "/chat/completions"
+        self._stream = stream
+        self._stall = float(stall_timeout_s)
+        self._total = float(total_timeout_s)
+        self._drain = float(drain_timeout_s)
+        self._key = _Secret(api_key) if api_key else None
+        hdrs: dict[str, str] = {"Content-Type": "application/json"}
+        if referer:
+            hdrs["HTTP-Referer"] = referer
+        if title:
+            hdrs["X-Title"] = title
+        hdrs.update(extra)
+        if api_key:
+            hdrs["Authorization"] = f"Bearer {api_key}"
+        # Secrets among user headers are scrubbed from messages too.
+        self._secrets = tuple(
+            s for s in ([api_key] if api_key else []) + [v for k, v in extra.items() if k.lower() == "authorization"] if s
+        )
+        self._transport = ShardedTransport(
+            max_connections=max_connections,
+            shard_size=pool_shard_size,
+            keepalive_expiry=20.0,
+            ssl_context=httpx.create_ssl_context(trust_env=trust_env),
+            proxy=env_proxy_for(url) if trust_env else None,
+        )
+        self._http = httpx.AsyncClient(
+            headers=hdrs,
+            timeout=httpx.Timeout(
+                connect=float(connect_timeout_s), read=self._stall, write=self._stall, pool=None
+            ),
+            transport=self._transport,
+            follow_redirects=False,  # a redirect must never carry the key to another host
+            trust_env=trust_env,
+        )
+
+    # -- lifecycle --------------------------------------------------------------------------------------------
+
+    def __repr__(self) -> str:
+        return f"ChatClient(base_url={self._base!r}, stream={self._stream}, api_key={'<set>' if self._key else None})"
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self._http.aclose()
+
+    async def __aenter__(self) -> ChatClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    @property
+    def stream(self) -> bool:
+        """Whether requests are streamed (SSE)."""
+        return self._stream
+
+    # -- public calls -----------------------------------------------------------------------------------------
+
+    async def complete(self, req: ChatRequest, progress: StreamProgress | None = None) -> Completion:
+        """Send ONE chat-completions request and return the assembled :class:`Completion`.
+
+        Args:
+            req: what to send (``stream`` is set from the client).
+            progress: optional :class:`StreamProgress`, reset at the start and updated live (tokens received,
+                generation id, provider, status, cost): read it after a cancellation to account the spend of an
+                aborted stream.
+
+        Raises:
+            RequestError: every failure (see the module table); never contains the API key.
+            asyncio.CancelledError: on cancellation, after the connection was closed (the server sees it).
+        """
+        if progress is None:
+            progress = StreamProgress()
+        else:
+            progress.reset()  # one progress object may be reused across attempts: it describes THIS attempt
+        body = json.dumps(req.to_body(self._stream), ensure_ascii=False, separators=(",", ":")).encode()
+        t0 = time.monotonic()
+        try:
+            async with asyncio.timeout(self._total):
+                return await self._complete(body, progress, t0)
+        except TimeoutError:
+            raise self._scrub(
+                RequestError(
+                    ErrorClass.TIMEOUT,
+                    f"no complete response within the total timeout of {self._total:g}s",
+                    status=progress.status,
+                    provider=progress.provider,
+                    generation_id=progress.generation_id,
+                    tokens_received=progress.tokens_received,
+                    partial_cost_usd=progress.cost_usd,
+                )
+            ) from None
+        except RequestError as e:
+            raise self._scrub(e) from None
+
+    async def get_json(self, path: str, params: dict[str, Any] | None = None) -> Any:
+        """GET ``base_url + path`` (e.g. ``/key``, ``/credits``, ``/models``) and return the decoded JSON.
+
+        Raises:
+            RequestError: HTTP error statuses (classified), transport failures, non-JSON bodies.
+        """
+        url = self._base + (path if path.startswith("/") else "/" + path)
+        progress = StreamProgress()
+        try:
+            async with asyncio.timeout(self._total):
+                try:
+                    resp = await self._http.get(url, params=params)
+                except (httpx.HTTPError, OSError) as e:
+                    raise self._transport_error(e, progress, f"GET {path}") from None
+                if resp.status_code >= 300 or resp.status_code < 200:
+                    raise classify_http_error(
+                        resp.status_code, resp.headers, resp.content[:_ERROR_BODY_LIMIT]
+                    )
+                try:
+                    return json.loads(resp.content)
+                except ValueError:
+                    raise RequestError(
+                        ErrorClass.PROTOCOL,
+                        f"GET {path}: body is not JSON: {truncate(resp.text[:600])}",
+                        status=resp.status_code,
+                    ) from None
+        except TimeoutError:
+            raise RequestError(ErrorClass.TIMEOUT, f"GET {path}: over {self._total:g}s") from None
+        except RequestError as e:
+            raise self._scrub(e) from None
+
+    # -- internals --------------------------------------------------------------------------------------------
+
+    def _scrub(self, e: RequestError) -> RequestError:
+        """Remove any secret the server may have echoed back from the error's message and args."""
+        for s in self._secrets:
+            if s in e.message or any(isinstance(a, str) and s in a for a in e.args):
+                e.message = e.message.replace(s, "[REDACTED]")
+                e.args = tuple(a.replace(s, "[REDACTED]") if isinstance(a, str) else a for a in e.args)
+        return e
+
+    def _transport_error(self, exc: BaseException, progress: StreamProgress, phase: str) -> RequestError:
+        """Map an httpx / OS exception to a :class:`RequestError` (never stringifies the request)."""
+        name = type(exc).__name__
+        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
+            cls, msg = ErrorClass.CONNECT, f"cannot connect ({name}: {exc})"
+        elif isinstance(exc, (httpx.ReadTimeout, httpx.WriteTimeout)):
+            cls, msg = ErrorClass.STALL, f"no bytes for {self._stall:g}s (stall timeout) while {phase}"
+        elif isinstance(exc, (httpx.NetworkError, httpx.RemoteProtocolError, OSError)):
+            cls, msg = ErrorClass.DISCONNECT, f"connection lost while {phase} ({name}: {exc})"
+        elif isinstance(exc, SSEDecodeError):
+            cls, msg = ErrorClass.PROTOCOL, f"{exc}: {truncate(exc.payload.decode('utf-8', 'replace'), 200)}"
+        elif isinstance(exc, httpx.HTTPError):
+            cls, msg = ErrorClass.PROTOCOL, f"HTTP protocol error while {phase} ({name}: {exc})"
+        else:
+            cls, msg = ErrorClass.PROTOCOL, f"unexpected {name} while {phase}: {exc}"
+        return RequestError(
+            cls,
+            truncate(msg),
+            status=progress.status,
+            provider=progress.provider,
+            generation_id=progress.generation_id,
+            tokens_received=progress.tokens_received,
+            partial_cost_usd=progress.cost_usd,
+        )
+
+    async def _complete(self, body: bytes, progress: StreamProgress, t0: float) -> Completion:
+        request = self._http.build_request("POST", self._chat_url, content=body)
+        try:
+            resp = await self._http.send(request, stream=True)
+        except (httpx.HTTPError, OSError) as e:
+            raise self._transport_error(e, progress, "waiting for response headers") from None
+        try:
+            status = resp.status_code
+            progress.status = status
+            gid = resp.headers.get("x-generation-id") or ""
+            if gid:
+                progress.generation_id = gid
+            if status >= 300 or status < 200:
+                raise await self._http_error(resp, progress, gid)
+            ctype = resp.headers.get("content-type", "").lower()
+            if self._stream and ("event-stream" in ctype or not ctype):
+                return await self._read_stream(resp, progress, t0, gid)
+            if "json" not in ctype and (self._stream or "html" in ctype):
+                # e.g. an HTML page from a proxy or captive portal with status 200
+                head = (await self._read_limited(resp))[:2000].decode("utf-8", "replace")
+                raise RequestError(
+                    ErrorClass.PROTOCOL,
+                    f"unexpected content-type {truncate(ctype, 80)!r}: {truncate(head, 300)}",
+                    status=status,
+                    generation_id=gid,
+                )
+            # Non-streaming (or a server that answered a stream request with a plain JSON body).
+            try:
+                raw = await resp.aread()
+            except (httpx.HTTPError, OSError) as e:
+                raise self._transport_error(e, progress, "reading the response body") from None
+            return parse_completion_body(raw, resp.headers, latency_s=time.monotonic() - t0, progress=progress)
+        finally:
+            await resp.aclose()
+
+    @staticmethod
+    async def _read_limited(resp: httpx.Response) -> bytes:
+        """Up to :data:`_ERROR_BODY_LIMIT` bytes of the body; transport errors end the read quietly."""
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async for b in resp.aiter_bytes():
+                chunks.append(b)
+                size += len(b)
+                if size >= _ERROR_BODY_LIMIT:
+                    break
+        except (httpx.HTTPError, OSError):
+            pass  # classify from the status and whatever body arrived
+        return b"".join(chunks)[:_ERROR_BODY_LIMIT]
+
+    async def _http_error(self, resp: httpx.Response, progress: StreamProgress, gid: str) -> RequestError:
+        body = await self._read_limited(resp)
+        return classify_http_error(resp.status_code, resp.headers, body, generation_id=gid)
+
+    async def _read_stream(self, resp: httpx.Response, progress: StreamProgress, t0: float, gid: str) -> Completion:
+        acc = StreamAccumulator(t_start=t0, progress=progress, generation_id=gid)
+        parser = SSEParser()
+        it = resp.aiter_bytes()
+        try:
+            return await self._consume(it, acc, parser, progress)
+        finally:
+            await it.aclose()
+
+    async def _consume(
+        self, it: Any, acc: StreamAccumulator, parser: SSEParser, progress: StreamProgress
+    ) -> Completion:
+        feed = acc.feed
+        done = False
+        try:
+            async for data in it:
+                for ev in parser.feed(data):
+                    if ev is DONE:
+                        done = True
+                        break
+                    feed(ev)
+                if done:
+                    break
+            else:
+                for ev in parser.flush():
+                    if ev is DONE:
+                        done = True
+                        break
+                    feed(ev)
+        except RequestError:
+            raise
+        except SSEDecodeError as e:
+            if not acc.finished:
+                raise self._transport_error(e, progress, "parsing the stream") from None
+        except (httpx.HTTPError, OSError) as e:
+            if not acc.finished:
+                raise self._transport_error(e, progress, "reading the stream") from None
+            # The finish arrived, so the text is complete; only [DONE] (and maybe usage) was lost.
+        if not acc.finished:
+            if done and acc.received_anything:
+                return acc.completion(finish_reason_default="unknown")
+            if done:
+                raise acc.error(ErrorClass.PROTOCOL, "stream ended with [DONE] but carried no output and no finish")
+            raise acc.error(ErrorClass.DISCONNECT, "stream ended before [DONE] without a finish_reason", status=200)
+        completion = acc.completion()
+        if done:
+            # Read to the end of the HTTP body (usually already buffered) so the connection goes back to the pool
+            # instead of being closed.
+            try:
+                async with asyncio.timeout(self._drain):
+                    async for _ in it:
+                        pass
+            except (TimeoutError, httpx.HTTPError, OSError):
+                pass
+        return completion

@@ -1,0 +1,197 @@
+"""Simulator configuration: :class:`SimConfig`, fault-spec parsing and argparse helpers.
+
+The simulator reproduces OpenRouter's chat-completions wire protocol as recorded in
+``shared/reference/openrouter.md``; this module only holds the knobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Fault kinds the simulator can inject, in the order their probabilities are stacked when one
+#: uniform draw per request picks the fault (so a given seed gives the same fault sequence).
+#:
+#: - ``429``: HTTP 429 (``Retry-After: 1`` on every other one, ``X-RateLimit-Reset`` epoch-ms on the rest)
+#: - ``500`` / ``502`` / ``503``: HTTP 5xx with an OpenRouter-shaped error body
+#: - ``402``: HTTP 402, ``metadata.error_type == "payment_required"``
+#: - ``midstream``: part of the completion, then an error chunk (HTTP 200), no ``[DONE]``
+#: - ``disconnect``: part of the stream, then the TCP connection is aborted
+#: - ``stall``: part of the stream, then silence for ``stall_s`` seconds (socket kept open)
+#: - ``padding``: whitespace before a non-stream JSON body / extra keep-alive comments in a stream
+#: - ``200error``: HTTP 200 whose body (or first stream chunk) is an error
+FAULT_KINDS: tuple[str, ...] = (
+    "429",
+    "500",
+    "502",
+    "503",
+    "402",
+    "midstream",
+    "disconnect",
+    "stall",
+    "padding",
+    "200error",
+)
+
+
+@dataclass
+class SimConfig:
+    """Settings of one simulated OpenRouter endpoint.
+
+    Attributes:
+        host: interface to bind (default loopback only).
+        port: TCP port; 0 picks an ephemeral port (read it back from ``SimServer.port``).
+        seed: makes responses (text, lengths, tool calls, providers) and fault draws reproducible.
+        latency_ms: milliseconds before the first generated token (stream) / before the response
+            (non-stream).
+        tokens_per_s: generation speed of ONE stream in tokens per second; 0 = as fast as possible.
+        mean_completion_tokens: mean of the completion-length distribution (tokens, reasoning
+            included); lengths are 8 + exponential, so the minimum is 8 tokens.
+        reasoning_fraction: share (0..1) of the completion tokens that are reasoning.
+        credits_usd: account credits in USD; ``None`` = unlimited. When set, a chat request gets
+            HTTP 402 once the billed total reaches it, or (``credit_precheck``) when the remaining
+            credits cannot pay for ``max_tokens`` (OpenRouter's pre-check, openrouter.md).
+        price_in: USD per million prompt tokens (Kimi K2.5 headline price, openrouter.md).
+        price_out: USD per million completion tokens (reasoning included).
+        tokenizer: path of a tokenizer directory; when set, usage is counted with
+            ``transformers.AutoTokenizer.from_pretrained(path)`` instead of the estimate.
+        faults: fault kind (see :data:`FAULT_KINDS`) -> probability per chat request; sum <= 1.
+        providers: provider display names requests are routed to (``provider.only/ignore/order``).
+        cancellable_providers: providers that stop billing when the client drops a stream; on
+            the others a dropped stream is billed in full (openrouter.md, "Cancellation").
+        model: model id served; responses name the dated id ``{model}-0127``.
+        keepalive_comments: send ``: OPENROUTER PROCESSING`` SSE comments in streams.
+        log_path: when set, one JSON line per finished chat request is appended (and flushed).
+        stall_s: seconds a ``stall`` fault keeps the socket silent, after which the server drops
+            the connection (ends earlier when the client disconnects or the server stops).
+        credit_precheck: refuse (402) a request whose ``max_tokens`` the remaining credits cannot
+            pay for, as OpenRouter does. Only matters when ``credits_usd`` is set.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    seed: int = 0
+    latency_ms: float = 0.0
+    tokens_per_s: float = 0.0
+    mean_completion_tokens: int = 400
+    reasoning_fraction: float = 0.5
+    credits_usd: float | None = None
+    price_in: float = 0.40
+    price_out: float = 1.90
+    tokenizer: str | None = None
+    faults: dict[str, float] = field(default_factory=dict)
+    providers: tuple[str, ...] = ("SimA", "SimB", "SimC")
+    cancellable_providers: tuple[str, ...] = ("SimA", "SimB")
+    model: str = "moonshotai/kimi-k2.5"
+    keepalive_comments: bool = True
+    log_path: str | None = None
+    stall_s: float = 3600.0
+    credit_precheck: bool = True
+
+    def __post_init__(self) -> None:
+        validate_faults(self.faults)
+        self.providers = tuple(self.providers)
+        self.cancellable_providers = tuple(self.cancellable_providers)
+        if not self.providers:
+            raise ValueError("providers must name at least one provider")
+        if not 0.0 <= self.reasoning_fraction <= 1.0:
+            raise ValueError(f"reasoning_fraction must be within [0, 1], got {self.reasoning_fraction}")
+        if self.mean_completion_tokens < 1:
+            raise ValueError(f"mean_completion_tokens must be >= 1, got {self.mean_completion_tokens}")
+        if self.tokens_per_s < 0 or self.latency_ms < 0 or self.stall_s < 0:
+            raise ValueError("tokens_per_s, latency_ms and stall_s must be >= 0")
+
+
+def validate_faults(faults: dict[str, float]) -> None:
+    """Raise ValueError for an unknown kind, a probability outside [0, 1] or a sum above 1."""
+    total = 0.0
+    for kind, p in faults.items():
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {kind!r} (known: {', '.join(FAULT_KINDS)})")
+        if not isinstance(p, (int, float)) or not 0.0 <= float(p) <= 1.0:
+            raise ValueError(f"fault {kind!r}: probability {p!r} is outside [0, 1]")
+        total += float(p)
+    if total > 1.0 + 1e-9:
+        raise ValueError(f"fault probabilities sum to {total:g}, more than 1")
+
+
+def parse_faults(spec: str) -> dict[str, float]:
+    """Parse ``"429:0.05,502:0.03"`` into ``{"429": 0.05, "502": 0.03}``.
+
+    Empty items are skipped; an empty spec gives ``{}``. Raises ValueError naming the bad item,
+    an unknown kind, a probability outside [0, 1], or probabilities summing above 1.
+    """
+    out: dict[str, float] = {}
+    for raw in spec.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        kind, sep, prob = item.partition(":")
+        kind = kind.strip()
+        if not sep or not kind:
+            raise ValueError(f"bad fault item {item!r}: expected KIND:PROBABILITY")
+        try:
+            p = float(prob)
+        except ValueError:
+            raise ValueError(f"bad fault item {item!r}: {prob.strip()!r} is not a number") from None
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"bad fault item {item!r}: unknown kind {kind!r} (known: {', '.join(FAULT_KINDS)})")
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"bad fault item {item!r}: probability {p:g} is outside [0, 1]")
+        out[kind] = out.get(kind, 0.0) + p
+    validate_faults(out)
+    return out
+
+
+def _names(spec: str) -> tuple[str, ...]:
+    return tuple(s.strip() for s in spec.split(",") if s.strip())
+
+
+def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the simulator options (``--host --port --seed ... --log``) to ``parser``."""
+    d = SimConfig()
+    g = parser.add_argument_group("simulator")
+    g.add_argument("--host", default=d.host, help="interface to bind (default %(default)s)")
+    g.add_argument("--port", type=int, default=d.port, help="TCP port, 0 = ephemeral (default %(default)s)")
+    g.add_argument("--seed", type=int, default=d.seed, help="seed for text, lengths and fault draws")
+    g.add_argument("--latency-ms", type=float, default=d.latency_ms, help="milliseconds before the first token")
+    g.add_argument(
+        "--tokens-per-s", type=float, default=d.tokens_per_s, help="tokens per second per stream, 0 = unlimited"
+    )
+    g.add_argument(
+        "--mean-completion-tokens", type=int, default=d.mean_completion_tokens, help="mean completion length (tokens)"
+    )
+    g.add_argument("--credits", type=float, default=None, help="account credits in USD (default unlimited)")
+    g.add_argument("--price-in", type=float, default=d.price_in, help="USD per million prompt tokens")
+    g.add_argument("--price-out", type=float, default=d.price_out, help="USD per million completion tokens")
+    g.add_argument("--tokenizer", default=None, help="tokenizer directory to count usage with (default: estimate)")
+    g.add_argument("--faults", default="", help='fault probabilities, e.g. "429:0.05,502:0.03,midstream:0.01"')
+    g.add_argument("--providers", default=",".join(d.providers), help="comma-separated provider names")
+    g.add_argument(
+        "--cancellable",
+        default=",".join(d.cancellable_providers),
+        help="comma-separated providers whose dropped streams stop billing",
+    )
+    g.add_argument("--log", default=None, help="append one JSON line per finished chat request to this file")
+
+
+def sim_config_from_args(args: Any) -> SimConfig:
+    """Build a :class:`SimConfig` from a namespace filled by :func:`add_sim_arguments`."""
+    d = SimConfig()
+    return SimConfig(
+        host=getattr(args, "host", d.host),
+        port=getattr(args, "port", d.port),
+        seed=getattr(args, "seed", d.seed),
+        latency_ms=getattr(args, "latency_ms", d.latency_ms),
+        tokens_per_s=getattr(args, "tokens_per_s", d.tokens_per_s),
+        mean_completion_tokens=getattr(args, "mean_completion_tokens", d.mean_completion_tokens),
+        credits_usd=getattr(args, "credits", None),
+        price_in=getattr(args, "price_in", d.price_in),
+        price_out=getattr(args, "price_out", d.price_out),
+        tokenizer=getattr(args, "tokenizer", None),
+        faults=parse_faults(getattr(args, "faults", "") or ""),
+        providers=_names(getattr(args, "providers", ",".join(d.providers))),
+        cancellable_providers=_names(getattr(args, "cancellable", ",".join(d.cancellable_providers))),
+        log_path=getattr(args, "log", None),
+    )

@@ -1,0 +1,377 @@
+"""Budgets reserved at dispatch, settled on completion; estimators; prices. Hand-computed values."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine.budget import (
+    Budget,
+    BudgetExceeded,
+    CompletionEstimator,
+    DatasetBudgets,
+    NoPriceError,
+    PriceObserver,
+    Prices,
+    prices_from_models_endpoint,
+)
+
+# ----------------------------------------------------------------- CompletionEstimator
+
+
+def test_estimator_uses_max_tokens_until_calibrated_then_p90_nearest_rank():
+    est = CompletionEstimator(max_tokens=1000, calibrate_after=100)
+    assert est.expected() == 1000 and est.mean() is None and est.count == 0
+    for x in range(1, 100):
+        est.observe(x)
+    assert not est.calibrated
+    assert est.expected() == 1000
+    est.observe(100)
+    assert est.calibrated and est.count == 100
+    assert est.expected() == 90  # nearest rank: ceil(0.9 * 100) = 90th of 1..100
+    assert est.mean() == 50.5
+
+
+def test_estimator_caps_at_max_tokens_and_floors_at_one():
+    capped = CompletionEstimator(max_tokens=80, calibrate_after=100)
+    for x in range(1, 101):
+        capped.observe(x)
+    assert capped.expected() == 80
+    zeros = CompletionEstimator(max_tokens=80, calibrate_after=3)
+    for _ in range(3):
+        zeros.observe(0)
+    assert zeros.expected() == 1
+    assert zeros.mean() == 0.0
+
+
+def test_estimator_percentile_over_window_mean_over_all():
+    est = CompletionEstimator(max_tokens=1000, calibrate_after=10, window=10)
+    for x in range(1, 101):
+        est.observe(x)
+    assert est.expected() == 99  # window holds 91..100; 9th of 10
+    assert est.mean() == 50.5  # all 100 observations
+    median = CompletionEstimator(max_tokens=1000, calibrate_after=4, percentile=0.5)
+    for x in (4, 1, 3, 2):
+        median.observe(x)
+    assert median.expected() == 2
+
+
+def test_estimator_rejects_bad_arguments():
+    with pytest.raises(ValueError):
+        CompletionEstimator(max_tokens=0)
+    with pytest.raises(ValueError):
+        CompletionEstimator(max_tokens=10, percentile=0.0)
+    with pytest.raises(ValueError):
+        CompletionEstimator(max_tokens=10).observe(-1)
+
+
+# ----------------------------------------------------------------- Budget
+
+
+def test_budget_reserve_settle_release_arithmetic():
+    b = Budget(100)
+    r1 = b.reserve(30)
+    assert (b.used, b.reserved) == (0, 30)
+    assert b.can_reserve(70) and not b.can_reserve(71)
+    with pytest.raises(BudgetExceeded):
+        b.reserve(71)
+    assert b.reserved == 30  # the refused reservation left nothing behind
+    r2 = b.reserve(70)
+    b.settle(r1, 25)
+    assert (b.used, b.reserved) == (25, 70)
+    b.release(r2, 10)
+    assert (b.used, b.reserved) == (35, 0)
+    assert b.remaining == 65
+    assert not b.exhausted(65) and b.exhausted(66)
+    assert b.overshoot == 0
+    b.add_used(80)
+    assert b.used == 115 and b.remaining == -15 and b.overshoot == 15
+    assert b.exhausted(0)
+
+
+def test_budget_double_settle_or_release_raises_and_changes_nothing():
+    b = Budget(100)
+    r = b.reserve(40)
+    b.settle(r, 50)
+    with pytest.raises(ValueError):
+        b.settle(r, 50)
+    with pytest.raises(ValueError):
+        b.release(r)
+    assert (b.used, b.reserved) == (50, 0)
+    other = Budget(100)
+    r2 = other.reserve(5)
+    with pytest.raises(ValueError):
+        b.settle(r2, 5)  # a reservation of another budget
+    with pytest.raises(ValueError):
+        b.reserve(-1)
+
+
+def test_unlimited_budget_tracks_but_never_refuses():
+    b = Budget(None)
+    r = b.reserve(1e18)
+    assert b.can_reserve(1e18) and b.reserved == 1e18
+    b.settle(r, 7)
+    assert b.used == 7 and b.remaining is None and not b.exhausted(1e18) and b.overshoot == 0
+
+
+# ----------------------------------------------------------------- DatasetBudgets
+
+P = Prices(1e-6, 2e-6, "config")  # 100 prompt + 1000 completion tokens = $0.0021
+
+
+def test_try_reserve_refuses_on_token_budget_and_reserves_nothing():
+    run = Budget(10.0)
+    db = DatasetBudgets({"short": 1000}, token_budget=2500, max_cost_usd=5.0, run_cost=run)
+    assert db.try_reserve("short", 100, P) is not None
+    assert db.try_reserve("short", 100, P) is not None
+    assert db.try_reserve("short", 100, P) is None
+    assert db.tokens.reserved == 2000
+    assert db.cost.reserved == pytest.approx(0.0042)
+    assert run.reserved == pytest.approx(0.0042)
+
+
+def test_try_reserve_refuses_on_dataset_cost_cap():
+    db = DatasetBudgets({"short": 1000}, token_budget=None, max_cost_usd=0.005)
+    r = db.try_reserve("short", 100, P)
+    assert r is not None and r.cost.amount == pytest.approx(0.0021)
+    assert db.try_reserve("short", 100, P) is not None  # 0.0042 <= 0.005
+    assert db.try_reserve("short", 100, P) is None  # 0.0063 > 0.005
+    assert db.tokens.reserved == 2000
+
+
+def test_try_reserve_refuses_on_shared_run_cost_and_reserves_nothing_anywhere():
+    run = Budget(0.005)
+    a = DatasetBudgets({"short": 1000}, token_budget=100_000, run_cost=run)
+    b = DatasetBudgets({"short": 1000}, token_budget=100_000, run_cost=run)
+    assert a.try_reserve("short", 100, P) is not None
+    assert b.try_reserve("short", 100, P) is not None
+    assert a.try_reserve("short", 100, P) is None
+    assert a.tokens.reserved == 1000 and a.cost.reserved == pytest.approx(0.0021)
+    assert run.reserved == pytest.approx(0.0042)
+
+
+def test_cost_cap_without_price_raises_and_no_cap_reserves_zero_cost():
+    db = DatasetBudgets({"short": 1000}, max_cost_usd=1.0)
+    with pytest.raises(NoPriceError):
+        db.try_reserve("short", 100, None)
+    assert db.tokens.reserved == 0
+    free = DatasetBudgets({"short": 1000}, token_budget=5000)
+    r = free.try_reserve("short", 100, P)
+    assert r is not None and r.cost.amount == 0.0 and r.tokens.amount == 1000
+    with pytest.raises(KeyError):
+        free.try_reserve("long", 100, P)
+
+
+def test_counts_total_reserves_and_settles_prompt_plus_completion():
+    db = DatasetBudgets({"short": 1000}, token_budget=3000, counts_total=True)
+    r = db.try_reserve("short", 500, None)
+    assert r is not None and db.tokens.reserved == 1500
+    db.settle(r, 480, 700, None, None)
+    assert db.tokens.used == 1180 and db.tokens.reserved == 0
+    assert db.estimators["short"].count == 1 and db.estimators["short"].mean() == 700
+    assert db.try_reserve("short", 500, None) is not None  # 1180 + 1500 <= 3000
+    assert db.try_reserve("short", 500, None) is None  # + 1500 more > 3000
+
+
+def test_settle_costs_reported_else_priced_and_release_counts_spent():
+    run = Budget(None)
+    db = DatasetBudgets({"short": 1000}, token_budget=10_000, max_cost_usd=1.0, run_cost=run)
+    r1 = db.try_reserve("short", 100, P)
+    r2 = db.try_reserve("short", 100, P)
+    r3 = db.try_reserve("short", 100, P)
+    db.settle(r1, 120, 800, None, P)  # 120e-6 + 1600e-6
+    assert db.cost.used == pytest.approx(0.00172) and run.used == pytest.approx(0.00172)
+    db.settle(r2, 120, 800, 0.005, P)  # the reported cost wins
+    assert db.cost.used == pytest.approx(0.00672)
+    assert db.tokens.used == 1600
+    db.release(r3, tokens_spent=300, cost_spent=0.0004)
+    assert db.tokens.used == 1900 and db.tokens.reserved == 0
+    assert db.cost.used == pytest.approx(0.00712) and db.cost.reserved == 0
+    assert db.estimators["short"].count == 2  # the aborted one is not observed
+    with pytest.raises(ValueError):
+        db.settle(r1, 120, 800, None, P)
+    with pytest.raises(ValueError):
+        db.release(r3, tokens_spent=300)
+    assert db.tokens.used == 1900 and db.estimators["short"].count == 2
+
+
+def test_budget_met_for_next_expected_amount_and_at_limit():
+    db = DatasetBudgets({"short": 1000}, token_budget=10_000, calibrate_after=2)
+    db.tokens.add_used(9000)
+    assert not db.budget_met("short") and db.reason() == ""  # 9000 + 1000 == limit fits
+    db.tokens.add_used(1)
+    assert db.budget_met("short")
+    assert db.reason() == (
+        "token budget met: 9,001 / 10,000 completion tokens (next request needs ~1,000)"
+    )
+    assert db.try_reserve("short", 0, None) is None  # consistent with budget_met
+    for _ in range(2):
+        db.estimators["short"].observe(100)
+    assert not db.budget_met("short")  # calibrated: next request expects 100
+    db.tokens.add_used(999)
+    assert db.budget_met("short")
+    assert db.reason() == "token budget met: 10,000 / 10,000 completion tokens"
+
+
+def test_budget_met_on_cost_caps_and_counts_total_unit():
+    run = Budget(2.0)
+    db = DatasetBudgets({"short": 1000}, max_cost_usd=1.0, run_cost=run)
+    assert not db.budget_met("short", P)
+    db.cost.add_used(0.999)  # + $0.0020 (1000 completion tokens, no prompt estimate) > $1.00
+    assert db.budget_met("short", P)
+    assert db.reason() == "cost cap max_cost_usd met: $1.00 / $1.00 (next request needs ~$0.0020)"
+    assert not db.budget_met("short")  # without prices only used >= limit counts
+    db.cost.add_used(0.001)
+    assert db.budget_met("short") and db.reason() == "cost cap max_cost_usd met: $1.00 / $1.00"
+    other = DatasetBudgets({"short": 1000}, run_cost=run)
+    run.add_used(2.5)
+    assert other.budget_met("short") and other.reason() == "run cost cap met: $2.50 / $2.00"
+    tot = DatasetBudgets({"short": 1000}, token_budget=500, counts_total=True)
+    tot.tokens.add_used(500)
+    assert tot.budget_met("short")
+    assert tot.reason() == "token budget met: 500 / 500 prompt+completion tokens"
+
+
+# ----------------------------------------------------------------- prices
+
+
+def test_prices_cost_and_validation():
+    assert P.cost(100, 1000) == pytest.approx(0.0021)
+    with pytest.raises(ValueError):
+        Prices(-1e-6, 0.0, "config")
+    with pytest.raises(ValueError):
+        Prices(1e-6, 1e-6, "guess")
+
+
+def _synthetic(n: int):
+    rng = random.Random(3)
+    return [(p, c, p * 0.4e-6 + c * 1.9e-6)
+            for p, c in ((rng.randint(50, 20_000), rng.randint(1, 10_000)) for _ in range(n))]
+
+
+def test_price_observer_recovers_exact_prices_after_20_results():
+    fallback = Prices(1e-6, 1e-6, "config")
+    obs = PriceObserver()
+    rows = _synthetic(20)
+    for p, c, y in rows[:19]:
+        obs.observe(p, c, y)
+    obs.observe(1, 1, None)  # no cost: ignored
+    assert obs.prices(fallback) is fallback
+    assert obs.prices(None) is None
+    obs.observe(*rows[19])
+    got = obs.prices(fallback)
+    assert got is not None and got.source == "observed"
+    assert got.prompt_usd_per_token == pytest.approx(0.4e-6, rel=1e-9)
+    assert got.completion_usd_per_token == pytest.approx(1.9e-6, rel=1e-9)
+
+
+def test_price_observer_degenerate_falls_back_to_blended_price():
+    obs = PriceObserver(min_results=3)
+    for c in (100, 200, 300):  # prompt = 2 x completion: the two prices cannot be told apart
+        obs.observe(2 * c, c, 2 * c * 0.4e-6 + c * 1.9e-6)
+    got = obs.prices(None)
+    # blended = 2.7e-6 * c / 3c = 0.9e-6 per token
+    assert got is not None
+    assert got.prompt_usd_per_token == pytest.approx(0.9e-6, rel=1e-12)
+    assert got.completion_usd_per_token == pytest.approx(0.9e-6, rel=1e-12)
+    only_completion = PriceObserver(min_results=1)
+    only_completion.observe(0, 1000, 0.0019)
+    assert only_completion.prices(None) == Prices(1.9e-6, 1.9e-6, "observed")
+
+
+MODELS_DOC = {
+    "data": [
+        {"id": "openai/gpt-4o", "pricing": {"prompt": "0.0000025", "completion": "0.00001"}},
+        {"id": "moonshotai/kimi-k2.5",
+         "pricing": {"prompt": "0.0000004", "completion": "0.0000019", "request": "0"}},
+        {"id": "openrouter/auto", "pricing": {"prompt": "-1", "completion": "-1"}},
+        {"id": "x/bad", "pricing": {"prompt": "abc", "completion": "0.000001"}},
+        {"id": "x/noprice"},
+        {"id": "x/free", "pricing": {"prompt": "0", "completion": "0"}},
+    ]
+}
+
+
+def test_prices_from_models_endpoint():
+    kimi = Prices(0.4e-6, 1.9e-6, "models_endpoint")
+    assert prices_from_models_endpoint(MODELS_DOC, "moonshotai/kimi-k2.5") == kimi
+    assert prices_from_models_endpoint(MODELS_DOC, "moonshotai/kimi-k2.5-20260115") == kimi
+    assert prices_from_models_endpoint(MODELS_DOC, "openai/gpt-4o") == Prices(
+        2.5e-6, 1e-5, "models_endpoint")
+    assert prices_from_models_endpoint(MODELS_DOC, "openai/gpt-4o-mini") is None  # not a date
+    assert prices_from_models_endpoint(MODELS_DOC, "anthropic/claude-x") is None
+    assert prices_from_models_endpoint(MODELS_DOC, "openrouter/auto") is None
+    assert prices_from_models_endpoint(MODELS_DOC, "x/bad") is None
+    assert prices_from_models_endpoint(MODELS_DOC, "x/noprice") is None
+    assert prices_from_models_endpoint(MODELS_DOC, "x/free") == Prices(0.0, 0.0, "models_endpoint")
+    assert prices_from_models_endpoint({}, "openai/gpt-4o") is None
+    assert prices_from_models_endpoint({"data": "nope"}, "openai/gpt-4o") is None
+
+
+# ----------------------------------------------------------------- simulation
+
+BUDGET = 200_000
+SLOTS = 500
+MAX_TOKENS = 8000
+
+
+def _simulate(reserve: bool, seed: int = 7) -> float:
+    """500 concurrent slots; completions ~ Exp(mean 2000) capped at 8000; random finish order.
+
+    ``reserve``: dispatch while ``try_reserve`` succeeds. Otherwise the naive scheme: reserve
+    nothing, dispatch while ``used < budget``. Returns the final tokens used.
+    """
+    rng = random.Random(seed)
+    db = DatasetBudgets({"short": MAX_TOKENS}, token_budget=BUDGET)
+    naive_used = 0
+    in_flight: list = []
+    dispatched = 0
+    while True:
+        while len(in_flight) < SLOTS and dispatched < 100_000:
+            if reserve:
+                r = db.try_reserve("short", 100, None)
+                if r is None:
+                    break
+            elif naive_used >= BUDGET:
+                break
+            else:
+                r = None
+            in_flight.append(r)
+            dispatched += 1
+        if not in_flight:
+            break
+        i = rng.randrange(len(in_flight))
+        r = in_flight[i]
+        in_flight[i] = in_flight[-1]
+        in_flight.pop()
+        tokens = min(MAX_TOKENS, max(1, round(rng.expovariate(1 / 2000))))
+        if reserve:
+            db.settle(r, 100, tokens, None, None)
+        else:
+            naive_used += tokens
+    if reserve:
+        assert db.tokens.reserved == 0
+        return db.tokens.used
+    return naive_used
+
+
+def test_simulation_reservations_stop_near_budget_naive_overshoots():
+    careful = _simulate(reserve=True)
+    naive = _simulate(reserve=False)
+    print(f"\nreserve-at-dispatch: {careful:,.0f} tokens = {careful / BUDGET:.3f} x budget; "
+          f"naive: {naive:,.0f} tokens = {naive / BUDGET:.3f} x budget")
+    assert 0.9 * BUDGET <= careful <= 1.02 * BUDGET
+    assert naive > 1.5 * BUDGET
+
+
+def test_settle_with_bad_figures_changes_nothing():
+    db = DatasetBudgets({"short": 1000}, token_budget=10_000, max_cost_usd=1.0)
+    r = db.try_reserve("short", 100, P)
+    with pytest.raises(ValueError):
+        db.settle(r, 100, 500, -0.01, P)
+    with pytest.raises(ValueError):
+        db.settle(r, 100, -5, None, P)
+    assert db.tokens.used == 0 and db.cost.used == 0 and db.estimators["short"].count == 0
+    db.settle(r, 100, 500, None, P)
+    assert db.tokens.used == 500 and db.cost.used == pytest.approx(0.0011)
