@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.stats import ProviderSnapshot  # noqa: F401 - part of the snapshot API
+
 
 @dataclass(frozen=True, slots=True)
 class DatasetSnapshot:
@@ -27,7 +29,12 @@ class DatasetSnapshot:
         req_per_s_since_start: completions per second since this process started the dataset.
         tok_per_s: completion tokens per second over the recent window.
         avg_completion_tokens: mean completion tokens of stored results (since start of the run).
-        eta_s: seconds to finish at the recent rate (None when unknown).
+        eta_s: seconds to finish at the recent token rate (None when unknown).
+        avg_completion_tokens_recent: mean completion tokens of the last ~200 results.
+        eta_s_since_start: seconds to finish at the since-start token rate.
+        reserved_tokens: tokens reserved by in-flight requests against the budget.
+        max_cost_usd: the dataset's dollar cap, if any; projected_cost_usd: projected final cost.
+        latest_sample: the most recent stored completion (for the sample inspector).
     """
 
     name: str
@@ -51,6 +58,34 @@ class DatasetSnapshot:
     tok_per_s: float = 0.0
     avg_completion_tokens: float = 0.0
     eta_s: float | None = None
+    avg_completion_tokens_recent: float = 0.0
+    eta_s_since_start: float | None = None
+    reserved_tokens: int = 0
+    max_cost_usd: float | None = None
+    projected_cost_usd: float | None = None
+    latest_sample: "SampleSnapshot | None" = None
+
+
+@dataclass(frozen=True, slots=True)
+class SampleSnapshot:
+    """The latest completion of a dataset, trimmed for display.
+
+    Attributes:
+        key: prompt key; prompt_tail: the end of the last prompt message (<= 500 chars);
+        reasoning, content: trimmed to <= 2,000 chars each; tool_calls: names of called tools;
+        finish_reason; provider; completion_tokens; validation: validation result text ("" until
+        reconstruction runs).
+    """
+
+    key: str
+    prompt_tail: str
+    reasoning: str
+    content: str
+    tool_calls: tuple[str, ...]
+    finish_reason: str
+    provider: str
+    completion_tokens: int
+    validation: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +110,14 @@ class RunSnapshot:
         in_flight: requests in flight; req_per_s: recent completions/s over all datasets.
         cost_usd: summed cost of stored results (USD); errors: failed attempts by class.
         writer_queue: rows waiting for the next commit.
+        credits_usd / credits_age_s: provider credits left (USD) and the age of that reading (s).
+        spend_rate_usd_per_h: recent spend rate (USD per hour); projected_total_cost_usd: projected
+            cost of the whole run; max_cost_usd: run-wide cap; cost_in_flight_usd: reserved dollars of
+            in-flight requests (what an abort would save at most); eta_s: run ETA (s);
+        tok_per_s: recent completion tokens per second; loop_lag_ms: event-loop lag (ms);
+        providers: per-provider figures; latest_errors: latest message per error class;
+        history: ``(elapsed_s, req_per_s, tok_per_s)`` samples, oldest first (for sparklines);
+        events: the most recent run events as display lines, oldest first.
     """
 
     name: str
@@ -88,6 +131,19 @@ class RunSnapshot:
     cost_usd: float
     errors: dict[str, int]
     writer_queue: int = 0
+    credits_usd: float | None = None
+    credits_age_s: float | None = None
+    spend_rate_usd_per_h: float = 0.0
+    projected_total_cost_usd: float | None = None
+    max_cost_usd: float | None = None
+    cost_in_flight_usd: float = 0.0
+    eta_s: float | None = None
+    tok_per_s: float = 0.0
+    loop_lag_ms: float = 0.0
+    providers: tuple[ProviderSnapshot, ...] = ()
+    latest_errors: dict[str, str] = field(default_factory=dict)
+    history: tuple[tuple[float, float, float], ...] = ()
+    events: tuple[str, ...] = ()
 
     def dataset(self, name: str) -> DatasetSnapshot:
         """Return the snapshot of dataset ``name`` (KeyError if unknown)."""
