@@ -12,10 +12,8 @@ from engine.budget import (
     CompletionEstimator,
     DatasetBudgets,
     NoPriceError,
-    PriceObserver,
-    Prices,
-    prices_from_models_endpoint,
 )
+from engine.prices import PriceObserver, Prices, prices_from_models_endpoint
 
 # ----------------------------------------------------------------- CompletionEstimator
 
