@@ -209,7 +209,9 @@ class DatasetSection(_Strict):
         path: JSONL, JSON array or Parquet file.
         format: row format (``auto`` or one of ``engine.datasets.FORMATS``).
         max_prompts: take at most this many valid prompts, in file order.
-        token_budget: completion-token budget (tokens); enforcement by the budget module.
+        token_budget: token budget (tokens): completion tokens, or prompt + completion tokens
+            when ``budget_counts = "total"``; never overshot by more than the in-flight tail.
+        max_cost_usd: dollar cap of this dataset (USD).
         fields: optional column renames, e.g. ``{messages = "dialog"}``.
     """
 
@@ -218,6 +220,8 @@ class DatasetSection(_Strict):
     format: str = "auto"
     max_prompts: int | None = Field(None, ge=1)
     token_budget: int | None = Field(None, ge=1)
+    budget_counts: Literal["completion", "total"] = "completion"
+    max_cost_usd: float | None = Field(None, gt=0)
     fields: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("format")
@@ -228,6 +232,45 @@ class DatasetSection(_Strict):
         if v not in FORMATS:
             raise ValueError(f"expected one of {', '.join(FORMATS)}, got {v!r}")
         return v
+
+
+class PricingSection(_Strict):
+    """``[pricing]``: the model's prices in USD per MILLION tokens, when you know them.
+
+    Price sources in order: prices learned from billed ``usage.cost`` (after 20 results), these,
+    then the provider's ``/models`` endpoint. A dollar cap with no known price refuses to run.
+    """
+
+    prompt_usd_per_m: float | None = Field(None, ge=0)
+    completion_usd_per_m: float | None = Field(None, ge=0)
+
+
+class SpendSection(_Strict):
+    """``[spend]``: run-wide money controls.
+
+    Attributes:
+        max_cost_usd: run-wide dollar cap (USD), reserved at dispatch like token budgets.
+        on_budget: ``drain`` (in-flight requests finish and are kept) or ``abort`` (cancelled now)
+            when a dataset's budget is met.
+        credits_floor_usd: pause everything when provider credits minus the dollars reserved in
+            flight fall below this (USD).
+        credits_poll_s: seconds between reads of ``/key`` (fallback ``/credits``).
+        calibrate_after: completions of a dataset+class before reservations use the observed
+            percentile instead of ``max_tokens``; reserve_percentile: that percentile (0.5-1).
+        anomaly_error_rate / anomaly_window: pause a dataset when more than this fraction of its
+            last ``anomaly_window`` attempts failed (0 disables).
+        reservation: ``expected`` (default) or ``none`` (naive: reserve nothing; for benchmarks).
+    """
+
+    max_cost_usd: float | None = Field(None, gt=0)
+    on_budget: Literal["drain", "abort"] = "drain"
+    credits_floor_usd: float = Field(0.0, ge=0)
+    credits_poll_s: float = Field(60.0, gt=0)
+    calibrate_after: int = Field(50, ge=1)
+    reserve_percentile: float = Field(0.90, ge=0.5, le=1.0)
+    anomaly_error_rate: float = Field(0.20, ge=0, lt=1)
+    anomaly_window: int = Field(200, ge=10)
+    reservation: Literal["expected", "none"] = "expected"
 
 
 def _default_classes() -> dict[str, ClassSection]:
@@ -243,6 +286,8 @@ class Config(_Strict):
     run: RunSection = Field(default_factory=RunSection)
     provider: ProviderSection = Field(default_factory=ProviderSection)
     generation: GenerationSection = Field(default_factory=GenerationSection)
+    pricing: PricingSection = Field(default_factory=PricingSection)
+    spend: SpendSection = Field(default_factory=SpendSection)
     classes: dict[str, ClassSection] = Field(default_factory=_default_classes, min_length=1)
     datasets: list[DatasetSection] = Field(min_length=1)
 

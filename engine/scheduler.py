@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
+import json
 import logging
 import os
 import time
@@ -35,9 +37,12 @@ from engine.client.retry import RetryPolicy, call_with_retries
 from engine.client.types import ChatRequest, Completion, ErrorClass, RequestError
 from engine.config import Config
 from engine.limiter import AdjustableLimiter
-from engine.rates import RateWindow, eta_seconds
+from engine.projection import project_run, spend_rate_usd_per_h
 from engine.snapshot import ClassSnapshot, DatasetSnapshot, RunSnapshot
+from engine.rates import RateWindow
+from engine.spend import SpendControl
 from engine.store import PendingPrompt, Store
+from engine.telemetry import Telemetry
 from engine.writer import StoreWriter
 
 log = logging.getLogger(__name__)
@@ -55,7 +60,7 @@ class DatasetRuntime:
     prompts: int
     rejected: int
     token_budget: int | None
-    control: str = "active"  # active | paused | skipped
+    control: str = "active"  # active | paused | skipped | budget_met
     reason: str = ""
     done: int = 0
     failed: int = 0
@@ -73,6 +78,8 @@ class DatasetRuntime:
     rate: RateWindow = field(default_factory=lambda: RateWindow(60))
     tok_rate: RateWindow = field(default_factory=lambda: RateWindow(60))
     tasks: set = field(default_factory=set)
+    blocked: set = field(default_factory=set)  # classes waiting for reservations to settle
+    gate_fired: bool = False
 
     @property
     def pending_total(self) -> int:
@@ -81,11 +88,11 @@ class DatasetRuntime:
     @property
     def finished(self) -> bool:
         """True when no prompt can still be dispatched or is in flight."""
-        return self.in_flight == 0 and (self.control == "skipped" or self.pending_total == 0)
+        return self.in_flight == 0 and (self.control in ("skipped", "budget_met") or self.pending_total == 0)
 
     def state(self, run_paused: bool) -> str:
-        if self.control == "skipped":
-            return "skipped"
+        if self.control in ("skipped", "budget_met"):
+            return self.control
         if self.pending_total == 0 and self.in_flight == 0:
             return "done"
         if self.control == "paused" or run_paused:
@@ -135,6 +142,13 @@ class Scheduler:
         self._done = asyncio.Event()
         self.rate = RateWindow(60)
         self.on_event: Callable[[str, str, str | None, str], None] | None = None
+        self.spend = SpendControl(cfg)
+        self.telemetry = Telemetry(cfg.spend.anomaly_error_rate, cfg.spend.anomaly_window)
+        self.excluded_providers: list[str] = []
+        #: ``get_json(path, params)`` of the provider, for late costs of failed attempts (None: estimate).
+        self.get_json: Callable[..., Any] | None = None
+        self._trueups: set[asyncio.Task] = set()
+        self.pause_kind = ""
         body: dict[str, Any] = {"model": cfg.provider.model}
         g = cfg.generation
         for k in ("temperature", "top_p", "seed", "reasoning"):
@@ -147,6 +161,15 @@ class Scheduler:
         body.update(g.extra_body)
         self.base_body = body
 
+    def _apply_exclusions(self) -> None:
+        body = dict(self.base_body)
+        if self.excluded_providers:
+            prov = dict(body.get("provider") or {})
+            ignore = list(prov.get("ignore") or [])
+            prov["ignore"] = ignore + [p for p in self.excluded_providers if p not in ignore]
+            body["provider"] = prov
+        self.base_body = body
+
     # ---- setup ------------------------------------------------------------------------------
     async def load(self) -> None:
         """Load counters and persisted control states from the store."""
@@ -154,11 +177,12 @@ class Scheduler:
         counts = await self.store.state_counts()
         usage = await self.store.usage_totals()
         errors = await self.store.error_counts()
+        lost = await self.store.lost_costs()
         self._prior_elapsed = await self.store.prior_elapsed_s()
         for pos, d in enumerate(self.cfg.datasets):
             row = rows[d.name]
             rt = DatasetRuntime(d.name, pos, row["prompts"], row["rejected"], d.token_budget)
-            if row["state"] in ("paused", "skipped"):
+            if row["state"] in ("paused", "skipped", "budget_met"):
                 rt.control, rt.reason = row["state"], row["state_reason"]
             for cls in self.cfg.classes:
                 rt.pending[cls] = counts.get((d.name, cls, "pending"), 0)
@@ -171,6 +195,19 @@ class Scheduler:
             rt.prompt_tokens, rt.completion_tokens, rt.reasoning_tokens, rt.cost_usd = p, c, r, cost
             rt.errors.update(errors.get(d.name, {}))
             self.datasets[d.name] = rt
+            self.spend.seed(d.name, p, c, cost + lost.get(d.name, 0.0), await self.store.recent_completion_tokens(d.name))
+            self.spend.lost_usd[d.name] = lost.get(d.name, 0.0)
+            rt.cost_usd += lost.get(d.name, 0.0)
+            if rt.control == "budget_met" and not any(
+                self.spend.budget_met(d.name, cls) for cls in self.cfg.classes if rt.pending.get(cls)
+            ):
+                rt.control, rt.reason = "active", ""  # the budget was raised since
+        excl = await self.store.get_meta("excluded_providers")
+        if excl:
+            self.excluded_providers = json.loads(excl)
+            for name in self.excluded_providers:
+                self.telemetry.providers.exclude(name)
+            self._apply_exclusions()
 
     # ---- events -----------------------------------------------------------------------------
     def event(self, level: str, kind: str, dataset: str | None, message: str) -> None:
@@ -179,6 +216,7 @@ class Scheduler:
         getattr(log, "warning" if level == "warning" else "error" if level == "error" else "info")(
             "%s%s", f"[{dataset}] " if dataset else "", message
         )
+        self.telemetry.on_event(level, dataset, message)
         if self.on_event:
             self.on_event(level, kind, dataset, message)
 
@@ -192,7 +230,7 @@ class Scheduler:
         if self.run_paused or self._stopping:
             return None
         for rt in self.datasets.values():
-            if rt.control == "active" and rt.pending.get(cls, 0) > 0:
+            if rt.control == "active" and rt.pending.get(cls, 0) > 0 and cls not in rt.blocked:
                 return rt
         return None
 
@@ -201,7 +239,8 @@ class Scheduler:
             return False
         # In-flight prompts may come back to pending (abort, 402, 401), so they count as possible work.
         return any(
-            rt.control != "skipped" and (rt.pending.get(cls, 0) > 0 or rt.in_flight > 0) for rt in self.datasets.values()
+            rt.control not in ("skipped", "budget_met") and (rt.pending.get(cls, 0) > 0 or rt.in_flight > 0)
+            for rt in self.datasets.values()
         )
 
     async def _next_prompt(self, rt: DatasetRuntime, cls: str) -> PendingPrompt | None:
@@ -241,13 +280,29 @@ class Scheduler:
                 rt.requeue[cls].appendleft(p)
                 lim.release()
                 continue
+            try:
+                res = self.spend.reserve(rt.name, cls, p.est_prompt_tokens)
+            except Exception as e:  # noqa: BLE001 - e.g. a dollar cap with no price: pause, never spend blind
+                rt.requeue[cls].appendleft(p)
+                lim.release()
+                self.pause_all(f"cannot reserve: {e}", kind="price")
+                continue
+            if res is None:
+                rt.requeue[cls].appendleft(p)
+                lim.release()
+                reason = self.spend.budget_met(rt.name, cls, p.est_prompt_tokens)
+                if reason:
+                    await self._budget_met(rt, reason)
+                else:
+                    rt.blocked.add(cls)  # wait for in-flight reservations to settle
+                continue
             rt.pending[cls] -= 1
             rt.in_flight += 1
             if not rt.started:
                 rt.started = True
                 rt.rate.start(self.clock())
                 rt.tok_rate.start(self.clock())
-            task = asyncio.get_running_loop().create_task(self._request(rt, p, lim))
+            task = asyncio.get_running_loop().create_task(self._request(rt, p, lim, res))
             rt.tasks.add(task)
             task.add_done_callback(rt.tasks.discard)
 
@@ -256,11 +311,52 @@ class Scheduler:
             messages=p.messages, tools=p.tools, max_tokens=self.cfg.classes[p.cls].max_tokens, body=self.base_body
         )
 
-    async def _request(self, rt: DatasetRuntime, p: PendingPrompt, lim: AdjustableLimiter) -> None:
+    async def _budget_met(self, rt: DatasetRuntime, reason: str) -> None:
+        if rt.control != "active":
+            return
+        await self.set_dataset_control(rt.name, "budget_met", reason)
+        if self.cfg.spend.on_budget == "abort":
+            self.abort(rt.name)
+
+    def _unblock(self, rt: DatasetRuntime) -> None:
+        if rt.blocked:
+            rt.blocked.clear()
+            self.notify()
+
+    def _partial_spend(self, rt: DatasetRuntime, err_or_progress: Any, est_prompt_tokens: int) -> tuple[int, float]:
+        """Tokens/USD a failed or aborted attempt may have been billed (a lower bound), and a true-up."""
+        tokens = int(getattr(err_or_progress, "tokens_received", 0) or 0)
+        gid = getattr(err_or_progress, "generation_id", "") or ""
+        cost = getattr(err_or_progress, "partial_cost_usd", None)
+        if cost is None:
+            cost = getattr(err_or_progress, "cost_usd", None)
+        if cost is not None:
+            return tokens, float(cost)
+        if gid and self.get_json is not None:
+            self._trueup(rt, gid)
+            return tokens, 0.0
+        return tokens, self.spend.estimate_cost(est_prompt_tokens if tokens else 0, tokens)
+
+    def _trueup(self, rt: DatasetRuntime, gid: str) -> None:
+        from engine.credits import generation_cost
+
+        async def run() -> None:
+            cost = await generation_cost(self.get_json, gid)
+            if cost:
+                self.spend.add_partial(rt.name, cost)
+                rt.cost_usd += cost
+                self.writer.set_attempt_cost(gid, cost)
+
+        t = asyncio.get_running_loop().create_task(run())
+        self._trueups.add(t)
+        t.add_done_callback(self._trueups.discard)
+
+    async def _request(self, rt: DatasetRuntime, p: PendingPrompt, lim: AdjustableLimiter, res: Any) -> None:
         req = self._request_for(p)
         attempts = p.attempts
         started = [time.time()]
         progress = StreamProgress()
+        spent = [0, 0.0]  # tokens, USD of failed attempts of this request
 
         async def one_attempt() -> Completion:
             nonlocal attempts
@@ -275,46 +371,68 @@ class Scheduler:
                 return
             if isinstance(err, RequestError):
                 rt.errors[err.error_class.value] += 1
+                tok, usd = self._partial_spend(rt, err, p.est_prompt_tokens)
+                spent[0] += tok
+                spent[1] += usd
                 self.writer.add_attempt(
                     p.id, rt.name, attempts, started[0], now, "error", err.error_class.value, err.status or None,
-                    err.message, err.provider or None, err.generation_id or None, err.tokens_received,
-                    err.partial_cost_usd,
+                    err.message, err.provider or None, err.generation_id or None, err.tokens_received, usd or None,
                 )
+                reason = self.telemetry.on_error(rt.name, err.provider, err.error_class.value, err.message)
+                if reason and rt.control == "active":
+                    asyncio.get_running_loop().create_task(
+                        self.set_dataset_control(rt.name, "paused", f"anomaly guard: {reason}"))
 
         try:
             c: Completion = await call_with_retries(one_attempt, self.policy, on_attempt=on_attempt)
         except asyncio.CancelledError:
-            # Aborted: back to pending; what was streamed is recorded as a lower bound of spend.
+            # Aborted: back to pending; what was streamed is counted as spent (a lower bound).
+            tok, usd = self._partial_spend(rt, progress, p.est_prompt_tokens)
             self.writer.add_attempt(p.id, rt.name, attempts, started[0], time.time(), "aborted",
-                                    tokens_received=progress.tokens_received)
+                                    provider=progress.provider or None, generation_id=progress.generation_id or None,
+                                    tokens_received=tok, cost_usd=usd or None)
+            self.spend.release(rt.name, res, spent[0] + tok, spent[1] + usd)
+            rt.cost_usd += spent[1] + usd
             self.writer.set_attempts(p.id, attempts)
             self._return_to_pending(rt, p, attempts)
+            self._unblock(rt)
             lim.release()
             raise
         except RequestError as e:
             lim.release()
+            self.spend.release(rt.name, res, spent[0], spent[1])
+            rt.cost_usd += spent[1]
+            self._unblock(rt)
             self._on_failure(rt, p, e, attempts)
             return
         except Exception as e:  # noqa: BLE001 - a bug must cost one prompt, not the run
             lim.release()
+            self.spend.release(rt.name, res, spent[0], spent[1])
+            self._unblock(rt)
             log.exception("[%s] unexpected error on prompt %s", rt.name, p.key)
             self._on_failure(rt, p, RequestError(ErrorClass.OTHER, f"internal error: {type(e).__name__}: {e}"), attempts)
             return
         lim.release()
+        u = c.usage
+        self.spend.settle(rt.name, res, u.prompt_tokens, u.completion_tokens, u.cost_usd)
+        if spent[0] or spent[1]:
+            self.spend.add_partial(rt.name, spent[1], tokens=spent[0])  # earlier failed attempts of this prompt
         self.writer.add_attempt(p.id, rt.name, attempts, started[0], time.time(), "ok", provider=c.provider,
-                                generation_id=c.generation_id, cost_usd=c.usage.cost_usd)
+                                generation_id=c.generation_id, cost_usd=u.cost_usd)
         self.writer.add_result(p.id, rt.name, p.key, c, attempts)
         now = self.clock()
         rt.in_flight -= 1
         rt.done += 1
-        u = c.usage
         rt.prompt_tokens += u.prompt_tokens
         rt.completion_tokens += u.completion_tokens
         rt.reasoning_tokens += u.reasoning_tokens
-        rt.cost_usd += u.cost_usd or 0.0
+        rt.cost_usd += (u.cost_usd or 0.0) + spent[1]
         rt.rate.add(now)
         rt.tok_rate.add(now, u.completion_tokens)
         self.rate.add(now)
+        last = p.messages[-1].get("content") if p.messages else ""
+        self.telemetry.on_success(rt.name, p.key, last if isinstance(last, str) else "", c, now)
+        self._unblock(rt)
         self._check_finished()
 
     def _return_to_pending(self, rt: DatasetRuntime, p: PendingPrompt, attempts: int) -> None:
@@ -356,14 +474,19 @@ class Scheduler:
 
     # ---- control (used by engine.controller) ----------------------------------------------
     def pause_all(self, reason: str, kind: str = "pause") -> None:
-        """Stop dispatching everywhere; in-flight requests finish and are saved (drain)."""
+        """Stop dispatching everywhere; in-flight requests finish and are saved (drain).
+
+        ``kind`` says which guard paused (``pause`` = the user, ``credits``, ``price``...).
+        """
         self.run_paused = True
+        self.pause_kind = kind
         self.state, self.state_reason = "paused", reason
         self.event("warning", kind, None, f"run paused: {reason}")
 
     def resume_all(self) -> None:
         """Resume dispatching (datasets paused individually stay paused)."""
         self.run_paused = False
+        self.pause_kind = ""
         self.state, self.state_reason = "running", ""
         self.event("info", "resume", None, "run resumed")
         self.notify()
@@ -382,6 +505,32 @@ class Scheduler:
         await self.limiters[cls].set_capacity(n)
         self.event("info", "concurrency", None, f"class {cls} concurrency set to {n}")
         self.notify()
+
+    async def exclude_provider(self, name: str) -> None:
+        """Add provider ``name`` to the routing ``ignore`` list for new requests, persistently."""
+        if name not in self.excluded_providers:
+            self.excluded_providers.append(name)
+        self.telemetry.providers.exclude(name)
+        self._apply_exclusions()
+        await self.store.set_meta("excluded_providers", json.dumps(self.excluded_providers))
+        self.event("warning", "exclude", None, f"provider {name} excluded (routing ignore)")
+
+    def dataset_class(self, name: str) -> str:
+        """The request class most of dataset ``name``'s remaining prompts use (the first class if none)."""
+        rt = self.datasets[name]
+        if rt.pending and max(rt.pending.values()) > 0:
+            return max(rt.pending, key=lambda c: rt.pending[c])
+        return next(iter(self.cfg.classes))
+
+    def cost_in_flight_usd(self) -> float:
+        """Expected USD of the requests in flight (mean cost per result of each dataset x in-flight)."""
+        total = 0.0
+        for rt in self.datasets.values():
+            if rt.in_flight:
+                per = (rt.cost_usd / rt.done) if rt.done else self.spend.estimate_cost(
+                    0, self.cfg.classes[self.dataset_class(rt.name)].max_tokens)
+                total += per * rt.in_flight
+        return total
 
     def abort(self, dataset: str | None = None) -> int:
         """Cancel in-flight requests (of ``dataset`` or all); they return to pending. Returns the count."""
@@ -429,6 +578,8 @@ class Scheduler:
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+            if self._trueups:  # late costs of failed/aborted attempts (/generation), bounded wait
+                await asyncio.wait(list(self._trueups), timeout=15)
         if self.state == "stopping":
             self.state = "stopped"
         return self.exit_code
@@ -448,47 +599,83 @@ class Scheduler:
 
     def live(self) -> dict[str, Any]:
         """Fields of the store's ``runtime`` row (see :class:`~engine.writer.StoreWriter`)."""
+        snap = self.snapshot()
         return {
             "pid": os.getpid(),
             "started_at": self._wall0,
             "state": self.state,
             "state_reason": self.state_reason,
-            "elapsed_s": self.elapsed_s(),
+            "elapsed_s": snap.elapsed_s,
             "live": {
-                "in_flight": {rt.name: rt.in_flight for rt in self.datasets.values()},
-                "datasets": {rt.name: rt.state(self.run_paused) for rt in self.datasets.values()},
-                "concurrency": {c: lim.capacity for c, lim in self.limiters.items()},
+                "in_flight": {d.name: d.in_flight for d in snap.datasets},
+                "datasets": {d.name: d.state for d in snap.datasets},
+                "reserved_tokens": {d.name: d.reserved_tokens for d in snap.datasets},
+                "projected_cost_usd": {d.name: d.projected_cost_usd for d in snap.datasets},
+                "eta_s": {d.name: d.eta_s for d in snap.datasets},
+                "concurrency": {c.name: c.concurrency for c in snap.classes},
+                "credits_usd": snap.credits_usd,
+                "credits_age_s": snap.credits_age_s,
+                "credits_drift_usd": self.spend.drift_usd(),
+                "spend_rate_usd_per_h": snap.spend_rate_usd_per_h,
+                "projected_total_cost_usd": snap.projected_total_cost_usd,
+                "cost_in_flight_usd": snap.cost_in_flight_usd,
+                "eta_s_run": snap.eta_s,
+                "providers": [dataclasses.asdict(p) for p in snap.providers],
+                "excluded_providers": list(self.excluded_providers),
             },
         }
 
     def snapshot(self) -> RunSnapshot:
-        """Return an immutable snapshot of the run (O(datasets + classes))."""
+        """Return an immutable snapshot of the run (O(datasets + classes + providers))."""
         now = self.clock()
+        tel = self.telemetry
         dss = []
+        projections = []
         errors: collections.Counter = collections.Counter()
         for rt in self.datasets.values():
-            skipped = rt.pending_total if rt.control == "skipped" else 0
-            pending = 0 if rt.control == "skipped" else rt.pending_total
-            rps = rt.rate.rate(now)
+            terminal = rt.control in ("skipped", "budget_met")
+            skipped = rt.pending_total if terminal else 0
+            pending = 0 if terminal else rt.pending_total
+            proj = self.spend.project(
+                rt.name, prompts_left=pending, in_flight=rt.in_flight, cost_so_far=rt.cost_usd,
+                completion_tokens=rt.completion_tokens, recent_tok_per_s=rt.tok_rate.rate(now),
+                since_start_tok_per_s=rt.tok_rate.rate_since_start(now),
+            )
+            projections.append(proj)
+            b = self.spend.budgets[rt.name]
+            recent = [e.mean() for e in b.estimators.values() if e.count]
             dss.append(
                 DatasetSnapshot(
                     name=rt.name, state=rt.state(self.run_paused), state_reason=rt.reason, prompts=rt.prompts,
                     rejected=rt.rejected, done=rt.done, failed=rt.failed, skipped=skipped, pending=pending,
                     in_flight=rt.in_flight, prompt_tokens=rt.prompt_tokens, completion_tokens=rt.completion_tokens,
                     reasoning_tokens=rt.reasoning_tokens, cost_usd=rt.cost_usd, token_budget=rt.token_budget,
-                    errors=dict(rt.errors), req_per_s=rps, req_per_s_since_start=rt.rate.rate_since_start(now),
+                    errors=dict(rt.errors), req_per_s=rt.rate.rate(now), req_per_s_since_start=rt.rate.rate_since_start(now),
                     tok_per_s=rt.tok_rate.rate(now),
                     avg_completion_tokens=(rt.completion_tokens / rt.done) if rt.done else 0.0,
-                    eta_s=eta_seconds(pending + rt.in_flight, rps),
+                    eta_s=proj.eta_s_recent, eta_s_since_start=proj.eta_s_since_start,
+                    avg_completion_tokens_recent=(sum(recent) / len(recent)) if recent else 0.0,
+                    reserved_tokens=self.spend.reserved_tokens(rt.name), max_cost_usd=b.cost.limit,
+                    projected_cost_usd=proj.projected_cost_usd, latest_sample=tel.sample(rt.name),
                 )
             )
             errors.update(rt.errors)
         classes = tuple(
             ClassSnapshot(c, lim.capacity, lim.in_use, self.cfg.classes[c].max_tokens) for c, lim in self.limiters.items()
         )
+        spend_rate = spend_rate_usd_per_h(tel.usd_rate.rate(now))
+        cost = sum(d.cost_usd for d in dss)
+        run_proj = project_run(projections, spend_rate, cost, recent_tok_per_s=tel.tok_rate.rate(now),
+                               cost_cap=self.spend.run_cost.limit)
+        cr = self.spend.credits
         return RunSnapshot(
             name=self.cfg.run.name, state=self.state, state_reason=self.state_reason, elapsed_s=self.elapsed_s(),
             datasets=tuple(dss), classes=classes, in_flight=sum(d.in_flight for d in dss),
-            req_per_s=self.rate.rate(now), cost_usd=sum(d.cost_usd for d in dss), errors=dict(errors),
-            writer_queue=self.writer.queued,
+            req_per_s=self.rate.rate(now), cost_usd=cost, errors=dict(errors), writer_queue=self.writer.queued,
+            credits_usd=cr.remaining_usd if cr else None, credits_age_s=(now - cr.at) if cr else None,
+            spend_rate_usd_per_h=spend_rate, projected_total_cost_usd=run_proj.projected_cost_usd,
+            max_cost_usd=self.spend.run_cost.limit, cost_in_flight_usd=self.cost_in_flight_usd(),
+            eta_s=run_proj.eta_s, tok_per_s=tel.tok_rate.rate(now), loop_lag_ms=tel.loop_lag_ms,
+            providers=tel.providers.snapshot(), latest_errors=dict(tel.latest_errors), history=tuple(tel.history),
+            events=tuple(list(tel.events)[-50:]),
         )

@@ -90,6 +90,7 @@ class PendingPrompt:
         messages: OpenAI-shape messages.
         tools: OpenAI-shape tools (may be empty).
         attempts: attempts already made in earlier runs.
+        est_prompt_tokens: estimated prompt length (tokens; characters / 4 + 4 per message).
     """
 
     id: int
@@ -99,6 +100,7 @@ class PendingPrompt:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
     attempts: int
+    est_prompt_tokens: int = 0
 
 
 def db_path(run_dir: Path) -> Path:
@@ -252,14 +254,31 @@ class Store:
     async def fetch_pending(self, dataset: str, cls: str, after_id: int, limit: int) -> list[PendingPrompt]:
         """Return up to ``limit`` pending prompts of (dataset, class) with id > ``after_id``, by id."""
         cur = await self.conn.execute(
-            "SELECT id, key, messages, tools, attempts FROM prompts "
+            "SELECT id, key, messages, tools, attempts, est_prompt_tokens FROM prompts "
             "WHERE dataset=? AND class=? AND state='pending' AND id>? ORDER BY id LIMIT ?",
             (dataset, cls, after_id, limit),
         )
         return [
-            PendingPrompt(id=i, dataset=dataset, key=k, cls=cls, messages=json.loads(m), tools=json.loads(t), attempts=a)
-            for i, k, m, t, a in await cur.fetchall()
+            PendingPrompt(id=i, dataset=dataset, key=k, cls=cls, messages=json.loads(m), tools=json.loads(t),
+                          attempts=a, est_prompt_tokens=e)
+            for i, k, m, t, a, e in await cur.fetchall()
         ]
+
+    async def recent_completion_tokens(self, dataset: str, limit: int = 2000) -> dict[str, list[int]]:
+        """The last ``limit`` completion lengths (tokens) of a dataset per class, oldest first."""
+        cur = await self.conn.execute(
+            "SELECT p.class, r.completion_tokens FROM results r JOIN prompts p ON p.id = r.prompt_id "
+            "WHERE r.dataset=? ORDER BY r.created_at DESC LIMIT ?", (dataset, limit))
+        out: dict[str, list[int]] = {}
+        for cls, n in await cur.fetchall():
+            out.setdefault(cls, []).append(n)
+        return {c: v[::-1] for c, v in out.items()}
+
+    async def lost_costs(self) -> dict[str, float]:
+        """USD billed for attempts that produced no result (failures, aborts), per dataset."""
+        cur = await self.conn.execute(
+            "SELECT dataset, SUM(cost_usd) FROM attempts WHERE outcome!='ok' AND cost_usd IS NOT NULL GROUP BY dataset")
+        return {d: c or 0.0 for d, c in await cur.fetchall()}
 
     async def state_counts(self) -> dict[tuple[str, str, str], int]:
         """Return ``{(dataset, class, state): count}`` over all prompts."""

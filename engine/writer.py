@@ -54,6 +54,7 @@ class StoreWriter:
         self._attempts: list[tuple] = []
         self._events: list[tuple] = []
         self._touch: list[tuple] = []
+        self._costs: list[tuple] = []
         self._lock = asyncio.Lock()
         self.commits = 0
         self.rows_committed = 0
@@ -104,6 +105,10 @@ class StoreWriter:
         """Queue an update of a still-pending prompt's attempt counter (returned to pending)."""
         self._touch.append((attempts, prompt_id))
 
+    def set_attempt_cost(self, generation_id: str, cost_usd: float) -> None:
+        """Queue the late-known cost (USD) of a failed/aborted attempt, by generation id."""
+        self._costs.append((cost_usd, generation_id))
+
     def add_event(self, level: str, kind: str, dataset: str | None, message: str, now: float | None = None) -> None:
         """Queue a run event (``level`` info|warning|error; ``kind`` e.g. ``pause``, ``credits``)."""
         self._events.append((now if now is not None else time.time(), level, kind, dataset, message))
@@ -111,7 +116,8 @@ class StoreWriter:
     @property
     def queued(self) -> int:
         """Rows waiting for the next commit."""
-        return len(self._results) + len(self._failed) + len(self._attempts) + len(self._events) + len(self._touch)
+        return (len(self._results) + len(self._failed) + len(self._attempts) + len(self._events) + len(self._touch)
+                + len(self._costs))
 
     # ---- committing -------------------------------------------------------------------------
     async def flush(self) -> int:
@@ -121,10 +127,11 @@ class StoreWriter:
             sqlite3.Error / OSError: the commit failed; the batch is put back for the next try.
         """
         async with self._lock:
-            batch = (self._results, self._done, self._failed, self._attempts, self._events, self._touch)
-            self._results, self._done, self._failed, self._attempts, self._events, self._touch = [], [], [], [], [], []
+            batch = (self._results, self._done, self._failed, self._attempts, self._events, self._touch, self._costs)
+            self._results, self._done, self._failed, self._attempts, self._events, self._touch, self._costs = (
+                [], [], [], [], [], [], [])
             live = self._live() if self._live else None
-            results, done, failed, attempts, events, touch = batch
+            results, done, failed, attempts, events, touch, costs = batch
             conn = self.store.conn
             try:
                 await conn.execute("BEGIN IMMEDIATE")
@@ -151,6 +158,9 @@ class StoreWriter:
                         "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
                         attempts,
                     )
+                if costs:
+                    await conn.executemany(
+                        "UPDATE attempts SET cost_usd=? WHERE generation_id=? AND outcome!='ok'", costs)
                 if events:
                     await conn.executemany("INSERT INTO events(ts, level, kind, dataset, message) VALUES(?,?,?,?,?)", events)
                 if live is not None:
@@ -171,10 +181,11 @@ class StoreWriter:
                 # Put the batch back in front so nothing paid for is dropped.
                 self._results[:0], self._done[:0], self._failed[:0] = results, done, failed
                 self._attempts[:0], self._events[:0], self._touch[:0] = attempts, events, touch
+                self._costs[:0] = costs
                 if isinstance(e, Exception):
                     self.last_error = e
                 raise
-            n = len(results) + len(failed) + len(attempts) + len(events) + len(touch)
+            n = len(results) + len(failed) + len(attempts) + len(events) + len(touch) + len(costs)
             self.commits += 1
             self.rows_committed += n
             self.last_error = None

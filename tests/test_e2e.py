@@ -71,7 +71,8 @@ def test_kill9_and_resume_exactly_once(tmp_path):
             except Exception:
                 pass
             try:
-                wait_for(lambda: (run_dir / "store.sqlite").exists() and status_json(run_dir)["totals"]["done"] >= before + target, 60, 0.2)
+                wait_for(lambda: p.poll() is not None or ((run_dir / "store.sqlite").exists()
+                                                           and status_json(run_dir)["totals"]["done"] >= before + target), 60, 0.2)
             except TimeoutError:
                 pass
             if p.poll() is None:

@@ -1,0 +1,214 @@
+"""Spend control for one run: budgets with in-flight reservation, prices, projections.
+
+Pure bookkeeping (no I/O, no clocks read): the scheduler calls :meth:`SpendControl.reserve` before
+dispatching a request, :meth:`settle` when it completes and :meth:`release` when it fails or is
+aborted; the supervisor feeds credits readings. Reservations follow ``engine.budget``: the class
+``max_tokens`` until a dataset+class has ``spend.calibrate_after`` completions, then the observed
+``spend.reserve_percentile``, so ``used + reserved`` bounds what can still be spent and a budget is
+overshot by at most the in-flight tail that runs past its percentile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.budget import Budget, DatasetBudgets, Reservations
+from engine.config import Config
+from engine.prices import PriceObserver, Prices
+from engine.projection import DatasetProjection, project_dataset
+
+
+class _Naive:
+    """Marker reservation of the naive mode (``spend.reservation = "none"``): reserves nothing."""
+
+    __slots__ = ("cls",)
+
+    def __init__(self, cls: str) -> None:
+        self.cls = cls
+
+
+@dataclass(frozen=True, slots=True)
+class CreditsReading:
+    """Provider credits at one moment.
+
+    Attributes:
+        remaining_usd: credits left (USD; ``/key`` ``limit_remaining`` or ``/credits`` total - usage),
+            None when the provider has no limit to report.
+        usage_usd: the key's total usage (USD), the truth spend is reconciled against; None if unknown.
+        source: ``key`` | ``credits``.
+        at: monotonic time of the reading (s).
+    """
+
+    remaining_usd: float | None
+    usage_usd: float | None
+    source: str
+    at: float
+
+
+class SpendControl:
+    """Budgets, prices and credits of one run.
+
+    Args:
+        cfg: the validated config (datasets' ``token_budget`` / ``budget_counts`` / ``max_cost_usd``,
+            ``[spend]``, ``[pricing]``, classes' ``max_tokens``).
+    """
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        s = cfg.spend
+        self.run_cost = Budget(s.max_cost_usd)
+        max_tokens = {c: k.max_tokens for c, k in cfg.classes.items()}
+        self.budgets = {
+            d.name: DatasetBudgets(
+                max_tokens, token_budget=d.token_budget, max_cost_usd=d.max_cost_usd, run_cost=self.run_cost,
+                counts_total=d.budget_counts == "total", calibrate_after=s.calibrate_after,
+                percentile=s.reserve_percentile,
+            )
+            for d in cfg.datasets
+        }
+        self.naive = s.reservation == "none"
+        self.observer = PriceObserver()
+        p = cfg.pricing
+        self.config_prices = (
+            Prices(p.prompt_usd_per_m / 1e6, p.completion_usd_per_m / 1e6, "config")
+            if p.prompt_usd_per_m is not None and p.completion_usd_per_m is not None
+            else None
+        )
+        self.endpoint_prices: Prices | None = None
+        self.credits: CreditsReading | None = None
+        self.usage_at_start: float | None = None
+        self.spent_since_start = 0.0  # USD accounted by this process (results + partial spend)
+        self.lost_usd: dict[str, float] = {d.name: 0.0 for d in cfg.datasets}
+
+    # ---- prices -----------------------------------------------------------------------------
+    @property
+    def has_cost_cap(self) -> bool:
+        """True when a dollar cap is configured anywhere."""
+        return self.cfg.spend.max_cost_usd is not None or any(d.max_cost_usd for d in self.cfg.datasets)
+
+    def prices(self) -> Prices | None:
+        """Best known prices: observed from billed usage, else ``[pricing]``, else ``/models``; or None."""
+        return self.observer.prices(self.config_prices or self.endpoint_prices)
+
+    # ---- seeding from the store -----------------------------------------------------------
+    def seed(self, dataset: str, prompt_tokens: int, completion_tokens: int, cost_usd: float,
+             recent: dict[str, list[int]]) -> None:
+        """Count what earlier processes already spent and calibrate estimators with ``recent``
+        completion lengths per class (oldest first)."""
+        b = self.budgets[dataset]
+        b.tokens.add_used(completion_tokens + (prompt_tokens if b.counts_total else 0))
+        b.cost.add_used(cost_usd)
+        self.run_cost.add_used(cost_usd)
+        for cls, values in recent.items():
+            est = b.estimators.get(cls)
+            if est is not None:
+                for v in values:
+                    est.observe(v)
+
+    # ---- reservation lifecycle ------------------------------------------------------------
+    def reserve(self, dataset: str, cls: str, est_prompt_tokens: int) -> Reservations | _Naive | None:
+        """Reserve a request's expected tokens/dollars; None when a budget refuses (nothing reserved).
+
+        Raises:
+            engine.budget.NoPriceError: a dollar cap is set and no price is known.
+        """
+        b = self.budgets[dataset]
+        if self.naive:
+            over = (b.tokens.limit is not None and b.tokens.used >= b.tokens.limit) or (
+                b.cost.limit is not None and b.cost.used >= b.cost.limit) or (
+                self.run_cost.limit is not None and self.run_cost.used >= self.run_cost.limit)
+            return None if over else _Naive(cls)
+        return b.try_reserve(cls, est_prompt_tokens, self.prices() if self.has_cost_cap else None)
+
+    def settle(self, dataset: str, r: Reservations | _Naive, prompt_tokens: int, completion_tokens: int,
+               cost_usd: float | None) -> None:
+        """Settle a completed request with its billed usage (tokens, USD)."""
+        self.observer.observe(prompt_tokens, completion_tokens, cost_usd)
+        b = self.budgets[dataset]
+        if isinstance(r, _Naive):
+            b.estimators[r.cls].observe(completion_tokens)
+            b.tokens.add_used(completion_tokens + (prompt_tokens if b.counts_total else 0))
+            cost = cost_usd or 0.0
+            b.cost.add_used(cost)
+            self.run_cost.add_used(cost)
+        else:
+            b.settle(r, prompt_tokens, completion_tokens, cost_usd, self.prices())
+        self.spent_since_start += cost_usd or 0.0
+
+    def release(self, dataset: str, r: Reservations | _Naive, tokens_spent: int = 0, cost_spent: float = 0.0) -> None:
+        """Release a failed/aborted request's reservation, counting what it spent (a lower bound)."""
+        b = self.budgets[dataset]
+        if isinstance(r, _Naive):
+            b.tokens.add_used(tokens_spent)
+            b.cost.add_used(cost_spent)
+            self.run_cost.add_used(cost_spent)
+        else:
+            b.release(r, tokens_spent, cost_spent)
+        self.spent_since_start += cost_spent
+        self.lost_usd[dataset] += cost_spent
+
+    def add_partial(self, dataset: str, cost_usd: float, tokens: int = 0) -> None:
+        """Add spend (USD, tokens) of attempts that produced no result: failed attempts of a prompt
+        that later completed, or a late-known cost from ``/generation``."""
+        b = self.budgets[dataset]
+        b.tokens.add_used(tokens)
+        b.cost.add_used(cost_usd)
+        self.run_cost.add_used(cost_usd)
+        self.spent_since_start += cost_usd
+        self.lost_usd[dataset] += cost_usd
+
+    def estimate_cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        """Cost (USD) of the given tokens at the best known prices; 0.0 when no price is known."""
+        p = self.prices()
+        return p.cost(prompt_tokens, completion_tokens) if p else 0.0
+
+    def budget_met(self, dataset: str, cls: str, est_prompt_tokens: int = 0) -> str | None:
+        """The reason the dataset can take no more requests, or None."""
+        b = self.budgets[dataset]
+        if self.naive:
+            if b.tokens.limit is not None and b.tokens.used >= b.tokens.limit:
+                return f"token budget met: {b.tokens.used:,.0f} / {b.tokens.limit:,.0f} tokens"
+            if b.cost.limit is not None and b.cost.used >= b.cost.limit:
+                return f"cost cap met: ${b.cost.used:.2f} / ${b.cost.limit:.2f}"
+            return None
+        if b.budget_met(cls, self.prices() if self.has_cost_cap else None, est_prompt_tokens):
+            return b.reason()
+        return None
+
+    def reserved_tokens(self, dataset: str) -> int:
+        """Tokens reserved by the dataset's in-flight requests."""
+        return int(self.budgets[dataset].tokens.reserved)
+
+    # ---- credits ----------------------------------------------------------------------------
+    def on_credits(self, reading: CreditsReading) -> None:
+        """Record a credits reading (the first one fixes the usage baseline for reconciliation)."""
+        if self.usage_at_start is None and reading.usage_usd is not None:
+            self.usage_at_start = reading.usage_usd - self.spent_since_start
+        self.credits = reading
+
+    def drift_usd(self) -> float | None:
+        """Provider-reported usage since start minus our accounted spend since start (USD)."""
+        c = self.credits
+        if c is None or c.usage_usd is None or self.usage_at_start is None:
+            return None
+        return (c.usage_usd - self.usage_at_start) - self.spent_since_start
+
+    # ---- projections ------------------------------------------------------------------------
+    def project(self, dataset: str, *, prompts_left: int, in_flight: int, cost_so_far: float,
+                completion_tokens: int, recent_tok_per_s: float, since_start_tok_per_s: float) -> DatasetProjection:
+        """Project the dataset's final tokens, cost and ETA (see :func:`engine.projection.project_dataset`)."""
+        b = self.budgets[dataset]
+        means = [e.mean() for e in b.estimators.values() if e.mean() is not None]
+        mean = (sum(means) / len(means)) if means else None
+        budget = b.tokens.limit
+        cpt = cost_so_far / completion_tokens if completion_tokens and cost_so_far else None
+        if cpt is None:
+            p = self.prices()
+            cpt = p.completion_usd_per_token if p else None
+        return project_dataset(
+            prompts_left=prompts_left, in_flight=in_flight, used_tokens=int(b.tokens.used),
+            token_budget=int(budget) if budget is not None else None, mean_completion_tokens=mean,
+            max_tokens=max(e.max_tokens for e in b.estimators.values()), cost_so_far=cost_so_far,
+            cost_per_completion_token=cpt, recent_tok_per_s=recent_tok_per_s,
+            since_start_tok_per_s=since_start_tok_per_s, cost_cap=b.cost.limit,
+        )

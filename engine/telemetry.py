@@ -1,0 +1,89 @@
+"""Run telemetry: O(1)-per-event counters that snapshots read (no I/O).
+
+Holds what the dashboard and ``status`` show beyond the per-dataset counters: provider stats, the
+anomaly guard, the latest error message per class, recent events, throughput history for
+sparklines, the event-loop lag, and the latest completion per dataset for the sample inspector.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+from engine.client.types import Completion
+from engine.rates import RateWindow
+from engine.snapshot import SampleSnapshot
+from engine.stats import AnomalyGuard, ProviderStats
+
+#: Samples kept for the throughput sparklines (one every ``HISTORY_EVERY_S``).
+HISTORY_LEN = 120
+HISTORY_EVERY_S = 5.0
+#: Event lines kept for the log pane.
+EVENTS_LEN = 200
+
+
+class Telemetry:
+    """Observability state of one run.
+
+    Args:
+        anomaly_error_rate / anomaly_window: the anomaly guard's threshold (0 disables) and window.
+    """
+
+    def __init__(self, anomaly_error_rate: float = 0.2, anomaly_window: int = 200) -> None:
+        self.providers = ProviderStats()
+        self.anomaly = (
+            AnomalyGuard(anomaly_error_rate, anomaly_window, min_requests=min(50, anomaly_window))
+            if anomaly_error_rate > 0 else None
+        )
+        self.latest_errors: dict[str, str] = {}
+        self.events: collections.deque[str] = collections.deque(maxlen=EVENTS_LEN)
+        self.history: collections.deque[tuple[float, float, float]] = collections.deque(maxlen=HISTORY_LEN)
+        self.samples: dict[str, tuple[str, str, Completion]] = {}
+        self.loop_lag_ms = 0.0
+        self.req_rate = RateWindow(60)
+        self.tok_rate = RateWindow(180)
+        self.usd_rate = RateWindow(300)
+        self._last_history = -HISTORY_EVERY_S
+
+    def on_event(self, level: str, dataset: str | None, message: str) -> None:
+        """Keep a display line for a run event."""
+        ts = time.strftime("%H:%M:%S")
+        self.events.append(f"{ts} {level.upper():7} {'[' + dataset + '] ' if dataset else ''}{message}")
+
+    def on_error(self, dataset: str, provider: str | None, error_class: str, message: str) -> str | None:
+        """Record a failed attempt; returns an anomaly-guard pause reason for ``dataset``, or None."""
+        self.providers.record_error(provider or None, error_class)
+        self.latest_errors[error_class] = message[:300]
+        return self.anomaly.record(dataset, True) if self.anomaly else None
+
+    def on_success(self, dataset: str, key: str, prompt_tail: str, c: Completion, now: float) -> None:
+        """Record a completed request (monotonic ``now`` in seconds)."""
+        u = c.usage
+        stream_s = (c.latency_s - c.ttft_s) if c.ttft_s is not None else None
+        self.providers.record_success(c.provider or None, c.latency_s, c.ttft_s, u.completion_tokens, u.cost_usd,
+                                      stream_s)
+        if self.anomaly:
+            self.anomaly.record(dataset, False)
+        self.samples[dataset] = (key, prompt_tail, c)
+        self.req_rate.add(now)
+        self.tok_rate.add(now, u.completion_tokens)
+        if u.cost_usd:
+            self.usd_rate.add(now, u.cost_usd)
+
+    def sample(self, dataset: str, validation: str = "") -> SampleSnapshot | None:
+        """The latest completion of ``dataset``, trimmed for display (None before the first)."""
+        s = self.samples.get(dataset)
+        if s is None:
+            return None
+        key, tail, c = s
+        return SampleSnapshot(
+            key=key, prompt_tail=tail[-500:], reasoning=c.reasoning[:2000], content=c.content[:2000],
+            tool_calls=tuple(t.name for t in c.tool_calls), finish_reason=c.finish_reason, provider=c.provider,
+            completion_tokens=c.usage.completion_tokens, validation=validation,
+        )
+
+    def tick(self, elapsed_s: float, now: float) -> None:
+        """Append a throughput history sample every ``HISTORY_EVERY_S`` seconds."""
+        if elapsed_s - self._last_history >= HISTORY_EVERY_S:
+            self._last_history = elapsed_s
+            self.history.append((elapsed_s, self.req_rate.rate(now), self.tok_rate.rate(now)))
