@@ -79,6 +79,48 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_ctl(args: argparse.Namespace) -> int:
+    from engine.ctl import send
+    from engine.status import StatusError, collect_status
+
+    dataset, arg = args.dataset, None
+    if args.verb == "concurrency":
+        if args.dataset is None or args.value is None:
+            print("error: usage: datagen ctl RUN_DIR concurrency CLASS N", file=sys.stderr)
+            return 1
+        arg = args.value
+    elif args.verb == "exclude-provider":
+        if args.dataset is None:
+            print("error: usage: datagen ctl RUN_DIR exclude-provider NAME", file=sys.stderr)
+            return 1
+        dataset, arg = None, args.dataset
+    elif args.verb == "skip":
+        if args.dataset is None:
+            print("error: usage: datagen ctl RUN_DIR skip DATASET [--abort]", file=sys.stderr)
+            return 1
+        arg = "abort" if args.abort else None
+    try:
+        if args.verb == "abort" or (args.verb == "skip" and args.abort):
+            doc = collect_status(Path(args.run_dir))
+            live = doc.get("live", {})
+            n = sum(d["in_flight"] for d in doc["datasets"] if dataset in (None, d["name"]))
+            usd = live.get("cost_in_flight_usd") or 0.0
+            print(f"{n} request(s) in flight, about ${usd:.4f} in flight (streamed tokens are billed anyway)")
+            if not args.yes:
+                if not sys.stdin.isatty():
+                    print("error: abort cancels paid streams; confirm with --yes", file=sys.stderr)
+                    return 1
+                if input("abort them? [y/N] ").strip().lower() not in ("y", "yes"):
+                    print("not aborted")
+                    return 1
+        result = send(Path(args.run_dir), args.verb, dataset, arg)
+    except (StatusError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(result)
+    return 1 if result.startswith("error") else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of ``datagen``."""
     p = argparse.ArgumentParser(prog="datagen", description="Buy a target model's completions and turn them into EAGLE-3 training data.")
@@ -101,6 +143,16 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("run_dir")
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.set_defaults(func=_cmd_status)
+
+    c = sub.add_parser("ctl", help="control a run from another shell: pause|resume|skip|abort [DATASET], "
+                       "concurrency CLASS N, exclude-provider NAME")
+    c.add_argument("run_dir")
+    c.add_argument("verb", choices=["pause", "resume", "skip", "abort", "concurrency", "exclude-provider"])
+    c.add_argument("dataset", nargs="?", help="dataset (or CLASS for concurrency, NAME for exclude-provider)")
+    c.add_argument("value", nargs="?", help="N for concurrency")
+    c.add_argument("--yes", action="store_true", help="confirm abort without asking")
+    c.add_argument("--abort", action="store_true", help="with skip: cancel the dataset's in-flight requests too")
+    c.set_defaults(func=_cmd_ctl)
 
     ex = sub.add_parser("export", help="export stored results")
     ex.add_argument("run_dir")

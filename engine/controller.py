@@ -21,6 +21,19 @@ class Controller:
 
     def __init__(self, scheduler: Scheduler) -> None:
         self._s = scheduler
+        #: async callable re-reading credits before a credits pause is lifted (set by the runner).
+        self.credits_check = None
+
+    async def exclude_provider(self, name: str) -> str:
+        """Stop routing new requests to provider ``name`` (added to ``provider.ignore``; persisted)."""
+        if not name:
+            raise ValueError("provider name is empty")
+        await self._s.exclude_provider(name)
+        return f"provider {name} excluded"
+
+    def dollars_in_flight(self) -> float:
+        """Expected USD of the requests in flight (what an abort may save at most)."""
+        return self._s.cost_in_flight_usd()
 
     def snapshot(self) -> RunSnapshot:
         """Immutable snapshot of the engine (see :mod:`engine.snapshot`)."""
@@ -40,8 +53,18 @@ class Controller:
         return f"{dataset} paused"
 
     async def resume(self, dataset: str | None = None) -> str:
-        """Resume one dataset (paused or skipped), or the whole run when ``dataset`` is None."""
+        """Resume one dataset (paused, skipped or budget_met), or the whole run when ``dataset`` is None.
+
+        Resuming a run paused for credits (402 or the credits floor) first re-reads the credits
+        (when a ``credits_check`` is set) and refuses while they are still below the floor.
+        """
         if dataset is None:
+            if self._s.pause_kind == "credits" and self.credits_check is not None:
+                await self.credits_check()
+                cr = self._s.spend.credits
+                floor = self._s.cfg.spend.credits_floor_usd
+                if cr is not None and cr.remaining_usd is not None and cr.remaining_usd <= max(floor, 0.0):
+                    return f"not resumed: credits ${cr.remaining_usd:.2f} are still at or below the floor ${floor:.2f}"
             self._s.resume_all()
             return "run resumed"
         await self._s.set_dataset_control(self._ds(dataset), "active", "")

@@ -17,11 +17,15 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from engine.client.chat import ChatClient
+from engine.client.types import RequestError
 from engine.config import Config, ConfigError, ProviderSection, is_loopback_url
+from engine.controller import Controller
 from engine.ingest import ingest_all
+from engine.prices import prices_from_models_endpoint
 from engine.progress import format_progress
 from engine.scheduler import Scheduler
 from engine.store import Store
+from engine.supervisor import Supervisor
 from engine.writer import StoreWriter
 
 log = logging.getLogger("engine")
@@ -113,10 +117,16 @@ class Job:
     client: ChatClient
     sim: object | None
     writer_stop: asyncio.Event
+    controller: Controller
+    supervisor: Supervisor
     writer_task: asyncio.Task | None = None
+    supervisor_task: asyncio.Task | None = None
 
     async def close(self) -> None:
-        """Flush, close the client, the store and the simulator."""
+        """Stop supervision, flush, close the client, the store and the simulator."""
+        if self.supervisor_task is not None:
+            self.supervisor_task.cancel()
+            await asyncio.gather(self.supervisor_task, return_exceptions=True)
         self.writer_stop.set()
         if self.writer_task is not None:
             await self.writer_task
@@ -168,10 +178,89 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
         sched = Scheduler(cfg, store, writer, client.complete)
         writer._live = sched.live
         await sched.load()
-        return Job(cfg, store, writer, sched, client, sim, asyncio.Event())
+        account_api = cfg.provider.kind in ("openrouter", "simulated")
+        if account_api:
+            sched.get_json = client.get_json
+        await discover_prices(cfg, sched, client, out)
+        ctl = Controller(sched)
+        sup = Supervisor(sched, ctl, client.get_json if account_api else None)
+        ctl.credits_check = sup.poll_credits
+        return Job(cfg, store, writer, sched, client, sim, asyncio.Event(), ctl, sup)
     except BaseException:
+        if "client" in locals():
+            await client.aclose()
+        if "sim" in locals() and sim is not None:
+            sim.stop()
         await store.close()
         raise
+
+
+async def discover_prices(cfg: Config, sched: Scheduler, client: ChatClient, out: TextIO) -> None:
+    """Learn the model's prices from ``/models`` when ``[pricing]`` does not give them.
+
+    Raises:
+        ConfigError: a dollar cap is configured and no price is known (never price at $0).
+    """
+    spend = sched.spend
+    if spend.config_prices is None:
+        try:
+            spend.endpoint_prices = prices_from_models_endpoint(await client.get_json("/models"), cfg.provider.model)
+        except RequestError as e:
+            log.info("/models unavailable (%s); prices from [pricing] or observed usage only", e.error_class.value)
+    p = spend.prices()
+    if p is not None:
+        print(f"prices ({p.source}): ${p.prompt_usd_per_token * 1e6:.3f} / ${p.completion_usd_per_token * 1e6:.3f} "
+              f"per million prompt / completion tokens", file=out)
+    elif spend.has_cost_cap:
+        raise ConfigError(
+            f"a max_cost_usd cap is set but no price is known for model {cfg.provider.model!r} "
+            f"(not in the provider's /models): set [pricing] prompt_usd_per_m and completion_usd_per_m"
+        )
+
+
+def guard_pause_reason(sched: Scheduler) -> str | None:
+    """The reason when the whole run is paused by a guard (credits, 402, price, or every unfinished
+    dataset paused by the anomaly guard / calibration gate) with nothing in flight; else None."""
+    snap = sched.snapshot()
+    if snap.in_flight:
+        return None
+    if sched.run_paused and sched.pause_kind != "pause":
+        return sched.state_reason
+    open_ = [d for d in snap.datasets if d.state not in ("done", "skipped", "budget_met")]
+    if open_ and all(d.state == "paused" and d.state_reason.startswith(("anomaly guard", "calibration gate"))
+                     for d in open_):
+        return "; ".join(f"{d.name}: {d.state_reason}" for d in open_)
+    return None
+
+
+async def run_job(job: Job, *, exit_on_pause: bool = False, out: TextIO = sys.stdout) -> int:
+    """Run a prepared job to its end: writer, supervisor and scheduler; closes the job. Returns the exit code."""
+    sched = job.scheduler
+    job.writer_task = asyncio.create_task(job.writer.run(job.writer_stop))
+    job.supervisor_task = asyncio.create_task(job.supervisor.run())
+
+    async def pause_watch() -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            reason = guard_pause_reason(sched)
+            if reason:
+                print(f"run paused by a guard: {reason}; exiting (--exit-on-pause)", file=out, flush=True)
+                sched.stop(f"exit on pause: {reason}", exit_code=3, abort=False)
+                return
+
+    watch = asyncio.create_task(pause_watch()) if exit_on_pause else None
+    try:
+        code = await sched.run()
+        await job.supervisor.poll_credits()  # final reading: reconcile spend with the provider's usage
+        d = sched.spend.drift_usd()
+        if d is not None:
+            log.info("spend reconciliation: provider usage minus accounted spend = $%.6f", d)
+        return code
+    finally:
+        if watch is not None:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+        await job.close()
 
 
 async def run_headless(
@@ -188,7 +277,6 @@ async def run_headless(
     """
     job = await prepare(cfg, out)
     sched = job.scheduler
-    job.writer_task = asyncio.create_task(job.writer.run(job.writer_stop))
     loop = asyncio.get_running_loop()
     signals_seen = 0
 
@@ -216,15 +304,12 @@ async def run_headless(
             snap = sched.snapshot()
             for line in format_progress(snap, printed_final):
                 print(line, file=out, flush=True)
-            if exit_on_pause and snap.state == "paused" and snap.in_flight == 0:
-                print(f"run paused: {snap.state_reason}; exiting (--exit-on-pause)", file=out, flush=True)
-                sched.stop(f"exit on pause: {snap.state_reason}", exit_code=3, abort=False)
 
     rep = asyncio.create_task(reporter())
     if on_ready:
         on_ready(job)
     try:
-        code = await sched.run()
+        code = await run_job(job, exit_on_pause=exit_on_pause, out=out)
     finally:
         rep.cancel()
         await asyncio.gather(rep, return_exceptions=True)
@@ -234,7 +319,6 @@ async def run_headless(
                     loop.remove_signal_handler(sig)
                 except (NotImplementedError, RuntimeError):
                     pass
-        await job.close()
     snap = sched.snapshot()
     for line in format_progress(snap, set(), final=True):
         print(line, file=out, flush=True)

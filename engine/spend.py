@@ -77,6 +77,7 @@ class SpendControl:
         self.endpoint_prices: Prices | None = None
         self.credits: CreditsReading | None = None
         self.usage_at_start: float | None = None
+        self._spent_at_reading = 0.0
         self.spent_since_start = 0.0  # USD accounted by this process (results + partial spend)
         self.lost_usd: dict[str, float] = {d.name: 0.0 for d in cfg.datasets}
 
@@ -185,13 +186,15 @@ class SpendControl:
         if self.usage_at_start is None and reading.usage_usd is not None:
             self.usage_at_start = reading.usage_usd - self.spent_since_start
         self.credits = reading
+        self._spent_at_reading = self.spent_since_start
 
     def drift_usd(self) -> float | None:
-        """Provider-reported usage since start minus our accounted spend since start (USD)."""
+        """Provider-reported usage since start minus our accounted spend since start, both as of the
+        last credits reading (USD). Positive: the provider billed more than we accounted."""
         c = self.credits
         if c is None or c.usage_usd is None or self.usage_at_start is None:
             return None
-        return (c.usage_usd - self.usage_at_start) - self.spent_since_start
+        return (c.usage_usd - self.usage_at_start) - self._spent_at_reading
 
     # ---- projections ------------------------------------------------------------------------
     def project(self, dataset: str, *, prompts_left: int, in_flight: int, cost_so_far: float,

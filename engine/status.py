@@ -76,6 +76,8 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
                 "SUM(COALESCE(cost_usd,0)) FROM results GROUP BY dataset"
             )
         }
+        lost = {d: c or 0.0 for d, c in conn.execute(
+            "SELECT dataset, SUM(cost_usd) FROM attempts WHERE outcome!='ok' AND cost_usd IS NOT NULL GROUP BY dataset")}
         errors: dict[str, dict[str, int]] = {}
         for d, c, n in conn.execute("SELECT dataset, error_class, COUNT(*) FROM attempts WHERE outcome='error' GROUP BY 1, 2"):
             errors.setdefault(d, {})[c] = n
@@ -87,11 +89,11 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             done, failed, pend = c.get("done", 0), c.get("failed", 0), c.get("pending", 0)
             prompts = done + failed + pend
             in_flight = min(int(live.get("in_flight", {}).get(dname, 0)), pend) if alive else 0
-            skipped = pend - in_flight if control == "skipped" else 0
+            skipped = pend - in_flight if control in ("skipped", "budget_met") else 0
             pending = pend - in_flight - skipped
             if alive and dname in live.get("datasets", {}):
                 state = live["datasets"][dname]
-            elif control in ("skipped", "paused"):
+            elif control in ("skipped", "paused", "budget_met"):
                 state = control
             elif pend == 0:
                 state = "done"
@@ -100,17 +102,22 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             else:
                 state = "pending"
             p, ct, r, cost = usage.get(dname, (0, 0, 0, 0.0))
+            lost_d = lost.get(dname, 0.0)
             datasets.append({
                 "name": dname, "state": state, "state_reason": reason_d, "prompts": prompts, "rejected": rejected,
                 "done": done, "failed": failed, "skipped": skipped, "pending": pending, "in_flight": in_flight,
-                "prompt_tokens": p, "completion_tokens": ct, "reasoning_tokens": r, "cost_usd": round(cost, 8),
+                "prompt_tokens": p, "completion_tokens": ct, "reasoning_tokens": r,
+                "cost_usd": round(cost + lost_d, 8), "lost_cost_usd": round(lost_d, 8),
                 "token_budget": budget, "errors": errors.get(dname, {}),
+                "reserved_tokens": int(live.get("reserved_tokens", {}).get(dname, 0)) if alive else 0,
+                "projected_cost_usd": live.get("projected_cost_usd", {}).get(dname) if live else None,
+                "eta_s": live.get("eta_s", {}).get(dname) if alive else None,
             })
         if alive:
             run_state = rstate
             elapsed_s = (elapsed or 0.0) + (now - hb)
         else:
-            finished = all(d["state"] in ("done", "skipped") for d in datasets)
+            finished = all(d["state"] in ("done", "skipped", "budget_met") for d in datasets)
             run_state = "completed" if finished else "stopped" if rt else "not started"
             elapsed_s = elapsed or 0.0
             reason = reason if rstate not in ("running",) else "engine not running"
@@ -119,6 +126,7 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
                   "prompt_tokens", "completion_tokens", "reasoning_tokens"):
             totals[k] = sum(d[k] for d in datasets)
         totals["cost_usd"] = round(sum(d["cost_usd"] for d in datasets), 8)
+        totals["lost_cost_usd"] = round(sum(d["lost_cost_usd"] for d in datasets), 8)
         err_tot: dict[str, int] = {}
         for d in datasets:
             for k, v in d["errors"].items():
@@ -129,6 +137,17 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
                     "pid": pid if alive else None, "alive": alive},
             "datasets": datasets,
             "totals": totals,
+            "credits_usd": live.get("credits_usd"),
+            "credits_age_s": (live.get("credits_age_s") or 0.0) + (now - hb) if live.get("credits_usd") is not None and hb else None,
+            "credits_drift_usd": live.get("credits_drift_usd"),
+            "spend_rate_usd_per_h": live.get("spend_rate_usd_per_h", 0.0) if alive else 0.0,
+            "projected_total_cost_usd": live.get("projected_total_cost_usd"),
+            "cost_in_flight_usd": live.get("cost_in_flight_usd", 0.0) if alive else 0.0,
+            "eta_s": live.get("eta_s_run") if alive else None,
+            "providers": live.get("providers", []),
+            "excluded_providers": json.loads((conn.execute("SELECT value FROM meta WHERE key='excluded_providers'")
+                                              .fetchone() or ["[]"])[0]),
+            "live": {"cost_in_flight_usd": live.get("cost_in_flight_usd", 0.0) if alive else 0.0},
         }
     finally:
         conn.close()
