@@ -144,7 +144,7 @@ async def test_abort_bills_less_than_drain_and_spend_matches_key_usage(tmp_path)
 
 
 def test_ctl_pause_survives_restart_and_resume_continues(tmp_path):
-    sim = SimProcess("--mean-completion-tokens", "300", "--tokens-per-s", "150")
+    sim = SimProcess("--mean-completion-tokens", "300", "--tokens-per-s", "300")
     env = run_env()
     run_dir = tmp_path / "run"
     try:
