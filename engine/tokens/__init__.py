@@ -1,0 +1,1 @@
+"""Exact token ids from API text: tokenizers, reconstruction, validation, token records."""

@@ -1,0 +1,125 @@
+"""Token records: the training sample as token ids, and the ``tokens`` Parquet format.
+
+A :class:`TokenRecord` is what the drafter trains on and what hidden-state extraction reads:
+``input_ids`` = chat-templated prompt ids + the target's completion ids, ``loss_mask`` = 1 exactly
+on the completion ids (NOT shifted; eagle3-data.md pitfall 1).
+
+Parquet layout (``datagen export --format tokens``): one file per dataset, ``DIR/<dataset>.parquet``,
+columns ``id`` (string, ``"<dataset>:<key>"``), ``dataset`` (string), ``input_ids`` (list<int32>),
+``loss_mask`` (list<int8>), ``prompt_len`` (int32), ``completion_len`` (int32), ``provider``
+(string), ``finish_reason`` (string); rows in prompt order. Loadable with pyarrow and
+``datasets.load_dataset("parquet", data_files=...)``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SCHEMA = pa.schema([
+    ("id", pa.string()),
+    ("dataset", pa.string()),
+    ("input_ids", pa.list_(pa.int32())),
+    ("loss_mask", pa.list_(pa.int8())),
+    ("prompt_len", pa.int32()),
+    ("completion_len", pa.int32()),
+    ("provider", pa.string()),
+    ("finish_reason", pa.string()),
+])
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRecord:
+    """One training sample as token ids.
+
+    Attributes:
+        id: ``"<dataset>:<prompt key>"`` (stable across runs).
+        dataset: dataset name.
+        input_ids: prompt ids + completion ids, ``[T]``.
+        loss_mask: ``[T]`` of 0/1, 1 exactly on the completion ids.
+        prompt_len / completion_len: lengths of the two parts (tokens); they sum to T.
+        provider: provider that generated the completion; finish_reason: its finish reason.
+    """
+
+    id: str
+    dataset: str
+    input_ids: list[int]
+    loss_mask: list[int]
+    prompt_len: int
+    completion_len: int
+    provider: str = ""
+    finish_reason: str = ""
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def write_parquet(path: Path, records: Iterable[TokenRecord], batch_rows: int = 1024) -> int:
+    """Write records to ``path`` atomically (temp file + rename); returns the row count."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    n = 0
+    try:
+        with pq.ParquetWriter(tmp, SCHEMA) as w:
+            batch: list[TokenRecord] = []
+            for r in records:
+                batch.append(r)
+                if len(batch) >= batch_rows:
+                    w.write_table(_table(batch))
+                    n += len(batch)
+                    batch = []
+            if batch or n == 0:
+                w.write_table(_table(batch))
+                n += len(batch)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return n
+
+
+def _table(batch: list[TokenRecord]) -> pa.Table:
+    return pa.table({
+        "id": [r.id for r in batch],
+        "dataset": [r.dataset for r in batch],
+        "input_ids": [r.input_ids for r in batch],
+        "loss_mask": [r.loss_mask for r in batch],
+        "prompt_len": [r.prompt_len for r in batch],
+        "completion_len": [r.completion_len for r in batch],
+        "provider": [r.provider for r in batch],
+        "finish_reason": [r.finish_reason for r in batch],
+    }, schema=SCHEMA)
+
+
+def read_parquet_dir(path: Path) -> Iterator[TokenRecord]:
+    """Yield records from a ``tokens`` export: every ``*.parquet`` in ``path`` (sorted), or one file.
+
+    Raises:
+        FileNotFoundError: no Parquet file there.
+    """
+    path = Path(path)
+    files = [path] if path.is_file() else sorted(path.glob("*.parquet"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no *.parquet token files")
+    for f in files:
+        pf = pq.ParquetFile(f)
+        for batch in pf.iter_batches(batch_size=256):
+            cols = batch.to_pydict()
+            for i in range(batch.num_rows):
+                yield TokenRecord(
+                    id=cols["id"][i], dataset=cols["dataset"][i], input_ids=cols["input_ids"][i],
+                    loss_mask=cols["loss_mask"][i], prompt_len=cols["prompt_len"][i],
+                    completion_len=cols["completion_len"][i], provider=cols["provider"][i] or "",
+                    finish_reason=cols["finish_reason"][i] or "",
+                )
