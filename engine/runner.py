@@ -177,6 +177,18 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
         writer = StoreWriter(store, cfg.run.commit_interval_s)
         sched = Scheduler(cfg, store, writer, client.complete)
         writer._live = sched.live
+
+        def store_failed(e: BaseException) -> None:
+            if not (sched.run_paused and sched.pause_kind == "store"):
+                sched.pause_all(f"store commits fail ({type(e).__name__}: {e}); nothing is lost: results wait in "
+                                f"memory and are committed when the disk works again", kind="store")
+
+        def store_recovered() -> None:
+            if sched.run_paused and sched.pause_kind == "store":
+                sched.resume_all()
+
+        writer._on_error, writer._on_recover = store_failed, store_recovered
+        check_fd_limit(sum(c.concurrency for c in cfg.classes.values()), out)
         await sched.load()
         account_api = cfg.provider.kind in ("openrouter", "simulated")
         if account_api:
@@ -193,6 +205,29 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
             sim.stop()
         await store.close()
         raise
+
+
+def check_fd_limit(concurrency: int, out: TextIO) -> int:
+    """Raise the soft open-files limit toward ``concurrency + 256`` (one socket per in-flight
+    request plus the store, logs and the simulator); warn when the hard limit is too low.
+    Returns the soft limit in force."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return -1
+    need = concurrency + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft < need:
+        print(f"warning: open-files limit {soft} is below {need} needed for {concurrency} concurrent requests; "
+              f"run `ulimit -n {need}` first or lower classes.*.concurrency", file=out)
+    return soft
 
 
 async def discover_prices(cfg: Config, sched: Scheduler, client: ChatClient, out: TextIO) -> None:

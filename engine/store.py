@@ -150,6 +150,9 @@ class Store:
                 await conn.execute("INSERT INTO meta VALUES('schema_version', ?)", (str(SCHEMA_VERSION),))
             elif int(row[0]) != SCHEMA_VERSION:
                 raise StoreError(f"{path}: schema version {row[0]}, this datagen expects {SCHEMA_VERSION}")
+            for extra in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):  # owner-only, WAL files too
+                if extra.exists():
+                    os.chmod(extra, 0o600)
         except sqlite3.DatabaseError as e:
             await conn.close()
             raise StoreError(f"{path}: not a usable store: {e}") from None

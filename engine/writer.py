@@ -35,6 +35,7 @@ class StoreWriter:
             "live": dict}``; called synchronously at each commit.
         on_error: called with the exception when a commit fails (e.g. disk full); the batch is
             kept and retried at the next tick, nothing is dropped.
+        on_recover: called once when a commit succeeds after failures.
     """
 
     def __init__(
@@ -43,11 +44,14 @@ class StoreWriter:
         interval_s: float = 1.0,
         live: Callable[[], dict[str, Any]] | None = None,
         on_error: Callable[[BaseException], None] | None = None,
+        on_recover: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
         self.interval_s = interval_s
         self._live = live
         self._on_error = on_error
+        self._on_recover = on_recover
+        self.failing = False
         self._results: list[tuple] = []
         self._done: list[tuple] = []
         self._failed: list[tuple] = []
@@ -202,6 +206,19 @@ class StoreWriter:
                 await self.flush()
             except Exception as e:  # noqa: BLE001 - reported, retried next tick
                 log.error("store commit failed (will retry): %s", e)
+                self.failing = True
                 if self._on_error:
                     self._on_error(e)
-        await self.flush()
+                continue
+            if self.failing:
+                self.failing = False
+                log.warning("store commits work again")
+                if self._on_recover:
+                    self._on_recover()
+        for _ in range(3):  # last commit; a store that still fails keeps the batch in the log only
+            try:
+                await self.flush()
+                return
+            except Exception as e:  # noqa: BLE001
+                log.error("final store commit failed: %s", e)
+                await asyncio.sleep(self.interval_s)
