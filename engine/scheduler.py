@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -37,8 +35,8 @@ from engine.client.retry import RetryPolicy, call_with_retries
 from engine.client.types import ChatRequest, Completion, ErrorClass, RequestError
 from engine.config import Config
 from engine.limiter import AdjustableLimiter
-from engine.projection import project_run, spend_rate_usd_per_h
-from engine.snapshot import ClassSnapshot, DatasetSnapshot, RunSnapshot
+from engine.observe import build_snapshot, live_row
+from engine.snapshot import RunSnapshot
 from engine.rates import RateWindow
 from engine.spend import SpendControl
 from engine.store import PendingPrompt, Store
@@ -598,84 +596,9 @@ class Scheduler:
         return self._prior_elapsed + (self.clock() - self._t0)
 
     def live(self) -> dict[str, Any]:
-        """Fields of the store's ``runtime`` row (see :class:`~engine.writer.StoreWriter`)."""
-        snap = self.snapshot()
-        return {
-            "pid": os.getpid(),
-            "started_at": self._wall0,
-            "state": self.state,
-            "state_reason": self.state_reason,
-            "elapsed_s": snap.elapsed_s,
-            "live": {
-                "in_flight": {d.name: d.in_flight for d in snap.datasets},
-                "datasets": {d.name: d.state for d in snap.datasets},
-                "reserved_tokens": {d.name: d.reserved_tokens for d in snap.datasets},
-                "projected_cost_usd": {d.name: d.projected_cost_usd for d in snap.datasets},
-                "eta_s": {d.name: d.eta_s for d in snap.datasets},
-                "concurrency": {c.name: c.concurrency for c in snap.classes},
-                "credits_usd": snap.credits_usd,
-                "credits_age_s": snap.credits_age_s,
-                "credits_drift_usd": self.spend.drift_usd(),
-                "spend_rate_usd_per_h": snap.spend_rate_usd_per_h,
-                "projected_total_cost_usd": snap.projected_total_cost_usd,
-                "cost_in_flight_usd": snap.cost_in_flight_usd,
-                "eta_s_run": snap.eta_s,
-                "providers": [dataclasses.asdict(p) for p in snap.providers],
-                "excluded_providers": list(self.excluded_providers),
-            },
-        }
+        """Fields of the store's ``runtime`` row (see :func:`engine.observe.live_row`)."""
+        return live_row(self)
 
     def snapshot(self) -> RunSnapshot:
-        """Return an immutable snapshot of the run (O(datasets + classes + providers))."""
-        now = self.clock()
-        tel = self.telemetry
-        dss = []
-        projections = []
-        errors: collections.Counter = collections.Counter()
-        for rt in self.datasets.values():
-            terminal = rt.control in ("skipped", "budget_met")
-            skipped = rt.pending_total if terminal else 0
-            pending = 0 if terminal else rt.pending_total
-            proj = self.spend.project(
-                rt.name, prompts_left=pending, in_flight=rt.in_flight, cost_so_far=rt.cost_usd,
-                completion_tokens=rt.completion_tokens, recent_tok_per_s=rt.tok_rate.rate(now),
-                since_start_tok_per_s=rt.tok_rate.rate_since_start(now),
-            )
-            projections.append(proj)
-            b = self.spend.budgets[rt.name]
-            recent = [e.mean() for e in b.estimators.values() if e.count]
-            dss.append(
-                DatasetSnapshot(
-                    name=rt.name, state=rt.state(self.run_paused), state_reason=rt.reason, prompts=rt.prompts,
-                    rejected=rt.rejected, done=rt.done, failed=rt.failed, skipped=skipped, pending=pending,
-                    in_flight=rt.in_flight, prompt_tokens=rt.prompt_tokens, completion_tokens=rt.completion_tokens,
-                    reasoning_tokens=rt.reasoning_tokens, cost_usd=rt.cost_usd, token_budget=rt.token_budget,
-                    errors=dict(rt.errors), req_per_s=rt.rate.rate(now), req_per_s_since_start=rt.rate.rate_since_start(now),
-                    tok_per_s=rt.tok_rate.rate(now),
-                    avg_completion_tokens=(rt.completion_tokens / rt.done) if rt.done else 0.0,
-                    eta_s=proj.eta_s_recent, eta_s_since_start=proj.eta_s_since_start,
-                    avg_completion_tokens_recent=(sum(recent) / len(recent)) if recent else 0.0,
-                    reserved_tokens=self.spend.reserved_tokens(rt.name), max_cost_usd=b.cost.limit,
-                    projected_cost_usd=proj.projected_cost_usd, latest_sample=tel.sample(rt.name),
-                )
-            )
-            errors.update(rt.errors)
-        classes = tuple(
-            ClassSnapshot(c, lim.capacity, lim.in_use, self.cfg.classes[c].max_tokens) for c, lim in self.limiters.items()
-        )
-        spend_rate = spend_rate_usd_per_h(tel.usd_rate.rate(now))
-        cost = sum(d.cost_usd for d in dss)
-        run_proj = project_run(projections, spend_rate, cost, recent_tok_per_s=tel.tok_rate.rate(now),
-                               cost_cap=self.spend.run_cost.limit)
-        cr = self.spend.credits
-        return RunSnapshot(
-            name=self.cfg.run.name, state=self.state, state_reason=self.state_reason, elapsed_s=self.elapsed_s(),
-            datasets=tuple(dss), classes=classes, in_flight=sum(d.in_flight for d in dss),
-            req_per_s=self.rate.rate(now), cost_usd=cost, errors=dict(errors), writer_queue=self.writer.queued,
-            credits_usd=cr.remaining_usd if cr else None, credits_age_s=(now - cr.at) if cr else None,
-            spend_rate_usd_per_h=spend_rate, projected_total_cost_usd=run_proj.projected_cost_usd,
-            max_cost_usd=self.spend.run_cost.limit, cost_in_flight_usd=self.cost_in_flight_usd(),
-            eta_s=run_proj.eta_s, tok_per_s=tel.tok_rate.rate(now), loop_lag_ms=tel.loop_lag_ms,
-            providers=tel.providers.snapshot(), latest_errors=dict(tel.latest_errors), history=tuple(tel.history),
-            events=tuple(list(tel.events)[-50:]),
-        )
+        """Return an immutable snapshot of the run (see :func:`engine.observe.build_snapshot`)."""
+        return build_snapshot(self)

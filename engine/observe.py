@@ -1,0 +1,103 @@
+"""Building the engine's immutable snapshot and the store's live row from scheduler counters.
+
+Pure reads of in-memory state: no I/O, no awaits. Kept apart from :mod:`engine.scheduler` so the
+dispatch logic and the reporting logic can be read separately.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+from typing import TYPE_CHECKING, Any
+
+from engine.projection import project_run, spend_rate_usd_per_h
+from engine.snapshot import ClassSnapshot, DatasetSnapshot, RunSnapshot
+
+if TYPE_CHECKING:
+    from engine.scheduler import Scheduler
+
+
+def live_row(sched: "Scheduler") -> dict[str, Any]:
+    """Fields of the store's ``runtime`` row written at every commit (see :class:`~engine.writer.StoreWriter`):
+    pid, start, state, elapsed and the live figures ``datagen status`` merges with committed rows."""
+    snap = build_snapshot(sched)
+    return {
+        "pid": os.getpid(),
+        "started_at": sched._wall0,
+        "state": sched.state,
+        "state_reason": sched.state_reason,
+        "elapsed_s": snap.elapsed_s,
+        "live": {
+            "in_flight": {d.name: d.in_flight for d in snap.datasets},
+            "datasets": {d.name: d.state for d in snap.datasets},
+            "reserved_tokens": {d.name: d.reserved_tokens for d in snap.datasets},
+            "projected_cost_usd": {d.name: d.projected_cost_usd for d in snap.datasets},
+            "eta_s": {d.name: d.eta_s for d in snap.datasets},
+            "concurrency": {c.name: c.concurrency for c in snap.classes},
+            "credits_usd": snap.credits_usd,
+            "credits_age_s": snap.credits_age_s,
+            "credits_drift_usd": sched.spend.drift_usd(),
+            "spend_rate_usd_per_h": snap.spend_rate_usd_per_h,
+            "projected_total_cost_usd": snap.projected_total_cost_usd,
+            "cost_in_flight_usd": snap.cost_in_flight_usd,
+            "eta_s_run": snap.eta_s,
+            "providers": [dataclasses.asdict(p) for p in snap.providers],
+            "excluded_providers": list(sched.excluded_providers),
+        },
+    }
+
+def build_snapshot(sched: "Scheduler") -> RunSnapshot:
+    """Return an immutable snapshot of the scheduler's run (O(datasets + classes + providers))."""
+    now = sched.clock()
+    tel = sched.telemetry
+    dss = []
+    projections = []
+    errors: collections.Counter = collections.Counter()
+    for rt in sched.datasets.values():
+        terminal = rt.control in ("skipped", "budget_met")
+        skipped = rt.pending_total if terminal else 0
+        pending = 0 if terminal else rt.pending_total
+        proj = sched.spend.project(
+            rt.name, prompts_left=pending, in_flight=rt.in_flight, cost_so_far=rt.cost_usd,
+            completion_tokens=rt.completion_tokens, recent_tok_per_s=rt.tok_rate.rate(now),
+            since_start_tok_per_s=rt.tok_rate.rate_since_start(now),
+        )
+        projections.append(proj)
+        b = sched.spend.budgets[rt.name]
+        recent = [e.mean() for e in b.estimators.values() if e.count]
+        dss.append(
+            DatasetSnapshot(
+                name=rt.name, state=rt.state(sched.run_paused), state_reason=rt.reason, prompts=rt.prompts,
+                rejected=rt.rejected, done=rt.done, failed=rt.failed, skipped=skipped, pending=pending,
+                in_flight=rt.in_flight, prompt_tokens=rt.prompt_tokens, completion_tokens=rt.completion_tokens,
+                reasoning_tokens=rt.reasoning_tokens, cost_usd=rt.cost_usd, token_budget=rt.token_budget,
+                errors=dict(rt.errors), req_per_s=rt.rate.rate(now), req_per_s_since_start=rt.rate.rate_since_start(now),
+                tok_per_s=rt.tok_rate.rate(now),
+                avg_completion_tokens=(rt.completion_tokens / rt.done) if rt.done else 0.0,
+                eta_s=proj.eta_s_recent, eta_s_since_start=proj.eta_s_since_start,
+                avg_completion_tokens_recent=(sum(recent) / len(recent)) if recent else 0.0,
+                reserved_tokens=sched.spend.reserved_tokens(rt.name), max_cost_usd=b.cost.limit,
+                projected_cost_usd=proj.projected_cost_usd, latest_sample=tel.sample(rt.name),
+            )
+        )
+        errors.update(rt.errors)
+    classes = tuple(
+        ClassSnapshot(c, lim.capacity, lim.in_use, sched.cfg.classes[c].max_tokens) for c, lim in sched.limiters.items()
+    )
+    spend_rate = spend_rate_usd_per_h(tel.usd_rate.rate(now))
+    cost = sum(d.cost_usd for d in dss)
+    run_proj = project_run(projections, spend_rate, cost, recent_tok_per_s=tel.tok_rate.rate(now),
+                           cost_cap=sched.spend.run_cost.limit)
+    cr = sched.spend.credits
+    return RunSnapshot(
+        name=sched.cfg.run.name, state=sched.state, state_reason=sched.state_reason, elapsed_s=sched.elapsed_s(),
+        datasets=tuple(dss), classes=classes, in_flight=sum(d.in_flight for d in dss),
+        req_per_s=sched.rate.rate(now), cost_usd=cost, errors=dict(errors), writer_queue=sched.writer.queued,
+        credits_usd=cr.remaining_usd if cr else None, credits_age_s=(now - cr.at) if cr else None,
+        spend_rate_usd_per_h=spend_rate, projected_total_cost_usd=run_proj.projected_cost_usd,
+        max_cost_usd=sched.spend.run_cost.limit, cost_in_flight_usd=sched.cost_in_flight_usd(),
+        eta_s=run_proj.eta_s, tok_per_s=tel.tok_rate.rate(now), loop_lag_ms=tel.loop_lag_ms,
+        providers=tel.providers.snapshot(), latest_errors=dict(tel.latest_errors), history=tuple(tel.history),
+        events=tuple(list(tel.events)[-50:]),
+    )
