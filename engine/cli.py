@@ -1,4 +1,4 @@
-"""The ``datagen`` command line: run, sim, status, export."""
+"""The ``datagen`` command line: run, sim, status, ctl, export, extract, validate."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from engine.datasets import DatasetError
     from engine.runner import run_headless, setup_file_logging
     from engine.store import StoreError, make_run_dir
+    from engine.tokens.tokenizer import TokenizerError
 
     try:
         cfg = load_config(args.config)
@@ -28,13 +29,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
     headless = args.headless or not sys.stdout.isatty()
     if not headless:
         try:
-            from tui.app import run_dashboard  # noqa: F401 - arrives with the dashboard issue
+            import tui.app  # noqa: F401 - the dashboard needs textual; fall back to headless without it
         except ImportError:
             print("(dashboard not available in this build; running headless)", file=sys.stderr)
             headless = True
     try:
+        if not headless:
+            from tui.app import run_dashboard
+
+            return run_dashboard(cfg, exit_on_pause=args.exit_on_pause)
         return asyncio.run(run_headless(cfg, exit_on_pause=args.exit_on_pause))
-    except (ConfigError, DatasetError, StoreError) as e:
+    except (ConfigError, DatasetError, StoreError, TokenizerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -66,16 +71,49 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from engine.export import export_raw
+    from engine.export import export
     from engine.status import StatusError
+    from engine.tokens.exports import ExportError
+    from engine.tokens.tokenizer import TokenizerError
+    from engine.tokens.vstore import NoStoreError
 
     try:
-        written = export_raw(Path(args.run_dir), Path(args.out))
-    except StatusError as e:
+        section = None
+        if args.config and args.format != "raw":
+            from engine.tokens.service import section_for_run
+
+            section = section_for_run(Path(args.run_dir), args.config)
+        written = export(Path(args.run_dir), Path(args.out), args.format, tokenizer=section,
+                         include_invalid=args.include_invalid)
+    except (StatusError, ExportError, TokenizerError, NoStoreError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    for name, n in written.items():
-        print(f"{Path(args.out) / (name + '.jsonl')}: {n} lines")
+    unit = "rows" if args.format == "tokens" else "lines"
+    for path, n in written.items():
+        print(f"{path}: {n} {unit}")
+    return 0
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from engine.tokens.report import format_report
+    from engine.tokens.service import section_for_run, validate_run
+    from engine.tokens.tokenizer import TokenizerError
+    from engine.tokens.vstore import NoStoreError
+
+    run_dir = Path(args.run_dir)
+    try:
+        section = section_for_run(run_dir, args.config)
+        if section is None:
+            print(f"error: {run_dir} stores no [tokenizer]: pass --config CONFIG with a [tokenizer] section", file=sys.stderr)
+            return 1
+        doc = validate_run(run_dir, section, workers=args.workers)
+    except (TokenizerError, NoStoreError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(format_report(doc))
     return 0
 
 
@@ -121,6 +159,32 @@ def _cmd_ctl(args: argparse.Namespace) -> int:
     return 1 if result.startswith("error") else 0
 
 
+def _cmd_extract(args: argparse.Namespace) -> int:
+    from engine.extract.job import ExtractError
+    from engine.extract.launch import run_extract
+
+    try:
+        cfg = load_config(args.config, check_files=False)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    gpus = None
+    if args.gpus:
+        try:
+            gpus = [int(x) for x in args.gpus.split(",") if x.strip()]
+        except ValueError:
+            print(f"error: --gpus expects comma-separated GPU ids like 0,1,2, got {args.gpus!r}", file=sys.stderr)
+            return 1
+    try:
+        return run_extract(cfg, data=Path(args.data) if args.data else None, gpus=gpus, workers=args.workers,
+                           free_bytes=args.free_bytes, progress_s=args.progress_s)
+    except (ExtractError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of ``datagen``."""
     p = argparse.ArgumentParser(prog="datagen", description="Buy a target model's completions and turn them into EAGLE-3 training data.")
@@ -154,11 +218,30 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--abort", action="store_true", help="with skip: cancel the dataset's in-flight requests too")
     c.set_defaults(func=_cmd_ctl)
 
+    xt = sub.add_parser("extract", help="run the target model over the token records and save EAGLE-3 hidden states")
+    xt.add_argument("config", help="path of config.toml (its [extract] section)")
+    xt.add_argument("--gpus", help="comma-separated GPU ids to use (default: all visible)")
+    xt.add_argument("--workers", type=int, help="worker processes (default: GPUs // gpus_per_worker, 1 on CPU)")
+    xt.add_argument("--data", help="a `tokens` Parquet export (dir or file) instead of the run directory")
+    xt.add_argument("--free-bytes", type=int, help="assume this much free disk space (bytes) instead of asking the OS")
+    xt.add_argument("--progress-s", type=float, default=5.0, help=argparse.SUPPRESS)
+    xt.set_defaults(func=_cmd_extract)
+
     ex = sub.add_parser("export", help="export stored results")
     ex.add_argument("run_dir")
-    ex.add_argument("--format", choices=["raw"], default="raw")
+    ex.add_argument("--format", choices=["raw", "specforge", "openai", "tokens"], default="raw",
+                    help="raw JSONL (everything stored), or validated records as specforge/openai JSONL or tokens Parquet")
     ex.add_argument("--out", required=True, help="output directory")
+    ex.add_argument("--config", help="config whose [tokenizer] validates results not validated yet (default: the run's)")
+    ex.add_argument("--include-invalid", action="store_true", help="also export records that failed validation")
     ex.set_defaults(func=_cmd_export)
+
+    v = sub.add_parser("validate", help="rebuild token ids of every stored result and check them (re-run after a tokenizer fix)")
+    v.add_argument("run_dir")
+    v.add_argument("--config", help="config with the [tokenizer] section (default: the one stored with the run)")
+    v.add_argument("--json", action="store_true", help="machine-readable report")
+    v.add_argument("--workers", type=int, default=None, help="worker processes (default [tokenizer] workers)")
+    v.set_defaults(func=_cmd_validate)
     return p
 
 

@@ -273,6 +273,129 @@ class SpendSection(_Strict):
     reservation: Literal["expected", "none"] = "expected"
 
 
+class ExtractSection(_Strict):
+    """``[extract]``: hidden-state extraction for EAGLE-3 (``datagen extract CONFIG``). All optional.
+
+    Attributes:
+        model: target model, a local directory (relative to the config file when it exists there)
+            or a Hugging Face hub id; loaded with ``AutoModelForCausalLM``. Required to extract.
+        dtype: torch dtype of the model and of the saved hidden states: ``auto`` (``bfloat16`` on
+            GPU, ``float32`` on CPU), ``bfloat16``, ``float16`` or ``float32``.
+        aux_layers: the layers whose OUTPUTS are concatenated into ``aux_hidden_states``, as
+            0-BASED DECODER-LAYER indices (the SpecForge / Model-Optimizer convention; with Hugging
+            Face ``output_hidden_states`` layer i is ``hidden_states[i + 1]``; vLLM speculators'
+            ids are these + 1). Default ``[1, L//2 - 1, L - 4]`` for L layers (Kimi-K2.5, L = 61:
+            ``[1, 29, 57]``). Each must be in ``0 .. L-2``: the last layer's output is saved
+            (after the final norm) as ``last_hidden_state``.
+        gpus_per_worker: GPUs per model replica (1 when the model fits one GPU; more spreads one
+            replica over several GPUs with ``device_map="auto"``).
+        workers: worker processes (replicas); default every GPU group (GPUs // gpus_per_worker),
+            or 1 on a machine without a GPU.
+        max_tokens_per_batch: cap of one forward batch in PADDED tokens (batch size x longest
+            sample); a single longer sample forms a batch of its own.
+        max_seq_len: longest sample (tokens) to extract; longer ones follow ``over_length``.
+        over_length: ``skip`` (default: not extracted, counted as skipped) or ``truncate`` (the
+            first ``max_seq_len`` tokens are extracted; the manifest records ``truncated_from``).
+        out_dir: output directory (shards, ``manifest.jsonl``, ``status/``); default
+            ``<run.dir>/extract``.
+        disk_margin_gb: free space (GB, 1e9 bytes) always left on the output file system: the
+            job refuses to start when the projected bytes exceed free space minus this margin, and
+            workers pause while free space is under it.
+        trust_remote_code: passed to transformers (models with custom code, e.g. Kimi-K2.5).
+    """
+
+    model: str | None = None
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    aux_layers: list[int] | None = Field(None, min_length=1)
+    gpus_per_worker: int = Field(1, ge=1)
+    workers: int | None = Field(None, ge=1)
+    max_tokens_per_batch: int = Field(16_384, ge=1)
+    max_seq_len: int | None = Field(None, ge=1)
+    over_length: Literal["skip", "truncate"] = "skip"
+    out_dir: Path | None = None
+    disk_margin_gb: float = Field(10.0, ge=0)
+    trust_remote_code: bool = False
+
+    @field_validator("aux_layers")
+    @classmethod
+    def _aux(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and any(i < 0 for i in v):
+            raise ValueError(f"expected 0-based layer indices >= 0, got {v}")
+        return v
+
+
+class TokenizerSection(_Strict):
+    """``[tokenizer]``: the target's tokenizer, for exact token ids (``engine.tokens``). All optional
+    but ``path``; when the section is absent, reconstruction and validation are off.
+
+    Attributes:
+        path: a local directory, or a Hugging Face hub id (``kind = "hf"`` only). A relative path is
+            resolved against the config file's directory when it exists there.
+        kind: ``auto`` (``tiktoken`` when the directory holds ``tiktoken.model`` and no
+            ``tokenizer.json``, else ``hf``), ``hf`` (transformers ``AutoTokenizer``) or ``tiktoken``
+            (``tiktoken.model`` + ``tokenizer_config.json`` loaded natively, no remote code).
+        trust_remote_code: passed to ``AutoTokenizer`` (``hf`` only); off unless set.
+        split_regex: the pre-tokenizer regex of a ``tiktoken`` directory; default Kimi-K2.5's.
+        thinking: the generation mode: the generation prompt must end with ``think_start`` (true) or
+            not (false); the completion has exactly one ``think_end`` (true) or none (false).
+        think_start / think_end / end_of_turn / tool_calls_begin / tool_calls_end / tool_call_begin /
+            tool_call_argument_begin / tool_call_end: special tokens by TEXT (Kimi-K2.5's by
+            default), each resolved at start-up to exactly one id; ``""`` = the family has none.
+        tool_id_format: the model's native tool-call id, ``{name}`` and ``{index}`` (calls before it in
+            the conversation) filled in; provider ids are rebuilt to it. ``""`` keeps provider ids.
+        chat_template: a Jinja file overriding the tokenizer's own chat template.
+        template_vars: extra variables for the chat template (``thinking``/``enable_thinking`` are
+            set from ``thinking`` unless given here).
+        billing_tolerance_tokens / billing_tolerance_pct: a record fails ``billing_diff`` when
+            |rebuilt completion length - usage.completion_tokens| exceeds the larger of the two
+            (tokens; percent of the rebuilt length).
+        max_failure_rate / failure_window: a dataset whose share of invalid records among its last
+            ``failure_window`` validated records passes this is reported to the anomaly guard
+            (0 disables).
+        workers / executor: reconstruction pool off the event loop (``process`` or ``thread``).
+    """
+
+    path: str
+    kind: Literal["auto", "hf", "tiktoken"] = "auto"
+    trust_remote_code: bool = False
+    split_regex: str | None = None
+    thinking: bool = True
+    think_start: str = "<think>"
+    think_end: str = "</think>"
+    end_of_turn: str = "<|im_end|>"
+    tool_calls_begin: str = "<|tool_calls_section_begin|>"
+    tool_calls_end: str = "<|tool_calls_section_end|>"
+    tool_call_begin: str = "<|tool_call_begin|>"
+    tool_call_argument_begin: str = "<|tool_call_argument_begin|>"
+    tool_call_end: str = "<|tool_call_end|>"
+    tool_id_format: str = "functions.{name}:{index}"
+    chat_template: Path | None = None
+    template_vars: dict[str, Any] = Field(default_factory=dict)
+    billing_tolerance_tokens: int = Field(2, ge=0)
+    billing_tolerance_pct: float = Field(0.5, ge=0)
+    max_failure_rate: float = Field(0.2, ge=0, lt=1)
+    failure_window: int = Field(200, ge=10)
+    workers: int = Field(1, ge=1, le=64)
+    executor: Literal["process", "thread"] = "process"
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("expected a tokenizer directory or hub id")
+        return v
+
+    @field_validator("tool_id_format")
+    @classmethod
+    def _idfmt(cls, v: str) -> str:
+        if v:
+            try:
+                v.format(name="f", index=0)
+            except (KeyError, IndexError, ValueError) as e:
+                raise ValueError(f"expected a format with {{name}} and {{index}} only, got {v!r} ({e})") from None
+        return v
+
+
 def _default_classes() -> dict[str, ClassSection]:
     return {
         "short": ClassSection(max_tokens=10_240, concurrency=2_000, min_prompt_tokens=0),
@@ -290,6 +413,8 @@ class Config(_Strict):
     spend: SpendSection = Field(default_factory=SpendSection)
     classes: dict[str, ClassSection] = Field(default_factory=_default_classes, min_length=1)
     datasets: list[DatasetSection] = Field(min_length=1)
+    tokenizer: TokenizerSection | None = None
+    extract: ExtractSection = Field(default_factory=ExtractSection)
 
     @model_validator(mode="after")
     def _cross(self) -> "Config":
@@ -364,7 +489,30 @@ def _resolve_paths(cfg: Config, base: Path) -> Config:
     sim = cfg.provider.sim.model_copy(update={"tokenizer": rel(cfg.provider.sim.tokenizer), "log": rel(cfg.provider.sim.log)})
     provider = cfg.provider.model_copy(update={"sim": sim, "api_key_file": rel(cfg.provider.api_key_file)})
     run = cfg.run.model_copy(update={"dir": rel(cfg.run.dir)})
-    return cfg.model_copy(update={"datasets": datasets, "provider": provider, "run": run})
+    ex = cfg.extract
+    model = ex.model
+    if model is not None:
+        mp = Path(model).expanduser()
+        if mp.is_absolute():
+            model = str(mp)
+        elif (base / mp).exists():
+            model = str(base / mp)  # a local directory next to the config; otherwise a hub id
+    extract = ex.model_copy(update={"out_dir": rel(ex.out_dir), "model": model})
+    return cfg.model_copy(update={"datasets": datasets, "provider": provider, "run": run, "extract": extract})
+
+
+def _resolve_tokenizer(cfg: Config, base: Path) -> Config:
+    """Resolve ``[tokenizer]`` paths: ``path`` when it exists next to the config (else a hub id),
+    ``chat_template`` always."""
+    t = cfg.tokenizer
+    if t is None:
+        return cfg
+    p = Path(t.path).expanduser()
+    path = str(p) if p.is_absolute() else (str(base / p) if (base / p).exists() else t.path)
+    tmpl = t.chat_template.expanduser() if t.chat_template else None
+    if tmpl is not None and not tmpl.is_absolute():
+        tmpl = base / tmpl
+    return cfg.model_copy(update={"tokenizer": t.model_copy(update={"path": path, "chat_template": tmpl})})
 
 
 def parse_config(data: dict[str, Any], path: Path = Path("config.toml"), *, check_files: bool = True) -> Config:
@@ -383,6 +531,7 @@ def parse_config(data: dict[str, Any], path: Path = Path("config.toml"), *, chec
     except ValidationError as e:
         raise ConfigError(_format_errors(path, e, data)) from None
     cfg = _resolve_paths(cfg, path.parent)
+    cfg = _resolve_tokenizer(cfg, path.parent)
     if check_files:
         problems = []
         for i, d in enumerate(cfg.datasets):

@@ -1,5 +1,8 @@
 """``datagen export``: write stored results as files, atomically and in a deterministic order.
 
+Formats: ``raw`` (below, needs no tokenizer) and the training-ready ``specforge``, ``openai`` and
+``tokens`` (validated records only; :mod:`engine.tokens.exports`), all through :func:`export`.
+
 Format ``raw``: one JSONL per dataset (``RAW_DIR/<dataset>.jsonl``), one line per completed prompt
 in prompt-id order: ``dataset``, ``key``, ``messages``, ``tools``, ``response`` (``reasoning``,
 ``content``, ``tool_calls``, ``finish_reason``), ``usage`` (``prompt_tokens``,
@@ -71,3 +74,30 @@ def export_raw(run_dir: Path, out_dir: Path) -> dict[str, int]:
         return written
     finally:
         conn.close()
+
+
+#: Every ``--format`` of ``datagen export``.
+FORMATS = ("raw", "specforge", "openai", "tokens")
+
+
+def export(run_dir: Path, out_dir: Path, fmt: str = "raw", *, tokenizer=None, include_invalid: bool = False) -> dict[str, Path | int]:
+    """Export a run in ``fmt``; returns ``{output file: rows written}``.
+
+    Args:
+        run_dir / out_dir: run directory and output directory.
+        fmt: one of :data:`FORMATS`.
+        tokenizer: ``[tokenizer]`` section (``engine.config.TokenizerSection``) used to validate
+            results that have no validation row yet (default: the one stored with the run).
+        include_invalid: also export records that failed validation (not for ``raw``: it has all).
+
+    Raises:
+        engine.status.StatusError: no store (``raw``); engine.tokens.vstore.NoStoreError,
+        engine.tokens.exports.ExportError, engine.tokens.tokenizer.TokenizerError (others).
+    """
+    if fmt == "raw":
+        return {Path(out_dir) / f"{n}.jsonl": c for n, c in export_raw(run_dir, out_dir).items()}
+    from engine.tokens.exports import export_validated
+
+    written = export_validated(run_dir, out_dir, fmt, tokenizer=tokenizer, include_invalid=include_invalid)
+    ext = ".parquet" if fmt == "tokens" else ".jsonl"
+    return {Path(out_dir) / f"{n}{ext}": c for n, c in written.items()}

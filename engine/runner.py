@@ -119,6 +119,7 @@ class Job:
     writer_stop: asyncio.Event
     controller: Controller
     supervisor: Supervisor
+    recon: object | None = None
     writer_task: asyncio.Task | None = None
     supervisor_task: asyncio.Task | None = None
 
@@ -127,6 +128,8 @@ class Job:
         if self.supervisor_task is not None:
             self.supervisor_task.cancel()
             await asyncio.gather(self.supervisor_task, return_exceptions=True)
+        if self.recon is not None:  # finish queued reconstructions before the store closes
+            await self.recon.close()  # type: ignore[attr-defined]
         self.writer_stop.set()
         if self.writer_task is not None:
             await self.writer_task
@@ -197,7 +200,8 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
         ctl = Controller(sched)
         sup = Supervisor(sched, ctl, client.get_json if account_api else None)
         ctl.credits_check = sup.poll_credits
-        return Job(cfg, store, writer, sched, client, sim, asyncio.Event(), ctl, sup)
+        recon = await start_reconstruction(cfg, sched, out)
+        return Job(cfg, store, writer, sched, client, sim, asyncio.Event(), ctl, sup, recon)
     except BaseException:
         if "client" in locals():
             await client.aclose()
@@ -205,6 +209,37 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
             sim.stop()
         await store.close()
         raise
+
+
+async def start_reconstruction(cfg: Config, sched: Scheduler, out: TextIO):
+    """Start token reconstruction of results as they arrive, when ``[tokenizer]`` is configured.
+
+    Validation failures feed the anomaly guard: a dataset whose failure rate passes
+    ``tokenizer.max_failure_rate`` is paused with the reason.
+
+    Raises:
+        engine.tokens.tokenizer.TokenizerError: the tokenizer, its special tokens or the chat
+            template disagree with the configured mode (generation is refused).
+    """
+    if cfg.tokenizer is None:
+        return None
+    from engine.tokens.service import ReconstructionService
+    from engine.tokens.startup import format_startup
+
+    recon: ReconstructionService
+
+    def on_verdict(dataset: str, ok: bool, reasons: list[str]) -> None:
+        sched.telemetry.validation[dataset] = "valid" if ok else "INVALID: " + ", ".join(reasons)
+        reason = recon.guard(dataset)
+        rt = sched.datasets.get(dataset)
+        if reason and rt is not None and rt.control == "active":
+            asyncio.get_running_loop().create_task(
+                sched.set_dataset_control(dataset, "paused", f"anomaly guard (validation): {reason}"))
+
+    recon = ReconstructionService(cfg.tokenizer, cfg.run.dir, on_verdict=on_verdict)
+    print(format_startup(await recon.start()), file=out)
+    sched.recon = recon
+    return recon
 
 
 def check_fd_limit(concurrency: int, out: TextIO) -> int:

@@ -147,6 +147,8 @@ class Scheduler:
         self.get_json: Callable[..., Any] | None = None
         self._trueups: set[asyncio.Task] = set()
         self.pause_kind = ""
+        #: token reconstruction service (``submit(prompt_id, dataset, key, messages, tools, completion)``) or None.
+        self.recon: Any = None
         body: dict[str, Any] = {"model": cfg.provider.model}
         g = cfg.generation
         for k in ("temperature", "top_p", "seed", "reasoning"):
@@ -418,6 +420,8 @@ class Scheduler:
         self.writer.add_attempt(p.id, rt.name, attempts, started[0], time.time(), "ok", provider=c.provider,
                                 generation_id=c.generation_id, cost_usd=u.cost_usd)
         self.writer.add_result(p.id, rt.name, p.key, c, attempts)
+        if self.recon is not None:
+            self.recon.submit(p.id, rt.name, p.key, p.messages, p.tools, c)
         now = self.clock()
         rt.in_flight -= 1
         rt.done += 1

@@ -39,6 +39,8 @@ class Telemetry:
         self.events: collections.deque[str] = collections.deque(maxlen=EVENTS_LEN)
         self.history: collections.deque[tuple[float, float, float]] = collections.deque(maxlen=HISTORY_LEN)
         self.samples: dict[str, tuple[str, str, Completion]] = {}
+        #: latest validation verdict per dataset ("valid" / "INVALID: reasons"), when reconstruction runs.
+        self.validation: dict[str, str] = {}
         self.loop_lag_ms = 0.0
         self.req_rate = RateWindow(60)
         self.tok_rate = RateWindow(180)
@@ -70,7 +72,7 @@ class Telemetry:
         if u.cost_usd:
             self.usd_rate.add(now, u.cost_usd)
 
-    def sample(self, dataset: str, validation: str = "") -> SampleSnapshot | None:
+    def sample(self, dataset: str) -> SampleSnapshot | None:
         """The latest completion of ``dataset``, trimmed for display (None before the first)."""
         s = self.samples.get(dataset)
         if s is None:
@@ -79,7 +81,7 @@ class Telemetry:
         return SampleSnapshot(
             key=key, prompt_tail=tail[-500:], reasoning=c.reasoning[:2000], content=c.content[:2000],
             tool_calls=tuple(t.name for t in c.tool_calls), finish_reason=c.finish_reason, provider=c.provider,
-            completion_tokens=c.usage.completion_tokens, validation=validation,
+            completion_tokens=c.usage.completion_tokens, validation=self.validation.get(dataset, ""),
         )
 
     def tick(self, elapsed_s: float, now: float) -> None:

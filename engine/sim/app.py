@@ -21,7 +21,7 @@ from engine.prompts import prompt_key
 
 from .chat import ChatJob
 from .config import FAULT_KINDS, SimConfig
-from .generator import DEFAULT_MAX_TOKENS, TokenCounter, make_plan
+from .generator import DATA_FAULTS, DEFAULT_MAX_TOKENS, TokenCounter, inject_data_fault, make_plan
 from .http import HttpConnection, Request
 from .ledger import Ledger
 from .wire import CONTEXT_LENGTH, dumps, error_body
@@ -295,6 +295,8 @@ class SimApp:
             reasoning_opts=body.get("reasoning"),
             tool_choice=body.get("tool_choice"),
         )
+        if fault in DATA_FAULTS:
+            inject_data_fault(plan, fault, self.counter, random.Random(f"sim-data-fault:{cfg.seed}:{seq}"))
         created = int(time.time())
         job = ChatJob(
             cfg=cfg, ledger=self.ledger, conn=conn, seq=seq, gid=f"gen-{created}-{secrets.token_hex(10)}",

@@ -21,6 +21,17 @@ from typing import Any
 #: - ``stall``: part of the stream, then silence for ``stall_s`` seconds (socket kept open)
 #: - ``padding``: whitespace before a non-stream JSON body / extra keep-alive comments in a stream
 #: - ``200error``: HTTP 200 whose body (or first stream chunk) is an error
+#:
+#: Data faults (the request completes; the RESPONSE carries a defect a real provider can introduce,
+#: for testing token reconstruction, see ``engine.sim.generator.inject_data_fault``):
+#:
+#: - ``toolid``: tool-call ids rewritten to ``call_...`` (billing unchanged: the model generated its
+#:   native ``functions.NAME:IDX`` id)
+#: - ``leak``: reasoning leaked into content (``reasoning`` empty, ``content`` = reasoning +
+#:   ``</think>`` + content; usage unchanged)
+#: - ``split``: the provider's tokens were a non-canonical split of the text: usage reports
+#:   ``max(3, 1%)`` more completion tokens than the canonical encoding
+#: - ``badargs``: tool-call ``arguments`` is not valid JSON (closing brace missing)
 FAULT_KINDS: tuple[str, ...] = (
     "429",
     "500",
@@ -32,6 +43,10 @@ FAULT_KINDS: tuple[str, ...] = (
     "stall",
     "padding",
     "200error",
+    "toolid",
+    "leak",
+    "split",
+    "badargs",
 )
 
 
@@ -54,8 +69,9 @@ class SimConfig:
             credits cannot pay for ``max_tokens`` (OpenRouter's pre-check, openrouter.md).
         price_in: USD per million prompt tokens (Kimi K2.5 headline price, openrouter.md).
         price_out: USD per million completion tokens (reasoning included).
-        tokenizer: path of a tokenizer directory; when set, usage is counted with
-            ``transformers.AutoTokenizer.from_pretrained(path)`` instead of the estimate.
+        tokenizer: path of a tokenizer directory; when set, usage is counted with it instead of the
+            estimate, loaded as ``[tokenizer]`` loads it (``engine.tokens.tokenizer.load_tokenizer``:
+            a Kimi-style tiktoken directory natively, otherwise transformers ``AutoTokenizer``).
         faults: fault kind (see :data:`FAULT_KINDS`) -> probability per chat request; sum <= 1.
         providers: provider display names requests are routed to (``provider.only/ignore/order``).
         cancellable_providers: providers that stop billing when the client drops a stream; on
@@ -166,7 +182,8 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--price-in", type=float, default=d.price_in, help="USD per million prompt tokens")
     g.add_argument("--price-out", type=float, default=d.price_out, help="USD per million completion tokens")
     g.add_argument("--tokenizer", default=None, help="tokenizer directory to count usage with (default: estimate)")
-    g.add_argument("--faults", default="", help='fault probabilities, e.g. "429:0.05,502:0.03,midstream:0.01"')
+    g.add_argument("--faults", default="", help='fault probabilities, e.g. "429:0.05,502:0.03,midstream:0.01"; '
+                   'data faults toolid, leak, split, badargs alter a completed response')
     g.add_argument("--providers", default=",".join(d.providers), help="comma-separated provider names")
     g.add_argument(
         "--cancellable",

@@ -13,13 +13,18 @@ Token accounting (the "tokens" in usage):
   returned. A tool call costs ``2 + len(name + arguments) // 4`` tokens. Prompt tokens are
   ``len(text) // 4 + 4`` per message (text = string content, or the canonical JSON of structured
   content and tool calls) plus ``len(canonical_json(tools)) // 4``.
-- Tokenizer mode (``SimConfig.tokenizer``): ``completion_tokens = len(encode(reasoning)) + 1 +
-  len(encode(content)) + 1`` (the ``+1``s stand for ``</think>`` and the end-of-turn token), plus
-  ``len(encode(name)) + len(encode(arguments)) + 2`` for a tool call; ``reasoning_tokens =
-  len(encode(reasoning))``; prompt tokens are ``len(encode(text)) + 4`` per message plus the
-  encoded tools JSON. The ``max_tokens`` cut and partial billing of dropped streams use per-piece
-  token counts (each piece encoded on its own, cached), and a ``length`` finish reports at most
-  ``max_tokens``.
+- Tokenizer mode (``SimConfig.tokenizer``): the tokenizer is loaded exactly as the run's
+  ``[tokenizer]`` loads it (:func:`engine.tokens.tokenizer.load_tokenizer`: a tiktoken directory
+  natively, else transformers), and texts are encoded as plain text (``Tokenizer.encode``).
+  ``completion_tokens = len(encode(reasoning)) + 1 + len(encode(content)) + 1`` (the ``+1``s stand
+  for ``</think>`` and the end-of-turn token), plus ``len(encode(id)) + len(encode(arguments)) + 5``
+  for a tool call (the five Kimi-layout tool-call markers); ``reasoning_tokens =
+  len(encode(reasoning))``. This is the layout :mod:`engine.tokens.reconstruct` rebuilds, so a
+  canonical completion's billing difference is exactly 0. Prompt tokens: when the tokenizer has a
+  chat template, the ids of the rendered prompt with the generation prompt (as the run rebuilds
+  them); otherwise ``len(encode(text)) + 4`` per message plus the encoded tools JSON. The
+  ``max_tokens`` cut and partial billing of dropped streams use per-piece token counts (each
+  piece encoded on its own, cached), and a ``length`` finish reports at most ``max_tokens``.
 """
 
 from __future__ import annotations
@@ -55,16 +60,16 @@ _MIN_COMPLETION = 8
 
 
 class TokenCounter:
-    """Counts tokens: the word estimate by default, or a real tokenizer (lazy ``transformers``)."""
+    """Counts tokens: the word estimate by default, or a real tokenizer (loaded lazily)."""
 
     def __init__(self, tokenizer_path: str | None = None) -> None:
         self.tokenizer_path = tokenizer_path
         self._tok: Any = None
         self._cache: dict[str, int] = {}
         if tokenizer_path:
-            from transformers import AutoTokenizer  # lazy: heavy import, only when asked for
+            from engine.tokens.tokenizer import load_tokenizer  # lazy: heavy imports, only when asked for
 
-            self._tok = AutoTokenizer.from_pretrained(tokenizer_path)
+            self._tok = load_tokenizer(tokenizer_path)
 
     @property
     def exact_words(self) -> bool:
@@ -77,7 +82,7 @@ class TokenCounter:
             return 0
         if self._tok is None:
             return len(text) // 4
-        return len(self._tok.encode(text, add_special_tokens=False))
+        return len(self._tok.encode(text))
 
     def piece_cost(self, piece: str) -> int:
         """Tokens of one generated piece (1 in estimate mode; cached encode otherwise, at least 1)."""
@@ -85,7 +90,7 @@ class TokenCounter:
             return 1
         c = self._cache.get(piece)
         if c is None:
-            c = max(1, len(self._tok.encode(piece, add_special_tokens=False)))
+            c = max(1, len(self._tok.encode(piece)))
             if len(self._cache) < 100_000:
                 self._cache[piece] = c
         return c
@@ -95,14 +100,22 @@ class TokenCounter:
         """Tokens of ``</think>`` and of the end-of-turn token (0 in estimate mode)."""
         return 0 if self._tok is None else 1
 
-    def tool_cost(self, name: str, arguments: str) -> int:
-        """Tokens of one tool call."""
+    def tool_cost(self, name: str, arguments: str, call_id: str | None = None) -> int:
+        """Tokens of one tool call (tokenizer mode: ``encode(id) + encode(arguments) + 5`` markers)."""
         if self._tok is None:
             return 2 + len(name + arguments) // 4
-        return self.encode_len(name) + self.encode_len(arguments) + 2
+        return self.encode_len(call_id if call_id is not None else name) + self.encode_len(arguments) + 5
 
     def prompt_tokens(self, messages: list[Any], tools: list[Any] | None) -> int:
         """Prompt tokens of a request (see the module docstring for the formula)."""
+        if self._tok is not None and self._tok.chat_template:
+            from engine.tokens.reconstruct import prompt_ids
+            from engine.tokens.template import TemplateError
+
+            try:
+                return max(1, len(prompt_ids(self._tok, messages, tools)[1]))
+            except TemplateError:
+                pass  # the estimate below
         n = 0
         for m in messages:
             if not isinstance(m, dict):
@@ -295,12 +308,8 @@ def make_plan(
             fn = next((f for f in fns if f["name"] == forced_name), None) or fns[int(pick * len(fns))]
             args = build_arguments(fn.get("parameters"), rng)
             name = fn["name"]
-            tool = ToolCallPlan(
-                id=f"functions.{name}:{prior_tool_calls(messages)}",
-                name=name,
-                arguments=args,
-                cost=counter.tool_cost(name, args),
-            )
+            call_id = f"functions.{name}:{prior_tool_calls(messages)}"
+            tool = ToolCallPlan(id=call_id, name=name, arguments=args, cost=counter.tool_cost(name, args, call_id))
     # 3. reasoning / content split
     ropts = reasoning_opts if isinstance(reasoning_opts, dict) else {}
     frac = reasoning_fraction
@@ -413,3 +422,31 @@ def chunk_sizes(total: int, rng: random.Random, lo: int = 1, hi: int = 4) -> lis
         out.append(k)
         left -= k
     return out
+
+
+#: Fault kinds that complete normally but alter the response (see ``engine.sim.config.FAULT_KINDS``).
+DATA_FAULTS: tuple[str, ...] = ("toolid", "leak", "split", "badargs")
+
+
+def inject_data_fault(plan: Plan, kind: str, counter: TokenCounter, rng: random.Random) -> Plan:
+    """Alter ``plan`` in place with data fault ``kind`` (no-op when it does not apply: ``toolid`` and
+    ``badargs`` need a tool call, ``leak`` needs reasoning, ``split`` a finished completion).
+    ``plan.extra["data_fault"]`` names the fault when it was applied. Returns ``plan``."""
+    tool = plan.tool_call
+    if kind == "toolid" and tool is not None:
+        tool.id = "call_" + "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(12))
+    elif kind == "leak" and plan.reasoning_pieces:
+        plan.content_pieces = plan.reasoning_pieces + ["</think>"] + plan.content_pieces
+        plan.content_costs = plan.reasoning_costs + [plan.special_cost] + plan.content_costs
+        plan.reasoning_pieces, plan.reasoning_costs, plan.special_cost = [], [], 0
+    elif kind == "split" and plan.finish_reason != "length":
+        plan.completion_tokens += max(3, plan.completion_tokens // 100)
+    elif kind == "badargs" and tool is not None and len(tool.arguments) > 1:
+        old = tool.cost
+        tool.arguments = tool.arguments[:-1]
+        tool.cost = counter.tool_cost(tool.name, tool.arguments, tool.id)
+        plan.completion_tokens += tool.cost - old
+    else:
+        return plan
+    plan.extra["data_fault"] = kind
+    return plan

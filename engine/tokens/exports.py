@@ -1,0 +1,137 @@
+"""Training-ready exports of validated records: ``specforge``, ``openai``, ``tokens``.
+
+Only records with a validation row are exported; invalid ones (``ok = 0``) are left out unless
+``include_invalid``. Results without a validation row are validated first when the tokenizer is
+known (``--config`` or the run's stored ``[tokenizer]``), else the export stops and says so.
+One file per dataset, datasets in config order, rows in prompt-id order; each file is written to a
+temporary name in the same directory and renamed (atomic).
+
+- ``specforge`` (``DIR/<dataset>.jsonl``): ``{"id": "<dataset>:<key>", "conversations": [prompt
+  messages..., {"role": "assistant", "content", "reasoning_content", "tool_calls"}]}`` plus
+  ``"tools"`` when the prompt declared any; tool calls in native form (``functions.NAME:IDX``),
+  arguments verbatim.
+- ``openai`` (``DIR/<dataset>.jsonl``): ``{"id", "messages": [..., {"role": "assistant", "content",
+  "reasoning_content", "tool_calls"?}], "tools"?}``: the assistant turn in OpenAI shape
+  (``content`` null when the turn is only tool calls; ``tool_calls`` only when there are some).
+- ``tokens`` (``DIR/<dataset>.parquet``): the :mod:`engine.tokens.records` format (``input_ids``
+  int32, ``loss_mask`` int8 = 1 exactly on the completion ids, not shifted).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+from engine.config import TokenizerSection
+from engine.tokens import vstore
+from engine.tokens.reconstruct import count_tool_calls, native_tool_calls
+from engine.tokens.records import TokenRecord, write_parquet
+
+FORMATS = ("specforge", "openai", "tokens")
+
+
+class ExportError(Exception):
+    """The export cannot run (records not validated and no tokenizer to validate them)."""
+
+
+def ensure_validated(run_dir: Path, section: TokenizerSection | None, *, workers: int | None = None) -> int:
+    """Validate results that have no validation row yet; returns how many were validated.
+
+    Raises:
+        ExportError: some are unvalidated and no tokenizer section is known.
+        TokenizerError: the tokenizer's start-up check refused.
+    """
+    conn = vstore.connect(run_dir)
+    try:
+        missing = vstore.unvalidated_count(conn)
+    finally:
+        conn.close()
+    if not missing:
+        return 0
+    if section is None:
+        raise ExportError(f"{missing} result(s) of {run_dir} are not validated and the run stores no [tokenizer]: "
+                          f"run `datagen validate {run_dir} --config CONFIG` (or pass --config) first")
+    from engine.tokens.service import validate_run
+
+    validate_run(run_dir, section, workers=workers, only_missing=True)
+    return missing
+
+
+def _rows(conn, dataset: str, include_invalid: bool) -> Iterator[tuple]:
+    sql = ("SELECT v.prompt_id, v.key, v.ok, v.prompt_len, v.completion_len, v.input_ids, v.provider, v.finish_reason, "
+           "p.messages, p.tools, r.reasoning, r.content, r.tool_calls FROM validations v "
+           "JOIN results r ON r.prompt_id = v.prompt_id JOIN prompts p ON p.id = v.prompt_id "
+           "WHERE v.dataset=?" + ("" if include_invalid else " AND v.ok=1") + " AND v.prompt_id > ? "
+           "ORDER BY v.prompt_id LIMIT 256")
+    last = -1
+    while True:
+        batch = conn.execute(sql, (dataset, last)).fetchall()
+        if not batch:
+            return
+        yield from batch
+        last = batch[-1][0]
+
+
+def _json_lines(conn, dataset: str, fmt: str, include_invalid: bool, id_format: str) -> Iterator[str]:
+    for pid, key, ok, pl, cl, blob, prov, fin, msgs, tools, reasoning, content, tcs in _rows(conn, dataset, include_invalid):
+        msgs, tools = json.loads(msgs), json.loads(tools)
+        calls, _ = native_tool_calls(json.loads(tcs), count_tool_calls(msgs), id_format)
+        rid = f"{dataset}:{key}"
+        if fmt == "specforge":
+            turn = {"role": "assistant", "content": content, "reasoning_content": reasoning, "tool_calls": calls}
+            doc: dict[str, Any] = {"id": rid, "conversations": msgs + [turn]}
+        else:
+            turn = {"role": "assistant", "content": content if (content or not calls) else None,
+                    "reasoning_content": reasoning}
+            if calls:
+                turn["tool_calls"] = calls
+            doc = {"id": rid, "messages": msgs + [turn]}
+        if tools:
+            doc["tools"] = tools
+        yield json.dumps(doc, ensure_ascii=False)
+
+
+def _token_records(conn, dataset: str, include_invalid: bool) -> Iterator[TokenRecord]:
+    for pid, key, ok, pl, cl, blob, prov, fin, *_ in _rows(conn, dataset, include_invalid):
+        ids = vstore.unpack_ids(blob)
+        if len(ids) != pl + cl:
+            raise ExportError(f"{dataset}:{key}: stored ids ({len(ids)}) != prompt_len + completion_len ({pl}+{cl})")
+        yield TokenRecord(id=f"{dataset}:{key}", dataset=dataset, input_ids=ids, loss_mask=[0] * pl + [1] * cl,
+                          prompt_len=pl, completion_len=cl, provider=prov, finish_reason=fin)
+
+
+def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: TokenizerSection | None = None,
+                     include_invalid: bool = False, workers: int | None = None) -> dict[str, int]:
+    """Export every dataset in ``fmt`` (one of :data:`FORMATS`); returns ``{dataset: rows}``.
+
+    Args:
+        run_dir / out_dir: the run directory and the output directory (created).
+        fmt: ``specforge`` | ``openai`` | ``tokens``.
+        tokenizer: settings to validate unvalidated results with (default: the run's stored ones).
+        include_invalid: export invalid records too.
+
+    Raises:
+        ExportError, TokenizerError, engine.tokens.vstore.NoStoreError.
+    """
+    from engine.export import _atomic_write_lines
+    from engine.tokens.service import section_for_run
+
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown export format {fmt!r}")
+    section = tokenizer or section_for_run(run_dir)
+    ensure_validated(run_dir, section, workers=workers)
+    id_format = section.tool_id_format if section is not None else TokenizerSection(path="-").tool_id_format
+    conn = vstore.connect(run_dir)
+    try:
+        names = [n for (n,) in conn.execute("SELECT name FROM datasets ORDER BY position")]
+        out: dict[str, int] = {}
+        for name in names:
+            if fmt == "tokens":
+                out[name] = write_parquet(Path(out_dir) / f"{name}.parquet", _token_records(conn, name, include_invalid))
+            else:
+                out[name] = _atomic_write_lines(Path(out_dir) / f"{name}.jsonl",
+                                                _json_lines(conn, name, fmt, include_invalid, id_format))
+        return out
+    finally:
+        conn.close()

@@ -1,0 +1,321 @@
+"""Reconstruction off the event loop: live, as results arrive, and over a whole run.
+
+- :class:`ReconstructionService` (live): ``await start()`` loads the tokenizer and runs the
+  start-up check (raising :class:`~engine.tokens.tokenizer.TokenizerError` to refuse the run),
+  stores the ``[tokenizer]`` section and the resolved ids in ``meta['tokenizer']``; ``submit()``
+  (non-blocking, from the loop) queues one completed result; a pool (processes by default, each
+  loading the tokenizer once; or threads) rebuilds and checks it; verdict rows are committed to the
+  ``validations`` table at most 1 s apart by the service's own SQLite connection (WAL: it does not
+  block the run's writer for longer than one small transaction). ``failure_rate(dataset)`` and
+  ``guard(dataset)`` feed the anomaly guard.
+- :func:`validate_run` (``datagen validate``): the same work over every stored result, so a
+  tokenizer fix is re-applied without paying for generation again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures as cf
+import json
+import logging
+import multiprocessing
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from engine.config import TokenizerSection
+from engine.tokens import vstore
+from engine.tokens.reconstruct import Record, reconstruct
+from engine.tokens.report import summarize
+from engine.tokens.startup import startup_check
+from engine.tokens.tokenizer import Tokenizer, load_tokenizer
+from engine.tokens.validate import check
+
+log = logging.getLogger(__name__)
+
+_CHUNK = 32  # records per pool task in validate_run
+_MIN_GUARD = 50  # records a dataset needs before its failure rate is reported to the guard
+
+
+def process(tok: Tokenizer, r: Record) -> tuple:
+    """Rebuild and check one record; returns its ``validations`` row (see :mod:`.vstore`)."""
+    rec = reconstruct(tok, r)
+    s = tok.section
+    v = check(rec, r, thinking=tok.thinking, ids=tok.ids, tolerance_tokens=s.billing_tolerance_tokens,
+              tolerance_pct=s.billing_tolerance_pct)
+    return vstore.make_row(r, rec, v, tok.fingerprint)
+
+
+_WORKER: Tokenizer | None = None
+
+
+def _init_worker(section_json: dict[str, Any]) -> None:
+    global _WORKER
+    _WORKER = load_tokenizer(TokenizerSection.model_validate(section_json))
+
+
+def _work(records: list[Record]) -> list[tuple]:
+    assert _WORKER is not None, "worker not initialised"
+    return [process(_WORKER, r) for r in records]
+
+
+def _work_with(tok: Tokenizer, records: list[Record]) -> list[tuple]:
+    return [process(tok, r) for r in records]
+
+
+def _make_pool(section: TokenizerSection, tok: Tokenizer, workers: int, kind: str) -> cf.Executor:
+    if kind == "thread":
+        return cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reconstruct")
+    return cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                  initializer=_init_worker, initargs=(section.model_dump(mode="json"),))
+
+
+def record_from_completion(prompt_id: int, dataset: str, key: str, messages: list[dict[str, Any]],
+                           tools: list[dict[str, Any]] | None, completion: Any) -> Record:
+    """A :class:`Record` from an ``engine.client.types.Completion`` and its prompt."""
+    u = completion.usage
+    return Record(prompt_id=prompt_id, dataset=dataset, key=key, messages=list(messages), tools=list(tools or []),
+                  reasoning=completion.reasoning, content=completion.content,
+                  tool_calls=[t.to_openai() for t in completion.tool_calls], finish_reason=completion.finish_reason,
+                  provider=completion.provider, prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
+                  reasoning_tokens=u.reasoning_tokens)
+
+
+class ReconstructionService:
+    """Live reconstruction and validation of results as they are stored.
+
+    Args:
+        section: the ``[tokenizer]`` settings.
+        run_dir: the run directory (its ``store.sqlite`` must exist: create the store first).
+        on_verdict: optional ``(dataset, ok, reasons)`` callback, called on the event loop.
+        commit_interval_s: upper bound on seconds between commits of verdict rows.
+    """
+
+    def __init__(self, section: TokenizerSection, run_dir: Path, *,
+                 on_verdict: Callable[[str, bool, list[str]], None] | None = None,
+                 commit_interval_s: float = 1.0) -> None:
+        self.section = section
+        self.run_dir = Path(run_dir)
+        self.on_verdict = on_verdict
+        self.commit_interval_s = commit_interval_s
+        self.tok: Tokenizer | None = None
+        self.info: dict[str, Any] = {}
+        self._pool: cf.Executor | None = None
+        self._conn = None
+        self._rows: list[tuple] = []
+        self._pending: set[asyncio.Future] = set()
+        self._windows: dict[str, collections.deque] = {}
+        self.counts: dict[str, collections.Counter] = {}
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._wlock = asyncio.Lock()
+        self.errors = 0
+
+    async def start(self) -> dict[str, Any]:
+        """Load the tokenizer, run the start-up check, record it in the store, start the pool.
+
+        Returns:
+            the start-up description (kind, path, resolved ``special_ids``, fingerprint, traits).
+
+        Raises:
+            TokenizerError: the check refused (do not start generation).
+            engine.tokens.vstore.NoStoreError: no store in ``run_dir``.
+        """
+        self.tok = await asyncio.to_thread(load_tokenizer, self.section)
+        self.info = await asyncio.to_thread(startup_check, self.tok)
+        self._conn = await asyncio.to_thread(vstore.connect, self.run_dir)
+        await asyncio.to_thread(vstore.set_meta, self._conn, "tokenizer",
+                                {"section": self.section.model_dump(mode="json"), "info": self.info})
+        self._pool = _make_pool(self.section, self.tok, self.section.workers, self.section.executor)
+        self._task = asyncio.get_running_loop().create_task(self._committer())
+        return self.info
+
+    def submit(self, prompt_id: int, dataset: str, key: str, messages: list[dict[str, Any]],
+               tools: list[dict[str, Any]] | None, completion: Any) -> None:
+        """Queue one stored result (an ``engine.client.types.Completion``); returns at once."""
+        if self._pool is None or self.tok is None:
+            raise RuntimeError("ReconstructionService.submit before start()")
+        r = record_from_completion(prompt_id, dataset, key, messages, tools, completion)
+        loop = asyncio.get_running_loop()
+        if self.section.executor == "thread":
+            fut = loop.run_in_executor(self._pool, _work_with, self.tok, [r])
+        else:
+            fut = loop.run_in_executor(self._pool, _work, [r])
+        self._pending.add(fut)
+        fut.add_done_callback(partial(self._done, dataset))
+
+    def _done(self, dataset: str, fut: asyncio.Future) -> None:
+        self._pending.discard(fut)
+        if fut.cancelled():
+            return
+        exc = fut.exception()
+        if exc is not None:
+            self.errors += 1
+            log.error("[%s] reconstruction failed: %s: %s", dataset, type(exc).__name__, exc)
+            return
+        for row in fut.result():
+            self._rows.append(row)
+            ok, reasons = bool(row[5]), json.loads(row[6])
+            w = self._windows.setdefault(dataset, collections.deque(maxlen=self.section.failure_window))
+            w.append(ok)
+            c = self.counts.setdefault(dataset, collections.Counter())
+            c["validated"] += 1
+            c["invalid"] += not ok
+            c.update(f"reason:{x}" for x in reasons)
+            if self.on_verdict is not None:
+                try:
+                    self.on_verdict(dataset, ok, reasons)
+                except Exception:  # noqa: BLE001 - a callback bug must not lose verdicts
+                    log.exception("[%s] on_verdict callback failed", dataset)
+
+    def failure_rate(self, dataset: str) -> float | None:
+        """Share of invalid records among the dataset's last ``failure_window`` validated records
+        (None before ``min(50, failure_window)`` records)."""
+        w = self._windows.get(dataset)
+        if not w or len(w) < min(_MIN_GUARD, self.section.failure_window):
+            return None
+        return 1.0 - sum(w) / len(w)
+
+    def guard(self, dataset: str) -> str | None:
+        """A pause reason when the dataset's failure rate passes ``max_failure_rate``, else None."""
+        rate = self.failure_rate(dataset)
+        limit = self.section.max_failure_rate
+        if rate is None or limit <= 0 or rate <= limit:
+            return None
+        c = self.counts.get(dataset, collections.Counter())
+        top = ", ".join(f"{k[7:]} {n}" for k, n in c.most_common() if k.startswith("reason:"))[:200]
+        return (f"validation failures {rate:.0%} of the last {len(self._windows[dataset])} records "
+                f"(> {limit:.0%}): {top}")
+
+    async def flush(self) -> int:
+        """Commit queued verdict rows now; returns how many."""
+        async with self._wlock:
+            rows, self._rows = self._rows, []
+            if rows:
+                try:
+                    await asyncio.to_thread(vstore.upsert, self._conn, rows)
+                except Exception:
+                    self._rows[:0] = rows  # kept for the next commit
+                    raise
+            return len(rows)
+
+    async def _committer(self) -> None:
+        while not self._stop.is_set():
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=self.commit_interval_s)
+            except TimeoutError:
+                pass
+            try:
+                await self.flush()
+            except Exception as e:  # noqa: BLE001 - retried at the next tick
+                log.error("validations commit failed (will retry): %s", e)
+
+    async def close(self) -> None:
+        """Wait for queued work, commit it, stop the pool and close the connection."""
+        if self._pending:
+            await asyncio.gather(*list(self._pending), return_exceptions=True)
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+        if self._conn is not None:
+            await self.flush()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _chunks(it: Iterable[Record], n: int) -> Iterable[list[Record]]:
+    buf: list[Record] = []
+    for r in it:
+        buf.append(r)
+        if len(buf) >= n:
+            yield buf
+            buf = []
+    if buf:
+        yield buf
+
+
+def validate_run(run_dir: Path, section: TokenizerSection, *, workers: int | None = None, only_missing: bool = False,
+                 progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Rebuild and check every stored result of ``run_dir`` (``datagen validate``).
+
+    Args:
+        run_dir: a run directory.
+        section: the ``[tokenizer]`` settings to use (from ``--config`` or ``meta['tokenizer']``).
+        workers: processes (default ``section.workers``; 1 = in this process).
+        only_missing: only results without a validation row (exports use this).
+        progress: called with the number of records done so far, after each chunk.
+
+    Returns:
+        the report of :func:`engine.tokens.report.summarize` with ``tokenizer`` (start-up info).
+
+    Raises:
+        TokenizerError: the start-up check refused the tokenizer.
+        engine.tokens.vstore.NoStoreError: not a run directory.
+    """
+    tok = load_tokenizer(section)
+    info = startup_check(tok)
+    conn = vstore.connect(run_dir)
+    try:
+        vstore.set_meta(conn, "tokenizer_validate", {"section": section.model_dump(mode="json"), "info": info,
+                                                     "at": time.time()})
+        records = vstore.iter_records(conn, unvalidated_only=only_missing)
+        n = workers or section.workers
+        done = 0
+
+        def commit(rows: list[tuple]) -> None:
+            nonlocal done
+            vstore.upsert(conn, rows)
+            done += len(rows)
+            if progress:
+                progress(done)
+
+        if n <= 1:
+            for chunk in _chunks(records, _CHUNK):
+                commit([process(tok, r) for r in chunk])
+        else:
+            with _make_pool(section, tok, n, "process") as pool:
+                inflight: collections.deque[cf.Future] = collections.deque()
+                for chunk in _chunks(records, _CHUNK):
+                    inflight.append(pool.submit(_work, chunk))
+                    if len(inflight) >= 4 * n:  # bounded: results are committed in order
+                        commit(inflight.popleft().result())
+                while inflight:
+                    commit(inflight.popleft().result())
+        doc = summarize(conn)
+    finally:
+        conn.close()
+    doc["tokenizer"] = info
+    return doc
+
+
+def section_for_run(run_dir: Path, config: Path | str | None = None) -> TokenizerSection | None:
+    """The ``[tokenizer]`` settings for ``run_dir``: from ``config`` when given, else the one of the
+    last ``datagen validate`` (``meta['tokenizer_validate']``: a fix applied once stays applied),
+    else the section the live run stored (``meta['tokenizer']``); None if there is none.
+
+    Raises:
+        engine.config.ConfigError: ``config`` is invalid or has no ``[tokenizer]`` section.
+        engine.tokens.vstore.NoStoreError: not a run directory.
+    """
+    if config is not None:
+        from engine.config import ConfigError, load_config
+
+        cfg = load_config(config, check_files=False)
+        if cfg.tokenizer is None:
+            raise ConfigError(f"{config}: no [tokenizer] section (it names the target's tokenizer)")
+        return cfg.tokenizer
+    conn = vstore.connect(run_dir)
+    try:
+        for key in ("tokenizer_validate", "tokenizer"):
+            v = vstore.get_meta(conn, key)
+            if v and v.get("section"):
+                return TokenizerSection.model_validate(v["section"])
+    finally:
+        conn.close()
+    return None

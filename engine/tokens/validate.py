@@ -1,0 +1,145 @@
+"""Per-record checks on a reconstruction (pure: data in, verdict out).
+
+A record is valid when no check fails; invalid records stay in the store with their reasons and
+are left out of exports unless asked. The checks (eagle3-data.md, "checks that proved their worth"):
+
+| reason | fails when |
+|---|---|
+| ``render_error`` | the chat template failed on the prompt or the full conversation |
+| ``truncated`` | ``finish_reason == "length"`` (cut by ``max_tokens``) |
+| ``empty`` | no content and no tool calls |
+| ``think_end_count`` | not exactly one ``think_end`` id (thinking mode) / any (thinking off) |
+| ``think_start`` | a ``think_start`` id in the completion |
+| ``end_of_turn`` | the completion does not end with ``end_of_turn``, or has it before the end |
+| ``roundtrip`` | ``decode(encode(piece)) != piece`` for a piece (reasoning, content, call id, arguments) |
+| ``reasoning_leak`` | a think marker's TEXT inside reasoning or content (provider failed to split) |
+| ``reasoning_missing`` | thinking mode, no reasoning text, but reasoning tokens were billed |
+| ``reasoning_unexpected`` | thinking off, but reasoning text came back |
+| ``special_text`` | another special token's text inside a generated piece |
+| ``bad_tool_args`` | a tool call's ``arguments`` is not valid JSON |
+| ``tool_layout`` | tool calls, but the tool-call markers are not configured/resolved |
+| ``prefix_unstable`` | the rendered prompt is not a prefix of the rendered full conversation |
+| ``method_disagree`` | method A ids != method B ids |
+| ``billing_diff`` | abs(rebuilt completion length - ``usage.completion_tokens``) > tolerance |
+| ``zero_supervised`` | no completion tokens at all |
+
+Notes (kept, not failures): ``tool_id_rebuilt`` (the provider returned non-native call ids),
+``no_usage`` (no billed completion tokens to compare with).
+
+Structural checks (``think_end_count``, ``end_of_turn``, ``method_disagree``, ``billing_diff``) are
+skipped on truncated records: the cut explains them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.tokens.reconstruct import Reconstruction, Record
+
+#: Every failure reason, in report order.
+REASONS: tuple[str, ...] = (
+    "render_error", "truncated", "empty", "think_end_count", "think_start", "end_of_turn", "roundtrip",
+    "reasoning_leak", "reasoning_missing", "reasoning_unexpected", "special_text", "bad_tool_args",
+    "tool_layout", "prefix_unstable", "method_disagree", "billing_diff", "zero_supervised",
+)
+#: Reasons that are not about the token structure (the rest are "structural errors").
+NON_STRUCTURAL: frozenset[str] = frozenset({"truncated", "empty"})
+_THINK_MARKERS = ("think_start", "think_end")
+
+
+@dataclass
+class Verdict:
+    """Outcome of the checks on one record.
+
+    Attributes:
+        ok: no reason.
+        reasons: failed checks (names from :data:`REASONS`, in that order).
+        notes: non-failing observations (``tool_id_rebuilt``, ``no_usage``).
+        prompt_len / completion_len: tokens of the rebuilt prompt / completion.
+        billing_diff: completion_len - billed completion tokens (None when none were billed).
+        prompt_diff: prompt_len - billed prompt tokens (None when none were billed).
+    """
+
+    ok: bool
+    reasons: list[str]
+    notes: list[str] = field(default_factory=list)
+    prompt_len: int = 0
+    completion_len: int = 0
+    billing_diff: int | None = None
+    prompt_diff: int | None = None
+
+
+def billing_tolerance(completion_len: int, tokens: int, pct: float) -> float:
+    """Allowed abs(billing difference): ``max(tokens, pct% of completion_len)`` (tokens)."""
+    return max(float(tokens), completion_len * pct / 100.0)
+
+
+def check(rec: Reconstruction, r: Record, *, thinking: bool, ids: dict[str, int],
+          tolerance_tokens: int = 2, tolerance_pct: float = 0.5) -> Verdict:
+    """Run every check of the module table on one record.
+
+    Args:
+        rec: the reconstruction of ``r``.
+        r: the record (texts, finish reason, billed usage).
+        thinking: the configured generation mode.
+        ids: resolved marker ids (``think_start``, ``think_end``, ``end_of_turn``, ...).
+        tolerance_tokens / tolerance_pct: billing tolerance (see :func:`billing_tolerance`).
+
+    Returns:
+        the :class:`Verdict`.
+    """
+    failed: set[str] = set()
+    c = rec.completion_ids
+    if any(e.startswith("render_error") for e in rec.errors):
+        failed.add("render_error")
+    if any(e.startswith("tool_layout") for e in rec.errors):
+        failed.add("tool_layout")
+    if rec.truncated:
+        failed.add("truncated")
+    if not r.content.strip() and not r.tool_calls:
+        failed.add("empty")
+    te, ts, eot = ids.get("think_end"), ids.get("think_start"), ids.get("end_of_turn")
+    if not rec.truncated and te is not None and c.count(te) != (1 if thinking else 0):
+        failed.add("think_end_count")
+    if ts is not None and ts in c:
+        failed.add("think_start")
+    if not rec.truncated and eot is not None and (not c or c[-1] != eot or c.count(eot) != 1):
+        failed.add("end_of_turn")
+    if rec.roundtrip_bad:
+        failed.add("roundtrip")
+    for label, name in rec.special_text:
+        if name in _THINK_MARKERS and label in ("reasoning", "content"):
+            failed.add("reasoning_leak")
+        else:
+            failed.add("special_text")
+    if thinking and not r.reasoning and r.reasoning_tokens > 0:
+        failed.add("reasoning_missing")
+    if not thinking and r.reasoning:
+        failed.add("reasoning_unexpected")
+    if rec.bad_args:
+        failed.add("bad_tool_args")
+    if rec.prefix_stable is False:
+        failed.add("prefix_unstable")
+    if rec.agree is False and not rec.truncated:
+        failed.add("method_disagree")
+    notes: list[str] = []
+    if rec.ids_rebuilt:
+        notes.append("tool_id_rebuilt")
+    billing = None
+    if r.completion_tokens > 0:
+        billing = len(c) - r.completion_tokens
+        if not rec.truncated and abs(billing) > billing_tolerance(len(c), tolerance_tokens, tolerance_pct):
+            failed.add("billing_diff")
+    else:
+        notes.append("no_usage")
+    if not c:
+        failed.add("zero_supervised")
+    prompt_diff = len(rec.prompt_ids) - r.prompt_tokens if r.prompt_tokens > 0 and rec.prompt_ids else None
+    reasons = [x for x in REASONS if x in failed]
+    return Verdict(ok=not reasons, reasons=reasons, notes=notes, prompt_len=len(rec.prompt_ids),
+                   completion_len=len(c), billing_diff=billing, prompt_diff=prompt_diff)
+
+
+def structural(reasons: list[str]) -> list[str]:
+    """The reasons of ``reasons`` that are structural errors (all but truncated/empty)."""
+    return [x for x in reasons if x not in NON_STRUCTURAL]
