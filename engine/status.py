@@ -132,7 +132,7 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             for k, v in d["errors"].items():
                 err_tot[k] = err_tot.get(k, 0) + v
         totals["errors"] = err_tot
-        return {
+        doc = {
             "run": {"name": name, "state": run_state, "state_reason": reason or "", "elapsed_s": round(elapsed_s, 3),
                     "pid": pid if alive else None, "alive": alive},
             "datasets": datasets,
@@ -151,6 +151,10 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         }
     finally:
         conn.close()
+    from engine.extract.status import status_fields
+
+    doc.update(status_fields(Path(run_dir)))  # "extract" (per worker) and "gpus" (NVML, or why not)
+    return doc
 
 
 def format_status(doc: dict[str, Any]) -> str:

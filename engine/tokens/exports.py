@@ -135,3 +135,26 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
         return out
     finally:
         conn.close()
+
+
+def iter_token_records(run_dir: Path, *, include_invalid: bool = False) -> Iterator[TokenRecord]:
+    """Validated token records straight from a run directory, dataset by dataset in config order.
+
+    Results not validated yet are validated first with the run's stored ``[tokenizer]`` settings.
+
+    Raises:
+        engine.tokens.vstore.NoStoreError: no store in ``run_dir``.
+        ExportError: stored ids disagree with their recorded lengths.
+    """
+    from engine.tokens.service import section_for_run
+
+    section = section_for_run(run_dir)
+    if section is not None:
+        ensure_validated(run_dir, section)
+    conn = vstore.connect(run_dir)
+    try:
+        names = [n for (n,) in conn.execute("SELECT name FROM datasets ORDER BY position")]
+        for name in names:
+            yield from _token_records(conn, name, include_invalid)
+    finally:
+        conn.close()

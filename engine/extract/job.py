@@ -1,0 +1,233 @@
+"""The resolved extraction job: config ``[extract]`` + command-line overrides + the model's shape.
+
+:class:`ExtractJob` is what every worker runs; the launcher writes it to ``out_dir/job.json`` and each
+worker process reads it back, so all workers of one job plan identically.
+
+Layer convention (eagle3-data.md): ``aux_layers`` are 0-based decoder-layer OUTPUT indices. With
+Hugging Face ``output_hidden_states`` the output of layer ``i`` is ``hidden_states[i + 1]``
+(``hidden_states[0]`` is the embedding output) and ``hidden_states[L]`` is the final hidden state
+AFTER the final norm (what the LM head reads), saved as ``last_hidden_state``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class ExtractError(Exception):
+    """The job cannot run (bad settings, missing model or input, not enough disk); message says why."""
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """EAGLE-3 default aux layers for ``num_layers`` decoder layers: ``[1, L//2 - 1, L - 4]``.
+
+    Raises:
+        ExtractError: fewer than 4 layers (set ``aux_layers`` yourself).
+    """
+    if num_layers < 4:
+        raise ExtractError(f"the model has {num_layers} layers; the default aux layers need >= 4: set [extract] aux_layers")
+    return [1, num_layers // 2 - 1, num_layers - 4]
+
+
+def check_aux_layers(aux: list[int], num_layers: int) -> list[int]:
+    """Validate 0-based aux layer indices against ``num_layers``; returns them.
+
+    Raises:
+        ExtractError: an index outside ``0 .. L-2`` (``L-1``'s output is the final state, saved
+            after the final norm as ``last_hidden_state``; Hugging Face overwrites it in
+            ``hidden_states[L]``, so it cannot also be an aux layer).
+    """
+    bad = [i for i in aux if not 0 <= i <= num_layers - 2]
+    if bad:
+        raise ExtractError(
+            f"aux_layers {aux}: {bad} outside 0..{num_layers - 2} (0-based layer outputs of a {num_layers}-layer "
+            "model; the last layer's output is saved as last_hidden_state)")
+    return list(aux)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What planning needs from the model config: hidden size H and decoder layers L."""
+
+    hidden_size: int
+    num_layers: int
+
+
+def read_model_shape(model: str, trust_remote_code: bool = False) -> ModelShape:
+    """Read H and L from the model's config (no weights loaded; ``text_config`` for multimodal ones).
+
+    Raises:
+        ExtractError: the config cannot be loaded or lacks ``hidden_size``/``num_hidden_layers``.
+    """
+    local = Path(model).expanduser() / "config.json"
+    if local.is_file():  # fast path: no transformers import in the launcher
+        try:
+            d = json.loads(local.read_text())
+            text = d.get("text_config") or d
+            if isinstance(text.get("hidden_size"), int) and isinstance(text.get("num_hidden_layers"), int):
+                return ModelShape(text["hidden_size"], text["num_hidden_layers"])
+        except (OSError, ValueError, AttributeError):
+            pass
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
+    except Exception as e:  # noqa: BLE001 - OSError, ValueError, remote-code errors...
+        raise ExtractError(f"cannot load the config of model {model!r}: {e}") from None
+    text = getattr(cfg, "text_config", None) or cfg
+    h, n = getattr(text, "hidden_size", None), getattr(text, "num_hidden_layers", None)
+    if not isinstance(h, int) or not isinstance(n, int):
+        raise ExtractError(f"model {model!r}: config has no hidden_size/num_hidden_layers")
+    return ModelShape(h, n)
+
+
+@dataclass(frozen=True)
+class ExtractJob:
+    """One extraction job, fully resolved (JSON-serialisable).
+
+    Attributes:
+        model: local path or hub id; dtype: torch dtype name (``bfloat16``/``float16``/``float32``).
+        hidden_size / num_layers: H and L of the model; aux_layers: 0-based layer outputs.
+        source_kind / source_path: ``parquet`` (a ``tokens`` export dir or file) or ``run_dir``.
+        out_dir: output directory; max_tokens_per_batch: padded-token cap of one forward batch.
+        max_seq_len / over_length: longest sample and what to do with longer ones.
+        device: ``cuda`` or ``cpu``; gpus: physical GPU ids of the job; gpus_per_worker: per replica.
+        workers: number of worker processes (world size when not under torchrun).
+        disk_margin_bytes: bytes always kept free; free_bytes: stated free space (tests) or None.
+        trust_remote_code: passed to transformers.
+    """
+
+    model: str
+    dtype: str
+    hidden_size: int
+    num_layers: int
+    aux_layers: tuple[int, ...]
+    source_kind: str
+    source_path: str
+    out_dir: str
+    max_tokens_per_batch: int = 16_384
+    max_seq_len: int | None = None
+    over_length: str = "skip"
+    device: str = "cpu"
+    gpus: tuple[int, ...] = ()
+    gpus_per_worker: int = 1
+    workers: int = 1
+    disk_margin_bytes: int = 10 * 10**9
+    free_bytes: int | None = None
+    trust_remote_code: bool = False
+
+    @property
+    def dtype_bytes(self) -> int:
+        """Bytes per saved hidden-state element."""
+        return DTYPE_BYTES[self.dtype]
+
+    def gpu_group(self, local_rank: int) -> tuple[int, ...]:
+        """Physical GPU ids of worker ``local_rank`` on this host (empty on CPU)."""
+        if self.device != "cuda":
+            return ()
+        g = self.gpus_per_worker
+        group = self.gpus[local_rank * g:(local_rank + 1) * g]
+        if len(group) != g:
+            raise ExtractError(f"worker {local_rank} needs {g} GPU(s) but only {list(self.gpus)} are available")
+        return group
+
+    def to_json(self) -> str:
+        """The job as JSON (read back with :meth:`from_json`)."""
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "ExtractJob":
+        d = json.loads(text)
+        d["aux_layers"] = tuple(d["aux_layers"])
+        d["gpus"] = tuple(d["gpus"])
+        return cls(**d)
+
+    def save(self, path: Path) -> None:
+        """Write the job atomically to ``path``."""
+        tmp = Path(f"{path}.{os.getpid()}.tmp")
+        tmp.write_text(self.to_json())
+        os.replace(tmp, path)
+
+    def with_(self, **kw: Any) -> "ExtractJob":
+        return replace(self, **kw)
+
+
+def visible_gpus() -> list[int]:
+    """Physical ids of the CUDA GPUs torch can use (``[]`` without CUDA)."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return []
+        n = torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - a broken CUDA install counts as no GPU
+        return []
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env:
+        ids = [x.strip() for x in env.split(",") if x.strip()]
+        if all(x.isdigit() for x in ids):
+            return [int(x) for x in ids[:n]]
+    return list(range(n))
+
+
+def resolve_job(cfg: Any, *, data: Path | None = None, gpus: list[int] | None = None, workers: int | None = None,
+                free_bytes: int | None = None, device: str | None = None, shape: ModelShape | None = None) -> ExtractJob:
+    """Build the job from a loaded :class:`engine.config.Config` and command-line overrides.
+
+    Args:
+        cfg: the validated config (its ``extract`` and ``run`` sections are used).
+        data: a ``tokens`` Parquet export (dir or file) instead of the run directory.
+        gpus: physical GPU ids to use (default all visible); ``device="cpu"`` forces CPU.
+        workers: number of workers (default: GPUs // gpus_per_worker, or 1 on CPU).
+        free_bytes: state the free space in bytes instead of asking the file system (tests).
+        shape: the model's H and L (default: read from the model config).
+
+    Raises:
+        ExtractError: no model set, aux layers invalid, too few GPUs for one worker, bad input path.
+    """
+    ex = cfg.extract
+    if not ex.model:
+        raise ExtractError("[extract] model is not set (a local model directory or a hub id)")
+    shape = shape or read_model_shape(ex.model, ex.trust_remote_code)
+    aux = check_aux_layers(ex.aux_layers if ex.aux_layers is not None else default_aux_layers(shape.num_layers),
+                           shape.num_layers)
+    if device is None:
+        avail = visible_gpus()
+        if gpus is not None:
+            missing = [g for g in gpus if g not in avail]
+            if missing:
+                raise ExtractError(f"--gpus {gpus}: GPU(s) {missing} not visible (visible: {avail or 'none'})")
+            avail = list(gpus)
+        device = "cuda" if avail else "cpu"
+    else:
+        avail = list(gpus or []) if device == "cuda" else []
+    if device == "cuda":
+        groups = len(avail) // ex.gpus_per_worker
+        if groups < 1:
+            raise ExtractError(f"gpus_per_worker = {ex.gpus_per_worker} but only {len(avail)} GPU(s): {avail}")
+        n = workers or ex.workers or groups
+        if n > groups:
+            raise ExtractError(f"{n} workers x {ex.gpus_per_worker} GPU(s) need {n * ex.gpus_per_worker} GPUs; have {avail}")
+    else:
+        n = workers or ex.workers or 1
+    dtype = ex.dtype if ex.dtype != "auto" else ("bfloat16" if device == "cuda" else "float32")
+    if data is not None:
+        kind, src = "parquet", Path(data).resolve()
+        if not src.exists():
+            raise ExtractError(f"--data {data}: not found")
+    else:
+        kind, src = "run_dir", Path(cfg.run.dir)
+    out = Path(ex.out_dir) if ex.out_dir is not None else Path(cfg.run.dir) / "extract"
+    return ExtractJob(
+        model=ex.model, dtype=dtype, hidden_size=shape.hidden_size, num_layers=shape.num_layers,
+        aux_layers=tuple(aux), source_kind=kind, source_path=str(src), out_dir=str(out.resolve()),
+        max_tokens_per_batch=ex.max_tokens_per_batch, max_seq_len=ex.max_seq_len, over_length=ex.over_length,
+        device=device, gpus=tuple(avail), gpus_per_worker=ex.gpus_per_worker, workers=n,
+        disk_margin_bytes=int(ex.disk_margin_gb * 1e9), free_bytes=free_bytes, trust_remote_code=ex.trust_remote_code,
+    )

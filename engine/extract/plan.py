@@ -1,0 +1,127 @@
+"""Planning: length-sorted, token-capped batches, a length-balanced split over workers, resume skip,
+and the disk projection.
+
+The plan depends only on the input (ids and lengths) and ``max_tokens_per_batch``, never on what is
+already done, so every worker of a job (and every restart with the same settings) computes the
+same batches and the same owner for each batch: a sample belongs to exactly one worker. Done
+samples are then filtered out of each worker's batches; a batch left empty is dropped, so an
+all-done batch never reaches the model (eagle3-data.md pitfall 7).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Collection, Sequence
+
+import numpy as np
+
+#: Estimated safetensors header bytes per sample (4 keys of JSON: name, dtype, shape, offsets).
+HEADER_BYTES_PER_SAMPLE = 4 * 110
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One forward batch.
+
+    Attributes:
+        rows: table row indices, ascending length.
+        max_len: longest sample (tokens) = padded width.
+        tokens: real tokens (sum of lengths).
+    """
+
+    rows: tuple[int, ...]
+    max_len: int
+    tokens: int
+
+    @property
+    def padded(self) -> int:
+        """Tokens the model sees, padding included (``len(rows) * max_len``)."""
+        return len(self.rows) * self.max_len
+
+
+def make_batches(lengths: np.ndarray, ids: Sequence[str], max_tokens: int) -> list[Batch]:
+    """Sort samples by (length, id) and cut them greedily into batches of at most ``max_tokens``
+    PADDED tokens (a sample longer than the cap gets a batch of its own).
+
+    Args:
+        lengths: ``[N]`` tokens per sample; ids: ``[N]`` sample ids (tie-break, for determinism).
+        max_tokens: cap of ``batch size x longest sample``.
+    """
+    order = sorted(range(len(ids)), key=lambda i: (int(lengths[i]), ids[i]))
+    batches: list[Batch] = []
+    rows: list[int] = []
+    tokens = 0
+    for i in order:
+        t = int(lengths[i])
+        if rows and (len(rows) + 1) * t > max_tokens:  # ascending: t is the new max length
+            batches.append(Batch(tuple(rows), int(lengths[rows[-1]]), tokens))
+            rows, tokens = [], 0
+        rows.append(i)
+        tokens += t
+    if rows:
+        batches.append(Batch(tuple(rows), int(lengths[rows[-1]]), tokens))
+    return batches
+
+
+def split(batches: Sequence[Batch], world: int) -> list[list[Batch]]:
+    """Split batches over ``world`` workers, balancing padded tokens (longest-first greedy).
+
+    Deterministic (ties go to the lower rank). Each worker's list is ordered longest batch first,
+    so a batch that does not fit in memory fails at the start, not after hours.
+    """
+    order = sorted(range(len(batches)), key=lambda b: (-batches[b].padded, -batches[b].max_len, b))
+    heap = [(0, r) for r in range(world)]
+    out: list[list[Batch]] = [[] for _ in range(world)]
+    for b in order:
+        load, r = heapq.heappop(heap)
+        out[r].append(batches[b])
+        heapq.heappush(heap, (load + batches[b].padded, r))
+    return out
+
+
+def pending(batches: Sequence[Batch], ids: Sequence[str], lengths: np.ndarray, done: Collection[str]) -> list[Batch]:
+    """The batches with done samples removed; batches left empty are dropped (never run)."""
+    out = []
+    for b in batches:
+        rows = tuple(i for i in b.rows if ids[i] not in done)
+        if not rows:
+            continue
+        if len(rows) == len(b.rows):
+            out.append(b)
+        else:
+            out.append(Batch(rows, max(int(lengths[i]) for i in rows), sum(int(lengths[i]) for i in rows)))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Projection:
+    """Projected output bytes.
+
+    Attributes:
+        hidden_bytes: sum of lengths x (n_aux + 1) x H x dtype bytes (the hidden states).
+        overhead_bytes: ``input_ids`` (int64) + ``loss_mask`` (int8) per token + header per sample.
+        samples / tokens: what is projected.
+    """
+
+    hidden_bytes: int
+    overhead_bytes: int
+    samples: int
+    tokens: int
+
+    @property
+    def total(self) -> int:
+        return self.hidden_bytes + self.overhead_bytes
+
+
+def project(lengths: np.ndarray | Sequence[int], hidden_size: int, n_aux: int, dtype_bytes: int) -> Projection:
+    """Bytes the shards of these samples will take (see :class:`Projection`)."""
+    tokens = int(np.sum(np.asarray(lengths, dtype=np.int64)))
+    n = len(lengths)
+    return Projection(tokens * (n_aux + 1) * hidden_size * dtype_bytes,
+                      tokens * (8 + 1) + n * HEADER_BYTES_PER_SAMPLE, n, tokens)
+
+
+def per_token_bytes(hidden_size: int, n_aux: int, dtype_bytes: int) -> int:
+    """Shard bytes per token (hidden states + input id + mask), without headers."""
+    return (n_aux + 1) * hidden_size * dtype_bytes + 9

@@ -1,0 +1,253 @@
+"""Extraction progress: one small JSON file per worker, and the job-wide view.
+
+Each worker rewrites ``out_dir/status/worker-<rank>.json`` atomically (temp + rename) at most once
+a second and at every state change: ``state`` (``loading running paused done failed``),
+``reason``, ``samples_done/total`` and ``tokens_done/total`` (its share; done includes samples
+found done at start), ``tokens_per_s`` (last ~30 s), ``bytes_written``, ``eta_s``, ``gpus``
+(physical ids), ``host``, ``pid``, ``updated_at`` (epoch s). Any process reads them with
+:func:`collect` (no lock, no store); :func:`gpus_json` adds NVML readings from :mod:`engine.gpu`.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from engine.extract.shards import MANIFEST
+
+STATES = ("loading", "running", "paused", "done", "failed")
+ACTIVE = ("loading", "running", "paused")
+#: A worker on another host that has not updated its file for this long is reported as failed.
+STALE_S = 120.0
+
+
+def status_dir(out_dir: str | Path) -> Path:
+    return Path(out_dir) / "status"
+
+
+class StatusWriter:
+    """Keeps and writes one worker's status file.
+
+    Args:
+        out_dir: the job's output directory; rank: the worker's global rank; world: worker count.
+        gpus: physical GPU ids it uses; min_interval_s: least seconds between routine writes.
+    """
+
+    def __init__(self, out_dir: str | Path, rank: int, world: int, gpus: tuple[int, ...] = (),
+                 device: str = "cpu", min_interval_s: float = 1.0) -> None:
+        self.path = status_dir(out_dir) / f"worker-{rank}.json"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.min_interval_s = min_interval_s
+        now = time.time()
+        self.doc: dict[str, Any] = {
+            "worker": rank, "world": world, "host": socket.gethostname(), "pid": os.getpid(), "device": device,
+            "gpus": list(gpus), "state": "loading", "reason": "", "samples_total": 0, "samples_done": 0,
+            "tokens_total": 0, "tokens_done": 0, "tokens_per_s": 0.0, "bytes_written": 0, "eta_s": None,
+            "started_at": now, "updated_at": now,
+        }
+        self._last_write = 0.0
+        self._lock = threading.RLock()
+        self._window: collections.deque[tuple[float, int]] = collections.deque()
+        self.write(force=True)
+
+    def set_state(self, state: str, reason: str = "") -> None:
+        """Change state (written at once)."""
+        assert state in STATES, state
+        with self._lock:
+            self.doc["state"], self.doc["reason"] = state, reason
+            if state == "done":
+                self.doc["eta_s"] = 0.0
+            if state == "running":  # the rate counts from here (not model loading or a pause)
+                self._window = collections.deque([(time.monotonic(), self.doc["tokens_done"])])
+            self.write(force=True)
+
+    def set_totals(self, samples_total: int, tokens_total: int, samples_done: int, tokens_done: int) -> None:
+        """The worker's share and what of it was already done at start."""
+        with self._lock:
+            self.doc.update(samples_total=samples_total, tokens_total=tokens_total, samples_done=samples_done,
+                            tokens_done=tokens_done)
+            self._window = collections.deque([(time.monotonic(), tokens_done)])
+            self.write(force=True)
+
+    def add_done(self, samples: int, tokens: int, nbytes: int) -> None:
+        """Count a committed shard; rate over the last ~30 s; written at most every ``min_interval_s``."""
+        with self._lock:
+            self._add_done(samples, tokens, nbytes)
+
+    def _add_done(self, samples: int, tokens: int, nbytes: int) -> None:
+        d = self.doc
+        d["samples_done"] += samples
+        d["tokens_done"] += tokens
+        d["bytes_written"] += nbytes
+        now = time.monotonic()
+        self._window.append((now, d["tokens_done"]))
+        while len(self._window) > 2 and now - self._window[1][0] > 30.0:
+            self._window.popleft()
+        t0, k0 = self._window[0]
+        if now > t0:
+            d["tokens_per_s"] = round((d["tokens_done"] - k0) / (now - t0), 1)
+        left = d["tokens_total"] - d["tokens_done"]
+        d["eta_s"] = round(left / d["tokens_per_s"], 1) if d["tokens_per_s"] > 0 else None
+        self.write()
+
+    def write(self, force: bool = False) -> None:
+        """Atomically rewrite the file (skipped when the last write was under ``min_interval_s`` ago)."""
+        with self._lock:
+            now = time.monotonic()
+            if not force and now - self._last_write < self.min_interval_s:
+                return
+            self._last_write = now
+            self.doc["updated_at"] = time.time()
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(self.doc))
+            os.replace(tmp, self.path)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def read_workers(out_dir: str | Path) -> list[dict[str, Any]]:
+    """Every worker's status (by rank); a worker that died without saying so is shown ``failed``."""
+    out = []
+    d = status_dir(out_dir)
+    if not d.is_dir():
+        return out
+    host, now = socket.gethostname(), time.time()
+    def rank(p: Path) -> int:
+        n = p.stem.removeprefix("worker-")
+        return int(n) if n.isdigit() else -1
+
+    for p in sorted(d.glob("worker-*.json"), key=rank):
+        try:
+            w = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if w.get("state") in ACTIVE:
+            if w.get("host") == host and not _pid_alive(int(w.get("pid", -1))):
+                w["state"], w["reason"] = "failed", f"worker process {w.get('pid')} is gone (killed?); rerun to resume"
+            elif w.get("host") != host and now - float(w.get("updated_at", 0)) > STALE_S:
+                w["state"], w["reason"] = "failed", f"no update for {now - float(w.get('updated_at', 0)):.0f} s"
+        out.append(w)
+    return out
+
+
+def collect(out_dir: str | Path) -> dict[str, Any]:
+    """The job-wide extraction status of ``out_dir`` (JSON-able), for ``datagen status --json``.
+
+    Returns:
+        ``{"out_dir", "state", "reason", "workers": [...], "samples_total", "samples_done",
+        "tokens_total", "tokens_done", "tokens_per_s", "bytes_written", "eta_s", "manifest_samples"}``;
+        ``state`` is ``not_started`` when no worker has reported, ``failed`` if any worker failed
+        and none is active, else ``loading``/``running``/``paused`` (any worker) or ``done`` (all).
+    """
+    ws = read_workers(out_dir)
+    try:
+        manifest_samples = (Path(out_dir) / MANIFEST).read_bytes().count(b"\n")
+    except OSError:
+        manifest_samples = 0
+    states = [w.get("state") for w in ws]
+    if not ws:
+        state = "not_started"
+    elif any(s in ACTIVE for s in states):
+        state = next(s for s in ("running", "paused", "loading") if s in states)
+    elif "failed" in states:
+        state = "failed"
+    else:
+        state = "done"
+    reason = "; ".join(f"worker {w['worker']}: {w['reason']}" for w in ws if w.get("reason"))
+    tps = sum(float(w.get("tokens_per_s") or 0) for w in ws if w.get("state") == "running")
+    left = sum(int(w.get("tokens_total", 0)) - int(w.get("tokens_done", 0)) for w in ws)
+    etas = [w["eta_s"] for w in ws if w.get("state") in ACTIVE and w.get("eta_s") is not None]
+    eta = 0.0 if left <= 0 else (max(etas) if etas else None)  # the slowest active worker
+    return {
+        "out_dir": str(out_dir), "state": state, "reason": reason, "workers": ws,
+        "samples_total": sum(int(w.get("samples_total", 0)) for w in ws),
+        "samples_done": sum(int(w.get("samples_done", 0)) for w in ws),
+        "tokens_total": sum(int(w.get("tokens_total", 0)) for w in ws),
+        "tokens_done": sum(int(w.get("tokens_done", 0)) for w in ws),
+        "tokens_per_s": round(tps, 1), "bytes_written": sum(int(w.get("bytes_written", 0)) for w in ws),
+        "eta_s": eta,
+        "manifest_samples": manifest_samples,
+    }
+
+
+def gpus_json(reading: Any, extract: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An :class:`engine.gpu.GpuReading` as JSON, each GPU's ``worker`` filled from ``extract``.
+
+    Returns:
+        ``{"available", "reason", "gpus": [{index, name, util_pct, mem_used_bytes, mem_total_bytes,
+        temp_c, power_w, power_limit_w, worker}]}``; ``worker`` is ``"worker-<rank>"`` for a GPU an
+        active worker of this host uses, else "".
+    """
+    owner: dict[int, str] = {}
+    host = socket.gethostname()
+    for w in (extract or {}).get("workers", []):
+        if w.get("state") in ACTIVE and w.get("host") == host:
+            for g in w.get("gpus", []):
+                owner[int(g)] = f"worker-{w['worker']}"
+    gpus = []
+    for g in reading.gpus:
+        d = asdict(g)
+        d["worker"] = owner.get(g.index, d.get("worker", ""))
+        gpus.append(d)
+    return {"available": bool(reading.available), "reason": reading.reason, "gpus": gpus}
+
+
+def run_dir_out_dir(run_dir: str | Path) -> Path:
+    """Where a run's extraction writes: ``run_dir/extract.json``'s ``out_dir`` (written by
+    ``datagen extract``), else the default ``run_dir/extract``."""
+    p = Path(run_dir) / "extract.json"
+    try:
+        return Path(json.loads(p.read_text())["out_dir"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return Path(run_dir) / "extract"
+
+
+def format_line(doc: dict[str, Any]) -> str:
+    """One headless progress line for :func:`collect`'s result."""
+    from engine.extract.disk import fmt_bytes
+
+    eta = doc.get("eta_s")
+    parts = [f"extract {doc['state']}", f"{doc['samples_done']}/{doc['samples_total']} samples",
+             f"{doc['tokens_done']}/{doc['tokens_total']} tokens", f"{doc['tokens_per_s']:.0f} tok/s",
+             fmt_bytes(doc["bytes_written"]), f"ETA {eta:.0f}s" if eta is not None else "ETA ?"]
+    ws = " ".join(f"w{w['worker']}:{w['state']}" for w in doc["workers"])
+    return " | ".join(parts) + (f" | {ws}" if ws else "") + (f" | {doc['reason']}" if doc.get("reason") else "")
+
+
+def status_fields(run_dir: str | Path) -> dict[str, Any]:
+    """``{"extract": collect(...), "gpus": gpus_json(read_gpus(), ...)}`` for ``datagen status --json``
+    of ``run_dir`` (never raises for a missing extraction or GPU: ``not_started`` / ``available: false``)."""
+    from engine.gpu import read_gpus
+
+    extract = collect(run_dir_out_dir(run_dir))
+    return {"extract": extract, "gpus": gpus_json(read_gpus(), extract)}
+
+
+def gpu_line(reading: Any) -> str:
+    """``GPU0 97% 71.2/143.8 GB 64C 612W`` for each GPU, or the reason there is none."""
+    if not reading.available:
+        return reading.reason
+    out = []
+    for g in reading.gpus:
+        mem = (f"{g.mem_used_bytes / 1e9:.1f}/{g.mem_total_bytes / 1e9:.1f} GB"
+               if g.mem_used_bytes is not None and g.mem_total_bytes else "? GB")
+        def num(x: float | None) -> str:
+            return "?" if x is None else f"{x:.0f}"
+
+        out.append(f"GPU{g.index} {num(g.util_pct)}% {mem} {num(g.temp_c)}C {num(g.power_w)}W")
+    return " ".join(out)

@@ -1,0 +1,339 @@
+"""One extraction worker: its share of the batches, through the model, into shards.
+
+A worker (one process per GPU group, or one CPU process) recovers the output directory (removes
+what a killed worker left, see :mod:`engine.extract.shards`), reads the input, computes the job's
+plan and takes its share (rank ``r`` of ``world``), skips samples already in the manifest (a batch
+with nothing left is never sent to the model), loads the model only if there is work, then runs
+batch after batch: collate (right padding + attention mask) -> forward -> slice each sample's real
+positions -> hand the shard to a background writer thread (bounded queue) that waits for disk
+space, writes the temp file and commits it. The next forward runs while the previous shard is
+written. SIGTERM/SIGINT stop after the current batch (its shard is still committed).
+
+Run as ``python -m engine.extract.worker --job out_dir/job.json --rank R --world W --local-rank L``
+(the launcher does this), or call :func:`run_worker`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.extract.disk import DiskGuard
+from engine.extract.job import ExtractError, ExtractJob
+from engine.extract.plan import Batch, make_batches, pending, per_token_bytes, split
+from engine.extract.shards import OutDir
+from engine.extract.source import TokenTable, load_table
+from engine.extract.status import StatusWriter
+
+log = logging.getLogger(__name__)
+
+
+class Stopped(Exception):
+    """The worker was asked to stop (signal or stop event)."""
+
+
+@dataclass
+class WorkerResult:
+    """What a worker did. ``timings`` are seconds: ``read``, ``load``, ``loop`` (first batch to last
+    commit), ``forward`` (model calls, synchronised), ``prep`` (collate + slicing), ``blocked``
+    (main thread waiting for the writer), ``write`` (writer thread: save + fsync + commit)."""
+
+    state: str
+    samples: int = 0
+    tokens: int = 0
+    bytes_written: int = 0
+    batches: int = 0
+    skipped_done: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class ShardWriter:
+    """Background thread writing shards in order; ``submit`` blocks while ``depth`` shards wait.
+
+    Errors in the thread are re-raised by the next :meth:`submit` or by :meth:`close`.
+    """
+
+    def __init__(self, out: OutDir, guard: DiskGuard, status: StatusWriter, stop: threading.Event, depth: int = 1) -> None:
+        self.out, self.guard, self.status, self.stop = out, guard, status, stop
+        self.q: queue.Queue[Any] = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.write_s = 0.0
+        self.bytes = 0
+        self.samples = 0
+        self.tokens = 0
+        self.thread = threading.Thread(target=self._run, name="shard-writer", daemon=True)
+        self.thread.start()
+
+    def submit(self, tensors: dict[str, Any], entries: list[dict[str, Any]], est_bytes: int, tokens: int,
+               ready: Any = None) -> None:
+        """Queue one shard. ``ready``: a CUDA event to wait on before reading ``tensors``."""
+        self._raise()
+        while True:
+            try:
+                self.q.put((tensors, entries, est_bytes, tokens, ready), timeout=0.5)
+                return
+            except queue.Full:
+                self._raise()
+
+    def close(self) -> None:
+        """Write everything queued, stop the thread, re-raise its error."""
+        self.q.put(None)
+        self.thread.join()
+        self._raise()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _run(self) -> None:
+        while True:
+            item = self.q.get()
+            if item is None:
+                return
+            if self.error is not None:
+                continue  # drain without writing after a failure
+            try:
+                self._write(*item)
+            except BaseException as e:  # noqa: BLE001 - handed to the main thread
+                self.error = e
+
+    def _write(self, tensors: dict[str, Any], entries: list[dict[str, Any]], est_bytes: int, tokens: int, ready: Any) -> None:
+        from safetensors.torch import save_file
+
+        if ready is not None:
+            ready.synchronize()
+        while True:
+            ok = self.guard.wait_for_space(est_bytes, lambda r: self.status.set_state("paused", r),
+                                           lambda: self.status.set_state("running"), self.stop)
+            if not ok:
+                raise Stopped("stopped while paused for disk space")
+            t0 = time.perf_counter()
+            tmp = self.out.tmp_path()
+            try:
+                save_file(tensors, tmp)
+                name = self.out.commit(tmp, entries)
+            except OSError as e:
+                tmp.unlink(missing_ok=True)
+                if e.errno == 28:  # ENOSPC despite the guard (another writer on the disk): wait, retry
+                    self.status.set_state("paused", f"disk full while writing a shard: {e.strerror}; waiting")
+                    if self.stop.wait(10.0):
+                        raise Stopped("stopped while paused for disk space") from None
+                    continue
+                raise
+            size = os.path.getsize(self.out.path / name)
+            self.write_s += time.perf_counter() - t0
+            self.guard.note_written(size)
+            self.bytes += size
+            self.samples += len(entries)
+            self.tokens += tokens
+            self.status.add_done(len(entries), tokens, size)
+            return
+
+
+def _sync(device: Any) -> None:
+    import torch
+
+    if getattr(device, "type", "cpu") == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _to_host(t: Any) -> Any:
+    """Start copying a device tensor to (pinned) host memory; CPU tensors are returned as they are."""
+    import torch
+
+    if not t.is_cuda:
+        return t
+    buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    buf.copy_(t, non_blocking=True)
+    return buf
+
+
+def run_worker(job: ExtractJob, rank: int = 0, world: int | None = None, local_rank: int | None = None, *,
+               table: TokenTable | None = None, model: Any = None, stop: threading.Event | None = None,
+               guard: DiskGuard | None = None) -> WorkerResult:
+    """Run worker ``rank`` of ``world`` (default ``job.workers``) to completion.
+
+    Args:
+        local_rank: index of this worker's GPU group on this host (default ``rank``).
+        table: the input, already loaded (default: read from the job's source).
+        model: a loaded model to use (default: loaded from ``job.model`` when there is work).
+        stop: set it to stop after the current batch.
+        guard: the disk guard to use (default: ``job``'s margin and stated free space).
+
+    Returns:
+        A :class:`WorkerResult` (``state`` is ``done``, or ``failed`` when stopped).
+
+    Raises:
+        ExtractError and anything else that failed the worker (its status says ``failed`` + reason).
+    """
+    world = job.workers if world is None else world
+    local_rank = rank if local_rank is None else local_rank
+    stop = stop or threading.Event()
+    gpus = job.gpu_group(local_rank)
+    status = StatusWriter(job.out_dir, rank, world, gpus, job.device)
+    res = WorkerResult("loading")
+    try:
+        guard = guard or DiskGuard(job.out_dir, job.disk_margin_bytes, job.free_bytes)
+        _run(job, rank, world, gpus, table, model, stop, status, res, guard)
+    except Stopped as e:
+        status.set_state("failed", f"stopped: {e}; rerun to resume")
+        res.state = "failed"
+    except BaseException as e:
+        status.set_state("failed", f"{type(e).__name__}: {e}"[:500])
+        raise
+    return res
+
+
+def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: TokenTable | None, model: Any,
+         stop: threading.Event, status: StatusWriter, res: WorkerResult, guard: DiskGuard) -> None:
+    t = res.timings
+    out = OutDir(job.out_dir)
+    rep = out.recover()
+    if any(rep.values()):
+        log.warning("worker %d: recovered %s", rank, rep)
+    t0 = time.perf_counter()
+    table = table if table is not None else load_table(job)
+    mine = split(make_batches(table.lengths, table.ids, job.max_tokens_per_batch), world)[rank]
+    done = out.done_ids()
+    todo = pending(mine, table.ids, table.lengths, done)
+    t["read"] = time.perf_counter() - t0
+    share_samples = sum(len(b.rows) for b in mine)
+    share_tokens = sum(b.tokens for b in mine)
+    left_samples = sum(len(b.rows) for b in todo)
+    left_tokens = sum(b.tokens for b in todo)
+    res.skipped_done = share_samples - left_samples
+    status.set_totals(share_samples, share_tokens, share_samples - left_samples, share_tokens - left_tokens)
+    if not todo:
+        status.set_state("done", "nothing left to do" if share_samples else "no samples for this worker")
+        res.state = "done"
+        return
+    from engine.extract.model import HiddenStates, load_model
+
+    t0 = time.perf_counter()
+    hs = HiddenStates(model if model is not None else load_model(job, gpus), job.aux_layers, job.num_layers)
+    t["load"] = time.perf_counter() - t0
+    writer = ShardWriter(out, guard, status, stop)
+    status.set_state("running")
+    tok_bytes = per_token_bytes(job.hidden_size, len(job.aux_layers), job.dtype_bytes)
+    fwd = prep = blocked = 0.0
+    loop0 = time.perf_counter()
+    try:
+        for batch in todo:
+            if stop.is_set():
+                raise Stopped("interrupted")
+            a = time.perf_counter()
+            tensors, entries, samples = _inputs(table, batch)
+            input_ids, mask = hs.collate(samples)
+            b = time.perf_counter()
+            aux, last = hs.forward(input_ids, mask)
+            _sync(hs.device)
+            c = time.perf_counter()
+            ready = None
+            aux_h, last_h = _to_host(aux), _to_host(last)
+            if aux.is_cuda:
+                import torch
+
+                ready = torch.cuda.Event()
+                ready.record()
+            for k, row in enumerate(batch.rows):
+                n = int(table.lengths[row])
+                sid = table.ids[row]
+                tensors[f"{sid}/aux_hidden_states"] = aux_h[k, :n]  # contiguous prefix of row k
+                tensors[f"{sid}/last_hidden_state"] = last_h[k, :n]
+            d = time.perf_counter()
+            writer.submit(tensors, entries, batch.tokens * tok_bytes, batch.tokens, ready)
+            e = time.perf_counter()
+            fwd += c - b
+            prep += (b - a) + (d - c)
+            blocked += e - d
+            res.batches += 1
+        writer.close()
+    except BaseException:
+        stop.set()
+        try:
+            writer.close()
+        except BaseException:  # noqa: BLE001 - the first error is the one to report
+            pass
+        res.samples, res.tokens, res.bytes_written = writer.samples, writer.tokens, writer.bytes
+        raise
+    t.update(loop=time.perf_counter() - loop0, forward=fwd, prep=prep, blocked=blocked, write=writer.write_s)
+    res.samples, res.tokens, res.bytes_written = writer.samples, writer.tokens, writer.bytes
+    res.state = "done"
+    status.set_state("done")
+
+
+def _inputs(table: TokenTable, batch: Batch) -> tuple[dict[str, Any], list[dict[str, Any]], list[np.ndarray]]:
+    """Per-sample ``input_ids``/``loss_mask`` tensors, manifest entries and the token arrays to collate."""
+    import torch
+
+    if not batch.rows:
+        raise ValueError("empty batch")  # pending() drops them; never send one to the model
+    tensors: dict[str, Any] = {}
+    entries: list[dict[str, Any]] = []
+    samples: list[np.ndarray] = []
+    for row in batch.rows:
+        ids, mask = table.tokens(row)
+        sid = table.ids[row]
+        tensors[f"{sid}/input_ids"] = torch.from_numpy(ids.astype(np.int64))
+        tensors[f"{sid}/loss_mask"] = torch.from_numpy(mask.copy())
+        e: dict[str, Any] = {"id": sid, "length": int(table.lengths[row]), "dataset": table.datasets[row]}
+        if table.full_lengths[row] != table.lengths[row]:
+            e["truncated_from"] = int(table.full_lengths[row])
+        entries.append(e)
+        samples.append(ids)
+    return tensors, entries, samples
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m engine.extract.worker``: run one worker of a job file. Exit 0 done, 1 failed."""
+    p = argparse.ArgumentParser(prog="python -m engine.extract.worker")
+    p.add_argument("--job", required=True, help="job.json written by datagen extract")
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world", type=int, required=True)
+    p.add_argument("--local-rank", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default on CPU: OMP_NUM_THREADS if set, else cores / workers)")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s worker-{a.rank} %(levelname)s %(message)s")
+    job = ExtractJob.from_json(Path(a.job).read_text())
+    import torch
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    elif job.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, job.workers)))
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.warning("signal %d: stopping after the current batch", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        res = run_worker(job, a.rank, a.world, a.local_rank, stop=stop)
+    except ExtractError as e:
+        print(f"worker {a.rank}: error: {e}", file=sys.stderr)
+        return 1
+    except Exception:
+        log.exception("worker %d failed", a.rank)
+        return 1
+    log.info("worker %d %s: %d samples, %d tokens, %d bytes, %d batches (%d samples already done); timings %s",
+             a.rank, res.state, res.samples, res.tokens, res.bytes_written, res.batches, res.skipped_done,
+             {k: round(v, 3) for k, v in res.timings.items()})
+    return 0 if res.state == "done" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
