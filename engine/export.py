@@ -13,33 +13,10 @@ in prompt-id order: ``dataset``, ``key``, ``messages``, ``tools``, ``response`` 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
+from engine.atomic import write_lines
 from engine.status import connect_ro
-
-
-def _atomic_write_lines(path: Path, lines) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    n = 0
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for line in lines:
-                f.write(line)
-                f.write("\n")
-                n += 1
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return n
 
 
 def export_raw(run_dir: Path, out_dir: Path) -> dict[str, int]:
@@ -70,7 +47,7 @@ def export_raw(run_dir: Path, out_dir: Path) -> dict[str, int]:
                         "cost_usd": cost, "provider": prov, "model": model, "generation_id": gid,
                     }, ensure_ascii=False)
 
-            written[name] = _atomic_write_lines(Path(out_dir) / f"{name}.jsonl", lines())
+            written[name] = write_lines(Path(out_dir) / f"{name}.jsonl", lines())
         return written
     finally:
         conn.close()

@@ -114,7 +114,7 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
     Raises:
         ExportError, TokenizerError, engine.tokens.vstore.NoStoreError.
     """
-    from engine.export import _atomic_write_lines
+    from engine.atomic import write_lines
     from engine.tokens.service import section_for_run
 
     if fmt not in FORMATS:
@@ -130,7 +130,7 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
             if fmt == "tokens":
                 out[name] = write_parquet(Path(out_dir) / f"{name}.parquet", _token_records(conn, name, include_invalid))
             else:
-                out[name] = _atomic_write_lines(Path(out_dir) / f"{name}.jsonl",
+                out[name] = write_lines(Path(out_dir) / f"{name}.jsonl",
                                                 _json_lines(conn, name, fmt, include_invalid, id_format))
         return out
     finally:

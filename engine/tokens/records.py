@@ -13,14 +13,14 @@ columns ``id`` (string, ``"<dataset>:<key>"``), ``dataset`` (string), ``input_id
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from engine.atomic import atomic_path
 
 SCHEMA = pa.schema([
     ("id", pa.string()),
@@ -62,30 +62,18 @@ class TokenRecord:
 
 def write_parquet(path: Path, records: Iterable[TokenRecord], batch_rows: int = 1024) -> int:
     """Write records to ``path`` atomically (temp file + rename); returns the row count."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
     n = 0
-    try:
-        with pq.ParquetWriter(tmp, SCHEMA) as w:
-            batch: list[TokenRecord] = []
-            for r in records:
-                batch.append(r)
-                if len(batch) >= batch_rows:
-                    w.write_table(_table(batch))
-                    n += len(batch)
-                    batch = []
-            if batch or n == 0:
+    with atomic_path(Path(path)) as tmp, pq.ParquetWriter(tmp, SCHEMA) as w:
+        batch: list[TokenRecord] = []
+        for r in records:
+            batch.append(r)
+            if len(batch) >= batch_rows:
                 w.write_table(_table(batch))
                 n += len(batch)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+                batch = []
+        if batch or n == 0:
+            w.write_table(_table(batch))
+            n += len(batch)
     return n
 
 
