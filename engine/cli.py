@@ -26,6 +26,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"dir": Path(args.run_dir).resolve()})})
     make_run_dir(cfg.run.dir)
     setup_file_logging(cfg.run.dir)
+    _install_stack_dump(cfg.run.dir)
     headless = args.headless or not sys.stdout.isatty()
     if not headless:
         try:
@@ -44,6 +45,30 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _install_stack_dump(run_dir: Path) -> None:
+    """``kill -USR1 PID`` appends every thread's stack and every asyncio task's stack to
+    ``RUN_DIR/stacks.txt`` (for diagnosing a run that seems stuck)."""
+    import faulthandler
+    import signal
+
+    if not hasattr(signal, "SIGUSR1"):
+        return
+    path = Path(run_dir) / "stacks.txt"
+
+    def dump(signum, frame):  # noqa: ARG001 - signal handler signature
+        with open(path, "a", encoding="utf-8") as f:
+            faulthandler.dump_traceback(file=f, all_threads=True)
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            for t in asyncio.all_tasks(loop):
+                f.write(f"--- {t!r}\n")
+                t.print_stack(limit=8, file=f)
+
+    signal.signal(signal.SIGUSR1, dump)
 
 
 def _cmd_sim(args: argparse.Namespace) -> int:

@@ -53,10 +53,16 @@ class Telemetry:
         self.events.append(f"{ts} {level.upper():7} {'[' + dataset + '] ' if dataset else ''}{message}")
 
     def on_error(self, dataset: str, provider: str | None, error_class: str, message: str) -> str | None:
-        """Record a failed attempt; returns an anomaly-guard pause reason for ``dataset``, or None."""
+        """Record a failed attempt; returns an anomaly-guard pause reason for ``dataset``, or None.
+
+        Rate limits (429) are throttling, not a misbehaving provider: they are counted by class but
+        do not feed the anomaly guard.
+        """
         self.providers.record_error(provider or None, error_class)
         self.latest_errors[error_class] = message[:300]
-        return self.anomaly.record(dataset, True) if self.anomaly else None
+        if self.anomaly is None or error_class == "rate_limit":
+            return None
+        return self.anomaly.record(dataset, True)
 
     def on_success(self, dataset: str, key: str, prompt_tail: str, c: Completion, now: float) -> None:
         """Record a completed request (monotonic ``now`` in seconds)."""

@@ -7,8 +7,11 @@ import os
 import re
 import signal
 import subprocess
+import sqlite3
 import sys
+import threading
 import time
+from collections import deque
 from pathlib import Path
 
 from helpers import SAMPLES
@@ -52,19 +55,31 @@ SAMPLE_DATASETS = [
 
 
 class SimProcess:
-    """`datagen sim` in its own process on an ephemeral loopback port."""
+    """`datagen sim` in its own process on an ephemeral loopback port.
 
-    def __init__(self, *args: str, log: Path | None = None) -> None:
+    After the first line its output is drained by a thread into :attr:`output` (the last 200
+    lines), so a chatty simulator never blocks on a full pipe.
+    """
+
+    def __init__(self, *args: str, log: Path | None = None, env: dict[str, str] | None = None) -> None:
         cmd = [PY, "-m", "engine.cli", "sim", "--port", "0", *args]
         if log is not None:
             cmd += ["--log", str(log)]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         line = self.proc.stdout.readline()
-        m = re.search(r"(http://127\.0\.0\.1:\d+/api/v1)", line)
+        m = re.search(r"(http://(?:127\.0\.0\.1|0\.0\.0\.0|\[::1?\]):\d+/api/v1)", line)
         if not m:
             self.proc.kill()
             raise RuntimeError(f"simulator did not start: {line!r}")
         self.base_url = m.group(1)
+        self.first_line = line
+        self.output: deque[str] = deque(maxlen=200)
+        self._drain = threading.Thread(target=self._read_rest, daemon=True)
+        self._drain.start()
+
+    def _read_rest(self) -> None:
+        for line in self.proc.stdout:
+            self.output.append(line)
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -102,6 +117,8 @@ api_key_env = "{tokens_env}"
 connect_s = 5
 stall_s = {stall_s}
 total_s = 120
+[spend]
+anomaly_error_rate = 0.5   # the fault mix here is deliberately heavy
 [classes.short]
 max_tokens = 4096
 concurrency = 64
@@ -136,3 +153,70 @@ def wait_for(pred, timeout: float, interval: float = 0.1):
             return v
         time.sleep(interval)
     raise TimeoutError("condition not met")
+
+
+# ---- helpers for the chaos / soak / signal / security suites ------------------------------------
+
+def write_prompts(path: Path, n: int, tag: str = "", bad_rows: bool = False) -> Path:
+    """A ``text`` dataset of ``n`` distinct prompts (plus, with ``bad_rows``, an invalid JSON row
+    after the first and a duplicate of the first as the last row: ``n`` valid prompts either way)."""
+    rows = [json.dumps({"prompt": f"{tag}Question number {i}: explain topic {i * 7919 % 1000} in depth."}) for i in range(n)]
+    if bad_rows and rows:
+        rows.insert(1, '{"prompt": "broken row",')
+        rows.append(rows[0])
+    path.write_text("".join(r + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def integrity(db: Path) -> str:
+    """``PRAGMA integrity_check`` of a store (read through a fresh connection; WAL is recovered)."""
+    conn = sqlite3.connect(db, timeout=30)
+    try:
+        return conn.execute("PRAGMA integrity_check").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def rss_kb(pid: int) -> int | None:
+    """Resident set size (kB) of a live process from ``/proc/PID/status``, or None when gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    return None
+
+
+def socket_count(pid: int | str = "self") -> int | None:
+    """Open sockets of a process: entries of ``/proc/PID/fd`` that link to ``socket:[...]``."""
+    n = 0
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:"):
+                n += 1
+        except OSError:
+            pass
+    return n
+
+
+def run_cmd(cfg: Path, *extra: str) -> list[str]:
+    """``datagen run CONFIG --headless`` as an argv list."""
+    return [PY, "-m", "engine.cli", "run", str(cfg), "--headless", *extra]
+
+
+def live_status(run_dir: Path) -> dict | None:
+    """``collect_status`` in-process, or None while the store does not exist yet or is being created
+    (``datagen status`` fails with ``no such table`` in the instant between file and schema)."""
+    from engine.status import StatusError, collect_status
+
+    if not (Path(run_dir) / "store.sqlite").exists():
+        return None
+    try:
+        return collect_status(Path(run_dir))
+    except (StatusError, sqlite3.Error):
+        return None

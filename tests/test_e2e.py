@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import sqlite3
 import subprocess
+import time
 
-import pytest
 
 from e2e import PY, SimProcess, eight_dataset_config, read_log, run_env, status_json, wait_for
 
@@ -79,9 +80,18 @@ def test_kill9_and_resume_exactly_once(tmp_path):
                 p.kill()
                 kills += 1
             p.wait()
-        r = subprocess.run([PY, "-m", "engine.cli", "run", str(cfg), "--headless"], env=run_env(), capture_output=True,
-                           text=True, timeout=240)
-        assert r.returncode == 0, r.stdout + r.stderr
+        p = subprocess.Popen([PY, "-m", "engine.cli", "run", str(cfg), "--headless"], env=run_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            out, _ = p.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            p.send_signal(signal.SIGUSR1)  # stack dump into the run directory, then fail with it
+            time.sleep(2)
+            p.kill()
+            out, _ = p.communicate()
+            stacks = (run_dir / "stacks.txt").read_text() if (run_dir / "stacks.txt").exists() else "(no dump)"
+            raise AssertionError(f"final run did not finish: {status_json(run_dir)['totals']}\n{out[-3000:]}\n{stacks[-8000:]}")
+        assert p.returncode == 0, out
     finally:
         sim.stop()
     assert kills >= 2
