@@ -1,0 +1,230 @@
+"""The dashboard driven by Textual's pilot against the REAL engine on the built-in simulator.
+
+Every test checks the engine's state (``scheduler.snapshot()``, and the store through
+``engine.status.collect_status`` after the writer's 0.1 s commits), not just the screen.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import time
+
+import pytest
+
+from engine.status import collect_status
+from tui.app import DashboardApp
+from tui.modals import ConfirmScreen, PickScreen, QuitScreen
+from tui.testing import FIXED_GPUS, FakeController, fixed_snapshot, screen_text, sim_config
+
+SIZE = (160, 48)
+
+
+async def until(pilot, cond, timeout: float = 10.0, step: float = 0.02, what: str = "condition"):
+    """Let the app run until ``cond()`` is truthy; return its value (fail after ``timeout`` s)."""
+    end = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await pilot.pause(step)
+
+
+async def until_status(pilot, run_dir, cond, timeout: float = 10.0, what: str = "status"):
+    """Wait until the store (as ``datagen status`` reads it) satisfies ``cond(doc)``; return the doc."""
+    box: dict = {}
+
+    def check():
+        try:
+            box["doc"] = collect_status(run_dir)
+        except Exception:  # noqa: BLE001 - store not created yet
+            return False
+        return cond(box["doc"])
+
+    await until(pilot, check, timeout, 0.05, what)
+    return box["doc"]
+
+
+def footer(app) -> str:
+    """The footer row's text."""
+    return screen_text(app).split("\n")[-1]
+
+
+def ds_status(doc, name):
+    return next(d for d in doc["datasets"] if d["name"] == name)
+
+
+async def started(app, pilot, min_in_flight: int = 1):
+    """Wait until the engine dispatches and the dashboard has drawn a snapshot."""
+    await until(pilot, lambda: app.snapshot is not None and app.snapshot.in_flight >= min_in_flight,
+                15, what="requests in flight")
+    sched = app.host.scheduler
+    return sched
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    return sim_config(tmp_path)
+
+
+async def test_p_pauses_then_resumes_selected_dataset_and_footer_follows(cfg):
+    app = DashboardApp(cfg)
+    async with app.run_test(size=SIZE) as pilot:
+        sched = await started(app, pilot)
+        assert app.selected_dataset == "sharegpt"
+        await until(pilot, lambda: "p Pause" in footer(app), 3, what="footer Pause")
+        assert "Resume" not in footer(app)
+        await pilot.press("p")
+        await until(pilot, lambda: sched.snapshot().dataset("sharegpt").state == "paused", 2, what="paused")
+        doc = await until_status(pilot, cfg.run.dir, lambda d: ds_status(d, "sharegpt")["state"] == "paused")
+        assert ds_status(doc, "sharegpt")["state_reason"] == "paused by user"
+        await until(pilot, lambda: "p Resume" in footer(app), 3, what="footer Resume")
+        await pilot.press("p")
+        await until(pilot, lambda: sched.snapshot().dataset("sharegpt").state == "running", 2, what="resumed")
+        await until_status(pilot, cfg.run.dir, lambda d: ds_status(d, "sharegpt")["state"] == "running")
+        await until(pilot, lambda: "p Pause" in footer(app), 3, what="footer Pause")
+
+
+async def test_s_skips_only_after_confirm(cfg):
+    app = DashboardApp(cfg)
+    async with app.run_test(size=SIZE) as pilot:
+        sched = await started(app, pilot)
+        await pilot.press("s")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 2, what="confirm modal")
+        assert "Skip sharegpt?" in screen_text(app)
+        await pilot.press("n")
+        await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen), 2, what="modal closed")
+        await pilot.pause(0.2)
+        assert sched.snapshot().dataset("sharegpt").state == "running"
+        await pilot.press("s")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 2, what="confirm modal")
+        await pilot.press("y")
+        await until(pilot, lambda: sched.snapshot().dataset("sharegpt").state == "skipped", 2, what="skipped")
+        doc = await until_status(pilot, cfg.run.dir, lambda d: ds_status(d, "sharegpt")["state"] == "skipped")
+        assert ds_status(doc, "sharegpt")["skipped"] > 0
+        # The next dataset gets the slots
+        await until(pilot, lambda: sched.snapshot().dataset("glaive").in_flight > 0, 5, what="glaive dispatched")
+
+
+async def test_P_pauses_run_and_R_resumes(cfg):
+    app = DashboardApp(cfg)
+    async with app.run_test(size=SIZE) as pilot:
+        sched = await started(app, pilot)
+        await pilot.press("P")
+        await until(pilot, lambda: sched.snapshot().state == "paused", 2, what="run paused")
+        await until_status(pilot, cfg.run.dir, lambda d: d["run"]["state"] == "paused")
+        await until(pilot, lambda: "R Resume all" in footer(app), 3, what="footer R")
+        await pilot.press("R")
+        await until(pilot, lambda: sched.snapshot().state == "running", 2, what="run resumed")
+        await until_status(pilot, cfg.run.dir, lambda d: d["run"]["state"] == "running")
+
+
+async def test_plus_and_minus_change_the_selected_dataset_class_concurrency(cfg):
+    app = DashboardApp(cfg)
+    async with app.run_test(size=SIZE) as pilot:
+        sched = await started(app, pilot)
+        conc = lambda: sched.snapshot().classes[0].concurrency  # noqa: E731
+        assert conc() == 4
+        await pilot.press("plus")
+        await until(pilot, lambda: conc() == 5, 2, what="concurrency 5")
+        await until(pilot, lambda: sched.snapshot().in_flight == 5, 5, what="5 in flight")
+        await pilot.press("minus", "minus")
+        await until(pilot, lambda: conc() == 3, 2, what="concurrency 3")
+
+
+async def test_a_aborts_in_flight_after_confirm_showing_dollars_and_count(cfg):
+    app = DashboardApp(cfg)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot, min_in_flight=4)
+        await pilot.press("a")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 2, what="confirm modal")
+        text = screen_text(app)
+        assert "4 requests in flight, $" in text and "reserved" in text
+        await pilot.press("y")
+        db = sqlite3.connect(cfg.run.dir / "store.sqlite")
+
+        def aborted():
+            return db.execute("SELECT COUNT(*) FROM attempts WHERE outcome='aborted'").fetchone()[0]
+
+        await until(pilot, lambda: aborted() >= 4, 5, what="4 aborted attempts stored")
+        db.close()
+
+
+async def test_q_with_drain_exits_0_after_storing_in_flight(cfg):
+    app = DashboardApp(cfg)
+    async with app.run_test(size=SIZE) as pilot:
+        sched = await started(app, pilot, min_in_flight=4)
+        in_flight = sched.snapshot().in_flight
+        done_before = sched.snapshot().dataset("sharegpt").done
+        await pilot.press("q")
+        await until(pilot, lambda: isinstance(app.screen, QuitScreen), 2, what="quit modal")
+        await pilot.press("d")
+        await until(pilot, lambda: not app.is_running, 20, 0.05, "app exit")
+    assert app.return_code == 0 and app.host.exit_code == 0
+    doc = collect_status(cfg.run.dir)
+    t = doc["totals"]
+    assert t["in_flight"] == 0 and doc["run"]["state"] == "stopped"  # (the pid is alive: it is this test's)
+    assert t["done"] + t["failed"] >= done_before + in_flight  # the drained requests were stored
+    assert t["done"] + t["failed"] + t["pending"] + t["skipped"] == t["prompts"]
+
+
+async def test_sigterm_drains_and_exits_like_quit(cfg):
+    app = DashboardApp(cfg)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        assert signal.SIGTERM in app._signals, "SIGTERM handler not installed"
+        os.kill(os.getpid(), signal.SIGTERM)
+        await until(pilot, lambda: not app.is_running, 20, 0.05, "app exit")
+    assert app.host.exit_code == 0
+    doc = collect_status(cfg.run.dir)
+    assert doc["totals"]["in_flight"] == 0 and doc["run"]["state"] in ("stopped", "completed")
+
+
+async def test_keys_call_the_controller_with_an_injected_snapshot():
+    """x picks a provider (excluded ones are not offered); + uses the class from dataset_class."""
+    ctl = FakeController()
+    ctl.dataset_class = lambda name: "long"
+    app = DashboardApp(snapshot_source=fixed_snapshot, controller=ctl, gpu_source=lambda: FIXED_GPUS)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.1)
+        await pilot.press("x")
+        await until(pilot, lambda: isinstance(app.screen, PickScreen), 2, what="pick modal")
+        text = screen_text(app)
+        assert "SimA" in text and "SimB" in text and "SimC" not in text.split("Exclude which provider?")[1]
+        await pilot.press("down", "enter")
+        await until(pilot, lambda: ("exclude_provider", ("SimB",)) in ctl.calls, 2, what="exclude call")
+        await pilot.press("plus")
+        await until(pilot, lambda: ("set_concurrency", ("long", 55)) in ctl.calls, 2, what="concurrency call")
+        await pilot.press("down", "p")  # b1_glaive is paused: p resumes it
+        await until(pilot, lambda: ("resume", ("b1_glaive",)) in ctl.calls, 2, what="resume call")
+
+
+async def test_exclude_without_engine_support_says_not_available():
+    ctl = FakeController(with_exclude=False)
+    app = DashboardApp(snapshot_source=fixed_snapshot, controller=ctl, gpu_source=lambda: FIXED_GPUS)
+    async with app.run_test(size=SIZE) as pilot:
+        said: list[str] = []
+        notify = app.notify
+        app.notify = lambda message, **kw: (said.append(message), notify(message, **kw))[1]
+        await pilot.pause(0.1)
+        await pilot.press("x")
+        await until(pilot, lambda: any("not available" in m for m in said), 2, what="notification")
+        assert not isinstance(app.screen, PickScreen) and ctl.calls == []
+
+
+async def test_rendering_is_skipped_while_a_modal_is_open():
+    snaps = [fixed_snapshot()]
+    app = DashboardApp(snapshot_source=lambda: snaps[-1], controller=FakeController(), refresh_hz=20,
+                       gpu_source=lambda: FIXED_GPUS)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.2)
+        await pilot.press("question_mark")
+        await pilot.pause(0.05)
+        renders, polls = app.renders, app.polls
+        await pilot.pause(0.5)
+        assert app.polls > polls + 3 and app.renders == renders
+        await pilot.press("escape")
+        await until(pilot, lambda: app.renders > renders, 2, what="rendering again")

@@ -1,0 +1,90 @@
+"""Screenshots of a FIXED engine state at 80x24 and 160x48, compared with tests/snapshots/*.svg.
+
+Regenerate after an intended change with ``UPDATE_SNAPSHOTS=1 pytest tests/test_tui_snapshots.py``
+and review the SVGs (open them in a browser). The comparison first diffs the visible text (a
+readable failure), then the whole SVG (colours, styles) with Textual's per-render ids normalised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from pathlib import Path
+
+import pytest
+
+from tui.app import DashboardApp
+from tui.testing import FIXED_GPUS, FakeController, fixed_snapshot, normalise_svg, svg_text
+
+SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
+UPDATE = os.environ.get("UPDATE_SNAPSHOTS") == "1"
+
+
+async def render(size: tuple[int, int], snap=None) -> str:
+    """The normalised SVG of the dashboard showing ``snap`` (default: the fixed snapshot)."""
+    snap = snap or fixed_snapshot()
+    app = DashboardApp(snapshot_source=lambda: snap, controller=FakeController(), gpu_source=lambda: FIXED_GPUS,
+                       refresh_hz=50)
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause(0.3)  # a few polls, the footer composed
+        await pilot.wait_for_scheduled_animations()
+        svg = app.export_screenshot(title="eagle-datagen")
+    return normalise_svg(svg)
+
+
+def compare(name: str, svg: str, tmp_path: Path) -> None:
+    path = SNAPSHOTS / name
+    if UPDATE or not path.exists():
+        if not UPDATE:
+            pytest.fail(f"{path} is missing; run with UPDATE_SNAPSHOTS=1 to write it")
+        SNAPSHOTS.mkdir(exist_ok=True)
+        path.write_text(svg, encoding="utf-8")
+        return
+    want = path.read_text(encoding="utf-8")
+    if svg == want:
+        return
+    (tmp_path / name).write_text(svg, encoding="utf-8")
+    diff = "\n".join(difflib.unified_diff(svg_text(want).splitlines(), svg_text(svg).splitlines(),
+                                          "expected", "actual", lineterm="", n=1))
+    pytest.fail(f"{name} differs from the saved snapshot (actual: {tmp_path / name}).\n"
+                + (diff or "the text is the same: styles or colours differ"))
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+async def test_dashboard_snapshot(size, tmp_path):
+    svg = await render(size)
+    compare(f"dashboard_{size[0]}x{size[1]}.svg", svg, tmp_path)
+
+
+async def test_small_layout_keeps_header_table_and_footer_and_hides_the_rest():
+    text = svg_text(await render((80, 24)))
+    for shown in ("demo", "RUNNING", "spent $4.34", "b7_sharegpt", "b8_swe_agent", "p Pause", "q Quit"):
+        assert shown in text, shown
+    for hidden in ("providers", "throughput", "GPUs", "latest sample"):
+        assert hidden not in text, hidden
+
+
+async def test_large_layout_shows_every_pane():
+    text = svg_text(await render((160, 48)))
+    for shown in ("datasets", "throughput", "errors by class", "providers", "GPUs", "latest sample", "log",
+                  "SimC excluded", "NVIDIA H200", "anomaly guard", "validation: ok", "$95.66 (14s ago)",
+                  "projected $10.05", "req/s 6.9"):
+        assert shown in text, shown
+
+
+async def test_snapshot_comparison_catches_a_changed_cell(tmp_path):
+    """The saved 160x48 snapshot must not match a state where one dataset's done count changed."""
+    path = SNAPSHOTS / "dashboard_160x48.svg"
+    if not path.exists():
+        pytest.skip("snapshot not written yet")
+    snap = fixed_snapshot()
+    ds = list(snap.datasets)
+    ds[0] = dataclasses.replace(ds[0], done=ds[0].done + 1)
+    changed = await render((160, 48), dataclasses.replace(snap, datasets=tuple(ds)))
+    assert changed != path.read_text(encoding="utf-8")
+    assert "4121/9800" in svg_text(changed)
+
+
+async def test_rendering_is_deterministic():
+    assert await render((160, 48)) == await render((160, 48))

@@ -1,0 +1,254 @@
+"""The dashboard's key actions and command-palette commands.
+
+Every action returns at once: controller calls run in a Textual worker (group ``commands``) and
+confirmations use ``push_screen(screen, callback)``, so a key never waits on the store or on a
+modal, and the scheduler's state changes within one loop iteration of the key press.
+"""
+
+from __future__ import annotations
+
+import inspect
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable
+
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+
+from tui.fmt import money
+from tui.modals import ConfirmScreen, HelpScreen, PickScreen, QuitScreen
+
+if TYPE_CHECKING:
+    from engine.snapshot import DatasetSnapshot
+
+HELP = [
+    ("p", "pause / resume the selected dataset (pause drains: in-flight requests finish)"),
+    ("s", "skip the selected dataset (confirm): its pending prompts count as skipped"),
+    ("P", "pause the whole run (drain)"),
+    ("R", "resume the whole run"),
+    ("a", "abort in-flight requests now (confirm, shows the dollars in flight)"),
+    ("+ / -", "raise / lower the concurrency of the selected dataset's request class by ~10%"),
+    ("x", "exclude a provider (pick from the providers seen so far)"),
+    ("↑ ↓", "select a dataset (the sample pane follows the selection)"),
+    ("?", "this help"),
+    ("q", "quit (asks to drain or abort when requests are in flight)"),
+]
+"""Key, explanation: what ``?`` shows."""
+
+
+RESUMABLE = ("paused", "skipped", "budget_met")
+"""Dataset states that ``p`` resumes (the footer then reads "Resume")."""
+
+
+def concurrency_step(current: int, direction: int) -> int:
+    """The next concurrency after ``+`` (direction 1) or ``-`` (-1): about 10 %, at least 1, >= 0."""
+    step = max(1, round(current * 0.1))
+    return max(0, current + direction * step)
+
+
+class ActionsMixin:
+    """Actions of :class:`tui.app.DashboardApp` (mixed into the App; uses its attributes)."""
+
+    # ---- helpers ----------------------------------------------------------------------------
+    def _selected_ds(self) -> "DatasetSnapshot | None":
+        name, snap = self.selected_dataset, self.snapshot  # type: ignore[attr-defined]
+        if name is None or snap is None:
+            return None
+        try:
+            return snap.dataset(name)
+        except KeyError:
+            return None
+
+    def _run_command(self, call: Callable[[], Any], done: str | None = None) -> None:
+        """Run ``call()`` (sync or async controller method) in a worker; notify its result."""
+
+        async def job() -> None:
+            try:
+                res = call()
+                if inspect.isawaitable(res):
+                    res = await res
+            except Exception as e:  # noqa: BLE001 - ValueError from the controller, store errors
+                self.notify(str(e), severity="error", timeout=6)  # type: ignore[attr-defined]
+                return
+            self.notify(done or str(res), timeout=3)  # type: ignore[attr-defined]
+            self.request_poll()  # type: ignore[attr-defined]
+
+        self.run_worker(job(), group="commands", exit_on_error=False)  # type: ignore[attr-defined]
+
+    def _no_engine(self) -> bool:
+        if self.controller is None:  # type: ignore[attr-defined]
+            self.notify("the engine is still starting", severity="warning")  # type: ignore[attr-defined]
+            return True
+        return False
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Footer state: ``p`` reads Pause or Resume, ``P``/``R`` whichever applies."""
+        d = self._selected_ds()
+        snap = self.snapshot  # type: ignore[attr-defined]
+        if action == "pause_selected":
+            if d is None or d.state in RESUMABLE:
+                return False if d is not None else None
+            return None if d.state == "done" else True
+        if action == "resume_selected":
+            return d is not None and d.state in RESUMABLE
+        if action == "skip_selected":
+            return None if d is None or d.state in ("skipped", "done", "budget_met") else True
+        if action == "pause_all":
+            return snap is None or snap.state != "paused"
+        if action == "resume_all":
+            return snap is not None and snap.state == "paused"
+        return True
+
+    # ---- dataset actions --------------------------------------------------------------------
+    def action_pause_selected(self, name: str | None = None) -> None:
+        """Pause the selected (or named) dataset: stop dispatching; in-flight requests drain."""
+        name = name or self.selected_dataset  # type: ignore[attr-defined]
+        if name and not self._no_engine():
+            self._run_command(partial(self.controller.pause, name))  # type: ignore[attr-defined]
+
+    def action_resume_selected(self, name: str | None = None) -> None:
+        """Resume the selected (or named) dataset (paused or skipped)."""
+        name = name or self.selected_dataset  # type: ignore[attr-defined]
+        if name and not self._no_engine():
+            self._run_command(partial(self.controller.resume, name))  # type: ignore[attr-defined]
+
+    def action_skip_selected(self, name: str | None = None) -> None:
+        """Ask, then skip the selected (or named) dataset."""
+        name = name or self.selected_dataset  # type: ignore[attr-defined]
+        if not name or self._no_engine():
+            return
+        snap = self.snapshot  # type: ignore[attr-defined]
+        d = snap.dataset(name) if snap else None
+        body = (f"{d.pending:,} pending prompts will count as skipped; {d.in_flight:,} in flight finish "
+                f"and are stored. Resume with p." if d else "")
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._run_command(partial(self.controller.skip, name))  # type: ignore[attr-defined]
+
+        self.push_screen(ConfirmScreen(f"Skip {name}?", body, yes="Skip"), answered)  # type: ignore[attr-defined]
+
+    # ---- run actions ------------------------------------------------------------------------
+    def action_pause_all(self) -> None:
+        """Pause the whole run (drain: in-flight requests finish)."""
+        if not self._no_engine():
+            self.user_paused = True  # type: ignore[attr-defined]
+            self._run_command(partial(self.controller.pause, None))  # type: ignore[attr-defined]
+
+    def action_resume_all(self) -> None:
+        """Resume the whole run."""
+        if not self._no_engine():
+            self.user_paused = False  # type: ignore[attr-defined]
+            self._run_command(partial(self.controller.resume, None))  # type: ignore[attr-defined]
+
+    def action_abort(self) -> None:
+        """Ask, showing the dollars and the count in flight, then cancel every in-flight request."""
+        snap = self.snapshot  # type: ignore[attr-defined]
+        if self._no_engine() or snap is None:
+            return
+        if snap.in_flight == 0:
+            self.notify("nothing in flight")  # type: ignore[attr-defined]
+            return
+        body = (f"{snap.in_flight:,} requests in flight, {money(snap.cost_in_flight_usd)} reserved.\n"
+                "Their prompts return to pending; tokens already streamed are still billed.")
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._run_command(self.controller.abort)  # type: ignore[attr-defined]
+
+        self.push_screen(ConfirmScreen("Abort in-flight requests?", body, yes="Abort"), answered)  # type: ignore[attr-defined]
+
+    def _concurrency(self, direction: int) -> None:
+        name = self.selected_dataset  # type: ignore[attr-defined]
+        snap = self.snapshot  # type: ignore[attr-defined]
+        if self._no_engine() or snap is None or not snap.classes:
+            return
+        cls = self.class_of(name)  # type: ignore[attr-defined]
+        current = self.conc_target.get(cls)  # type: ignore[attr-defined]
+        if current is None:
+            current = next((c.concurrency for c in snap.classes if c.name == cls), 0)
+        new = concurrency_step(current, direction)
+        self.conc_target[cls] = new  # type: ignore[attr-defined]
+        self._run_command(partial(self.controller.set_concurrency, cls, new))  # type: ignore[attr-defined]
+
+    def action_concurrency_up(self) -> None:
+        """Raise the selected dataset's class concurrency by about 10 % (at least 1)."""
+        self._concurrency(+1)
+
+    def action_concurrency_down(self) -> None:
+        """Lower the selected dataset's class concurrency by about 10 % (at least 1, not below 0)."""
+        self._concurrency(-1)
+
+    def action_exclude_provider(self) -> None:
+        """Pick a provider and exclude it (when the engine supports it)."""
+        snap = self.snapshot  # type: ignore[attr-defined]
+        if self._no_engine() or snap is None:
+            return
+        fn = getattr(self.controller, "exclude_provider", None)  # type: ignore[attr-defined]
+        if fn is None:
+            self.notify("excluding providers is not available in this engine build", severity="warning")  # type: ignore[attr-defined]
+            return
+        options = [(p.name, f"{p.name}  {p.requests:,} req  {p.error_rate:.0%} err")
+                   for p in snap.providers if not p.excluded]
+        if not options:
+            self.notify("no provider to exclude yet")  # type: ignore[attr-defined]
+            return
+
+        def picked(name: str | None) -> None:
+            if name:
+                self._run_command(partial(fn, name))
+
+        self.push_screen(PickScreen("Exclude which provider?", options), picked)  # type: ignore[attr-defined]
+
+    def action_help(self) -> None:
+        """Show the keys."""
+        self.push_screen(HelpScreen(HELP))  # type: ignore[attr-defined]
+
+    def action_quit(self) -> None:
+        """Quit: at once when nothing is in flight or the run has ended; else ask drain/abort."""
+        snap = self.snapshot  # type: ignore[attr-defined]
+        if self.engine_finished or snap is None or snap.in_flight == 0:  # type: ignore[attr-defined]
+            self.begin_quit("drain")  # type: ignore[attr-defined]
+            return
+        body = (f"{snap.in_flight:,} requests in flight ({money(snap.cost_in_flight_usd)} reserved).\n"
+                "Drain: stop dispatching, let them finish and store them, then exit.\n"
+                "Abort: cancel them now (prompts return to pending; streamed tokens are billed).")
+        self.push_screen(QuitScreen(body), lambda choice: choice and self.begin_quit(choice))  # type: ignore[attr-defined]
+
+
+class DashboardCommands(Provider):
+    """Command-palette commands: the key actions, plus pause/resume/skip of any dataset by name."""
+
+    def _commands(self) -> list[tuple[str, Callable[[], Any], str]]:
+        app: Any = self.app
+        out: list[tuple[str, Callable[[], Any], str]] = [
+            ("Pause selected dataset", app.action_pause_selected, "p: stop dispatching; in-flight drain"),
+            ("Resume selected dataset", app.action_resume_selected, "p on a paused dataset"),
+            ("Skip selected dataset", app.action_skip_selected, "s: pending prompts count as skipped"),
+            ("Pause all", app.action_pause_all, "P: pause the whole run (drain)"),
+            ("Resume all", app.action_resume_all, "R: resume the whole run"),
+            ("Abort in-flight requests", app.action_abort, "a: cancel every in-flight request now"),
+            ("Raise concurrency", app.action_concurrency_up, "+: of the selected dataset's class"),
+            ("Lower concurrency", app.action_concurrency_down, "-: of the selected dataset's class"),
+            ("Exclude a provider", app.action_exclude_provider, "x: stop routing to a provider"),
+            ("Help: keys", app.action_help, "?"),
+            ("Quit", app.action_quit, "q: drain or abort, then exit"),
+        ]
+        snap = app.snapshot
+        for d in snap.datasets if snap else ():
+            out.append((f"Pause dataset {d.name}", partial(app.action_pause_selected, d.name), d.state))
+            out.append((f"Resume dataset {d.name}", partial(app.action_resume_selected, d.name), d.state))
+            out.append((f"Skip dataset {d.name}", partial(app.action_skip_selected, d.name), d.state))
+        return out
+
+    async def discover(self) -> Hits:
+        for label, cb, help_ in self._commands():
+            yield DiscoveryHit(label, cb, help=help_)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for label, cb, help_ in self._commands():
+            score = matcher.match(label)
+            if score > 0:
+                yield Hit(score, matcher.highlight(label), cb, help=help_)
+
+
+__all__ = ["ActionsMixin", "DashboardCommands", "HELP", "concurrency_step"]

@@ -1,0 +1,477 @@
+"""The dashboard: a Textual app that hosts the engine and shows one immutable snapshot at a time.
+
+The app owns the event loop. In engine mode (``DashboardApp(cfg)``) an async worker runs
+:meth:`tui.host.EngineHost.run` (prepare, writer, ``scheduler.run()``, close) on that loop; the UI
+pulls ``scheduler.snapshot()`` every ``1/refresh_hz`` seconds with a self-rescheduling timer (polls
+never overlap) and sends commands through :class:`engine.controller.Controller`. Nothing in the
+engine sends the UI a message per request. For tests and screenshots, ``DashboardApp(
+snapshot_source=..., controller=...)`` shows an injected snapshot source instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from typing import Any, Callable
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
+from textual.widget import Widget
+from textual.widgets import DataTable, Footer
+
+from engine.config import Config
+from engine.gpu import GpuPoller, GpuReading
+from engine.progress import format_progress
+from engine.snapshot import RunSnapshot
+from tui.actions import ActionsMixin, DashboardCommands
+from tui.host import EngineHost
+from tui.logbridge import PaneLogHandler, quiet_terminal_logging
+from tui.panes import (
+    DatasetsTable, ErrorsPane, GpusPane, HeaderPane, LogPane, ProvidersPane, SamplePane, ThroughputPane,
+)
+
+log = logging.getLogger("datagen.dashboard")
+
+CSS = """
+.pane { border: round $primary-darken-2; border-title-color: $text-accent; padding: 0 1; }
+#datasets { height: auto; max-height: 45%; border: round $primary; border-title-color: $text-accent; }
+#middle { height: 12; }
+#middle > .pane, #sample { height: 1fr; }
+#bottom { height: 1fr; min-height: 4; }
+#throughput { width: 1fr; }
+#errors { width: 1fr; }
+#providers { width: 62; }
+#sample { width: 1fr; }
+#right { width: 1fr; }
+#gpus { height: auto; max-height: 10; }
+#log { height: 1fr; min-height: 3; scrollbar-size: 1 1; }
+Screen.-h-medium #middle { height: 8; }
+Screen.-w-medium #providers, Screen.-w-medium #gpus { display: none; }
+Screen.-w-small #middle, Screen.-h-small #middle { display: none; }
+Screen.-w-small #sample, Screen.-h-small #sample { display: none; }
+Screen.-w-small #gpus, Screen.-h-small #gpus { display: none; }
+"""
+
+
+def shown(w: Widget) -> bool:
+    """True when ``w`` and every ancestor up to its screen are displayed."""
+    node: Any = w
+    while node is not None and node is not w.screen:
+        if not node.display:
+            return False
+        node = node.parent
+    return True
+
+
+def parse_keymap(spec: str) -> dict[str, str]:
+    """``"dashboard.pause=f5;dashboard.quit=ctrl+x"`` -> ``{binding id: keys}`` (bad items ignored)."""
+    out = {}
+    for item in spec.split(";"):
+        bid, _, keys = item.partition("=")
+        if bid.strip() and keys.strip():
+            out[bid.strip()] = keys.strip()
+    return out
+
+
+class DashboardApp(ActionsMixin, App[int]):
+    """The run dashboard.
+
+    Args:
+        cfg: run config; the app then hosts the engine (prepare + run + close) in a worker.
+        snapshot_source: instead of ``cfg``: a callable returning the snapshot to show (or None).
+        controller: with ``snapshot_source``: the command target (an ``engine.controller.Controller``
+            or a stand-in with the same methods).
+        scheduler: with ``snapshot_source``: optional scheduler for ``dataset_class``.
+        gpu_source: callable returning a :class:`~engine.gpu.GpuReading`; default a
+            :class:`~engine.gpu.GpuPoller` thread started on mount.
+        refresh_hz: snapshot polls per second (default 2).
+        exit_on_pause: exit with code 3 when a guard pauses the whole run (not a user pause).
+        install_signals: drain on SIGTERM/SIGINT and on SIGHUP (terminal gone); default: in
+            engine mode.
+        keymap: ``{binding id: keys}`` overrides (also read from ``$DATAGEN_KEYS``).
+        log_handler: the :class:`~tui.logbridge.PaneLogHandler` whose lines the log pane shows.
+    """
+
+    TITLE = "eagle-datagen"
+    CSS = CSS
+    COMMANDS = App.COMMANDS | {DashboardCommands}
+    HORIZONTAL_BREAKPOINTS = [(0, "-w-small"), (120, "-w-medium"), (160, "-w-large")]
+    VERTICAL_BREAKPOINTS = [(0, "-h-small"), (30, "-h-medium"), (44, "-h-large")]
+    BINDINGS = [
+        Binding("p", "pause_selected", "Pause", id="dashboard.pause"),
+        Binding("p", "resume_selected", "Resume", id="dashboard.resume"),
+        Binding("s", "skip_selected", "Skip", id="dashboard.skip"),
+        Binding("P", "pause_all", "Pause all", id="dashboard.pause_all"),
+        Binding("R", "resume_all", "Resume all", id="dashboard.resume_all"),
+        Binding("a", "abort", "Abort", id="dashboard.abort"),
+        Binding("plus", "concurrency_up", "Conc+", id="dashboard.concurrency_up"),
+        Binding("minus", "concurrency_down", "Conc-", id="dashboard.concurrency_down"),
+        Binding("x", "exclude_provider", "Exclude", id="dashboard.exclude_provider"),
+        Binding("question_mark", "help", "Help", id="dashboard.help"),
+        Binding("q", "quit", "Quit", id="dashboard.quit"),
+    ]
+
+    def __init__(
+        self,
+        cfg: Config | None = None,
+        *,
+        snapshot_source: Callable[[], RunSnapshot | None] | None = None,
+        controller: Any = None,
+        scheduler: Any = None,
+        gpu_source: Callable[[], GpuReading] | None = None,
+        refresh_hz: float = 2.0,
+        exit_on_pause: bool = False,
+        install_signals: bool | None = None,
+        keymap: dict[str, str] | None = None,
+        log_handler: PaneLogHandler | None = None,
+    ) -> None:
+        super().__init__()
+        if (cfg is None) == (snapshot_source is None):
+            raise ValueError("give either cfg (engine mode) or snapshot_source")
+        if refresh_hz <= 0:
+            raise ValueError("refresh_hz must be > 0")
+        self.host = EngineHost(cfg, exit_on_pause) if cfg is not None else None
+        self._source = snapshot_source
+        self._controller = controller
+        self._scheduler = scheduler
+        self._gpu_source = gpu_source
+        self._poller: GpuPoller | None = None
+        self.refresh_hz = refresh_hz
+        self.exit_on_pause = exit_on_pause
+        self._install_signals = (cfg is not None) if install_signals is None else install_signals
+        self._keymap = {**parse_keymap(os.environ.get("DATAGEN_KEYS", "")), **(keymap or {})}
+        self.log_handler = log_handler
+        self.snapshot: RunSnapshot | None = None
+        """The latest snapshot pulled (None before the engine is prepared)."""
+        self.polls = 0
+        self.renders = 0
+        self.user_paused = False
+        self.conc_target: dict[str, int] = {}
+        self.terminal_lost = False
+        self._signals: list[int] = []
+        self._signals_seen = 0
+        self._binding_key: tuple | None = None
+        self._exit_when_done = False
+        self._closing = False
+
+    # ---- composition ------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield HeaderPane(id="header")
+        yield DatasetsTable(id="datasets")
+        with Horizontal(id="middle"):
+            yield ThroughputPane(id="throughput", classes="pane")
+            yield ErrorsPane(id="errors", classes="pane")
+            yield ProvidersPane(id="providers", classes="pane")
+        with Horizontal(id="bottom"):
+            yield SamplePane(id="sample", classes="pane")
+            with Vertical(id="right"):
+                yield GpusPane(id="gpus", classes="pane")
+                yield LogPane(id="log", classes="pane")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        for wid, title in (("datasets", "datasets"), ("throughput", "throughput"), ("errors", "errors by class"),
+                           ("providers", "providers"), ("sample", "latest sample"), ("gpus", "GPUs"), ("log", "log")):
+            self.query_one(f"#{wid}").border_title = title
+        if self._keymap:
+            self.set_keymap(self._keymap)
+        if self._gpu_source is None:
+            self._poller = GpuPoller().start()
+            self._gpu_source = self._poller.latest
+        if self.host is not None:
+            self.run_worker(self._engine_main(), name="engine", group="engine", exit_on_error=False)
+        if self._install_signals:
+            self._add_signal_handlers()
+        if not self.is_headless:
+            self.set_interval(1.0, self._watch_terminal, name="terminal-watchdog")
+        self.query_one(DatasetsTable).focus()
+        self._tick()
+
+    def on_unmount(self) -> None:
+        self._closing = True
+        if self._poller is not None:
+            self._poller.stop()
+        self._remove_signal_handlers()
+
+    # ---- engine -----------------------------------------------------------------------------
+    async def _engine_main(self) -> None:
+        assert self.host is not None
+        try:
+            code = await self.host.run()
+        except Exception as e:  # noqa: BLE001 - kept in host.error; run_dashboard re-raises it
+            log.error("engine failed: %s: %s", type(e).__name__, e)
+            self.exit(1, return_code=1)
+            return
+        self._poll_once()
+        if self.host.quit_mode or self._exit_when_done or self.terminal_lost or code == 3:
+            self.exit(code, return_code=code)
+        else:
+            self.notify(f"run {self.snapshot.state if self.snapshot else 'ended'}; press q to exit", timeout=10)
+
+    @property
+    def controller(self) -> Any:
+        """The command target (None while the engine is being prepared)."""
+        return self.host.controller if self.host is not None else self._controller
+
+    @property
+    def engine_finished(self) -> bool:
+        """True once the hosted engine's run returned (always False with an injected source)."""
+        return self.host is not None and self.host.finished
+
+    def class_of(self, dataset: str | None) -> str:
+        """The request class of ``dataset``: ``dataset_class(name)`` of the scheduler or controller
+        when the engine has it, else the first class."""
+        sched = self.host.scheduler if self.host is not None else self._scheduler
+        for obj in (self.controller, sched):
+            fn = getattr(obj, "dataset_class", None)
+            if fn is not None and dataset:
+                try:
+                    return str(fn(dataset))
+                except Exception:  # noqa: BLE001 - fall back to the first class
+                    pass
+        return self.snapshot.classes[0].name if self.snapshot and self.snapshot.classes else ""
+
+    def begin_quit(self, mode: str) -> None:
+        """Quit: exit now if the run has ended, else stop it (``"drain"``/``"abort"``) and exit when
+        the engine has flushed and closed the store."""
+        if self.host is None:
+            stop = getattr(self._controller, "stop", None)
+            if stop is not None:
+                stop("quit", abort=(mode == "abort"))
+            self.exit(0, return_code=0)
+            return
+        if self.host.finished:
+            code = self.host.exit_code if self.host.exit_code is not None else 1
+            self.exit(code, return_code=code)
+            return
+        self.notify(self.host.request_quit(mode), timeout=5)
+        self.request_poll()
+
+    # ---- polling ----------------------------------------------------------------------------
+    @property
+    def selected_dataset(self) -> str | None:
+        """Name of the dataset under the table cursor."""
+        return self.query_one(DatasetsTable).selected
+
+    def _take(self) -> RunSnapshot | None:
+        if self.host is not None:
+            sched = self.host.scheduler
+            return sched.snapshot() if sched is not None else None
+        return self._source() if self._source is not None else None
+
+    def _tick(self) -> None:
+        try:
+            self._poll_once()
+        except Exception:  # noqa: BLE001 - a bad snapshot must not kill the dashboard
+            log.exception("dashboard refresh failed")
+        finally:
+            if not self._closing:
+                self.set_timer(1.0 / self.refresh_hz, self._tick, name="poll")
+
+    def request_poll(self) -> None:
+        """Pull and render a snapshot now (outside the timer; polls are synchronous, never overlap)."""
+        if not self._closing:
+            self._poll_once()
+
+    def _poll_once(self) -> None:
+        snap = self._take()
+        self.snapshot = snap
+        self.polls += 1
+        if snap is not None:
+            for c in snap.classes:
+                if self.conc_target.get(c.name) == c.concurrency:
+                    del self.conc_target[c.name]
+            self._check_exit_on_pause(snap)
+        if self.terminal_lost or len(self.screen_stack) > 1:
+            return  # a modal is open (or nobody is looking): skip rendering
+        try:
+            self._render(snap)
+        except NoMatches:  # the app is shutting down: its widgets are gone
+            self._closing = True
+
+    def _check_exit_on_pause(self, snap: RunSnapshot) -> None:
+        sched = self.host.scheduler if self.host is not None else None
+        if self.host is not None and self.host.handles_exit_on_pause:
+            return
+        if (self.exit_on_pause and sched is not None and not self.user_paused and not self._exit_when_done
+                and snap.state == "paused" and snap.in_flight == 0):
+            self._exit_when_done = True
+            sched.stop(f"exit on pause: {snap.state_reason}", exit_code=3, abort=False)
+
+    def _render(self, snap: RunSnapshot | None) -> None:
+        self.renders += 1
+        note = ""
+        if self.engine_finished:
+            note = "run ended: press q to exit"
+        elif self.host is not None and self.host.quit_mode:
+            note = f"quitting ({self.host.quit_mode})…"
+        table = self.query_one(DatasetsTable)
+        with self.batch_update():
+            self.query_one(HeaderPane).update_from(snap, note)
+            if snap is not None:
+                table.update_from(snap)
+                for pane in (self.query_one(ThroughputPane), self.query_one(ErrorsPane),
+                             self.query_one(ProvidersPane)):
+                    if shown(pane):
+                        pane.update_from(snap)
+                self._render_sample()
+            log_pane = self.query_one(LogPane)
+            if shown(log_pane):
+                log_pane.update_from(snap, self.log_handler.drain() if self.log_handler else ())
+            gpus = self.query_one(GpusPane)
+            if shown(gpus) and self._gpu_source is not None:
+                gpus.update_from(self._gpu_source())
+        self._refresh_footer()
+
+    def _render_sample(self) -> None:
+        pane = self.query_one(SamplePane)
+        if shown(pane):
+            pane.update_from(self._selected_ds())
+
+    def _refresh_footer(self) -> None:
+        d = self._selected_ds()
+        key = (d.name if d else None, d.state if d else None, self.snapshot.state if self.snapshot else None)
+        if key != self._binding_key:
+            self._binding_key = key
+            self.refresh_bindings()
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self._render_sample()
+        self._refresh_footer()
+
+    def on_resize(self) -> None:
+        footer = self.query_one(Footer)
+        footer.compact = self.size.width < 120  # every key still fits in 80 columns
+        footer.show_command_palette = self.size.width >= 100
+        self.query_one(DatasetsTable).set_compact(self.size.width < 120)
+        self.query_one(HeaderPane)._last = None  # re-fit the header to the new width
+        self.call_after_refresh(self.request_poll)  # panes shown by the new size get drawn now
+
+    # ---- signals and the terminal -----------------------------------------------------------
+    def _add_signal_handlers(self) -> None:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            try:
+                loop.add_signal_handler(sig, self.on_signal, sig.name)
+                self._signals.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
+
+    def _remove_signal_handlers(self) -> None:
+        import asyncio
+
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        for sig in self._signals:
+            try:
+                loop.remove_signal_handler(sig)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
+        self._signals.clear()
+
+    def on_signal(self, signame: str) -> None:
+        """SIGTERM/SIGINT: drain and exit like quit (a second one aborts). SIGHUP: the terminal is
+        gone; stop drawing and reading it, then drain and exit."""
+        self._signals_seen += 1
+        log.warning("%s received: %s", signame, "draining" if self._signals_seen == 1 else "aborting")
+        if signame == "SIGHUP":
+            self.on_terminal_lost()
+        self.begin_quit("drain" if self._signals_seen == 1 else "abort")
+
+    def _watch_terminal(self) -> None:
+        if self.terminal_lost:
+            return
+        try:
+            fd = sys.__stdin__.fileno() if sys.__stdin__ else 0
+            ok = os.isatty(fd)
+            os.get_terminal_size(sys.__stderr__.fileno() if sys.__stderr__ else 2)
+        except (OSError, ValueError, AttributeError):
+            ok = False
+        if not ok:
+            log.warning("terminal went away: draining and exiting")
+            self.on_terminal_lost()
+            self.begin_quit("drain")
+
+    def on_terminal_lost(self) -> None:
+        """Stop rendering, stop Textual's input thread (it would spin on a closed tty) and send its
+        output nowhere (its writer thread dies on the first EIO and its bounded queue would then
+        block the event loop on the 31st frame), so the drain runs and the process exits."""
+        if self.terminal_lost:
+            return
+        self.terminal_lost = True
+        ev = getattr(self._driver, "exit_event", None)
+        if ev is not None:
+            ev.set()
+        _detach_output(getattr(self._driver, "_writer_thread", None))
+
+
+class _Discard:
+    """A queue stand-in that drops what is put into it."""
+
+    def put(self, item: object, *args: object, **kw: object) -> None:
+        pass
+
+    def qsize(self) -> int:
+        return 0
+
+
+def _detach_output(writer: Any) -> None:
+    """Point Textual's output writer thread at nothing (private API; best effort)."""
+    if writer is None or not hasattr(writer, "_queue"):
+        return
+    old = writer._queue
+    writer._queue = _Discard()
+    try:
+        writer._file = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the thread
+    except OSError:
+        pass
+    try:
+        old.put_nowait(None)  # a live writer thread ends; a dead one does not need it
+    except Exception:  # noqa: BLE001 - queue.Full
+        pass
+
+
+def run_dashboard(cfg: Config, *, exit_on_pause: bool = False, refresh_hz: float = 2.0) -> int:
+    """Run ``cfg``'s job under the dashboard; returns :func:`engine.runner.run_headless`'s exit codes
+    (0 completed or quit, 2 stopped by a fatal provider error, 3 paused with ``exit_on_pause``).
+
+    Terminal log handlers are detached while the app runs (the file log stays); the final progress
+    lines are printed after the app has restored the terminal.
+
+    Raises:
+        Whatever ``prepare`` raised (ConfigError, DatasetError, StoreError), after the app exits.
+    """
+    try:  # Textual sizes itself with shutil.get_terminal_size(), which trusts exported COLUMNS/LINES
+        os.get_terminal_size(sys.__stdout__.fileno())
+        for var in ("COLUMNS", "LINES"):
+            os.environ.pop(var, None)
+    except (OSError, ValueError, AttributeError):
+        pass
+    handler = PaneLogHandler()
+    app = DashboardApp(cfg, exit_on_pause=exit_on_pause, refresh_hz=refresh_hz, log_handler=handler)
+    with quiet_terminal_logging(handler):
+        app.run()
+    host = app.host
+    assert host is not None
+    if host.error is not None:
+        raise host.error
+    snap = host.scheduler.snapshot() if host.scheduler is not None else None
+    if snap is not None and not app.terminal_lost:
+        try:
+            for line in format_progress(snap, set(), final=True):
+                print(line, flush=True)
+            print(f"run {snap.state}{': ' + snap.state_reason if snap.state_reason else ''}; "
+                  f"${snap.cost_usd:.4f} spent; store {host.job.store.path if host.job else '?'}", flush=True)
+        except OSError:  # the terminal went away as we exited
+            pass
+    if host.exit_code is None:
+        return 130  # the app ended without the engine finishing (should not happen)
+    return host.exit_code

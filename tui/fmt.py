@@ -1,0 +1,52 @@
+"""Pure text formatting shared by the panes (no Textual imports; unit-testable)."""
+
+from __future__ import annotations
+
+from engine.rates import fmt_count, fmt_duration
+
+__all__ = ["bar", "fmt_count", "fmt_duration", "money", "pct", "secs", "trim", "GIB"]
+
+GIB = 1024**3
+"""Bytes per GiB."""
+
+
+def money(usd: float | None, digits: int | None = None) -> str:
+    """Dollars: ``"--"`` for None; 4 decimals under $1, 2 from $1 (or ``digits`` decimals)."""
+    if usd is None:
+        return "--"
+    if digits is None:
+        digits = 4 if abs(usd) < 1 else 2
+    return f"${usd:,.{digits}f}"
+
+
+def pct(fraction: float | None) -> str:
+    """A fraction (0.0-1.0) as a percentage: ``0.123 -> "12.3%"``; ``"--"`` for None."""
+    if fraction is None:
+        return "--"
+    return f"{fraction * 100:.1f}%" if fraction < 0.1 else f"{fraction * 100:.0f}%"
+
+
+def secs(s: float | None) -> str:
+    """Seconds for latencies: ``0.0123 -> "12ms"``, ``2.54 -> "2.5s"``, ``12.3 -> "12s"``; ``"--"`` for None."""
+    if s is None:
+        return "--"
+    if s < 1:
+        return f"{s * 1000:.0f}ms"
+    return f"{s:.1f}s" if s < 10 else f"{s:.0f}s"
+
+
+def bar(fraction: float, width: int = 10) -> str:
+    """A text progress bar of ``width`` cells with eighth-block resolution (fraction 0.0-1.0)."""
+    f = min(max(fraction, 0.0), 1.0)
+    eighths = int(round(f * width * 8))
+    full, rem = divmod(eighths, 8)
+    partial = " ▏▎▍▌▋▊▉"[rem] if rem and full < width else ""
+    return ("█" * full + partial).ljust(width, "·")
+
+
+def trim(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters with an ellipsis noting the cut."""
+    text = text.strip()
+    if len(text) <= limit:
+        return text
+    return text[: max(limit - 1, 0)] + "…"

@@ -1,0 +1,144 @@
+"""Modal screens: confirm, quit (drain/abort), pick one of a list, help.
+
+Each is pushed with ``app.push_screen(screen, callback)``: the callback gets the result, so no
+message handler ever awaits a screen (which would deadlock Textual's message loop).
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Label, OptionList, Static
+
+MODAL_CSS = """
+ModalScreen { align: center middle; }
+ModalScreen > Vertical {
+    width: auto; max-width: 90%; min-width: 40; height: auto; max-height: 90%;
+    border: thick $warning; background: $surface; padding: 1 2;
+}
+ModalScreen .title { text-style: bold; margin-bottom: 1; }
+ModalScreen Horizontal { height: auto; margin-top: 1; align-horizontal: center; }
+ModalScreen Button { margin: 0 1; }
+ModalScreen OptionList { height: auto; max-height: 20; }
+"""
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """Yes/no question; ``y``/Enter confirm, ``n``/Escape cancel. Dismisses with True or False."""
+
+    DEFAULT_CSS = MODAL_CSS
+    BINDINGS = [
+        Binding("y", "answer(True)", "Yes", id="confirm.yes"),
+        Binding("n,escape", "answer(False)", "No", id="confirm.no"),
+    ]
+
+    def __init__(self, title: str, body: str | Text, yes: str = "Yes", no: str = "Cancel") -> None:
+        super().__init__()
+        self._title, self._body, self._yes, self._no = title, body, yes, no
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(self._title, classes="title")
+            yield Static(self._body)
+            with Horizontal():
+                yield Button(f"{self._yes} [y]", id="yes", variant="error")
+                yield Button(f"{self._no} [n]", id="no")
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)
+
+
+class QuitScreen(ModalScreen[str | None]):
+    """Quit with requests in flight: ``d`` drain, ``a`` abort, Escape stay. Dismisses with
+    ``"drain"``, ``"abort"`` or None."""
+
+    DEFAULT_CSS = MODAL_CSS
+    BINDINGS = [
+        Binding("d", "choose('drain')", "Drain", id="quit.drain"),
+        Binding("a", "choose('abort')", "Abort", id="quit.abort"),
+        Binding("escape,n", "choose(None)", "Stay", id="quit.cancel"),
+    ]
+
+    def __init__(self, body: str | Text) -> None:
+        super().__init__()
+        self._body = body
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label("Quit?", classes="title")
+            yield Static(self._body)
+            with Horizontal():
+                yield Button("Drain, then quit [d]", id="drain", variant="primary")
+                yield Button("Abort now [a]", id="abort", variant="error")
+                yield Button("Stay [esc]", id="stay")
+
+    def on_mount(self) -> None:
+        self.query_one("#drain", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(None if event.button.id == "stay" else event.button.id)
+
+    def action_choose(self, choice: str | None) -> None:
+        self.dismiss(choice)
+
+
+class PickScreen(ModalScreen[str | None]):
+    """Choose one of ``options`` (``(value, label)``); Enter picks, Escape cancels."""
+
+    DEFAULT_CSS = MODAL_CSS
+    BINDINGS = [Binding("escape", "cancel", "Cancel", id="pick.cancel")]
+
+    def __init__(self, title: str, options: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self._title = title
+        self._values = [v for v, _ in options]
+        self._labels = [label for _, label in options]
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(self._title, classes="title")
+            yield OptionList(*self._labels, id="options")
+
+    def on_mount(self) -> None:
+        self.query_one(OptionList).focus()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.dismiss(self._values[event.option_index])
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class HelpScreen(ModalScreen[None]):
+    """The keys and what they do (any key closes)."""
+
+    DEFAULT_CSS = MODAL_CSS
+
+    def __init__(self, lines: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self._lines = lines
+
+    def compose(self) -> ComposeResult:
+        t = Text()
+        for key, what in self._lines:
+            t.append(f"{key:>8}  ", style="bold cyan")
+            t.append(f"{what}\n")
+        t.append("\nctrl+p opens the command palette with the same actions.\n", style="dim")
+        t.append("Keys can be remapped by binding id: DATAGEN_KEYS='dashboard.pause=f5;dashboard.quit=ctrl+x'.",
+                 style="dim")
+        with Vertical():
+            yield Label("eagle-datagen dashboard: keys", classes="title")
+            yield Static(t)
+
+    def on_key(self, event) -> None:  # noqa: ANN001 - textual.events.Key
+        event.stop()
+        self.dismiss(None)

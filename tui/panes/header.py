@@ -1,0 +1,116 @@
+"""The header: run, state and reason, time, money (spent, credits, rate, projection), ETA, load.
+
+Three lines; each is built from segments with a priority, and the least important segments are
+dropped first when the terminal is narrow, so spent / projected / ETA stay visible at 80 columns.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from engine.snapshot import RunSnapshot
+from tui.fmt import fmt_duration, money
+
+STATE_STYLE = {
+    "starting": "bold cyan", "running": "bold green", "paused": "bold yellow", "draining": "bold yellow",
+    "stopping": "bold yellow", "completed": "bold blue", "stopped": "bold red",
+}
+"""Rich style per run state."""
+
+Segment = tuple[int, Text]
+"""(priority, text): priority 0 is never dropped; higher numbers are dropped first."""
+
+
+def fit(segments: list[Segment], width: int, sep: str = "  ") -> Text:
+    """Join ``segments`` with ``sep``, dropping the highest-priority-number ones until the line fits
+    ``width`` cells (priority-0 segments are kept; the line is then cut with an ellipsis)."""
+    keep = [s for s in segments if s[1].plain]
+    while len(keep) > 1 and sum(s[1].cell_len for s in keep) + len(sep) * (len(keep) - 1) > width:
+        worst = max(range(len(keep)), key=lambda i: (keep[i][0], i))
+        if keep[worst][0] == 0:
+            break
+        del keep[worst]
+    line = Text(sep).join(t for _, t in keep)
+    line.truncate(width, overflow="ellipsis")
+    return line
+
+
+def _t(*parts: tuple[str, str] | str) -> Text:
+    t = Text()
+    for p in parts:
+        t.append(*(p if isinstance(p, tuple) else (p,)))
+    return t
+
+
+def header_lines(s: RunSnapshot | None, note: str = "", width: int = 160) -> list[Text]:
+    """The header's three lines for snapshot ``s`` (None: the engine is still starting).
+
+    Args:
+        s: the snapshot.
+        note: shown at the end of line 1 (e.g. "run ended: press q to exit").
+        width: cells available per line.
+    """
+    if s is None:
+        return [fit([(0, _t(("datagen", "bold"))), (0, _t(("STARTING", STATE_STYLE["starting"]))),
+                     (1, _t("opening the store and ingesting datasets…"))], width), Text(), Text()]
+    state = _t((s.name, "bold"), "  ", (s.state.upper(), STATE_STYLE.get(s.state, "bold")))
+    if s.state_reason:
+        state.append(f" ({s.state_reason})", style="red" if s.state == "stopped" else "yellow")
+    lag_style = "red" if s.loop_lag_ms >= 250 else "yellow" if s.loop_lag_ms >= 50 else ""
+    line1 = fit([
+        (0, state),
+        (2, _t(f"elapsed {fmt_duration(s.elapsed_s)}")),
+        (1, _t(f"in flight {s.in_flight:,}")),
+        (3, _t("loop lag ", (f"{s.loop_lag_ms:.0f} ms", lag_style))),
+        (0, _t((note, "bold reverse")) if note else Text()),
+    ], width)
+
+    spent = _t("spent ", (money(s.cost_usd), "bold"))
+    if s.max_cost_usd is not None:
+        spent.append(f" / cap {money(s.max_cost_usd)}")
+    credits = _t("credits ", (money(s.credits_usd), "bold") if s.credits_usd is not None else "--")
+    if s.credits_usd is not None and s.credits_age_s is not None:
+        credits.append(f" ({fmt_duration(s.credits_age_s)} ago)", style="dim")
+    proj = s.projected_total_cost_usd
+    over_cap = proj is not None and s.max_cost_usd is not None and proj > s.max_cost_usd
+    short = proj is not None and s.credits_usd is not None and proj - s.cost_usd > s.credits_usd
+    projected = _t("projected ", (money(proj), "bold red" if over_cap or short else "bold"))
+    if over_cap or short:
+        projected.append(" > cap!" if over_cap else " > credits!", style="bold red")
+    line2 = fit([
+        (0, spent),
+        (2, credits),
+        (3, _t(f"rate {money(s.spend_rate_usd_per_h, 2)}/h")),
+        (0, projected),
+        (0, _t(("ETA ", "bold"), (fmt_duration(s.eta_s), "bold"))),
+        (4, _t(f"{s.req_per_s:.1f} req/s  {s.tok_per_s:,.0f} tok/s")),
+    ], width)
+
+    if s.errors:
+        errs = _t(("errors ", "bold red"),
+                  "  ".join(f"{k} {v:,}" for k, v in sorted(s.errors.items(), key=lambda kv: (-kv[1], kv[0]))))
+    else:
+        errs = _t(("no errors", "green"))
+    line3 = fit([(0, errs), (5, _t((f"writer queue {s.writer_queue:,}", "dim")) if s.writer_queue else Text())],
+                width)
+    return [line1, line2, line3]
+
+
+class HeaderPane(Static):
+    """Three lines at the top; redraws only when its text (or the width) changes."""
+
+    DEFAULT_CSS = "HeaderPane { height: 3; padding: 0 1; background: $boost; }"
+
+    def __init__(self, **kw) -> None:
+        super().__init__("", **kw)
+        self._last: tuple | None = None
+
+    def update_from(self, snapshot: RunSnapshot | None, note: str = "") -> None:
+        """Render ``snapshot`` (None while the engine starts)."""
+        width = self.content_size.width or max(self.app.size.width - 2, 20)
+        text = Text("\n").join(header_lines(snapshot, note, width))
+        key = (text.plain, tuple(text.spans))
+        if key != self._last:
+            self._last = key
+            self.update(text)
