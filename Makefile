@@ -21,5 +21,16 @@ demo: venv
 test: venv
 	$(BIN)/python -m pytest -q -x --durations=10
 
+# Benchmarks (bench/README.md): writes bench/results.md and bench/results.json; about 13 minutes on 2 cores.
+# BENCH_ARGS="--only B4,B5" or "--quick" for a subset or a short development run.
+bench: venv
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python -m bench.run $(BENCH_ARGS)
+
 clean:
 	rm -rf $(VENV) runs
+
+# The long robustness suite (issue 7): 20 kill -9 chaos, a ten-minute fault soak, 2,000 streams in flight.
+chaos: venv
+	CHAOS_KILLS=20 SOAK_S=600 DATAGEN_LONG=1 $(BIN)/python -m pytest -q -s --durations=10 \
+		tests/test_chaos.py tests/test_soak.py tests/test_signals.py

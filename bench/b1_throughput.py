@@ -1,0 +1,216 @@
+"""B1: completed streaming requests/s and CPU-seconds per 1,000 requests at 2,000 concurrency.
+
+The simulator (own process, own core) streams ~2,000-token completions (mean 2,000, exponential,
+``max_tokens`` 8,000) with zero latency and no rate limit, so the client side is the bottleneck.
+Contenders, each in a fresh process pinned to the other core, over the SAME prompts in the SAME
+order (the simulator's lengths are a function of the prompt, so every contender gets the same
+completions):
+
+- ``ours``: the engine's full headless run (``engine.runner.run_headless``: ingest, store, batched
+  commits, spend accounting, telemetry, supervisor); reconstruction is not in the engine yet.
+- ``httpx``: the minimal httpx loop (``bench/baseline_httpx.py``) with one connection pool sized to
+  the concurrency.
+- ``httpx-sharded``: the same loop over the engine's ``ShardedTransport``.
+- ``openai``: ``AsyncOpenAI`` (``bench/baseline_openai.py``).
+
+Each process measures a steady-state window (after ``start_after`` completions, for ``seconds`` s)
+of completions/s and its own CPU time (all threads). Runs are interleaved (ours, httpx,
+httpx-sharded, openai, then again) so drifting machine load hits them alike.
+
+Run alone: ``python -m bench.b1_throughput [--reps 3] [--seconds 15]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from bench.common import (
+    PROFILE, SimProcess, Window, WorkerError, emit, engine_config, log, make_row, placement, raise_fd_limit,
+    ratio_summary, run_worker, sim_args, summary, tempdir, write_prompts,
+)
+
+CONCURRENCY = 2000
+MEAN_TOKENS = 2000
+MAX_TOKENS = 8000
+N_PROMPTS = 12000
+#: The SDK completes only the shortest requests in the first minutes at 2,000 streams, so its window
+#: opens at a fixed time and its req/s is estimated from SSE events/s (see :func:`rows`).
+OPENAI_OPEN_AT_S = 6.0
+OPENAI_WINDOW_S = 6.0  # its starved loop stretches the window anyway (each check waits a loop iteration)
+WINDOW_S = 10.0 if PROFILE == "full" else 6.0
+START_AFTER = 500 if PROFILE == "full" else 400
+#: The SDK is run at most this many times (each run costs ~35 s of a 15-minute budget; it is a reference).
+OPENAI_REPS = 2
+
+CONTENDERS = {
+    "ours": ("b1_throughput", []),
+    "httpx": ("baseline_httpx", ["--transport", "default"]),
+    "httpx-sharded": ("baseline_httpx", ["--transport", "sharded"]),
+    "openai": ("baseline_openai", []),
+}
+LABELS = {
+    "httpx": "bare httpx loop, one pool (limits=2,000)",
+    "httpx-sharded": "bare httpx loop over ShardedTransport",
+    "openai": "openai AsyncOpenAI (pool limits=2,000)",
+}
+
+
+# ---- worker: the engine -----------------------------------------------------------------------------
+async def engine_worker(a: argparse.Namespace) -> dict:
+    raise_fd_limit()
+    from engine.runner import run_headless, setup_file_logging
+
+    tmp = Path(a.tmp)
+    # The anomaly guard is off: the burst of 2,000 connects on a saturated loop gives ~10% ConnectTimeouts
+    # (client-side, retried), which would pause the dataset mid-window (see the errors in results.json).
+    cfg = engine_config(tmp, a.base_url, [{"name": "b1", "path": a.prompts, "format": "text"}],
+                        concurrency=a.concurrency, max_tokens=a.max_tokens, spend={"anomaly_error_rate": 0})
+    from engine.store import make_run_dir
+
+    make_run_dir(cfg.run.dir)
+    setup_file_logging(cfg.run.dir, stderr_level=None)  # as `datagen run` does
+    holder: dict = {}
+    t_start = time.monotonic()
+    run = asyncio.create_task(run_headless(cfg, io.StringIO(), install_signals=False,
+                                           on_ready=lambda job: holder.setdefault("job", job)))
+    while "job" not in holder:
+        if run.done():
+            run.result()
+            raise RuntimeError("engine ended before it was ready")
+        await asyncio.sleep(0.01)
+    sched = holder["job"].scheduler
+    rts = list(sched.datasets.values())
+    win = Window(a.start_after, 10**9, a.seconds)
+    await win.watch(lambda: sum(rt.done for rt in rts), in_flight=lambda: sum(rt.in_flight for rt in rts))
+    res = win.result()
+    snap = sched.snapshot()
+    res.update(completed=snap.datasets[0].done, errors=sum(snap.errors.values()), error_classes=snap.errors,
+               failed=snap.datasets[0].failed, writer_queue=snap.writer_queue,
+               elapsed_s=time.monotonic() - t_start, in_flight=snap.in_flight,
+               latest_errors={k: v[:200] for k, v in snap.latest_errors.items()})
+    emit(res)
+    os._exit(0)  # the window is closed: do not drain 2,000 streams
+
+
+# ---- orchestration ----------------------------------------------------------------------------------
+def run(reps: int, seconds: float, start_after: int) -> list[dict]:
+    client_cpu, sim_cpu = placement()
+    results: dict[str, list[dict]] = {k: [] for k in CONTENDERS}
+    sim_share: dict[str, list[float]] = {k: [] for k in CONTENDERS}
+    with tempdir("b1") as tmp:
+        prompts = write_prompts(tmp / "prompts.jsonl", N_PROMPTS)
+        with SimProcess(*sim_args(tokens_per_s=0, latency_ms=0, mean_tokens=MEAN_TOKENS), cpu=sim_cpu) as sim:
+            for rep in range(reps):
+                for name, (module, extra) in CONTENDERS.items():
+                    if name == "openai" and rep >= OPENAI_REPS:
+                        continue
+                    work = tmp / f"{name}-{rep}"
+                    work.mkdir()
+                    args = ["--base-url", sim.base_url, "--prompts", str(prompts), "--concurrency", str(CONCURRENCY),
+                            "--max-tokens", str(MAX_TOKENS), *extra]
+                    if name == "openai":  # never reaches steady state at 2,000 streams: fixed-time window
+                        args += ["--start-after", str(10**9), "--open-at-s", str(OPENAI_OPEN_AT_S),
+                                 "--seconds", str(min(seconds, OPENAI_WINDOW_S))]
+                    else:
+                        args += ["--start-after", str(start_after), "--seconds", str(seconds)]
+                    if module == "b1_throughput":
+                        args += ["--tmp", str(work)]
+                    s0, t0 = sim.cpu_s(), time.monotonic()
+                    try:
+                        r = run_worker(module, args, cpu=client_cpu, timeout=seconds + 150)
+                    except WorkerError as e:
+                        log(f"B1 {name} run {rep + 1}: FAILED: {e}")
+                        r = {"req_per_s": None, "cpu_s_per_1000": None, "error": str(e)[:500]}
+                    sim_share[name].append((sim.cpu_s() - s0) / (time.monotonic() - t0))
+                    results[name].append(r)
+                    log(f"B1 {name} run {rep + 1}/{reps if name != 'openai' else min(reps, OPENAI_REPS)}: {_fmt(r.get('req_per_s'))} req/s, "
+                        f"{_fmt(r.get('cpu_s_per_1000'))} CPU-s/1k req, window {r.get('window_requests')} req"
+                        f"{', errors ' + str(r.get('errors')) if r.get('errors') else ''}")
+                    time.sleep(1.0)  # let the simulator drop the previous client's streams
+    return rows(results, sim_share, reps, seconds)
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _openai_equivalent(results: dict[str, list[dict]]) -> tuple[list, list, float | None]:
+    """The SDK's req/s and CPU-s/1k req estimated from its SSE events/s and CPU per event, with the
+    events per request measured in the httpx loops' steady windows (the same prompts)."""
+    epr = [r.get("events_per_request") for k in ("httpx", "httpx-sharded") for r in results[k]]
+    epr = [x for x in epr if x]
+    if not epr:
+        return [None] * len(results["openai"]), [None] * len(results["openai"]), None
+    e = statistics.median(epr)
+    rps = [(r["events_per_s"] / e) if r.get("events_per_s") else None for r in results["openai"]]
+    cpu = [(r["cpu_us_per_event"] * e / 1000) if r.get("cpu_us_per_event") else None for r in results["openai"]]
+    return rps, cpu, e
+
+
+def _mean_inflight(runs: list[dict]) -> str:
+    v = [r["in_flight_mean"] for r in runs if r.get("in_flight_mean") is not None]
+    return f"{statistics.median(v):,.0f}" if v else "-"
+
+
+def rows(results: dict[str, list[dict]], sim_share: dict[str, list[float]], reps: int, seconds: float) -> list[dict]:
+    rps = {k: [r.get("req_per_s") for r in v] for k, v in results.items()}
+    cpu = {k: [r.get("cpu_s_per_1000") for r in v] for k, v in results.items()}
+    rps["openai"], cpu["openai"], epr = _openai_equivalent(results)
+    details = {"runs": results, "simulator_cpu_share": sim_share, "concurrency": CONCURRENCY,
+               "mean_completion_tokens": MEAN_TOKENS, "max_tokens": MAX_TOKENS, "window_s": seconds, "reps": reps,
+               "events_per_request": epr}
+    errs = [r.get("errors") for r in results["ours"] if r.get("errors") is not None]
+    ours_note = (f"engine with the anomaly guard off; {statistics.median(errs):.0f} retried errors per run "
+                 f"({', '.join(sorted({k for r in results['ours'] for k in (r.get('error_classes') or {})})) or 'none'}); "
+                 f"in flight in the window: ours {_mean_inflight(results['ours'])}, bare loop "
+                 f"{_mean_inflight(results['httpx-sharded'])}" if errs else "")
+    oa_note = (f"SDK: estimated from its SSE events/s / {epr:.0f} events per request (steady windows of the "
+               f"httpx loops); at 2,000 streams it completes almost nothing in the window" if epr else "")
+    out = []
+    ours = summary(rps["ours"])
+    for k in ("httpx-sharded", "httpx", "openai"):
+        base = summary(rps[k])
+        rat = ratio_summary(rps["ours"], rps[k])
+        goal = ">= 0.9x" if k.startswith("httpx") else "(report)"
+        met = (rat["median"] >= 0.9) if (rat["median"] is not None and k.startswith("httpx")) else None
+        out.append(make_row("B1", f"completed streaming req/s, 2,000 conc., ~2,000-tok completions; vs {LABELS[k]}",
+                            ours=ours, baseline=base, unit="req/s", ratio=rat, goal=goal, met=met,
+                            note=oa_note if k == "openai" else (ours_note if k == "httpx-sharded" else ""),
+                            details=details if k == "httpx-sharded" else {}))
+    for k in ("httpx-sharded", "httpx", "openai"):
+        out.append(make_row("B1", f"CPU-seconds per 1,000 requests (client process, all threads); vs {LABELS[k]}",
+                            ours=summary(cpu["ours"]), baseline=summary(cpu[k]), unit="CPU-s/1k req",
+                            ratio=ratio_summary(cpu["ours"], cpu[k]), goal="(report; lower is better)", met=None,
+                            note=oa_note if k == "openai" else ""))
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="B1 throughput")
+    p.add_argument("--worker", action="store_true", help="(internal) run the engine contender")
+    p.add_argument("--base-url")
+    p.add_argument("--prompts")
+    p.add_argument("--tmp")
+    p.add_argument("--concurrency", type=int, default=CONCURRENCY)
+    p.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=WINDOW_S)
+    p.add_argument("--start-after", type=int, default=START_AFTER)
+    a = p.parse_args(argv)
+    if a.worker:
+        asyncio.run(engine_worker(a))  # emits its RESULT and exits
+    import json
+
+    print(json.dumps(run(a.reps, a.seconds, a.start_after), indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
