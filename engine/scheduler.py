@@ -77,6 +77,7 @@ class DatasetRuntime:
     tok_rate: RateWindow = field(default_factory=lambda: RateWindow(60))
     tasks: set = field(default_factory=set)
     blocked: set = field(default_factory=set)  # classes waiting for reservations to settle
+    streams: dict = field(default_factory=dict)  # prompt id -> (class, StreamProgress) of in-flight requests
     gate_fired: bool = False
 
     @property
@@ -147,6 +148,7 @@ class Scheduler:
         self.get_json: Callable[..., Any] | None = None
         self._trueups: set[asyncio.Task] = set()
         self.pause_kind = ""
+        self._begun: set[int] = set()
         #: token reconstruction service (``submit(prompt_id, dataset, key, messages, tools, completion)``) or None.
         self.recon: Any = None
         body: dict[str, Any] = {"model": cfg.provider.model}
@@ -304,7 +306,7 @@ class Scheduler:
                 rt.tok_rate.start(self.clock())
             task = asyncio.get_running_loop().create_task(self._request(rt, p, lim, res))
             rt.tasks.add(task)
-            task.add_done_callback(rt.tasks.discard)
+            task.add_done_callback(lambda t, rt=rt, p=p, lim=lim, res=res: self._task_done(t, rt, p, lim, res))
 
     def _request_for(self, p: PendingPrompt) -> ChatRequest:
         return ChatRequest(
@@ -352,11 +354,42 @@ class Scheduler:
         t.add_done_callback(self._trueups.discard)
 
     async def _request(self, rt: DatasetRuntime, p: PendingPrompt, lim: AdjustableLimiter, res: Any) -> None:
+        self._begun.add(p.id)
         req = self._request_for(p)
-        attempts = p.attempts
-        started = [time.time()]
         progress = StreamProgress()
         spent = [0, 0.0]  # tokens, USD of failed attempts of this request
+        rt.streams[p.id] = (p.cls, progress)
+        try:
+            await self._attempts(rt, p, lim, res, req, progress, spent)
+        finally:
+            rt.streams.pop(p.id, None)
+
+    def _task_done(self, t: asyncio.Task, rt: DatasetRuntime, p: PendingPrompt, lim: AdjustableLimiter,
+                   res: Any) -> None:
+        rt.tasks.discard(t)
+        if p.id in self._begun:
+            self._begun.discard(p.id)
+            return
+        # Cancelled before its first step (an abort right after dispatch): undo the dispatch.
+        lim.release()
+        self.spend.release(rt.name, res)
+        self._return_to_pending(rt, p, p.attempts)
+        self._unblock(rt)
+
+    def update_censored(self) -> None:
+        """Give each dataset+class estimator the tokens streamed so far by its in-flight requests
+        (right-censored lengths, see :meth:`engine.budget.CompletionEstimator.set_censored`)."""
+        for rt in self.datasets.values():
+            by_cls: dict[str, list[float]] = {c: [] for c in self.cfg.classes}
+            for cls, prog in rt.streams.values():
+                by_cls[cls].append(prog.tokens_received)
+            for cls, vals in by_cls.items():
+                self.spend.budgets[rt.name].estimators[cls].set_censored(vals)
+
+    async def _attempts(self, rt: DatasetRuntime, p: PendingPrompt, lim: AdjustableLimiter, res: Any,
+                        req: ChatRequest, progress: StreamProgress, spent: list) -> None:
+        attempts = p.attempts
+        started = [time.time()]
 
         async def one_attempt() -> Completion:
             nonlocal attempts

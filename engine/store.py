@@ -54,6 +54,8 @@ CREATE TABLE IF NOT EXISTS results(
   generation_id TEXT NOT NULL, prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL,
   reasoning_tokens INTEGER NOT NULL, cost_usd REAL, latency_s REAL NOT NULL, ttft_s REAL,
   attempts INTEGER NOT NULL, created_at REAL NOT NULL, UNIQUE(dataset, key));
+CREATE INDEX IF NOT EXISTS results_recent ON results(dataset, created_at, completion_tokens, prompt_id);
+CREATE INDEX IF NOT EXISTS results_usage ON results(dataset, prompt_tokens, completion_tokens, reasoning_tokens, cost_usd);
 CREATE TABLE IF NOT EXISTS attempts(
   id INTEGER PRIMARY KEY, prompt_id INTEGER NOT NULL, dataset TEXT NOT NULL, n INTEGER NOT NULL,
   started_at REAL NOT NULL, ended_at REAL NOT NULL, outcome TEXT NOT NULL, error_class TEXT,

@@ -135,6 +135,7 @@ class Supervisor:
                     next_t = self.clock()
                 try:
                     await self.apply_commands()
+                    self.s.update_censored()
                     self.guards()
                     self.s.telemetry.tick(self.s.elapsed_s(), self.clock())
                 except Exception:  # noqa: BLE001 - supervision must survive its own bugs

@@ -55,12 +55,13 @@ class Telemetry:
     def on_error(self, dataset: str, provider: str | None, error_class: str, message: str) -> str | None:
         """Record a failed attempt; returns an anomaly-guard pause reason for ``dataset``, or None.
 
-        Rate limits (429) are throttling, not a misbehaving provider: they are counted by class but
-        do not feed the anomaly guard.
+        Rate limits (429) and connect failures cost nothing and say little about the provider's
+        output (a burst of 2,000 connects on a busy loop times some out): they are counted by class
+        but do not feed the anomaly guard.
         """
         self.providers.record_error(provider or None, error_class)
         self.latest_errors[error_class] = message[:300]
-        if self.anomaly is None or error_class == "rate_limit":
+        if self.anomaly is None or error_class in ("rate_limit", "connect"):
             return None
         return self.anomaly.record(dataset, True)
 

@@ -58,6 +58,53 @@ def is_loopback_host(host: str) -> bool:
     return ip.is_loopback
 
 
+def check_header_secret(secret: str) -> None:
+    """Refuse a key that cannot be sent as an HTTP header value as it is (whitespace, control or non-ASCII
+    characters: e.g. a key file with a second line). httpx/h11 would otherwise fail later with an error
+    message QUOTING the header, escaped so that a plain search for the key misses it.
+
+    Raises:
+        ValueError: naming the position and kind of the bad character, never the key.
+    """
+    for i, ch in enumerate(secret):
+        if not ("\x21" <= ch <= "\x7e"):
+            kind = ("whitespace" if ch.isspace() else "a control character" if ord(ch) < 0x20 or ord(ch) == 0x7F
+                    else "a non-ASCII character")
+            raise ValueError(
+                f"the API key contains {kind} at position {i + 1} of {len(secret)}; an API key is one line of "
+                f"printable ASCII: check the environment variable or key file"
+            )
+
+
+def secret_forms(secrets: Any) -> tuple[str, ...]:
+    """Every form in which a secret may appear in a message: as is, escaped as in ``repr(str)`` and in
+    ``repr(bytes)``, and each printable run of 8+ characters of it (longest first, so whole forms go first)."""
+    forms: set[str] = set()
+    for s in secrets:
+        if not s:
+            continue
+        forms.add(s)
+        forms.add(repr(s)[1:-1])
+        forms.add(repr(s.encode("utf-8", "backslashreplace"))[2:-1])
+        run = ""
+        for ch in s + "\n":
+            if "\x21" <= ch <= "\x7e":
+                run += ch
+                continue
+            if len(run) >= 8:
+                forms.add(run)
+            run = ""
+    return tuple(sorted(forms, key=len, reverse=True))
+
+
+def redact(text: str, forms: tuple[str, ...]) -> str:
+    """``text`` with every form in ``forms`` (see :func:`secret_forms`) replaced by ``[REDACTED]``."""
+    for f in forms:
+        if f in text:
+            text = text.replace(f, "[REDACTED]")
+    return text
+
+
 class _Secret:
     """Holds the API key; its repr never shows it."""
 
@@ -121,6 +168,8 @@ class ChatClient:
         if url.scheme not in ("http", "https") or not url.host:
             raise ValueError(f"base_url must be an http(s) URL with a host, got scheme {url.scheme!r}")
         extra = dict(headers or {})
+        if api_key:
+            check_header_secret(api_key)
         sends_secret = bool(api_key) or any(k.lower() == "authorization" for k in extra)
         if sends_secret and url.scheme == "http" and not is_loopback_host(url.host):
             raise ValueError(
@@ -141,8 +190,8 @@ class ChatClient:
         hdrs.update(extra)
         if api_key:
             hdrs["Authorization"] = f"Bearer {api_key}"
-        # Secrets among user headers are scrubbed from messages too.
-        self._secrets = tuple(
+        # Secrets among user headers are scrubbed from messages too, in every form a message may quote them.
+        self._secrets = secret_forms(
             s for s in ([api_key] if api_key else []) + [v for k, v in extra.items() if k.lower() == "authorization"] if s
         )
         self._transport = ShardedTransport(
@@ -255,11 +304,9 @@ class ChatClient:
     # -- internals --------------------------------------------------------------------------------------------
 
     def _scrub(self, e: RequestError) -> RequestError:
-        """Remove any secret the server may have echoed back from the error's message and args."""
-        for s in self._secrets:
-            if s in e.message or any(isinstance(a, str) and s in a for a in e.args):
-                e.message = e.message.replace(s, "[REDACTED]")
-                e.args = tuple(a.replace(s, "[REDACTED]") if isinstance(a, str) else a for a in e.args)
+        """Remove any secret the server (or a library message) may quote from the error's message and args."""
+        e.message = redact(e.message, self._secrets)
+        e.args = tuple(redact(a, self._secrets) if isinstance(a, str) else a for a in e.args)
         return e
 
     def _transport_error(self, exc: BaseException, progress: StreamProgress, phase: str) -> RequestError:

@@ -26,6 +26,7 @@ from engine.datasets.adapters import (
     MissingField,
     cut_prompt,
     detect_format,
+    wrong_signature_type,
 )
 from engine.datasets.readers import DatasetError, Record, open_records
 from engine.prompts import Prompt, Reject
@@ -123,6 +124,9 @@ def row_to_prompt(row: Any, source: str, format: str, fields: Mapping[str, str] 
     name = detect_format(view) if format == "auto" else format
     if name is None:
         keys = ", ".join(repr(k) for k in list(row)[:12]) + (", ..." if len(row) > 12 else "")
+        wrong = wrong_signature_type(view)
+        if wrong is not None:
+            return Reject(source, f"unrecognised row format: {wrong}")
         return Reject(source, f"unrecognised row format: keys [{keys}]; expected one of: {EXPECTED_KEYS}")
     try:
         conv = ADAPTERS[name](view)

@@ -130,8 +130,38 @@ def _tools(row: Mapping[str, Any]) -> list[dict[str, Any]]:
             raise AdapterError(f"tool {n}: {_kind(tool)}, expected an object")
         if "function" not in tool and isinstance(tool.get("name"), str):
             tool = {"type": "function", "function": tool}  # a bare function schema
+        _check_tool(n, tool)
         tools.append(tool)
     return tools
+
+
+def _check_tool(n: int, tool: Mapping[str, Any]) -> None:
+    """Reject a tool definition every OpenAI-compatible API would answer with a 400 (one failed
+    request per prompt otherwise): not ``type: function``, no function name, or ``parameters`` that
+    are not a JSON Schema object."""
+    kind = tool.get("type", "function")
+    if kind != "function":
+        raise AdapterError(f"tool {n}: type {kind!r}, expected 'function'")
+    fn = tool.get("function", _MISSING)
+    if fn is _MISSING:
+        raise AdapterError(f"tool {n}: missing field 'function' (or a bare schema with a 'name')")
+    if not isinstance(fn, dict):
+        raise AdapterError(f"tool {n}: field 'function' is {_kind(fn)}, expected an object")
+    name = fn.get("name")
+    if not isinstance(name, str) or not name.strip():
+        got = "missing" if name is None else f"{_kind(name)}" if not isinstance(name, str) else "empty"
+        raise AdapterError(f"tool {n}: function name is {got}, expected a non-empty string")
+    params = fn.get("parameters")
+    if params is None:
+        return
+    if not isinstance(params, dict):
+        raise AdapterError(f"tool {n} ({name}): 'parameters' is {_kind(params)}, expected a JSON Schema object")
+    ptype = params.get("type", "object")
+    if ptype != "object":
+        raise AdapterError(f"tool {n} ({name}): 'parameters' has type {ptype!r}, expected 'object'")
+    props = params.get("properties")
+    if props is not None and not isinstance(props, dict):
+        raise AdapterError(f"tool {n} ({name}): 'parameters.properties' is {_kind(props)}, expected an object")
 
 
 def _kind(value: Any) -> str:
@@ -342,6 +372,21 @@ _SIGNATURES: dict[str, tuple[str, Callable[[Any], bool]]] = {
 }
 #: Human-readable list of the signature keys, for "unrecognised row format" rejects.
 EXPECTED_KEYS = "; ".join(f"{key} ({name})" for name, (key, _) in _SIGNATURES.items())
+#: What each format's signature key must hold, for rejects of a row whose key has the wrong type.
+_SIGNATURE_SHAPES = {
+    "swe_agent": "a list of objects", "glaive": "a string", "openai": "a list", "sharegpt": "a list",
+    "ultrachat": "a list of strings", "instruction": "a string", "oss_instruct": "a string",
+    "opencodeinstruct": "a string", "text": "a string",
+}
+
+
+def wrong_signature_type(row: Mapping[str, Any]) -> str | None:
+    """For a row no format fits: the reason when a format's key is present with the wrong type
+    (``"field 'chat' is a int, expected a string (glaive)"``); None when no such key is present."""
+    for name, (key, _) in _SIGNATURES.items():
+        if key in row and not (name == "swe_agent" and "instruction" in row):  # Alpaca's history
+            return f"field {key!r} is {_kind(row[key])}, expected {_SIGNATURE_SHAPES[name]} ({name})"
+    return None
 
 
 def detect_format(row: dict) -> str | None:

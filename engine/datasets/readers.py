@@ -49,7 +49,8 @@ def open_records(path: str | Path) -> Iterator[Record | Reject]:
     -> a JSON array if the first non-space character is ``[``, else JSON lines (or, when its first
     line is not a JSON value by itself, one pretty-printed JSON object, the ``.traj`` layout);
     ``.parquet`` -> Parquet. Any other extension is sniffed the same way (``PAR1`` magic, ``[``,
-    ``{``). A UTF-8 byte-order mark at the start is ignored.
+    ``{``). A UTF-8 byte-order mark at the start is ignored (in JSON lines, at the start of any
+    line: ``cat a.jsonl b.jsonl`` of two files that each begin with one).
 
     Returns:
         an iterator yielding ``(source, value)`` per parsed row, or a ``Reject`` per row that could
@@ -63,9 +64,13 @@ def open_records(path: str | Path) -> Iterator[Record | Reject]:
     """
     p = Path(path)
     shown = str(path)
-    if not p.exists():
+    try:
+        exists, regular = p.exists(), p.is_file()
+    except OSError as e:  # e.g. EACCES on a parent directory: exists() raises instead of saying False
+        raise DatasetError(f"{shown}: cannot access ({e.strerror or e}); expected {_EXPECTED}") from e
+    if not exists:
         raise DatasetError(f"{shown}: no such file; expected {_EXPECTED}")
-    if not p.is_file():
+    if not regular:
         raise DatasetError(f"{shown}: not a regular file; expected {_EXPECTED}")
     try:
         with open(p, "rb") as fh:
@@ -92,8 +97,7 @@ def _iter_jsonl(p: Path, shown: str) -> Iterator[Record | Reject]:
     """Yield JSON lines one by one; each line is decoded on its own so a bad line costs one row."""
     with open(p, "rb") as fh:
         for n, raw in enumerate(fh, 1):
-            if n == 1:
-                raw = raw.removeprefix(_BOM)
+            raw = raw.removeprefix(_BOM)  # at line 1, or mid-file where BOM-prefixed files were concatenated
             source = f"{shown}:{n}"
             try:
                 text = raw.decode("utf-8")
@@ -103,10 +107,11 @@ def _iter_jsonl(p: Path, shown: str) -> Iterator[Record | Reject]:
             if not text.strip():
                 continue
             try:
-                yield source, json.loads(text)
+                yield source, json.loads(text.rstrip("\r\n"))
             except json.JSONDecodeError as e:
                 what = "invalid JSON" if raw.endswith(b"\n") else "truncated last line"
-                yield Reject(source, f"{what}: {e.msg} (column {e.colno})")
+                # The row is one line: the column is the character offset + 1 within it.
+                yield Reject(source, f"{what}: {e.msg} (column {e.pos + 1})")
             except RecursionError:
                 yield Reject(source, "invalid JSON: nested too deeply")
 
