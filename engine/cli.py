@@ -24,8 +24,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 1
     if args.run_dir:
         cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"dir": Path(args.run_dir).resolve()})})
-    make_run_dir(cfg.run.dir)
-    setup_file_logging(cfg.run.dir)
+    try:
+        make_run_dir(cfg.run.dir)
+        setup_file_logging(cfg.run.dir)
+    except OSError as e:
+        print(f"error: run.dir: cannot create or write {cfg.run.dir}: {e.strerror or e}", file=sys.stderr)
+        return 1
     _install_stack_dump(cfg.run.dir)
     headless = args.headless or not sys.stdout.isatty()
     if not headless:

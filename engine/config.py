@@ -535,12 +535,15 @@ def parse_config(data: dict[str, Any], path: Path = Path("config.toml"), *, chec
     if check_files:
         problems = []
         for i, d in enumerate(cfg.datasets):
-            if not d.path.exists():
-                problems.append(f"  datasets[{i}].path ({d.name}): file not found: {d.path}")
-            elif not d.path.is_file():
-                problems.append(f"  datasets[{i}].path ({d.name}): not a file: {d.path}")
-            elif not os.access(d.path, os.R_OK):
-                problems.append(f"  datasets[{i}].path ({d.name}): not readable: {d.path}")
+            try:
+                if not d.path.exists():
+                    problems.append(f"  datasets[{i}].path ({d.name}): file not found: {d.path}")
+                elif not d.path.is_file():
+                    problems.append(f"  datasets[{i}].path ({d.name}): not a file: {d.path}")
+                elif not os.access(d.path, os.R_OK):
+                    problems.append(f"  datasets[{i}].path ({d.name}): not readable: {d.path}")
+            except OSError as e:  # e.g. a directory we may not search
+                problems.append(f"  datasets[{i}].path ({d.name}): cannot access {d.path}: {e.strerror}")
         tok = cfg.provider.sim.tokenizer
         if cfg.provider.kind == "simulated" and tok is not None and not tok.exists():
             problems.append(f"  provider.sim.tokenizer: not found: {tok}")

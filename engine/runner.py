@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TextIO
 
-from engine.client.chat import ChatClient
+from engine.client.chat import ChatClient, check_header_secret
 from engine.client.types import RequestError
 from engine.config import Config, ConfigError, ProviderSection, is_loopback_url
 from engine.controller import Controller
@@ -56,6 +56,13 @@ def resolve_api_key(p: ProviderSection, environ: dict[str, str] | None = None) -
             key = p.api_key_file.read_text().strip()
         except OSError as e:
             raise KeyError_(f"provider.api_key_file: cannot read {p.api_key_file}: {e.strerror}") from None
+    if key:
+        try:
+            check_header_secret(key)
+        except ValueError as e:
+            src = (f"provider.api_key_env (${p.api_key_env})" if env.get(p.api_key_env, "").strip()
+                   else f"provider.api_key_file ({p.api_key_file})")
+            raise KeyError_(f"{src}: {e}") from None
     if not key:
         if p.kind == "openrouter":
             raise KeyError_(
@@ -320,7 +327,10 @@ async def run_job(job: Job, *, exit_on_pause: bool = False, out: TextIO = sys.st
             await asyncio.sleep(0.5)
             reason = guard_pause_reason(sched)
             if reason:
-                print(f"run paused by a guard: {reason}; exiting (--exit-on-pause)", file=out, flush=True)
+                try:
+                    print(f"run paused by a guard: {reason}; exiting (--exit-on-pause)", file=out, flush=True)
+                except (OSError, ValueError):
+                    log.warning("run paused by a guard: %s; exiting (--exit-on-pause)", reason)
                 sched.stop(f"exit on pause: {reason}", exit_code=3, abort=False)
                 return
 
@@ -359,12 +369,19 @@ async def run_headless(
     def on_signal(signame: str) -> None:
         nonlocal signals_seen
         signals_seen += 1
+        # Act first: the terminal may be gone (SIGHUP, a closed pipe) and printing may fail.
         if signals_seen == 1:
-            print(f"{signame}: draining in-flight requests (up to {cfg.run.drain_timeout_s:.0f}s); again to abort", file=out, flush=True)
             asyncio.ensure_future(sched.drain(cfg.run.drain_timeout_s))
+            say(f"{signame}: draining in-flight requests (up to {cfg.run.drain_timeout_s:.0f}s); again to abort")
         else:
-            print(f"{signame}: aborting in-flight requests", file=out, flush=True)
             sched.abort()
+            say(f"{signame}: aborting in-flight requests")
+
+    def say(line: str) -> None:
+        try:
+            print(line, file=out, flush=True)
+        except (OSError, ValueError):  # stdout closed: keep running, the file log has everything
+            log.info("%s", line)
 
     if install_signals:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -379,7 +396,7 @@ async def run_headless(
             await asyncio.sleep(cfg.run.progress_interval_s)
             snap = sched.snapshot()
             for line in format_progress(snap, printed_final):
-                print(line, file=out, flush=True)
+                say(line)
 
     rep = asyncio.create_task(reporter())
     if on_ready:
@@ -397,7 +414,7 @@ async def run_headless(
                     pass
     snap = sched.snapshot()
     for line in format_progress(snap, set(), final=True):
-        print(line, file=out, flush=True)
-    print(f"run {snap.state}{': ' + snap.state_reason if snap.state_reason else ''}; "
-          f"${snap.cost_usd:.4f} spent; store {job.store.path}", file=out, flush=True)
+        say(line)
+    say(f"run {snap.state}{': ' + snap.state_reason if snap.state_reason else ''}; "
+        f"${snap.cost_usd:.4f} spent; store {job.store.path}")
     return code

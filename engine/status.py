@@ -61,6 +61,11 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
     conn = connect_ro(run_dir)
     try:
+        try:
+            conn.execute("SELECT 1 FROM meta, datasets, prompts, results, attempts, runtime LIMIT 0")
+        except sqlite3.DatabaseError as e:
+            raise StatusError(f"{run_dir}: the store is not initialised yet (a run is starting, or one was killed "
+                              f"while creating it: run it again) ({e})") from None
         name = (conn.execute("SELECT value FROM meta WHERE key='run_name'").fetchone() or ["?"])[0]
         rt = conn.execute("SELECT pid, started_at, heartbeat_at, state, state_reason, elapsed_s, live FROM runtime").fetchone()
         pid, started_at, hb, rstate, reason, elapsed, live_json = rt if rt else (None, None, None, None, "", 0.0, None)
