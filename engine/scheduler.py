@@ -47,6 +47,8 @@ log = logging.getLogger(__name__)
 
 #: Prompts read from the store per page, per (dataset, class).
 PAGE = 256
+#: Seconds between refreshes of a dataset's in-flight (censored) lengths while dispatching.
+CENSOR_EVERY_S = 0.25
 
 
 @dataclass
@@ -78,6 +80,7 @@ class DatasetRuntime:
     tasks: set = field(default_factory=set)
     blocked: set = field(default_factory=set)  # classes waiting for reservations to settle
     streams: dict = field(default_factory=dict)  # prompt id -> (class, StreamProgress) of in-flight requests
+    censored_at: float = -1e9
     gate_fired: bool = False
 
     @property
@@ -282,6 +285,10 @@ class Scheduler:
                 rt.requeue[cls].appendleft(p)
                 lim.release()
                 continue
+            now = self.clock()
+            if now - rt.censored_at >= CENSOR_EVERY_S:  # in-flight lengths feed the reservation percentile
+                rt.censored_at = now
+                self._censor(rt)
             try:
                 res = self.spend.reserve(rt.name, cls, p.est_prompt_tokens)
             except Exception as e:  # noqa: BLE001 - e.g. a dollar cap with no price: pause, never spend blind
@@ -380,11 +387,14 @@ class Scheduler:
         """Give each dataset+class estimator the tokens streamed so far by its in-flight requests
         (right-censored lengths, see :meth:`engine.budget.CompletionEstimator.set_censored`)."""
         for rt in self.datasets.values():
-            by_cls: dict[str, list[float]] = {c: [] for c in self.cfg.classes}
-            for cls, prog in rt.streams.values():
-                by_cls[cls].append(prog.tokens_received)
-            for cls, vals in by_cls.items():
-                self.spend.budgets[rt.name].estimators[cls].set_censored(vals)
+            self._censor(rt)
+
+    def _censor(self, rt: DatasetRuntime) -> None:
+        by_cls: dict[str, list[float]] = {c: [] for c in self.cfg.classes}
+        for cls, prog in rt.streams.values():
+            by_cls[cls].append(prog.tokens_received)
+        for cls, vals in by_cls.items():
+            self.spend.budgets[rt.name].estimators[cls].set_censored(vals)
 
     async def _attempts(self, rt: DatasetRuntime, p: PendingPrompt, lim: AdjustableLimiter, res: Any,
                         req: ChatRequest, progress: StreamProgress, spent: list) -> None:
