@@ -32,6 +32,30 @@ from engine.writer import StoreWriter
 log = logging.getLogger("engine")
 
 
+class SafeOut:
+    """A text stream wrapper that stops writing, instead of raising, once the terminal or pipe is gone
+    (``datagen run | head``, a closed tmux pane): the run goes on and the file log keeps everything."""
+
+    def __init__(self, f: TextIO) -> None:
+        self.f = f
+        self.dead = False
+
+    def write(self, s: str) -> int:
+        if not self.dead:
+            try:
+                return self.f.write(s)
+            except (OSError, ValueError):
+                self.dead = True
+        return len(s)
+
+    def flush(self) -> None:
+        if not self.dead:
+            try:
+                self.f.flush()
+            except (OSError, ValueError):
+                self.dead = True
+
+
 class KeyError_(ConfigError):
     """The API key cannot be found (names the variable or file, never the key)."""
 
@@ -361,6 +385,7 @@ async def run_headless(
 
     Returns the exit code (see module docstring).
     """
+    out = out if isinstance(out, SafeOut) else SafeOut(out)
     job = await prepare(cfg, out)
     sched = job.scheduler
     loop = asyncio.get_running_loop()

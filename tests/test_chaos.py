@@ -177,8 +177,8 @@ def test_kill9_chaos_exactly_once(tmp_path):
     lost = [e for g, e in sent.items() if g not in stored_gids]
     window = COMMIT_INTERVAL_S + 1.0  # the commit window, plus parsing and the kill itself
 
-    def kill_of(t):
-        return next((i for i, k in enumerate(kills) if k - window <= t <= k + 0.5), None)
+    def kill_of(t, after=0.5):
+        return next((i for i, k in enumerate(kills) if k - window <= t <= k + after), None)
 
     lost_per_kill = collections.Counter(kill_of(e["t"]) for e in lost)
     assert None not in lost_per_kill, f"a completion was lost away from any kill: {lost_per_kill}"
@@ -197,7 +197,8 @@ def test_kill9_chaos_exactly_once(tmp_path):
     fault_billed = sum(by_gid[g]["cost_usd"] for g in attempt_cost if g in by_gid)
     fault_accounted = sum(attempt_cost.values())
     # Every billed request the store does not account for was cut by a kill.
-    assert all(kill_of(e["t"]) is not None for e in cut), [e for e in cut if kill_of(e["t"]) is None][:3]
+    # (The simulator logs a cut stream when it reads the connection's end: allow it a few seconds.)
+    assert all(kill_of(e["t"], 3.0) is not None for e in cut), [e for e in cut if kill_of(e["t"], 3.0) is None][:3]
     assert billed - accounted == pytest.approx(lost_usd + cut_usd + (fault_billed - fault_accounted), abs=1e-9)
     # Failed attempts' cost is an estimate for kind "openai" (no /generation): streamed characters / 4
     # x the learned completion price (+ the prompt). The simulator's estimate-mode token is one word

@@ -468,3 +468,28 @@ def test_run_at_2000_concurrency_with_enough_fds(tmp_path):
     doc = live_status(tmp_path / "run")
     assert doc["totals"]["done"] == n and doc["totals"]["failed"] == 0
     print(f"\n2,000 concurrency: peak {peak} sockets, soft limit raised from 1024")
+
+
+def test_run_completes_when_stdout_is_closed_from_the_start(tmp_path):
+    data = write_prompts(tmp_path / "p.jsonl", 30)
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f"""
+[run]
+dir = "{tmp_path / 'run'}"
+progress_interval_s = 0.2
+commit_interval_s = 0.1
+[provider.sim]
+tokens_per_s = 200
+[classes.short]
+max_tokens = 200
+concurrency = 4
+[[datasets]]
+name = "a"
+path = "{data}"
+format = "text"
+""")
+    p = subprocess.Popen(run_cmd(cfg), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # like `| head -0`: nobody reads the progress
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err.decode()[-2000:]
+    assert live_status(tmp_path / "run")["totals"]["done"] == 30
