@@ -140,7 +140,13 @@ class Store:
         if new:
             fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
             os.close(fd)
-        conn = await aiosqlite.connect(path, isolation_level=None)
+        pending = aiosqlite.connect(path, isolation_level=None)
+        # The connection's worker thread must never keep the interpreter alive after the loop is gone
+        # (an app torn down mid-run); SQLite's WAL keeps every commit atomic whatever happens.
+        thread = getattr(pending, "_thread", None)
+        if thread is not None and not thread.is_alive():
+            thread.daemon = True
+        conn = await pending
         try:
             await conn.execute("PRAGMA journal_mode=WAL")
             await conn.execute("PRAGMA synchronous=NORMAL")
