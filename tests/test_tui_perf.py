@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import time
 
@@ -17,6 +18,13 @@ from tui.app import DashboardApp
 from tui.testing import sim_config
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _only_when_asked(request):
+    """These take minutes: run them with ``-m slow`` (or RUN_SLOW=1), not in the default suite."""
+    if "slow" not in (request.config.option.markexpr or "") and os.environ.get("RUN_SLOW") != "1":
+        pytest.skip("slow measurement: run with -m slow")
 
 
 def prompts_file(path, n: int, tag: str) -> str:

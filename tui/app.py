@@ -93,7 +93,9 @@ class DashboardApp(ActionsMixin, App[int]):
         install_signals: drain on SIGTERM/SIGINT and on SIGHUP (terminal gone); default: in
             engine mode.
         keymap: ``{binding id: keys}`` overrides (also read from ``$DATAGEN_KEYS``).
-        log_handler: the :class:`~tui.logbridge.PaneLogHandler` whose lines the log pane shows.
+        log_handler: the :class:`~tui.logbridge.PaneLogHandler` whose lines the log pane shows
+            (attached by the caller); by default, in engine mode, the app attaches its own to the
+            root logger while it runs.
     """
 
     TITLE = "eagle-datagen"
@@ -145,6 +147,9 @@ class DashboardApp(ActionsMixin, App[int]):
         self._install_signals = (cfg is not None) if install_signals is None else install_signals
         self._keymap = {**parse_keymap(os.environ.get("DATAGEN_KEYS", "")), **(keymap or {})}
         self.log_handler = log_handler
+        self._own_handler = log_handler is None and cfg is not None
+        if self._own_handler:
+            self.log_handler = PaneLogHandler()
         self.snapshot: RunSnapshot | None = None
         """The latest snapshot pulled (None before the engine is prepared)."""
         self.polls = 0
@@ -182,6 +187,8 @@ class DashboardApp(ActionsMixin, App[int]):
         if self._gpu_source is None:
             self._poller = GpuPoller().start()
             self._gpu_source = self._poller.latest
+        if self._own_handler:
+            logging.getLogger().addHandler(self.log_handler)
         if self.host is not None:
             self.run_worker(self._engine_main(), name="engine", group="engine", exit_on_error=False)
         if self._install_signals:
@@ -193,6 +200,8 @@ class DashboardApp(ActionsMixin, App[int]):
 
     def on_unmount(self) -> None:
         self._closing = True
+        if self._own_handler:
+            logging.getLogger().removeHandler(self.log_handler)
         if self._poller is not None:
             self._poller.stop()
         self._remove_signal_handlers()

@@ -25,17 +25,23 @@ class PaneLogHandler(logging.Handler):
         maxlen: records kept between two drains (older ones are dropped and counted).
         level: minimum level (default INFO).
 
-    Records that ``engine.scheduler`` logs from its ``event`` method are skipped: the same run
-    events reach the pane through ``snapshot.events``.
+    Records that ``engine.scheduler`` logs from its ``event`` method are skipped (the same run
+    events reach the pane through ``snapshot.events``), and so are per-request records below
+    WARNING of the HTTP and SQLite libraries (one line per request would bury everything else).
     """
+
+    QUIET = ("httpx", "httpcore", "aiosqlite", "asyncio")
+    """Loggers whose records below WARNING are dropped."""
 
     def __init__(self, maxlen: int = 1000, level: int = logging.INFO) -> None:
         super().__init__(level)
         self.lines: deque[str] = deque(maxlen=maxlen)
-        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(message)s", "%H:%M:%S"))
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.name == "engine.scheduler" and record.funcName == "event":
+            return
+        if record.levelno < logging.WARNING and record.name.split(".", 1)[0] in self.QUIET:
             return
         try:
             msg = self.format(record)

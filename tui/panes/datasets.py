@@ -68,12 +68,21 @@ def dataset_cells(d: DatasetSnapshot, compact: bool = False) -> dict[str, tuple[
         "failed": (str(d.failed), "red" if d.failed else "dim"),
         "skipped": (str(d.skipped), "magenta" if d.skipped else "dim"),
         "cost": (cost, cost_style),
-        "eta": (fmt_duration(d.eta_s) if d.state not in ("done", "skipped", "budget_met") else "", ""),
+        "eta": _eta(d),
         "rate": (f"{d.req_per_s:.1f}", ""),
         "tokens": (tokens, tok_style),
         "avg": (f"{d.avg_completion_tokens_recent:.0f}/{d.avg_completion_tokens:.0f}", ""),
         "note": (d.state_reason, "yellow" if d.state_reason else ""),
     }
+
+
+def _eta(d: DatasetSnapshot) -> tuple[str, str]:
+    """ETA cell: blank once finished, "--" while paused (a paused dataset does not progress)."""
+    if d.state in ("done", "skipped", "budget_met"):
+        return "", ""
+    if d.state == "paused":
+        return "--", "dim"
+    return fmt_duration(d.eta_s), ""
 
 
 class DatasetsTable(DataTable):

@@ -35,4 +35,4 @@ class ErrorsPane(Static):
         key = (tuple(sorted(snapshot.errors.items())), tuple(sorted(snapshot.latest_errors.items())))
         if key != self._last:
             self._last = key
-            self.update(errors_table(snapshot.errors, snapshot.latest_errors, 200))
+            self.update(errors_table(snapshot.errors, snapshot.latest_errors, 200), layout=False)

@@ -67,5 +67,6 @@ class GpusPane(Static):
         """Redraw when the figures changed (the sampling time alone does not count)."""
         key = (reading.available, reading.reason, reading.gpus)
         if key != self._last:
+            lines_changed = self._last is None or len(self._last[2]) != len(reading.gpus)
             self._last = key
-            self.update(gpus_text(reading))
+            self.update(gpus_text(reading), layout=lines_changed)  # height follows the GPU count

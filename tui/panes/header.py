@@ -113,4 +113,4 @@ class HeaderPane(Static):
         key = (text.plain, tuple(text.spans))
         if key != self._last:
             self._last = key
-            self.update(text)
+            self.update(text, layout=False)  # fixed height: no re-layout of the screen

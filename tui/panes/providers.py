@@ -43,4 +43,4 @@ class ProvidersPane(Static):
         """Redraw when any provider's figures changed."""
         if snapshot.providers != self._last:
             self._last = snapshot.providers
-            self.update(providers_table(snapshot.providers))
+            self.update(providers_table(snapshot.providers), layout=False)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from rich.text import Text
 from textual.widgets import Static
 
@@ -11,6 +13,14 @@ from tui.fmt import trim
 REASONING_CHARS = 400
 CONTENT_CHARS = 900
 """Characters shown of the reasoning and the content."""
+
+
+_BLANKS = re.compile(r"\n\s*\n+")
+
+
+def _squeeze(text: str, limit: int) -> str:
+    """Blank lines collapsed (the pane is small), then trimmed to ``limit`` characters."""
+    return trim(_BLANKS.sub("\n", text), limit)
 
 
 def sample_text(d: DatasetSnapshot | None) -> Text:
@@ -37,9 +47,9 @@ def sample_text(d: DatasetSnapshot | None) -> Text:
     t.append(s.validation or "not run yet", style="" if s.validation else "dim")
     if s.reasoning:
         t.append("\nreasoning: ", style="bold magenta")
-        t.append(trim(s.reasoning, REASONING_CHARS), style="dim")
+        t.append(_squeeze(s.reasoning, REASONING_CHARS), style="dim")
     t.append("\ncontent: ", style="bold")
-    t.append(trim(s.content, CONTENT_CHARS) if s.content else "(empty)")
+    t.append(_squeeze(s.content, CONTENT_CHARS) if s.content else "(empty)")
     return t
 
 
@@ -55,4 +65,4 @@ class SamplePane(Static):
         key = None if d is None else (d.name, d.state, d.state_reason, d.latest_sample)
         if key != self._last or self._last is None:
             self._last = key
-            self.update(sample_text(d))
+            self.update(sample_text(d), layout=False)

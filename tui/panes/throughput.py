@@ -46,10 +46,10 @@ class ThroughputPane(Vertical):
         tok = [x[2] for x in h]
         span = fmt_duration(h[-1][0] - h[0][0]) if len(h) > 1 else "--"
         self.query_one("#req-label", Label).update(
-            f"req/s {snapshot.req_per_s:.1f}  max {max(req + [snapshot.req_per_s]):.1f}  last {span}"
+            f"req/s {snapshot.req_per_s:.1f}  max {max(req + [snapshot.req_per_s]):.1f}  last {span}", layout=False
         )
         self.query_one("#tok-label", Label).update(
-            f"tok/s {fmt_count(snapshot.tok_per_s)}  max {fmt_count(max(tok + [snapshot.tok_per_s]))}  last {span}"
+            f"tok/s {fmt_count(snapshot.tok_per_s)}  max {fmt_count(max(tok + [snapshot.tok_per_s]))}  last {span}", layout=False
         )
         self.query_one("#req-spark", Sparkline).data = req
         self.query_one("#tok-spark", Sparkline).data = tok
