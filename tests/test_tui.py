@@ -228,3 +228,71 @@ async def test_rendering_is_skipped_while_a_modal_is_open():
         assert app.polls > polls + 3 and app.renders == renders
         await pilot.press("escape")
         await until(pilot, lambda: app.renders > renders, 2, what="rendering again")
+
+
+async def test_dashboard_keys_are_off_while_a_modal_is_open():
+    ctl = FakeController()
+    app = DashboardApp(snapshot_source=fixed_snapshot, controller=ctl, gpu_source=lambda: FIXED_GPUS)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.1)
+        await pilot.press("s")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 2, what="confirm modal")
+        await pilot.press("p", "P", "plus")
+        await pilot.pause(0.2)
+        assert ctl.calls == [] and isinstance(app.screen, ConfirmScreen)
+        await pilot.press("y")
+        await until(pilot, lambda: ctl.calls == [("skip", ("b7_sharegpt",))], 2, what="skip call")
+
+
+async def test_command_palette_offers_the_same_actions():
+    ctl = FakeController()
+    app = DashboardApp(snapshot_source=fixed_snapshot, controller=ctl, gpu_source=lambda: FIXED_GPUS)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.1)
+        await pilot.press("ctrl+p")
+        await pilot.pause(0.2)
+        await pilot.press(*"pause dataset b1_glaive")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await until(pilot, lambda: ("pause", ("b1_glaive",)) in ctl.calls, 3, what="pause via palette")
+
+
+def test_a_hung_up_tty_is_not_a_terminal():
+    from tui.terminal import _is_terminal
+
+    master, slave = os.openpty()
+    try:
+        assert _is_terminal(slave)
+        os.close(master)  # the terminal goes away
+        assert not _is_terminal(slave)
+    finally:
+        os.close(slave)
+
+
+async def test_watchdog_drains_and_exits_when_the_terminal_goes_away(cfg, monkeypatch):
+    import tui.terminal
+
+    app = DashboardApp(cfg)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        app._tty_fds = [0]
+        monkeypatch.setattr(tui.terminal, "_is_terminal", lambda fd: False)
+        app._watch_terminal()
+        assert app.terminal_lost and app.host.quit_mode == "drain"
+        polls = app.renders
+        await until(pilot, lambda: not app.is_running, 20, 0.05, "app exit")
+        assert app.renders == polls  # nothing drawn once the terminal is gone
+    assert app.host.exit_code == 0
+
+
+async def test_leaving_the_app_with_requests_in_flight_stops_the_engine_and_closes_the_store(cfg):
+    app = DashboardApp(cfg)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot, min_in_flight=4)
+    # run_test's exit called app.exit(): the engine was aborted and closed before the loop ended
+    assert app.host.finished and app.host.quit_mode == "abort"
+    doc = collect_status(cfg.run.dir)
+    assert doc["run"]["state"] == "stopped" and doc["totals"]["in_flight"] == 0
+    db = sqlite3.connect(cfg.run.dir / "store.sqlite")
+    assert db.execute("SELECT COUNT(*) FROM attempts WHERE outcome='aborted'").fetchone()[0] >= 4
+    db.close()

@@ -34,6 +34,12 @@ HELP = [
 """Key, explanation: what ``?`` shows."""
 
 
+DASHBOARD_ACTIONS = frozenset({
+    "pause_selected", "resume_selected", "skip_selected", "pause_all", "resume_all", "abort", "concurrency_up",
+    "concurrency_down", "exclude_provider", "help", "quit",
+})
+"""The actions bound to dashboard keys."""
+
 RESUMABLE = ("paused", "skipped", "budget_met")
 """Dataset states that ``p`` resumes (the footer then reads "Resume")."""
 
@@ -80,7 +86,10 @@ class ActionsMixin:
         return False
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Footer state: ``p`` reads Pause or Resume, ``P``/``R`` whichever applies."""
+        """Footer state: ``p`` reads Pause or Resume, ``P``/``R`` whichever applies. While a modal is
+        open the dashboard's keys are off (its own keys answer it)."""
+        if action in DASHBOARD_ACTIONS and len(self.screen_stack) > 1:  # type: ignore[attr-defined]
+            return False
         d = self._selected_ds()
         snap = self.snapshot  # type: ignore[attr-defined]
         if action == "pause_selected":

@@ -1,7 +1,8 @@
 """The dashboard: a Textual app that hosts the engine and shows one immutable snapshot at a time.
 
-The app owns the event loop. In engine mode (``DashboardApp(cfg)``) an async worker runs
-:meth:`tui.host.EngineHost.run` (prepare, writer, ``scheduler.run()``, close) on that loop; the UI
+The app owns the event loop. In engine mode (``DashboardApp(cfg)``) :meth:`tui.host.EngineHost.run`
+(prepare, writer, supervisor, ``scheduler.run()``, close) runs on that loop in a task that an async
+worker awaits; on unmount the app stops it and waits for the store to close. The UI
 pulls ``scheduler.snapshot()`` every ``1/refresh_hz`` seconds with a self-rescheduling timer (polls
 never overlap) and sends commands through :class:`engine.controller.Controller`. Nothing in the
 engine sends the UI a message per request. For tests and screenshots, ``DashboardApp(
@@ -10,9 +11,9 @@ snapshot_source=..., controller=...)`` shows an injected snapshot source instead
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-import signal
 import sys
 from typing import Any, Callable
 
@@ -20,7 +21,6 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
-from textual.widget import Widget
 from textual.widgets import DataTable, Footer
 
 from engine.config import Config
@@ -29,55 +29,16 @@ from engine.progress import format_progress
 from engine.snapshot import RunSnapshot
 from tui.actions import ActionsMixin, DashboardCommands
 from tui.host import EngineHost
+from tui.layout import CSS, HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS, parse_keymap, shown
 from tui.logbridge import PaneLogHandler, quiet_terminal_logging
+from tui.terminal import TerminalMixin
 from tui.panes import (
     DatasetsTable, ErrorsPane, GpusPane, HeaderPane, LogPane, ProvidersPane, SamplePane, ThroughputPane,
 )
 
 log = logging.getLogger("datagen.dashboard")
 
-CSS = """
-.pane { border: round $primary-darken-2; border-title-color: $text-accent; padding: 0 1; }
-#datasets { height: auto; max-height: 45%; border: round $primary; border-title-color: $text-accent; }
-#middle { height: 12; }
-#middle > .pane, #sample { height: 1fr; }
-#bottom { height: 1fr; min-height: 4; }
-#throughput { width: 1fr; }
-#errors { width: 1fr; }
-#providers { width: 62; }
-#sample { width: 1fr; }
-#right { width: 1fr; }
-#gpus { height: auto; max-height: 10; }
-#log { height: 1fr; min-height: 3; scrollbar-size: 1 1; }
-Screen.-h-medium #middle { height: 8; }
-Screen.-w-medium #providers, Screen.-w-medium #gpus { display: none; }
-Screen.-w-small #middle, Screen.-h-small #middle { display: none; }
-Screen.-w-small #sample, Screen.-h-small #sample { display: none; }
-Screen.-w-small #gpus, Screen.-h-small #gpus { display: none; }
-"""
-
-
-def shown(w: Widget) -> bool:
-    """True when ``w`` and every ancestor up to its screen are displayed."""
-    node: Any = w
-    while node is not None and node is not w.screen:
-        if not node.display:
-            return False
-        node = node.parent
-    return True
-
-
-def parse_keymap(spec: str) -> dict[str, str]:
-    """``"dashboard.pause=f5;dashboard.quit=ctrl+x"`` -> ``{binding id: keys}`` (bad items ignored)."""
-    out = {}
-    for item in spec.split(";"):
-        bid, _, keys = item.partition("=")
-        if bid.strip() and keys.strip():
-            out[bid.strip()] = keys.strip()
-    return out
-
-
-class DashboardApp(ActionsMixin, App[int]):
+class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
     """The run dashboard.
 
     Args:
@@ -101,8 +62,8 @@ class DashboardApp(ActionsMixin, App[int]):
     TITLE = "eagle-datagen"
     CSS = CSS
     COMMANDS = App.COMMANDS | {DashboardCommands}
-    HORIZONTAL_BREAKPOINTS = [(0, "-w-small"), (120, "-w-medium"), (160, "-w-large")]
-    VERTICAL_BREAKPOINTS = [(0, "-h-small"), (30, "-h-medium"), (44, "-h-large")]
+    HORIZONTAL_BREAKPOINTS = HORIZONTAL_BREAKPOINTS
+    VERTICAL_BREAKPOINTS = VERTICAL_BREAKPOINTS
     BINDINGS = [
         Binding("p", "pause_selected", "Pause", id="dashboard.pause"),
         Binding("p", "resume_selected", "Resume", id="dashboard.resume"),
@@ -158,10 +119,12 @@ class DashboardApp(ActionsMixin, App[int]):
         self.conc_target: dict[str, int] = {}
         self.terminal_lost = False
         self._signals: list[int] = []
+        self._tty_fds: list[int] = []
         self._signals_seen = 0
         self._binding_key: tuple | None = None
         self._exit_when_done = False
         self._closing = False
+        self._engine_task: asyncio.Task | None = None
 
     # ---- composition ------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -190,16 +153,28 @@ class DashboardApp(ActionsMixin, App[int]):
         if self._own_handler:
             logging.getLogger().addHandler(self.log_handler)
         if self.host is not None:
+            # The engine runs in its own task, awaited (shielded) by the worker: Textual cancels workers
+            # when the app shuts down, and the engine must instead stop cleanly (see on_unmount).
+            self._engine_task = asyncio.create_task(self.host.run(), name="engine")
             self.run_worker(self._engine_main(), name="engine", group="engine", exit_on_error=False)
         if self._install_signals:
             self._add_signal_handlers()
         if not self.is_headless:
-            self.set_interval(1.0, self._watch_terminal, name="terminal-watchdog")
+            self._start_terminal_watchdog()
         self.query_one(DatasetsTable).focus()
         self._tick()
 
-    def on_unmount(self) -> None:
+    async def on_unmount(self) -> None:
+        """Whatever ended the app, stop the engine (abort, or the drain already asked for) and wait
+        until it has flushed and closed the store, so no aiosqlite thread outlives the loop."""
         self._closing = True
+        task = self._engine_task
+        if task is not None and not task.done() and self.host is not None:
+            self.host.request_quit("drain" if self.host.quit_mode == "drain" else "abort")
+            await asyncio.wait({task}, timeout=self.host.cfg.run.drain_timeout_s + 30)
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task}, timeout=10)
         if self._own_handler:
             logging.getLogger().removeHandler(self.log_handler)
         if self._poller is not None:
@@ -208,9 +183,9 @@ class DashboardApp(ActionsMixin, App[int]):
 
     # ---- engine -----------------------------------------------------------------------------
     async def _engine_main(self) -> None:
-        assert self.host is not None
+        assert self.host is not None and self._engine_task is not None
         try:
-            code = await self.host.run()
+            code = await asyncio.shield(self._engine_task)
         except Exception as e:  # noqa: BLE001 - kept in host.error; run_dashboard re-raises it
             log.error("engine failed: %s: %s", type(e).__name__, e)
             self.exit(1, return_code=1)
@@ -220,6 +195,15 @@ class DashboardApp(ActionsMixin, App[int]):
             self.exit(code, return_code=code)
         else:
             self.notify(f"run {self.snapshot.state if self.snapshot else 'ended'}; press q to exit", timeout=10)
+
+    def exit(self, result: Any = None, return_code: int = 0, message: Any = None) -> None:
+        """Exit the app; while the hosted engine runs, stop it first (abort, or the drain already
+        asked for) and exit when it has closed the store, so no request or row is left behind."""
+        if self.host is not None and not self.host.finished:
+            self._exit_when_done = True
+            self.host.request_quit("drain" if self.host.quit_mode == "drain" else "abort")
+            return
+        super().exit(result, return_code, message)
 
     @property
     def controller(self) -> Any:
@@ -359,93 +343,6 @@ class DashboardApp(ActionsMixin, App[int]):
         self.query_one(DatasetsTable).set_compact(self.size.width < 120)
         self.query_one(HeaderPane)._last = None  # re-fit the header to the new width
         self.call_after_refresh(self.request_poll)  # panes shown by the new size get drawn now
-
-    # ---- signals and the terminal -----------------------------------------------------------
-    def _add_signal_handlers(self) -> None:
-        import asyncio
-
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            try:
-                loop.add_signal_handler(sig, self.on_signal, sig.name)
-                self._signals.append(sig)
-            except (NotImplementedError, RuntimeError, ValueError):
-                pass
-
-    def _remove_signal_handlers(self) -> None:
-        import asyncio
-
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        for sig in self._signals:
-            try:
-                loop.remove_signal_handler(sig)
-            except (NotImplementedError, RuntimeError, ValueError):
-                pass
-        self._signals.clear()
-
-    def on_signal(self, signame: str) -> None:
-        """SIGTERM/SIGINT: drain and exit like quit (a second one aborts). SIGHUP: the terminal is
-        gone; stop drawing and reading it, then drain and exit."""
-        self._signals_seen += 1
-        log.warning("%s received: %s", signame, "draining" if self._signals_seen == 1 else "aborting")
-        if signame == "SIGHUP":
-            self.on_terminal_lost()
-        self.begin_quit("drain" if self._signals_seen == 1 else "abort")
-
-    def _watch_terminal(self) -> None:
-        if self.terminal_lost:
-            return
-        try:
-            fd = sys.__stdin__.fileno() if sys.__stdin__ else 0
-            ok = os.isatty(fd)
-            os.get_terminal_size(sys.__stderr__.fileno() if sys.__stderr__ else 2)
-        except (OSError, ValueError, AttributeError):
-            ok = False
-        if not ok:
-            log.warning("terminal went away: draining and exiting")
-            self.on_terminal_lost()
-            self.begin_quit("drain")
-
-    def on_terminal_lost(self) -> None:
-        """Stop rendering, stop Textual's input thread (it would spin on a closed tty) and send its
-        output nowhere (its writer thread dies on the first EIO and its bounded queue would then
-        block the event loop on the 31st frame), so the drain runs and the process exits."""
-        if self.terminal_lost:
-            return
-        self.terminal_lost = True
-        ev = getattr(self._driver, "exit_event", None)
-        if ev is not None:
-            ev.set()
-        _detach_output(getattr(self._driver, "_writer_thread", None))
-
-
-class _Discard:
-    """A queue stand-in that drops what is put into it."""
-
-    def put(self, item: object, *args: object, **kw: object) -> None:
-        pass
-
-    def qsize(self) -> int:
-        return 0
-
-
-def _detach_output(writer: Any) -> None:
-    """Point Textual's output writer thread at nothing (private API; best effort)."""
-    if writer is None or not hasattr(writer, "_queue"):
-        return
-    old = writer._queue
-    writer._queue = _Discard()
-    try:
-        writer._file = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the thread
-    except OSError:
-        pass
-    try:
-        old.put_nowait(None)  # a live writer thread ends; a dead one does not need it
-    except Exception:  # noqa: BLE001 - queue.Full
-        pass
 
 
 def run_dashboard(cfg: Config, *, exit_on_pause: bool = False, refresh_hz: float = 2.0) -> int:

@@ -89,8 +89,10 @@ class EngineHost:
             self.error = e
             raise
         self.controller = getattr(job, "controller", None) or Controller(job.scheduler)
-        if self.quit_mode:  # quit was asked while preparing
-            self.request_quit(self.quit_mode)
+        if self.quit_mode:  # quit was asked while preparing: nothing was dispatched
+            await job.close()
+            self.exit_code = 0
+            return 0
         run_job = getattr(runner, "run_job", None)
         try:
             if run_job is not None:  # writer + supervisor + scheduler; closes the job
