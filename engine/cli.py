@@ -88,8 +88,20 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from engine.status import StatusError, collect_status, format_status
+    from engine.status import StatusError, collect_status, format_status, watch_status
 
+    if args.interval is not None and not args.watch:
+        print("error: --interval goes with --watch", file=sys.stderr)
+        return 1
+    if args.watch:
+        interval = 2.0 if args.interval is None else args.interval
+        if not interval > 0:
+            print(f"error: --interval must be > 0 seconds, got {interval}", file=sys.stderr)
+            return 1
+        try:
+            return watch_status(Path(args.run_dir), interval, as_json=args.json)
+        except KeyboardInterrupt:
+            return 0
     try:
         doc = collect_status(Path(args.run_dir))
     except StatusError as e:
@@ -156,9 +168,9 @@ def _cmd_ctl(args: argparse.Namespace) -> int:
             print("error: usage: datagen ctl RUN_DIR concurrency CLASS N", file=sys.stderr)
             return 1
         arg = args.value
-    elif args.verb == "exclude-provider":
+    elif args.verb in ("exclude-provider", "include-provider"):
         if args.dataset is None:
-            print("error: usage: datagen ctl RUN_DIR exclude-provider NAME", file=sys.stderr)
+            print(f"error: usage: datagen ctl RUN_DIR {args.verb} NAME", file=sys.stderr)
             return 1
         dataset, arg = None, args.dataset
     elif args.verb == "skip":
@@ -180,12 +192,12 @@ def _cmd_ctl(args: argparse.Namespace) -> int:
                 if input("abort them? [y/N] ").strip().lower() not in ("y", "yes"):
                     print("not aborted")
                     return 1
-        result = send(Path(args.run_dir), args.verb, dataset, arg)
+        result = send(Path(args.run_dir), args.verb, dataset, arg, force=args.force)
     except (StatusError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(result)
-    return 1 if result.startswith("error") else 0
+    print(result.text, file=sys.stdout if result.ok else sys.stderr)
+    return 0 if result.ok else 1
 
 
 def _cmd_extract(args: argparse.Namespace) -> int:
@@ -235,16 +247,23 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="show a run's progress (works while it runs, from another shell)")
     st.add_argument("run_dir")
     st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument("--watch", action="store_true", help="refresh until the engine exits (or Ctrl-C)")
+    st.add_argument("--interval", type=float, default=None, metavar="S", help="seconds between refreshes with --watch (default 2)")
     st.set_defaults(func=_cmd_status)
 
     c = sub.add_parser("ctl", help="control a run from another shell: pause|resume|skip|abort [DATASET], "
-                       "concurrency CLASS N, exclude-provider NAME")
+                       "concurrency CLASS N, exclude-provider|include-provider NAME; exits 1 when not applied",
+                       description="Exit status: 0 applied by the live engine, or saved for the next start "
+                       "(pause/resume/skip DATASET, exclude/include-provider); 1 refused or not applied (no engine "
+                       "running for abort, concurrency and a run-wide pause/resume; not confirmed within 10 s).")
     c.add_argument("run_dir")
-    c.add_argument("verb", choices=["pause", "resume", "skip", "abort", "concurrency", "exclude-provider"])
-    c.add_argument("dataset", nargs="?", help="dataset (or CLASS for concurrency, NAME for exclude-provider)")
+    c.add_argument("verb", choices=["pause", "resume", "skip", "abort", "concurrency", "exclude-provider",
+                                    "include-provider"])
+    c.add_argument("dataset", nargs="?", help="dataset (or CLASS for concurrency, NAME for the provider verbs)")
     c.add_argument("value", nargs="?", help="N for concurrency")
     c.add_argument("--yes", action="store_true", help="confirm abort without asking")
     c.add_argument("--abort", action="store_true", help="with skip: cancel the dataset's in-flight requests too")
+    c.add_argument("--force", action="store_true", help="with exclude-provider: a name this run has not seen yet")
     c.set_defaults(func=_cmd_ctl)
 
     xt = sub.add_parser("extract", help="run the target model over the token records and save EAGLE-3 hidden states")

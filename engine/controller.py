@@ -6,6 +6,8 @@ valid choices), acts on the event loop at once, and returns a short human-readab
 
 from __future__ import annotations
 
+from engine.ctl import resolve_provider
+from engine.limiter import check_concurrency, concurrency_cap
 from engine.scheduler import Scheduler
 from engine.snapshot import RunSnapshot
 
@@ -30,6 +32,19 @@ class Controller:
             raise ValueError("provider name is empty")
         await self._s.exclude_provider(name)
         return f"provider {name} excluded"
+
+    async def include_provider(self, name: str) -> str:
+        """Route new requests to an excluded provider again (undoes :meth:`exclude_provider`; persisted).
+
+        Raises:
+            ValueError: ``name`` is not excluded (the message lists the excluded ones).
+        """
+        excluded = list(self._s.excluded_providers)
+        if not excluded:
+            raise ValueError(f"provider {name!r} is not excluded: no provider is excluded")
+        name = resolve_provider(name, excluded, what="excluded provider")
+        await self._s.include_provider(name)
+        return f"provider {name} included again"
 
     def dollars_in_flight(self) -> float:
         """Expected USD of the requests in flight (what an abort may save at most)."""
@@ -81,12 +96,25 @@ class Controller:
         n = self._s.abort(self._ds(dataset) if dataset else None)
         return f"{n} in-flight request(s) aborted"
 
-    async def set_concurrency(self, cls: str, n: int) -> str:
-        """Set request class ``cls``'s concurrency to ``n`` (>= 0) at once."""
+    def concurrency_bounds(self, cls: str) -> tuple[int, int]:
+        """``(1, cap)``: the concurrency range class ``cls`` accepts (see :func:`engine.limiter.concurrency_cap`).
+
+        Raises:
+            ValueError: unknown class.
+        """
         if cls not in self._s.limiters:
             raise ValueError(f"unknown class {cls!r}; expected one of: {', '.join(self._s.limiters)}")
-        if n < 0:
-            raise ValueError(f"concurrency must be >= 0, got {n}")
+        return 1, concurrency_cap(self._s.cfg.classes[cls].concurrency)
+
+    async def set_concurrency(self, cls: str, n: int) -> str:
+        """Set request class ``cls``'s concurrency to ``n`` at once.
+
+        Raises:
+            ValueError: unknown class, or ``n`` outside ``1..cap`` (:meth:`concurrency_bounds`); 0 is
+                refused because stopping dispatch is a pause, which the run then shows.
+        """
+        self.concurrency_bounds(cls)
+        check_concurrency(cls, n, self._s.cfg.classes[cls].concurrency)
         await self._s.set_concurrency(cls, n)
         return f"class {cls} concurrency {n}"
 

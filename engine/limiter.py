@@ -4,6 +4,32 @@ from __future__ import annotations
 
 import asyncio
 
+#: ``+`` and ``datagen ctl concurrency`` may raise a class to this many times its configured concurrency.
+CONCURRENCY_FACTOR = 4
+#: ... and always to at least this many (a class configured at 2 may still go to 16).
+CONCURRENCY_FLOOR_CAP = 16
+#: The absolute maximum, the config's own upper bound for ``[classes.NAME] concurrency``.
+CONCURRENCY_MAX = 100_000
+
+
+def concurrency_cap(configured: int) -> int:
+    """Highest concurrency a class configured at ``configured`` may be set to while running:
+    ``max(4 x configured, 16)``, at most 100,000 (requests). The lowest is 1: stopping dispatch
+    is a pause (``P`` / ``datagen ctl RUN pause``), shown as such, not a silent 0."""
+    return min(CONCURRENCY_MAX, max(CONCURRENCY_FACTOR * configured, CONCURRENCY_FLOOR_CAP))
+
+
+def check_concurrency(cls: str, n: int, configured: int) -> None:
+    """Raise ``ValueError`` naming the class and the allowed range unless ``1 <= n <= cap``."""
+    cap = concurrency_cap(configured)
+    if n < 1:
+        raise ValueError(f"concurrency of class {cls} must be at least 1, got {n}; to stop dispatching, "
+                         f"pause the run or a dataset (P / p in the dashboard, `datagen ctl RUN_DIR pause [DATASET]`)")
+    if n > cap:
+        raise ValueError(f"concurrency of class {cls} may be at most {cap:,} ({CONCURRENCY_FACTOR}x the configured "
+                         f"{configured:,}, at least {CONCURRENCY_FLOOR_CAP}), got {n:,}; raise "
+                         f"[classes.{cls}] concurrency in the config to go higher")
+
 
 class AdjustableLimiter:
     """Like ``asyncio.Semaphore`` but with a live-settable capacity.

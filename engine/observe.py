@@ -9,19 +9,28 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
+from engine.limiter import concurrency_cap
 from engine.projection import project_run, spend_rate_usd_per_h
 from engine.snapshot import ClassSnapshot, DatasetSnapshot, RunSnapshot
 
 if TYPE_CHECKING:
     from engine.scheduler import Scheduler
 
+#: Seconds after its budget last held dispatch back that a dataset still reads "budget-limited".
+LIMITED_HOLD_S = 2.0
+#: Run states in which the run makes progress (an ETA counts down only in these).
+PROGRESSING = ("starting", "running")
+
 
 def live_row(sched: "Scheduler") -> dict[str, Any]:
     """Fields of the store's ``runtime`` row written at every commit (see :class:`~engine.writer.StoreWriter`):
     pid, start, state, elapsed and the live figures ``datagen status`` merges with committed rows."""
     snap = build_snapshot(sched)
+    cr = sched.spend.credits
+    routing = sched.cfg.provider.routing
     return {
         "pid": os.getpid(),
         "started_at": sched._wall0,
@@ -34,16 +43,29 @@ def live_row(sched: "Scheduler") -> dict[str, Any]:
             "reserved_tokens": {d.name: d.reserved_tokens for d in snap.datasets},
             "projected_cost_usd": {d.name: d.projected_cost_usd for d in snap.datasets},
             "eta_s": {d.name: d.eta_s for d in snap.datasets},
+            "projection": {d.name: {"cost_low_usd": d.projected_cost_low_usd, "cost_high_usd": d.projected_cost_high_usd,
+                                    "eta_s_low": d.eta_s_low, "eta_s_high": d.eta_s_high,
+                                    "calibration": list(d.calibration) if d.calibration else None}
+                           for d in snap.datasets},
+            "limit_reason": {d.name: d.limit_reason for d in snap.datasets},
             "concurrency": {c.name: c.concurrency for c in snap.classes},
+            "classes": [{"name": c.name, "concurrency": c.concurrency, "configured": c.configured,
+                         "max": c.max_concurrency, "in_flight": c.in_flight, "max_tokens": c.max_tokens}
+                        for c in snap.classes],
             "credits_usd": snap.credits_usd,
             "credits_age_s": snap.credits_age_s,
+            "credits_at": (time.time() - (sched.clock() - cr.at)) if cr else None,
             "credits_drift_usd": sched.spend.drift_usd(),
             "spend_rate_usd_per_h": snap.spend_rate_usd_per_h,
             "projected_total_cost_usd": snap.projected_total_cost_usd,
             "cost_in_flight_usd": snap.cost_in_flight_usd,
             "eta_s_run": snap.eta_s,
+            "run_projection": {"cost_low_usd": snap.projected_cost_low_usd, "cost_high_usd": snap.projected_cost_high_usd,
+                               "eta_s_low": snap.eta_s_low, "eta_s_high": snap.eta_s_high,
+                               "calibration": list(snap.calibration) if snap.calibration else None},
             "providers": [dataclasses.asdict(p) for p in snap.providers],
             "excluded_providers": list(sched.excluded_providers),
+            "routing_providers": sorted({n for lst in (routing.order, routing.only, routing.ignore) for n in lst or ()}),
         },
     }
 
@@ -54,6 +76,9 @@ def build_snapshot(sched: "Scheduler") -> RunSnapshot:
     dss = []
     projections = []
     errors: collections.Counter = collections.Counter()
+    progressing = sched.state in PROGRESSING and not sched.run_paused
+    n_done = sum(rt.done for rt in sched.datasets.values())
+    run_mean = sum(rt.completion_tokens for rt in sched.datasets.values()) / n_done if n_done else None
     for rt in sched.datasets.values():
         terminal = rt.control in ("skipped", "budget_met")
         skipped = rt.pending_total if terminal else 0
@@ -61,29 +86,38 @@ def build_snapshot(sched: "Scheduler") -> RunSnapshot:
         proj = sched.spend.project(
             rt.name, prompts_left=pending, in_flight=rt.in_flight, cost_so_far=rt.cost_usd,
             completion_tokens=rt.completion_tokens, recent_tok_per_s=rt.tok_rate.rate(now),
-            since_start_tok_per_s=rt.tok_rate.rate_since_start(now),
+            since_start_tok_per_s=rt.tok_rate.rate_since_start(now), fallback_mean_tokens=run_mean,
         )
         projections.append(proj)
         b = sched.spend.budgets[rt.name]
         recent = [e.mean() for e in b.estimators.values() if e.count]
+        state = rt.state(sched.run_paused)
+        moving = progressing and state in ("running", "pending")  # a paused dataset's ETA does not count down
+        calibration = None if proj.calibrated or proj.tokens_to_come_high <= 0 else (proj.observed, proj.calibrate_after)
         dss.append(
             DatasetSnapshot(
-                name=rt.name, state=rt.state(sched.run_paused), state_reason=rt.reason, prompts=rt.prompts,
+                name=rt.name, state=state, state_reason=rt.reason, prompts=rt.prompts,
                 rejected=rt.rejected, done=rt.done, failed=rt.failed, skipped=skipped, pending=pending,
                 in_flight=rt.in_flight, prompt_tokens=rt.prompt_tokens, completion_tokens=rt.completion_tokens,
                 reasoning_tokens=rt.reasoning_tokens, cost_usd=rt.cost_usd, token_budget=rt.token_budget,
                 errors=dict(rt.errors), req_per_s=rt.rate.rate(now), req_per_s_since_start=rt.rate.rate_since_start(now),
                 tok_per_s=rt.tok_rate.rate(now),
                 avg_completion_tokens=(rt.completion_tokens / rt.done) if rt.done else 0.0,
-                eta_s=proj.eta_s_recent, eta_s_since_start=proj.eta_s_since_start,
+                eta_s=proj.eta_s_recent if moving else None,
+                eta_s_since_start=proj.eta_s_since_start if moving else None,
                 avg_completion_tokens_recent=(sum(recent) / len(recent)) if recent else 0.0,
                 reserved_tokens=sched.spend.reserved_tokens(rt.name), max_cost_usd=b.cost.limit,
                 projected_cost_usd=proj.projected_cost_usd, latest_sample=tel.sample(rt.name),
+                projected_cost_low_usd=proj.cost_low_usd, projected_cost_high_usd=proj.cost_high_usd,
+                eta_s_low=proj.eta_s_low if moving else None, eta_s_high=proj.eta_s_high if moving else None,
+                calibration=calibration, limit_reason=_limit_reason(sched, rt, state, now),
             )
         )
         errors.update(rt.errors)
     classes = tuple(
-        ClassSnapshot(c, lim.capacity, lim.in_use, sched.cfg.classes[c].max_tokens) for c, lim in sched.limiters.items()
+        ClassSnapshot(c, lim.capacity, lim.in_use, sched.cfg.classes[c].max_tokens, sched.cfg.classes[c].concurrency,
+                      concurrency_cap(sched.cfg.classes[c].concurrency))
+        for c, lim in sched.limiters.items()
     )
     spend_rate = spend_rate_usd_per_h(tel.usd_rate.rate(now))
     cost = sum(d.cost_usd for d in dss)
@@ -97,7 +131,22 @@ def build_snapshot(sched: "Scheduler") -> RunSnapshot:
         credits_usd=cr.remaining_usd if cr else None, credits_age_s=(now - cr.at) if cr else None,
         spend_rate_usd_per_h=spend_rate, projected_total_cost_usd=run_proj.projected_cost_usd,
         max_cost_usd=sched.spend.run_cost.limit, cost_in_flight_usd=sched.cost_in_flight_usd(),
-        eta_s=run_proj.eta_s, tok_per_s=tel.tok_rate.rate(now), loop_lag_ms=tel.loop_lag_ms,
+        eta_s=run_proj.eta_s if progressing else None, tok_per_s=tel.tok_rate.rate(now), loop_lag_ms=tel.loop_lag_ms,
         providers=tel.providers.snapshot(), latest_errors=dict(tel.latest_errors), history=tuple(tel.history),
         events=tuple(list(tel.events)[-50:]),
+        projected_cost_low_usd=run_proj.cost_low_usd, projected_cost_high_usd=run_proj.cost_high_usd,
+        eta_s_low=run_proj.eta_s_low if progressing else None, eta_s_high=run_proj.eta_s_high if progressing else None,
+        calibration=run_proj.calibration,
     )
+
+
+def _limit_reason(sched: "Scheduler", rt: Any, state: str, now: float) -> str:
+    """``"budget-limited 5/24"`` (in flight / class slots) while the dataset's token budget holds its
+    dispatch below the class's concurrency (within the last :data:`LIMITED_HOLD_S`); "" otherwise."""
+    if state != "running" or rt.control != "active":
+        return ""
+    for cls, at in rt.limited_at.items():
+        lim = sched.limiters.get(cls)
+        if lim is not None and now - at <= LIMITED_HOLD_S and rt.in_flight < lim.capacity and rt.pending.get(cls):
+            return f"budget-limited {rt.in_flight}/{lim.capacity}"
+    return ""

@@ -2,15 +2,19 @@
 
 Pure functions on figures the caller already holds (no I/O, no clocks: rates are passed in).
 Token figures are in the token budget's unit (completion tokens unless the dataset counts
-prompt + completion). Until the mean completion length is known, the projection uses
-``max_tokens`` per request (pessimistic) and says so with ``calibrated=False``. Two ETAs are
-always kept apart and labelled: one from the recent rate, one from the since-start rate.
+prompt + completion). Until a dataset has ``calibrate_after`` completions (``spend.calibrate_after``,
+50 by default) its projection is not one number but a range: the low end uses the mean completion
+length observed so far (the dataset's own, else the run's), the high end ``max_tokens`` per request;
+:func:`range_text` renders it as ``"$0.31–$2.26 (calibrating 12/50)"`` or, with nothing observed
+yet, ``"calibrating (0/50)"``. Two ETAs are always kept apart and labelled: one from the recent
+rate, one from the since-start rate.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 from engine.budget import fmt_usd
 from engine.rates import eta_seconds
@@ -30,8 +34,14 @@ class DatasetProjection:
         eta_s_recent / eta_s_since_start: ``tokens_to_come`` over the recent / since-start
             token rate (seconds); None when that rate is 0 and tokens remain; 0.0 when none remain.
         over_cap: projected cost exceeds the dataset's ``max_cost_usd``.
-        calibrated: False when the mean completion length was unknown and ``max_tokens`` used.
+        calibrated: True once ``observed >= calibrate_after`` and a mean is known; before that the
+            point figures above use the mean when known, else ``max_tokens`` (pessimistic).
         mean_completion_tokens: the per-request figure used (tokens).
+        observed / calibrate_after: completions behind the mean, and how many calibration needs.
+        tokens_to_come_low / _high: the range of tokens still expected (tokens); equal to
+            ``tokens_to_come`` once calibrated; ``_low`` is None when no mean is known at all.
+        cost_low_usd / cost_high_usd: projected final cost range (USD); None where unknown.
+        eta_s_low / eta_s_high: the range of ETAs at the recent rate (seconds); None where unknown.
     """
 
     tokens_to_come: float
@@ -43,6 +53,14 @@ class DatasetProjection:
     over_cap: bool
     calibrated: bool
     mean_completion_tokens: float
+    observed: int = 0
+    calibrate_after: int = 0
+    tokens_to_come_low: float | None = None
+    tokens_to_come_high: float = 0.0
+    cost_low_usd: float | None = None
+    cost_high_usd: float | None = None
+    eta_s_low: float | None = None
+    eta_s_high: float | None = None
 
 
 def project_dataset(
@@ -58,6 +76,9 @@ def project_dataset(
     recent_tok_per_s: float,
     since_start_tok_per_s: float,
     cost_cap: float | None,
+    observed: int | None = None,
+    calibrate_after: int = 0,
+    fallback_mean_tokens: float | None = None,
 ) -> DatasetProjection:
     """Project one dataset's final tokens, cost and time to finish.
 
@@ -72,22 +93,38 @@ def project_dataset(
         cost_per_completion_token: effective USD per budget token (prompt cost folded in), or None.
         recent_tok_per_s / since_start_tok_per_s: token rates (tokens per second).
         cost_cap: the dataset's ``max_cost_usd`` or None.
+        observed: completions behind ``mean_completion_tokens``; None: calibrated whenever a mean is known.
+        calibrate_after: completions needed before the projection is one number (``spend.calibrate_after``).
+        fallback_mean_tokens: the run's mean completion length (tokens), the low end of the range
+            while this dataset has no completion of its own; None when nothing completed yet.
 
     Raises:
         ValueError: negative counts.
     """
     if prompts_left < 0 or in_flight < 0 or used_tokens < 0:
         raise ValueError("prompts_left, in_flight and used_tokens must be >= 0")
-    calibrated = mean_completion_tokens is not None
+    n_obs = (0 if mean_completion_tokens is None else calibrate_after) if observed is None else int(observed)
+    calibrated = mean_completion_tokens is not None and n_obs >= calibrate_after
     mean = float(mean_completion_tokens) if mean_completion_tokens is not None else float(max_tokens)
-    to_come = (prompts_left + in_flight) * mean
-    if token_budget is not None:
-        to_come = min(to_come, max(0.0, float(token_budget - used_tokens)))
-    cost = (
-        None
-        if cost_per_completion_token is None
-        else cost_so_far + to_come * cost_per_completion_token
-    )
+    left = prompts_left + in_flight
+    room = None if token_budget is None else max(0.0, float(token_budget - used_tokens))
+
+    def tokens(per_request: float) -> float:
+        t = left * per_request
+        return t if room is None else min(t, room)
+
+    def cost_of(t: float | None) -> float | None:
+        return None if t is None or cost_per_completion_token is None else cost_so_far + t * cost_per_completion_token
+
+    to_come = tokens(mean)
+    cost = cost_of(to_come)
+    if calibrated:
+        low: float | None = to_come
+        high = to_come
+    else:
+        low_mean = mean_completion_tokens if mean_completion_tokens is not None else fallback_mean_tokens
+        low = tokens(min(float(low_mean), float(max_tokens))) if low_mean is not None else None
+        high = tokens(float(max_tokens))
     return DatasetProjection(
         tokens_to_come=to_come,
         projected_final_tokens=used_tokens + to_come,
@@ -98,6 +135,14 @@ def project_dataset(
         over_cap=cost is not None and cost_cap is not None and cost > cost_cap,
         calibrated=calibrated,
         mean_completion_tokens=mean,
+        observed=n_obs,
+        calibrate_after=calibrate_after,
+        tokens_to_come_low=low,
+        tokens_to_come_high=high,
+        cost_low_usd=cost_of(low),
+        cost_high_usd=cost_of(high),
+        eta_s_low=None if low is None else eta_seconds(low, recent_tok_per_s),
+        eta_s_high=eta_seconds(high, recent_tok_per_s),
     )
 
 
@@ -109,11 +154,18 @@ class RunProjection:
         tokens_to_come: sum over datasets (tokens).
         projected_cost_usd: run cost so far + every dataset's remaining cost (USD); None when a
             dataset with tokens still to come has no known price.
-        eta_s: ``tokens_to_come`` over the run's recent token rate (seconds; datasets mostly run
-            one after another, so their ETAs add up rather than overlap); None when the rate is 0.
+        eta_s: the sum of the unfinished datasets' ETAs (seconds): each at its own recent token
+            rate while it runs, else at the run's (datasets mostly run one after another, so their
+            ETAs add up rather than overlap; with one dataset left it equals that dataset's ETA);
+            None when a dataset with tokens to come has no rate to go by.
         spend_rate_usd_per_h: current spend rate (USD per hour).
         over_cap: projected cost exceeds the run cost cap.
-        calibrated: every dataset's projection is calibrated.
+        calibrated: every unfinished dataset's projection is calibrated.
+        cost_low_usd / cost_high_usd: projected cost range (USD; equal to ``projected_cost_usd``
+            when calibrated); None where unknown.
+        eta_s_low / eta_s_high: ETA range (seconds), like ``eta_s``; None where unknown.
+        calibration: ``(observed, needed)`` completions of the first unfinished dataset (config
+            order) not yet calibrated; None when all are.
     """
 
     tokens_to_come: float
@@ -122,6 +174,36 @@ class RunProjection:
     spend_rate_usd_per_h: float
     over_cap: bool
     calibrated: bool
+    cost_low_usd: float | None = None
+    cost_high_usd: float | None = None
+    eta_s_low: float | None = None
+    eta_s_high: float | None = None
+    calibration: tuple[int, int] | None = None
+
+
+def _sum_eta(parts: list[tuple[float | None, float | None]], run_rate: float) -> float | None:
+    """Sum of ETAs given ``(tokens_to_come, own_eta)`` pairs; tokens None -> unknown."""
+    total = 0.0
+    for tokens, own in parts:
+        if tokens is None:
+            return None
+        if tokens <= 0:
+            continue
+        eta = own if own is not None else eta_seconds(tokens, run_rate)
+        if eta is None:
+            return None
+        total += eta
+    return total
+
+
+def _sum_cost(cost_so_far: float, parts: list[tuple[float, float | None]]) -> float | None:
+    """Run cost so far plus each dataset's remaining cost; ``parts`` = ``(cost_so_far, projected)``."""
+    total = cost_so_far
+    for so_far, projected in parts:
+        if projected is None:
+            return None
+        total += projected - so_far
+    return total
 
 
 def project_run(
@@ -135,29 +217,68 @@ def project_run(
     """Combine dataset projections into the run's.
 
     Args:
-        datasets: projections of the datasets not yet finished.
+        datasets: projections of the datasets not yet finished (config order).
         spend_rate_usd_per_h: recent spend rate (USD per hour), reported as is.
         cost_so_far: run spend so far (USD), including finished datasets.
-        recent_tok_per_s: the run's recent token rate (tokens per second).
+        recent_tok_per_s: the run's recent token rate (tokens per second), the rate of datasets
+            that have none of their own yet.
         cost_cap: run-wide cost cap (USD) or None.
     """
+    live = [d for d in datasets if d.tokens_to_come_high > 0 or d.tokens_to_come > 0]
     to_come = sum(d.tokens_to_come for d in datasets)
-    cost: float | None = cost_so_far
-    for d in datasets:
-        if d.tokens_to_come <= 0:
-            continue
-        if d.projected_cost_usd is None:
-            cost = None
-            break
-        cost += d.projected_cost_usd - d.cost_so_far
+    cost = _sum_cost(cost_so_far, [(d.cost_so_far, d.projected_cost_usd) for d in live if d.tokens_to_come > 0])
+    low = _sum_cost(cost_so_far, [(d.cost_so_far, d.cost_low_usd) for d in live])
+    high = _sum_cost(cost_so_far, [(d.cost_so_far, d.cost_high_usd) for d in live])
+    eta = _sum_eta([(d.tokens_to_come, d.eta_s_recent) for d in live], recent_tok_per_s)
+    eta_low = _sum_eta([(d.tokens_to_come_low, d.eta_s_low) for d in live], recent_tok_per_s)
+    eta_high = _sum_eta([(d.tokens_to_come_high, d.eta_s_high) for d in live], recent_tok_per_s)
+    first = next((d for d in live if not d.calibrated), None)
     return RunProjection(
         tokens_to_come=to_come,
         projected_cost_usd=cost,
-        eta_s=eta_seconds(to_come, recent_tok_per_s),
+        eta_s=eta,
         spend_rate_usd_per_h=spend_rate_usd_per_h,
         over_cap=cost is not None and cost_cap is not None and cost > cost_cap,
-        calibrated=all(d.calibrated for d in datasets),
+        calibrated=first is None,
+        cost_low_usd=low,
+        cost_high_usd=high,
+        eta_s_low=eta_low,
+        eta_s_high=eta_high,
+        calibration=None if first is None else (first.observed, first.calibrate_after),
     )
+
+
+def range_text(
+    point: float | None,
+    low: float | None,
+    high: float | None,
+    calibration: tuple[int, int] | None,
+    fmt: Callable[[float | None], str],
+    *,
+    short: bool = False,
+) -> str:
+    """A projected figure as text: one number once calibrated, else a range or "calibrating".
+
+    Args:
+        point: the figure when calibrated (``calibration`` None).
+        low / high: the range while calibrating (None where unknown).
+        calibration: ``(observed, needed)`` completions, or None when calibrated.
+        fmt: formats one value (e.g. dollars, a duration).
+        short: leave out the ``(calibrating n/N)`` label after a range.
+
+    Returns:
+        ``fmt(point)`` when calibrated; ``"$0.31–$2.26 (calibrating 12/50)"`` (or without the label
+        when ``short``) while calibrating with both ends known; ``"calibrating (0/50)"`` when the
+        low end is not known yet.
+    """
+    if calibration is None:
+        return fmt(point)
+    n, need = calibration
+    if low is None or high is None:
+        return f"calibrating ({n}/{need})"
+    lo, hi = fmt(low), fmt(high)
+    text = lo if lo == hi else f"{lo}–{hi}"
+    return text if short else f"{text} (calibrating {n}/{need})"
 
 
 def calibration_gate(

@@ -82,6 +82,7 @@ class DatasetRuntime:
     streams: dict = field(default_factory=dict)  # prompt id -> (class, StreamProgress) of in-flight requests
     censored_at: float = -1e9
     gate_fired: bool = False
+    limited_at: dict = field(default_factory=dict)  # class -> clock time its budget last held dispatch back
 
     @property
     def pending_total(self) -> int:
@@ -165,9 +166,10 @@ class Scheduler:
             body["provider"] = routing
         body.update(g.extra_body)
         self.base_body = body
+        self._config_body = dict(body)
 
     def _apply_exclusions(self) -> None:
-        body = dict(self.base_body)
+        body = dict(self._config_body)
         if self.excluded_providers:
             prov = dict(body.get("provider") or {})
             ignore = list(prov.get("ignore") or [])
@@ -304,6 +306,7 @@ class Scheduler:
                     await self._budget_met(rt, reason)
                 else:
                     rt.blocked.add(cls)  # wait for in-flight reservations to settle
+                    rt.limited_at[cls] = self.clock()
                 continue
             rt.pending[cls] -= 1
             rt.in_flight += 1
@@ -559,6 +562,16 @@ class Scheduler:
         self._apply_exclusions()
         await self.store.set_meta("excluded_providers", json.dumps(self.excluded_providers))
         self.event("warning", "exclude", None, f"provider {name} excluded (routing ignore)")
+
+    async def include_provider(self, name: str) -> None:
+        """Undo :meth:`exclude_provider`: route new requests to ``name`` again (unless the config's
+        own ``ignore`` lists it), persistently."""
+        if name in self.excluded_providers:
+            self.excluded_providers.remove(name)
+        self.telemetry.providers.include(name)
+        self._apply_exclusions()
+        await self.store.set_meta("excluded_providers", json.dumps(self.excluded_providers))
+        self.event("info", "include", None, f"provider {name} included again")
 
     def dataset_class(self, name: str) -> str:
         """The request class most of dataset ``name``'s remaining prompts use (the first class if none)."""

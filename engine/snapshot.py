@@ -35,6 +35,11 @@ class DatasetSnapshot:
         reserved_tokens: tokens reserved by in-flight requests against the budget.
         max_cost_usd: the dataset's dollar cap, if any; projected_cost_usd: projected final cost.
         latest_sample: the most recent stored completion (for the sample inspector).
+        projected_cost_low_usd / projected_cost_high_usd, eta_s_low / eta_s_high: the projection's
+            range while calibrating (equal to the point figures once calibrated; None where unknown).
+        calibration: ``(observed, needed)`` completions while the projection is calibrating, else None.
+        limit_reason: why the dataset runs below its class's concurrency, e.g. ``"budget-limited
+            5/24"`` (in flight / slots) when its token budget holds dispatch back; "" otherwise.
     """
 
     name: str
@@ -64,6 +69,12 @@ class DatasetSnapshot:
     max_cost_usd: float | None = None
     projected_cost_usd: float | None = None
     latest_sample: "SampleSnapshot | None" = None
+    projected_cost_low_usd: float | None = None
+    projected_cost_high_usd: float | None = None
+    eta_s_low: float | None = None
+    eta_s_high: float | None = None
+    calibration: tuple[int, int] | None = None
+    limit_reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,12 +101,16 @@ class SampleSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class ClassSnapshot:
-    """A request class: ``concurrency`` limit, ``in_flight`` now, ``max_tokens`` cap (tokens)."""
+    """A request class: ``concurrency`` limit now, ``in_flight`` now, ``max_tokens`` cap (tokens),
+    the ``configured`` concurrency and the highest one ``+`` / ``ctl concurrency`` may set
+    (``max_concurrency``, see :func:`engine.limiter.concurrency_cap`; 0 = unknown)."""
 
     name: str
     concurrency: int
     in_flight: int
     max_tokens: int
+    configured: int = 0
+    max_concurrency: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +128,10 @@ class RunSnapshot:
         credits_usd / credits_age_s: provider credits left (USD) and the age of that reading (s).
         spend_rate_usd_per_h: recent spend rate (USD per hour); projected_total_cost_usd: projected
             cost of the whole run; max_cost_usd: run-wide cap; cost_in_flight_usd: reserved dollars of
-            in-flight requests (what an abort would save at most); eta_s: run ETA (s);
+            in-flight requests (what an abort would save at most); eta_s: run ETA (s; None while
+            the run is paused or stopping: it does not progress);
+        projected_cost_low_usd / projected_cost_high_usd, eta_s_low / eta_s_high, calibration: the
+            run's projection range while a dataset is calibrating (see :class:`DatasetSnapshot`);
         tok_per_s: recent completion tokens per second; loop_lag_ms: event-loop lag (ms);
         providers: per-provider figures; latest_errors: latest message per error class;
         history: ``(elapsed_s, req_per_s, tok_per_s)`` samples, oldest first (for sparklines);
@@ -144,6 +162,11 @@ class RunSnapshot:
     latest_errors: dict[str, str] = field(default_factory=dict)
     history: tuple[tuple[float, float, float], ...] = ()
     events: tuple[str, ...] = ()
+    projected_cost_low_usd: float | None = None
+    projected_cost_high_usd: float | None = None
+    eta_s_low: float | None = None
+    eta_s_high: float | None = None
+    calibration: tuple[int, int] | None = None
 
     def dataset(self, name: str) -> DatasetSnapshot:
         """Return the snapshot of dataset ``name`` (KeyError if unknown)."""

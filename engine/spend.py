@@ -198,8 +198,10 @@ class SpendControl:
 
     # ---- projections ------------------------------------------------------------------------
     def project(self, dataset: str, *, prompts_left: int, in_flight: int, cost_so_far: float,
-                completion_tokens: int, recent_tok_per_s: float, since_start_tok_per_s: float) -> DatasetProjection:
-        """Project the dataset's final tokens, cost and ETA (see :func:`engine.projection.project_dataset`)."""
+                completion_tokens: int, recent_tok_per_s: float, since_start_tok_per_s: float,
+                fallback_mean_tokens: float | None = None) -> DatasetProjection:
+        """Project the dataset's final tokens, cost and ETA (see :func:`engine.projection.project_dataset`;
+        calibrated after ``spend.calibrate_after`` completions, a range before)."""
         b = self.budgets[dataset]
         means = [e.mean() for e in b.estimators.values() if e.mean() is not None]
         mean = (sum(means) / len(means)) if means else None
@@ -214,4 +216,6 @@ class SpendControl:
             max_tokens=max(e.max_tokens for e in b.estimators.values()), cost_so_far=cost_so_far,
             cost_per_completion_token=cpt, recent_tok_per_s=recent_tok_per_s,
             since_start_tok_per_s=since_start_tok_per_s, cost_cap=b.cost.limit,
+            observed=sum(e.count for e in b.estimators.values()), calibrate_after=self.cfg.spend.calibrate_after,
+            fallback_mean_tokens=fallback_mean_tokens,
         )

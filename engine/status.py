@@ -4,6 +4,11 @@ Committed rows give done/failed/tokens/cost/errors; the live engine's ``runtime`
 in the same transaction as every commit) gives in-flight counts and the run state. A run whose
 engine is gone (no such pid, or no heartbeat for :data:`STALE_S`) has nothing in flight.
 Invariant of every dataset entry: ``done + failed + skipped + pending + in_flight == prompts``.
+
+Ages and durations are computed when the document is read: ``credits_age_s`` from the wall-clock
+time of the credits reading, ``elapsed_s`` from the last heartbeat while the engine runs (never past
+the figure the engine stored once its run has ended, so it does not go backwards at exit).
+``providers`` come from the live engine, or from the stored results and attempts when it is gone.
 """
 
 from __future__ import annotations
@@ -11,11 +16,14 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
+from engine.projection import range_text
 from engine.rates import fmt_count, fmt_duration
+from engine.stats import UNKNOWN_PROVIDER, nearest_rank
 from engine.store import db_path
 
 #: Seconds without a heartbeat after which a run is considered not running.
@@ -50,6 +58,43 @@ def connect_ro(run_dir: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
     conn.execute("PRAGMA busy_timeout=10000")
     return conn
+
+
+def providers_from_store(conn: sqlite3.Connection, excluded: list[str], window: int = 20_000) -> list[dict[str, Any]]:
+    """Per-provider figures (the fields of :class:`engine.stats.ProviderSnapshot`) from stored rows:
+    counts, errors and cost over the whole run, latency / TTFT / tokens-per-second percentiles over
+    the latest ``window`` results. Sorted by requests descending, then name."""
+    ok = {p or UNKNOWN_PROVIDER: (n, c or 0, cost or 0.0) for p, n, c, cost in conn.execute(
+        "SELECT provider, COUNT(*), SUM(completion_tokens), SUM(COALESCE(cost_usd, 0)) FROM results GROUP BY provider")}
+    errs: dict[str, dict[str, int]] = {}
+    for prov, cls, n in conn.execute(
+            "SELECT provider, error_class, COUNT(*) FROM attempts WHERE outcome='error' GROUP BY 1, 2"):
+        errs.setdefault(prov or UNKNOWN_PROVIDER, {})[cls or "other"] = n
+    lat: dict[str, tuple[list[float], list[float], list[float]]] = {}
+    for prov, latency, ttft, ctok in conn.execute(
+            "SELECT provider, latency_s, ttft_s, completion_tokens FROM results ORDER BY created_at DESC LIMIT ?", (window,)):
+        ls, ts, tps = lat.setdefault(prov or UNKNOWN_PROVIDER, ([], [], []))
+        ls.append(latency)
+        if ttft is not None:
+            ts.append(ttft)
+        stream = latency - (ttft or 0.0)
+        if stream > 0:
+            tps.append(ctok / stream)
+    out = []
+    for name in set(ok) | set(errs):
+        n_ok, ctok, cost = ok.get(name, (0, 0, 0.0))
+        e = errs.get(name, {})
+        requests = n_ok + sum(e.values())
+        ls, ts, tps = (sorted(v) for v in lat.get(name, ([], [], [])))
+        out.append({
+            "name": name, "requests": requests, "errors": e, "error_rate": sum(e.values()) / requests if requests else 0.0,
+            "latency_p50_s": nearest_rank(ls, 0.5), "latency_p95_s": nearest_rank(ls, 0.95),
+            "ttft_p50_s": nearest_rank(ts, 0.5), "ttft_p95_s": nearest_rank(ts, 0.95),
+            "tok_per_s_per_stream": nearest_rank(tps, 0.5),
+            "mean_completion_tokens": ctok / n_ok if n_ok else None, "cost_usd": cost, "excluded": name in excluded,
+        })
+    out.sort(key=lambda p: (-p["requests"], p["name"]))
+    return out
 
 
 def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
@@ -117,10 +162,15 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
                 "reserved_tokens": int(live.get("reserved_tokens", {}).get(dname, 0)) if alive else 0,
                 "projected_cost_usd": live.get("projected_cost_usd", {}).get(dname) if live else None,
                 "eta_s": live.get("eta_s", {}).get(dname) if alive else None,
+                **_projection(live.get("projection", {}).get(dname), alive),
+                "limit_reason": live.get("limit_reason", {}).get(dname, "") if alive else "",
             })
         if alive:
             run_state = rstate
-            elapsed_s = (elapsed or 0.0) + (now - hb)
+            # extrapolate from the heartbeat while the run goes on; once it has ended the engine's own
+            # figure is final (extrapolating past it would go backwards when the process exits)
+            ended = rstate in ("completed", "stopped")
+            elapsed_s = (elapsed or 0.0) + (0.0 if ended else max(0.0, now - hb))
         else:
             finished = all(d["state"] in ("done", "skipped", "budget_met") for d in datasets)
             run_state = "completed" if finished else "stopped" if rt else "not started"
@@ -137,21 +187,39 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             for k, v in d["errors"].items():
                 err_tot[k] = err_tot.get(k, 0) + v
         totals["errors"] = err_tot
+        excluded = json.loads((conn.execute("SELECT value FROM meta WHERE key='excluded_providers'")
+                               .fetchone() or ["[]"])[0])
+        providers = live.get("providers") if alive else None
+        if not providers:
+            providers = providers_from_store(conn, excluded)
+        if live.get("credits_usd") is None:
+            credits_age = None
+        elif live.get("credits_at") is not None:
+            credits_age = max(0.0, now - live["credits_at"])
+        else:
+            credits_age = (live.get("credits_age_s") or 0.0) + (now - hb) if hb else None
+        classes = [dict(c, in_flight=c.get("in_flight", 0) if alive else 0) for c in live.get("classes", [])]
+        run_proj = _projection(live.get("run_projection"), alive)
         doc = {
             "run": {"name": name, "state": run_state, "state_reason": reason or "", "elapsed_s": round(elapsed_s, 3),
                     "pid": pid if alive else None, "alive": alive},
             "datasets": datasets,
             "totals": totals,
             "credits_usd": live.get("credits_usd"),
-            "credits_age_s": (live.get("credits_age_s") or 0.0) + (now - hb) if live.get("credits_usd") is not None and hb else None,
+            "credits_age_s": None if credits_age is None else round(credits_age, 3),
             "credits_drift_usd": live.get("credits_drift_usd"),
             "spend_rate_usd_per_h": live.get("spend_rate_usd_per_h", 0.0) if alive else 0.0,
             "projected_total_cost_usd": live.get("projected_total_cost_usd"),
             "cost_in_flight_usd": live.get("cost_in_flight_usd", 0.0) if alive else 0.0,
             "eta_s": live.get("eta_s_run") if alive else None,
-            "providers": live.get("providers", []),
-            "excluded_providers": json.loads((conn.execute("SELECT value FROM meta WHERE key='excluded_providers'")
-                                              .fetchone() or ["[]"])[0]),
+            "projected_total_cost_low_usd": run_proj["projected_cost_low_usd"],
+            "projected_total_cost_high_usd": run_proj["projected_cost_high_usd"],
+            "eta_s_low": run_proj["eta_s_low"],
+            "eta_s_high": run_proj["eta_s_high"],
+            "calibration": run_proj["calibration"],
+            "classes": classes,
+            "providers": providers,
+            "excluded_providers": excluded,
             "live": {"cost_in_flight_usd": live.get("cost_in_flight_usd", 0.0) if alive else 0.0},
         }
     finally:
@@ -162,17 +230,104 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     return doc
 
 
+def _projection(p: dict[str, Any] | None, alive: bool) -> dict[str, Any]:
+    """A live row's projection range as status fields (ETAs only while the engine runs)."""
+    p = p or {}
+    cal = p.get("calibration")
+    return {
+        "projected_cost_low_usd": p.get("cost_low_usd"), "projected_cost_high_usd": p.get("cost_high_usd"),
+        "eta_s_low": p.get("eta_s_low") if alive else None, "eta_s_high": p.get("eta_s_high") if alive else None,
+        "calibration": {"observed": cal[0], "needed": cal[1]} if cal else None,
+    }
+
+
+def _usd(v: float | None) -> str:
+    return "--" if v is None else f"${v:,.4f}" if abs(v) < 1 else f"${v:,.2f}"
+
+
+def _cal(d: dict[str, Any]) -> tuple[int, int] | None:
+    c = d.get("calibration")
+    return (c["observed"], c["needed"]) if c else None
+
+
 def format_status(doc: dict[str, Any]) -> str:
-    """Human-readable rendering of :func:`collect_status`'s document."""
+    """Human-readable rendering of :func:`collect_status`'s document: the run line, money and time
+    (spent, spend rate, projection, ETA, credits), class limits, then one row per dataset."""
     r = doc["run"]
     lines = [f"run {r['name']}: {r['state']}" + (f" ({r['state_reason']})" if r["state_reason"] else "")
              + f", elapsed {fmt_duration(r['elapsed_s'])}"]
-    hdr = f"{'dataset':<24} {'state':<9} {'done':>7} {'failed':>6} {'skip':>6} {'pend':>7} {'infl':>5} {'rej':>4} {'compl tok':>10} {'cost $':>9}  errors"
+    t = doc["totals"]
+    cal = _cal(doc)
+    proj = range_text(doc.get("projected_total_cost_usd"), doc.get("projected_total_cost_low_usd"),
+                      doc.get("projected_total_cost_high_usd"), cal, _usd)
+    if not r["alive"]:
+        eta = "--" if r["state"] != "completed" else "0s"
+        eta += " (engine not running)" if r["state"] != "completed" else ""
+    elif r["state"] not in ("running", "starting"):
+        eta = f"-- ({r['state']})"
+    else:
+        eta = range_text(doc.get("eta_s"), doc.get("eta_s_low"), doc.get("eta_s_high"), cal, fmt_duration, short=True)
+    credits = "--"
+    if doc.get("credits_usd") is not None:
+        credits = _usd(doc["credits_usd"])
+        if doc.get("credits_age_s") is not None:
+            credits += f" (read {fmt_duration(doc['credits_age_s'])} ago)"
+    lines.append(f"spent {_usd(t['cost_usd'])}  rate {_usd(doc.get('spend_rate_usd_per_h'))}/h  "
+                 f"projected {proj}  ETA {eta}  credits {credits}")
+    if doc.get("classes"):
+        lines.append("concurrency " + "  ".join(
+            f"{c['name']} {c['in_flight']}/{c['concurrency']}" + (f" (configured {c['configured']}, max {c['max']})"
+                                                                  if c.get("configured") and c["concurrency"] != c["configured"] else "")
+            for c in doc["classes"]))
+    hdr = (f"{'dataset':<24} {'state':<9} {'done':>7} {'failed':>6} {'skip':>6} {'pend':>7} {'infl':>5} {'rej':>4} "
+           f"{'compl tok':>10} {'cost $':>9} {'ETA':>8}  errors")
     lines.append(hdr)
     for d in doc["datasets"] + [dict(doc["totals"], name="TOTAL", state="")]:
         errs = ", ".join(f"{k} {v}" for k, v in sorted(d["errors"].items()))
+        note = d.get("limit_reason") or ""
+        if d["name"] == "TOTAL" or d["state"] in ("done", "skipped", "budget_met"):
+            eta_d = ""
+        elif d["state"] != "running" or not r["alive"]:
+            eta_d = "--"
+        else:
+            eta_d = range_text(d.get("eta_s"), d.get("eta_s_low"), d.get("eta_s_high"), _cal(d), fmt_duration, short=True)
         lines.append(
             f"{d['name'][:24]:<24} {d['state']:<9} {d['done']:>7} {d['failed']:>6} {d['skipped']:>6} {d['pending']:>7} "
-            f"{d['in_flight']:>5} {d['rejected']:>4} {fmt_count(d['completion_tokens']):>10} {d['cost_usd']:>9.4f}  {errs}"
+            f"{d['in_flight']:>5} {d['rejected']:>4} {fmt_count(d['completion_tokens']):>10} {d['cost_usd']:>9.4f} "
+            f"{eta_d:>8}  {errs}" + (f"  [{note}]" if note else "")
         )
     return "\n".join(lines)
+
+
+def watch_status(run_dir: Path, interval_s: float, *, as_json: bool = False, out: TextIO | None = None,
+                 max_updates: int | None = None) -> int:
+    """``datagen status --watch``: print the status every ``interval_s`` seconds until the engine
+    exits (the last document shows the run's end), ``max_updates`` prints, or Ctrl-C.
+
+    Text mode redraws the screen on a terminal (and separates frames with a blank line otherwise);
+    ``as_json`` prints one JSON document per line. Returns 0, or 1 when the run directory has no store.
+    """
+    out = out or sys.stdout
+    tty = out.isatty()
+    seen_alive = False
+    n = 0
+    while True:
+        try:
+            doc = collect_status(Path(run_dir))
+        except StatusError as e:
+            if not Path(db_path(Path(run_dir))).exists():
+                print(f"error: {e}", file=sys.stderr)
+                return 1
+            doc = None  # the store is being created: wait for it
+        if doc is not None:
+            if as_json:
+                out.write(json.dumps(doc) + "\n")
+            else:
+                out.write(("\x1b[H\x1b[2J" if tty else ("\n" if n else "")) + format_status(doc) + "\n")
+            out.flush()
+            n += 1
+            alive = doc["run"]["alive"]
+            seen_alive = seen_alive or alive
+            if not alive or (max_updates is not None and n >= max_updates):
+                return 0
+        time.sleep(interval_s)

@@ -92,11 +92,19 @@ class Supervisor:
         if verb == "concurrency":
             if not dataset or arg is None:
                 raise ValueError("concurrency needs CLASS and N")
-            return await self.ctl.set_concurrency(dataset, int(arg))
+            try:
+                n = int(arg)
+            except ValueError:
+                raise ValueError(f"concurrency N must be a whole number, got {arg!r}") from None
+            return await self.ctl.set_concurrency(dataset, n)
         if verb == "exclude-provider":
             if not arg:
                 raise ValueError("exclude-provider needs a provider name")
             return await self.ctl.exclude_provider(arg)
+        if verb == "include-provider":
+            if not arg:
+                raise ValueError("include-provider needs a provider name")
+            return await self.ctl.include_provider(arg)
         raise ValueError(f"unknown command {verb!r}")
 
     def guards(self) -> None:

@@ -7,6 +7,7 @@ import pytest
 from engine.projection import (
     DatasetProjection,
     calibration_gate,
+    range_text,
     project_dataset,
     project_run,
     spend_rate_usd_per_h,
@@ -69,7 +70,7 @@ def test_project_run_sums_remaining_cost_and_tokens():
     run = project_run([a, b], 3.6, 2.0, recent_tok_per_s=160.0, cost_cap=2.1)
     assert run.tokens_to_come == 80_000
     assert run.projected_cost_usd == pytest.approx(2.16)  # 2.0 + 0.10 + 0.06
-    assert run.eta_s == 500.0
+    assert run.eta_s == 800.0  # each at its own rate, one after another: 50,000/100 + 30,000/100
     assert run.spend_rate_usd_per_h == 3.6
     assert run.over_cap and run.calibrated
     assert not project_run([a, b], 3.6, 2.0, recent_tok_per_s=160.0).over_cap
@@ -79,7 +80,10 @@ def test_project_run_none_paths():
     a = _proj()
     unpriced = _proj(cost_per_completion_token=None)
     run = project_run([a, unpriced], 0.0, 2.0, recent_tok_per_s=0.0, cost_cap=1.0)
-    assert run.projected_cost_usd is None and not run.over_cap and run.eta_s is None
+    assert run.projected_cost_usd is None and not run.over_cap
+    assert run.eta_s == 1000.0  # each dataset at its own rate (the run's recent rate is 0)
+    stalled = _proj(recent_tok_per_s=0.0)
+    assert project_run([a, stalled], 0.0, 2.0, recent_tok_per_s=0.0).eta_s is None
     finished_unpriced = _proj(cost_per_completion_token=None, prompts_left=0, in_flight=0)
     run2 = project_run([a, finished_unpriced], 0.0, 2.0, recent_tok_per_s=100.0)
     assert run2.projected_cost_usd == pytest.approx(2.1)
@@ -107,3 +111,56 @@ def test_calibration_gate():
 def test_spend_rate_usd_per_h():
     assert spend_rate_usd_per_h(0.001) == pytest.approx(3.6)
     assert spend_rate_usd_per_h(0.0) == 0.0
+
+
+def test_uncalibrated_dataset_projects_a_range_not_one_number():
+    """Before ``calibrate_after`` completions: low end at the observed mean, high end at max_tokens."""
+    p = _proj(observed=12, calibrate_after=50)  # mean 500 from 12 completions
+    assert not p.calibrated and (p.observed, p.calibrate_after) == (12, 50)
+    assert p.tokens_to_come_low == 50_000 and p.tokens_to_come_high == 400_000  # 100 x 500, 100 x 4000
+    assert p.cost_low_usd == pytest.approx(1.1) and p.cost_high_usd == pytest.approx(1.8)
+    assert (p.eta_s_low, p.eta_s_high) == (500.0, 4000.0)
+    cal = _proj(observed=50, calibrate_after=50)
+    assert cal.calibrated and cal.cost_low_usd == cal.cost_high_usd == pytest.approx(1.1)
+    # nothing observed by this dataset: the run's mean is the low end; none at all: low unknown
+    fresh = _proj(mean_completion_tokens=None, observed=0, calibrate_after=50, fallback_mean_tokens=300.0)
+    assert fresh.tokens_to_come_low == 30_000 and fresh.tokens_to_come_high == 400_000
+    blank = _proj(mean_completion_tokens=None, observed=0, calibrate_after=50)
+    assert blank.tokens_to_come_low is None and blank.cost_low_usd is None and blank.eta_s_low is None
+    # the token budget caps both ends
+    capped = _proj(observed=3, calibrate_after=50, token_budget=80_000)
+    assert (capped.tokens_to_come_low, capped.tokens_to_come_high) == (30_000, 30_000)
+
+
+def test_run_eta_equals_the_only_active_datasets_eta():
+    """The header's ETA and the one unfinished dataset's ETA are the same figure, whatever the run rate."""
+    done = _proj(prompts_left=0, in_flight=0)
+    active = _proj(recent_tok_per_s=40.0)  # 50,000 tokens at 40 tok/s
+    run = project_run([done, active], 0.0, 1.0, recent_tok_per_s=333.0)
+    assert run.eta_s == active.eta_s_recent == 1250.0
+    # a dataset not started yet (no rate of its own) goes at the run's rate
+    queued = _proj(recent_tok_per_s=0.0)
+    assert project_run([active, queued], 0.0, 1.0, recent_tok_per_s=100.0).eta_s == 1250.0 + 500.0
+    assert project_run([active, queued], 0.0, 1.0, recent_tok_per_s=0.0).eta_s is None
+
+
+def test_run_projection_range_and_calibration_label():
+    a = _proj(observed=50, calibrate_after=50)  # calibrated: $1.10
+    b = _proj(observed=12, calibrate_after=50, cost_so_far=0.0)  # $0.10 .. $0.80 still to come
+    c = _proj(mean_completion_tokens=None, observed=0, calibrate_after=50, cost_so_far=0.0,
+              fallback_mean_tokens=500.0)
+    run = project_run([a, b, c], 0.0, 1.0, recent_tok_per_s=100.0)
+    assert not run.calibrated and run.calibration == (12, 50)  # the first one not calibrated
+    assert run.cost_low_usd == pytest.approx(1.0 + 0.1 + 0.1 + 0.1)
+    assert run.cost_high_usd == pytest.approx(1.0 + 0.1 + 0.8 + 0.8)
+    assert (run.eta_s_low, run.eta_s_high) == (1500.0, 8500.0)
+    assert project_run([a], 0.0, 1.0, recent_tok_per_s=1.0).calibration is None
+
+
+def test_range_text():
+    usd = lambda v: "--" if v is None else f"${v:.2f}"  # noqa: E731
+    assert range_text(2.26, 0.31, 2.26, None, usd) == "$2.26"
+    assert range_text(2.26, 0.31, 2.26, (12, 50), usd) == "$0.31–$2.26 (calibrating 12/50)"
+    assert range_text(2.26, 0.31, 2.26, (12, 50), usd, short=True) == "$0.31–$2.26"
+    assert range_text(2.26, None, 2.26, (0, 50), usd) == "calibrating (0/50)"
+    assert range_text(1.0, 1.0, 1.0, (49, 50), usd, short=True) == "$1.00"
