@@ -193,7 +193,9 @@ async def test_keys_call_the_controller_with_an_injected_snapshot():
         await pilot.press("x")
         await until(pilot, lambda: isinstance(app.screen, PickScreen), 2, what="pick modal")
         text = screen_text(app)
-        assert "SimA" in text and "SimB" in text and "SimC" not in text.split("Exclude which provider?")[1]
+        offered = text.split("Exclude which provider?")[1]
+        assert "SimA" in offered and "SimB" in offered
+        assert "SimC  (excluded: pick to include it again)" in offered  # excluded: offered for inclusion only
         await pilot.press("down", "enter")
         await until(pilot, lambda: ("exclude_provider", ("SimB",)) in ctl.calls, 2, what="exclude call")
         await pilot.press("plus")

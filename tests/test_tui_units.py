@@ -25,9 +25,18 @@ def test_new_events_appends_only_unseen_lines_of_the_sliding_window():
     assert new_events(("a", "b"), ("x", "y")) == ("x", "y")  # everything rotated out
 
 
-def test_concurrency_step_is_about_ten_percent_and_never_negative():
+def test_concurrency_step_is_about_ten_percent_and_bounded():
+    """- stops at 1 (0 would stall dispatch while the run reads RUNNING); + stops at the class's cap."""
     assert concurrency_step(2000, +1) == 2200 and concurrency_step(2000, -1) == 1800
-    assert concurrency_step(4, +1) == 5 and concurrency_step(1, -1) == 0 and concurrency_step(0, -1) == 0
+    assert concurrency_step(4, +1) == 5 and concurrency_step(1, -1) == 1 and concurrency_step(2, -1) == 1
+    assert concurrency_step(95, +1, cap=96) == 96 and concurrency_step(96, +1, cap=96) == 96
+    n = 24
+    for _ in range(45):  # 45 presses of + from 24 used to reach 319
+        n = concurrency_step(n, +1, cap=96)
+    assert n == 96
+    for _ in range(60):
+        n = concurrency_step(n, -1, cap=96)
+    assert n == 1
 
 
 def test_keymap_spec():

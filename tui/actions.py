@@ -25,8 +25,8 @@ HELP = [
     ("P", "pause the whole run (drain)"),
     ("R", "resume the whole run"),
     ("a", "abort in-flight requests now (confirm, shows the dollars in flight)"),
-    ("+ / -", "raise / lower the concurrency of the selected dataset's request class by ~10%"),
-    ("x", "exclude a provider (pick from the providers seen so far)"),
+    ("+ / -", "raise / lower the concurrency of the selected dataset's request class by ~10% (1 to 4x configured)"),
+    ("x", "exclude a provider, or include an excluded one again (pick from the providers seen so far)"),
     ("↑ ↓", "select a dataset (the sample pane follows the selection)"),
     ("?", "this help"),
     ("q", "quit (asks to drain or abort when requests are in flight)"),
@@ -44,10 +44,13 @@ RESUMABLE = ("paused", "skipped", "budget_met")
 """Dataset states that ``p`` resumes (the footer then reads "Resume")."""
 
 
-def concurrency_step(current: int, direction: int) -> int:
-    """The next concurrency after ``+`` (direction 1) or ``-`` (-1): about 10 %, at least 1, >= 0."""
+def concurrency_step(current: int, direction: int, cap: int | None = None) -> int:
+    """The next concurrency after ``+`` (direction 1) or ``-`` (-1): about 10 %, a step of at least 1,
+    kept within ``1..cap`` (``cap`` None: no upper bound). 0 is never reached: stopping dispatch is
+    a pause (``P`` / ``p``), which the dashboard then shows."""
     step = max(1, round(current * 0.1))
-    return max(0, current + direction * step)
+    new = max(1, current + direction * step)
+    return min(new, cap) if cap else new
 
 
 class ActionsMixin:
@@ -95,7 +98,7 @@ class ActionsMixin:
         if action == "pause_selected":
             if d is None or d.state in RESUMABLE:
                 return False if d is not None else None
-            return None if d.state == "done" else True
+            return True  # on a finished dataset, p says why nothing happens
         if action == "resume_selected":
             return d is not None and d.state in RESUMABLE
         if action == "skip_selected":
@@ -110,6 +113,10 @@ class ActionsMixin:
     def action_pause_selected(self, name: str | None = None) -> None:
         """Pause the selected (or named) dataset: stop dispatching; in-flight requests drain."""
         name = name or self.selected_dataset  # type: ignore[attr-defined]
+        d = self._selected_ds() if name == self.selected_dataset else None  # type: ignore[attr-defined]
+        if d is not None and d.state == "done":
+            self.notify(f"{name} is done: nothing left to pause", severity="warning")  # type: ignore[attr-defined]
+            return
         if name and not self._no_engine():
             self._run_command(partial(self.controller.pause, name))  # type: ignore[attr-defined]
 
@@ -171,10 +178,17 @@ class ActionsMixin:
         if self._no_engine() or snap is None or not snap.classes:
             return
         cls = self.class_of(name)  # type: ignore[attr-defined]
+        c = next((c for c in snap.classes if c.name == cls), None)
         current = self.conc_target.get(cls)  # type: ignore[attr-defined]
         if current is None:
-            current = next((c.concurrency for c in snap.classes if c.name == cls), 0)
-        new = concurrency_step(current, direction)
+            current = c.concurrency if c is not None else 0
+        cap = c.max_concurrency if c is not None and c.max_concurrency else None
+        new = concurrency_step(current, direction, cap)
+        if new == current:
+            why = (f"at its maximum {cap:,} (4x the configured {c.configured:,})" if direction > 0 and c is not None
+                   else "at its minimum 1 (P pauses the run, p the dataset)")
+            self.notify(f"class {cls} concurrency is {why}", severity="warning")  # type: ignore[attr-defined]
+            return
         self.conc_target[cls] = new  # type: ignore[attr-defined]
         self._run_command(partial(self.controller.set_concurrency, cls, new))  # type: ignore[attr-defined]
 
@@ -197,13 +211,16 @@ class ActionsMixin:
             return
         options = [(p.name, f"{p.name}  {p.requests:,} req  {p.error_rate:.0%} err")
                    for p in snap.providers if not p.excluded]
+        include = getattr(self.controller, "include_provider", None)  # type: ignore[attr-defined]
+        excluded = {p.name for p in snap.providers if p.excluded} if include is not None else set()
+        options += [(p, f"{p}  (excluded: pick to include it again)") for p in sorted(excluded)]
         if not options:
             self.notify("no provider to exclude yet")  # type: ignore[attr-defined]
             return
 
         def picked(name: str | None) -> None:
             if name:
-                self._run_command(partial(fn, name))
+                self._run_command(partial(include if name in excluded else fn, name))
 
         self.push_screen(PickScreen("Exclude which provider?", options), picked)  # type: ignore[attr-defined]
 

@@ -61,6 +61,7 @@ class FakeController:
         self.calls: list[tuple[str, tuple]] = []
         if with_exclude:
             self.exclude_provider = self._exclude
+            self.include_provider = self._include
 
     async def pause(self, dataset: str | None = None) -> str:
         self.calls.append(("pause", (dataset,)))
@@ -85,6 +86,10 @@ class FakeController:
     async def _exclude(self, name: str) -> str:
         self.calls.append(("exclude_provider", (name,)))
         return f"provider {name} excluded"
+
+    async def _include(self, name: str) -> str:
+        self.calls.append(("include_provider", (name,)))
+        return f"provider {name} included again"
 
     def stop(self, reason: str = "", abort: bool = False) -> str:
         self.calls.append(("stop", (abort,)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import DataTable
 
+from engine.projection import range_text
 from engine.snapshot import DatasetSnapshot, RunSnapshot
 from tui.fmt import bar, fmt_count, fmt_duration, money
 
@@ -20,7 +21,7 @@ COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("state", "state", 10),
     ("progress", "progress", 14),
     ("done", "done/total", 11),
-    ("eta", "ETA", 6),
+    ("eta", "ETA", 13),
     ("cost", "cost / cap", 15),
     ("failed", "fail", 4),
     ("skipped", "skip", 5),
@@ -36,7 +37,7 @@ COMPACT_COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("state", "state", 10),
     ("progress", "progress", 12),
     ("done", "done/total", 11),
-    ("eta", "ETA", 6),
+    ("eta", "ETA", 7),
     ("cost", "cost", 9),
 )
 """Columns below 120 cells (fit 80 columns without scrolling)."""
@@ -68,20 +69,28 @@ def dataset_cells(d: DatasetSnapshot, compact: bool = False) -> dict[str, tuple[
         "failed": (str(d.failed), "red" if d.failed else "dim"),
         "skipped": (str(d.skipped), "magenta" if d.skipped else "dim"),
         "cost": (cost, cost_style),
-        "eta": _eta(d),
+        "eta": _eta(d, compact),
         "rate": (f"{d.req_per_s:.1f}", ""),
         "tokens": (tokens, tok_style),
         "avg": (f"{d.avg_completion_tokens_recent:.0f}/{d.avg_completion_tokens:.0f}", ""),
-        "note": (d.state_reason, "yellow" if d.state_reason else ""),
+        "note": (d.state_reason or d.limit_reason, "yellow" if d.state_reason or d.limit_reason else ""),
     }
 
 
-def _eta(d: DatasetSnapshot) -> tuple[str, str]:
-    """ETA cell: blank once finished, "--" while paused (a paused dataset does not progress)."""
+def _eta(d: DatasetSnapshot, compact: bool = False) -> tuple[str, str]:
+    """ETA cell: blank once finished, "--" while paused (a paused dataset does not progress); while
+    calibrating a range ``"8m05s–1h46m"`` (``compact``: its high end ``"≤1h46m"``), or ``"cal 3/50"``
+    before anything is known."""
     if d.state in ("done", "skipped", "budget_met"):
         return "", ""
     if d.state == "paused":
         return "--", "dim"
+    if d.calibration is not None:  # a range (or "cal n/N") until the dataset is calibrated
+        if d.eta_s_low is None or d.eta_s_high is None:
+            return f"cal {d.calibration[0]}/{d.calibration[1]}", "dim"
+        if compact:
+            return f"≤{fmt_duration(d.eta_s_high)}", "dim"
+        return range_text(d.eta_s, d.eta_s_low, d.eta_s_high, d.calibration, fmt_duration, short=True), "dim"
     return fmt_duration(d.eta_s), ""
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from engine.projection import range_text
 from engine.snapshot import RunSnapshot
 from tui.fmt import fmt_duration, money
 
@@ -73,9 +74,13 @@ def header_lines(s: RunSnapshot | None, note: str = "", width: int = 160) -> lis
     if s.credits_usd is not None and s.credits_age_s is not None:
         credits.append(f" ({fmt_duration(s.credits_age_s)} ago)", style="dim")
     proj = s.projected_total_cost_usd
-    over_cap = proj is not None and s.max_cost_usd is not None and proj > s.max_cost_usd
-    short = proj is not None and s.credits_usd is not None and proj - s.cost_usd > s.credits_usd
-    projected = _t("projected ", (money(proj), "bold red" if over_cap or short else "bold"))
+    cal = s.calibration
+    # while calibrating, warn on the low end only: the high end assumes max_tokens per request
+    warn_at = proj if cal is None else s.projected_cost_low_usd
+    over_cap = warn_at is not None and s.max_cost_usd is not None and warn_at > s.max_cost_usd
+    short = warn_at is not None and s.credits_usd is not None and warn_at - s.cost_usd > s.credits_usd
+    proj_text = range_text(proj, s.projected_cost_low_usd, s.projected_cost_high_usd, cal, money)
+    projected = _t("projected ", (proj_text, "bold red" if over_cap or short else "bold"))
     if over_cap or short:
         projected.append(" > cap!" if over_cap else " > credits!", style="bold red")
     line2 = fit([
@@ -83,7 +88,7 @@ def header_lines(s: RunSnapshot | None, note: str = "", width: int = 160) -> lis
         (2, credits),
         (3, _t(f"rate {money(s.spend_rate_usd_per_h, 2)}/h")),
         (0, projected),
-        (0, _t(("ETA ", "bold"), (fmt_duration(s.eta_s), "bold"))),
+        (0, _t(("ETA ", "bold"), (eta_text(s), "bold"))),
         (4, _t(f"{s.req_per_s:.1f} req/s  {s.tok_per_s:,.0f} tok/s")),
     ], width)
 
@@ -92,9 +97,34 @@ def header_lines(s: RunSnapshot | None, note: str = "", width: int = 160) -> lis
                   "  ".join(f"{k} {v:,}" for k, v in sorted(s.errors.items(), key=lambda kv: (-kv[1], kv[0]))))
     else:
         errs = _t(("no errors", "green"))
-    line3 = fit([(0, errs), (5, _t((f"writer queue {s.writer_queue:,}", "dim")) if s.writer_queue else Text())],
-                width)
+    line3 = fit([(0, errs), (1, limits_text(s)),
+                 (5, _t((f"writer queue {s.writer_queue:,}", "dim")) if s.writer_queue else Text())], width)
     return [line1, line2, line3]
+
+
+def eta_text(s: RunSnapshot) -> str:
+    """The header's ETA: ``"--"`` with the state while the run does not progress (paused, stopping,
+    draining: the ETA does not count down then), a range while calibrating, else one duration."""
+    if s.state in ("completed",):
+        return "0s"
+    if s.state not in ("running", "starting"):
+        return f"-- ({s.state})"
+    return range_text(s.eta_s, s.eta_s_low, s.eta_s_high, s.calibration, fmt_duration, short=True)
+
+
+def limits_text(s: RunSnapshot) -> Text:
+    """Each class's slots: ``"slots short 5/24  long 0/8"`` (in flight / current concurrency limit);
+    a limit changed from the config's shows the configured one, e.g. ``"short 5/48 (cfg 24)"``."""
+    if not s.classes:
+        return Text()
+    t = _t(("slots ", "bold"))
+    for i, c in enumerate(s.classes):
+        if i:
+            t.append("  ")
+        t.append(f"{c.name} {c.in_flight:,}/{c.concurrency:,}")
+        if c.configured and c.concurrency != c.configured:
+            t.append(f" (cfg {c.configured:,})", style="dim")
+    return t
 
 
 class HeaderPane(Static):
