@@ -94,7 +94,8 @@ def _apply_offline(conn: sqlite3.Connection, verb: str, dataset: str | None, arg
         state = {"pause": "paused", "resume": "active", "skip": "skipped"}[verb]
         reason = {"pause": "paused by user", "resume": "", "skip": "skipped by user"}[verb]
         conn.execute("UPDATE datasets SET state=?, state_reason=?, updated_at=? WHERE name=?", (state, reason, now, dataset))
-        return CtlResult(f"{dataset} {state}: saved, the engine is not running; applies at the next start", True)
+        done = {"pause": "paused", "resume": "resumed", "skip": "skipped"}[verb]
+        return CtlResult(f"{dataset} {done}: saved, the engine is not running; applies at the next start", True)
     if verb in ("exclude-provider", "include-provider") and arg:
         _, excl = known_providers(conn)
         if verb == "exclude-provider":

@@ -142,11 +142,12 @@ def build_snapshot(sched: "Scheduler") -> RunSnapshot:
 
 def _limit_reason(sched: "Scheduler", rt: Any, state: str, now: float) -> str:
     """``"budget-limited 5/24"`` (in flight / class slots) while the dataset's token budget holds its
-    dispatch below the class's concurrency (within the last :data:`LIMITED_HOLD_S`); "" otherwise."""
+    dispatch below the class's concurrency (now, or within the last :data:`LIMITED_HOLD_S`); "" otherwise."""
     if state != "running" or rt.control != "active":
         return ""
     for cls, at in rt.limited_at.items():
         lim = sched.limiters.get(cls)
-        if lim is not None and now - at <= LIMITED_HOLD_S and rt.in_flight < lim.capacity and rt.pending.get(cls):
+        held = cls in rt.blocked or now - at <= LIMITED_HOLD_S  # blocked now, or moments ago (no flicker)
+        if lim is not None and held and rt.in_flight < lim.capacity and rt.pending.get(cls):
             return f"budget-limited {rt.in_flight}/{lim.capacity}"
     return ""

@@ -280,7 +280,7 @@ def format_status(doc: dict[str, Any]) -> str:
                                                                   if c.get("configured") and c["concurrency"] != c["configured"] else "")
             for c in doc["classes"]))
     hdr = (f"{'dataset':<24} {'state':<9} {'done':>7} {'failed':>6} {'skip':>6} {'pend':>7} {'infl':>5} {'rej':>4} "
-           f"{'compl tok':>10} {'cost $':>9} {'ETA':>8}  errors")
+           f"{'compl tok':>10} {'cost $':>9} {'ETA':>11}  errors")
     lines.append(hdr)
     for d in doc["datasets"] + [dict(doc["totals"], name="TOTAL", state="")]:
         errs = ", ".join(f"{k} {v}" for k, v in sorted(d["errors"].items()))
@@ -291,10 +291,12 @@ def format_status(doc: dict[str, Any]) -> str:
             eta_d = "--"
         else:
             eta_d = range_text(d.get("eta_s"), d.get("eta_s_low"), d.get("eta_s_high"), _cal(d), fmt_duration, short=True)
+            if eta_d.startswith("calibrating"):
+                eta_d = "cal {observed}/{needed}".format(**d["calibration"])
         lines.append(
             f"{d['name'][:24]:<24} {d['state']:<9} {d['done']:>7} {d['failed']:>6} {d['skipped']:>6} {d['pending']:>7} "
             f"{d['in_flight']:>5} {d['rejected']:>4} {fmt_count(d['completion_tokens']):>10} {d['cost_usd']:>9.4f} "
-            f"{eta_d:>8}  {errs}" + (f"  [{note}]" if note else "")
+            f"{eta_d:>11}  {errs}" + (f"  [{note}]" if note else "")
         )
     return "\n".join(lines)
 

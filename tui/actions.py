@@ -8,6 +8,7 @@ modal, and the scheduler's state changes within one loop iteration of the key pr
 from __future__ import annotations
 
 import inspect
+import time
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -187,7 +188,11 @@ class ActionsMixin:
         if new == current:
             why = (f"at its maximum {cap:,} (4x the configured {c.configured:,})" if direction > 0 and c is not None
                    else "at its minimum 1 (P pauses the run, p the dataset)")
-            self.notify(f"class {cls} concurrency is {why}", severity="warning")  # type: ignore[attr-defined]
+            msg = f"class {cls} concurrency is {why}"
+            last = getattr(self, "_bound_notice", ("", -1e9))
+            if last[0] != msg or time.monotonic() - last[1] > 3:  # one toast for a held-down key
+                self._bound_notice = (msg, time.monotonic())
+                self.notify(msg, severity="warning")  # type: ignore[attr-defined]
             return
         self.conc_target[cls] = new  # type: ignore[attr-defined]
         self._run_command(partial(self.controller.set_concurrency, cls, new))  # type: ignore[attr-defined]
