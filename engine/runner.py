@@ -61,34 +61,33 @@ class KeyError_(ConfigError):
 
 
 def key_required(p: ProviderSection) -> bool:
-    """Whether kind ``p.kind`` at ``p``'s URL must have a key before anything is sent.
+    """Whether ``p`` must have a key before anything is sent.
 
-    ``openrouter``: always. ``openai``: when ``base_url`` is not loopback (a remote server bills or
-    refuses anonymous requests); a loopback server (a local vLLM/SGLang, or ``datagen sim``) may run
-    without one, which :func:`probe_keyless_server` checks at start. ``simulated``: never.
+    ``openrouter``: always. ``openai``: when the config names where the key lives (``api_key_env``
+    set explicitly, or ``api_key_file``); otherwise the server may need none (a local or LAN
+    vLLM/SGLang), which :func:`probe_keyless_server` checks at start. ``simulated``: never.
     """
     if p.kind == "openrouter":
         return True
-    return p.kind == "openai" and not is_loopback_url(p.resolved_base_url() or "")
+    return p.kind == "openai" and ("api_key_env" in p.model_fields_set or p.api_key_file is not None)
 
 
 def _missing_key_message(p: ProviderSection, why: str, sent: str = "Nothing was sent") -> str:
     file = f" and provider.api_key_file ({p.api_key_file}) is empty" if p.api_key_file else " (nor provider.api_key_file)"
     return (f"provider.api_key_env: environment variable {p.api_key_env} is not set{file}; {why}. "
-            f"{sent}. Export {p.api_key_env} (a server that needs no key takes any placeholder, "
-            f"e.g. {p.api_key_env}=EMPTY) or use [provider] kind = \"simulated\"")
+            f"{sent}. Export {p.api_key_env}, or use [provider] kind = \"simulated\"")
 
 
 def resolve_api_key(p: ProviderSection, environ: dict[str, str] | None = None) -> str | None:
     """Return the API key for ``p``: the env var named ``api_key_env``, else ``api_key_file``.
 
-    Returns None for ``simulated``, and for ``openai`` at a loopback ``base_url`` with neither set
-    (local servers may need no key: see :func:`probe_keyless_server`).
+    Returns None for ``simulated``, and for ``openai`` with no key found and no key source named
+    in the config (servers that need no key: see :func:`probe_keyless_server`).
 
     Raises:
-        KeyError_: no key found where :func:`key_required` (kind ``openrouter``, or ``openai`` at a
-            non-loopback URL), naming the variable and the file; an unreadable key file; a key
-            with a bad character (its position, never the key).
+        KeyError_: no key found where :func:`key_required` (kind ``openrouter``, or ``openai`` whose
+            config names ``api_key_env``/``api_key_file``), naming the variable and the file; an
+            unreadable key file; a key with a bad character (its position, never the key).
         ConfigError: a key would be sent over plain http to a non-loopback host.
     """
     env = os.environ if environ is None else environ
@@ -113,7 +112,7 @@ def resolve_api_key(p: ProviderSection, environ: dict[str, str] | None = None) -
     if not key:
         if key_required(p):
             why = ("kind \"openrouter\" needs a key" if p.kind == "openrouter"
-                   else f"kind \"openai\" at the non-loopback {p.resolved_base_url()} needs a key")
+                   else "the config sets provider.api_key_env or api_key_file, so kind \"openai\" expects a key")
             raise KeyError_(_missing_key_message(p, why))
         return None
     url = p.resolved_base_url() or ""
@@ -123,9 +122,10 @@ def resolve_api_key(p: ProviderSection, environ: dict[str, str] | None = None) -
 
 
 async def probe_keyless_server(p: ProviderSection, timeout_s: float = 10.0) -> None:
-    """Before dispatching without a key (kind ``openai`` at loopback, no key found): ``GET /key``
-    once, without credentials. A 401/403 means the server wants a key: refuse the start instead of
-    sending every request to be refused. Any other answer, or none, lets the run start.
+    """Before dispatching without a key (kind ``openai``, no key found, none configured): ``GET /key``
+    once, without credentials (nothing secret, no completion). A 401/403 means the server wants a
+    key: refuse the start instead of sending every request to be refused. Any other answer, or
+    none within ``timeout_s`` seconds, lets the run start.
 
     Raises:
         KeyError_: the server answered 401/403, naming the variable (no chat request was sent).
@@ -134,7 +134,7 @@ async def probe_keyless_server(p: ProviderSection, timeout_s: float = 10.0) -> N
 
     url = (p.resolved_base_url() or "").rstrip("/") + "/key"
     try:
-        async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as http:
+        async with httpx.AsyncClient(timeout=timeout_s, trust_env=not is_loopback_url(url)) as http:
             status = (await http.get(url)).status_code
     except (httpx.HTTPError, OSError):
         return
