@@ -356,3 +356,70 @@ def test_stacks_txt_is_owner_only(tmp_path):
     finally:
         os.umask(old_umask)
         signal.signal(signal.SIGUSR1, old)
+
+
+def test_keyless_local_server_without_key_endpoints_runs_and_credits_stay_unknown_quietly(tmp_path):
+    """A local OpenAI-compatible server with no key and no /key or /credits (like a bare vLLM): the
+    start-up probe lets the run start keyless, credits are asked once, stay unknown, and nothing is
+    logged above INFO about them."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    hits: list[tuple[str, str, str | None]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):  # quiet
+            pass
+
+        def _send(self, code: int, doc: dict) -> None:
+            body = json.dumps(doc).encode()
+            self.send_response(code)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            hits.append(("GET", self.path, self.headers.get("authorization")))
+            self._send(404, {"error": {"message": "not found", "code": 404}})
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            hits.append(("POST", self.path, self.headers.get("authorization")))
+            self._send(200, {"id": "c-1", "object": "chat.completion", "model": "m", "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "An answer."}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}})
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        cfg = tmp_path / "local.toml"
+        cfg.write_text(f"""
+[run]
+dir = "{tmp_path / 'run'}"
+progress_interval_s = 30
+[provider]
+kind = "openai"
+base_url = "http://127.0.0.1:{srv.server_address[1]}/v1"
+model = "m"
+stream = false
+[classes.short]
+max_tokens = 100
+concurrency = 2
+[[datasets]]
+name = "a"
+path = "{write_prompts(tmp_path / 'a.jsonl', 3)}"
+format = "text"
+""")
+        p = subprocess.run(run_cmd(cfg), capture_output=True, text=True, timeout=120, cwd=REPO, env=_env())
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert p.returncode == 0, p.stdout[-1500:] + p.stderr[-1500:]
+    gets = [path for m, path, _ in hits if m == "GET"]
+    assert gets.count("/v1/key") == 2 and gets.count("/v1/credits") == 1, gets  # probe + one credits read
+    assert [a for m, _, a in hits if m == "POST"] == [None] * 3  # no Authorization header sent
+    assert "credits" not in p.stderr.lower(), p.stderr
+    assert status_json(tmp_path / "run")["credits_usd"] is None
+    log = (tmp_path / "run" / "datagen.log").read_text()
+    assert log.count("credits: provider exposes neither /key nor /credits") == 1
