@@ -546,12 +546,12 @@ def parse_config(data: dict[str, Any], path: Path = Path("config.toml"), *, chec
             except OSError as e:  # e.g. a directory we may not search
                 problems.append(f"  datasets[{i}].path ({d.name}): cannot access {d.path}: {e.strerror}")
         tok = cfg.provider.sim.tokenizer
-        hint = " (`datagen make-tokenizer DIR` builds the small demo tokenizer, as `make demo` does)"
+        hint = "`datagen make-tokenizer DIR` builds the small demo tokenizer, as `make demo` does"
         if cfg.provider.kind == "simulated" and tok is not None and not tok.exists():
-            problems.append(f"  provider.sim.tokenizer: not found: {tok}{hint}")
+            problems.append(f"  provider.sim.tokenizer: not found: {tok} ({hint})")
         t = cfg.tokenizer
         if t is not None and t.kind == "tiktoken" and not Path(t.path).is_dir():
-            problems.append(f"  tokenizer.path: not a directory: {t.path} (kind \"tiktoken\" is a local directory){hint}")
+            problems.append(f"  tokenizer.path: not a directory: {t.path} (kind \"tiktoken\" needs a local directory; {hint})")
         if problems:
             raise ConfigError(f"{path}: invalid configuration:\n" + "\n".join(problems))
     return cfg

@@ -291,6 +291,11 @@ def test_demo_config_ends_with_a_validated_tokens_export(tmp_path):
     (tmp_path / "engine").symlink_to(REPO / "engine")
     env = _env(PYTHONPATH=str(REPO))
     dg = [PY, "-m", "engine.cli"]
+    # Before the tokenizer is built: refused at load, naming both keys and how to build it.
+    p = subprocess.run(dg + ["run", "config.toml", "--headless"], capture_output=True, text=True, timeout=60,
+                       cwd=tmp_path, env=env)
+    assert p.returncode == 1 and "provider.sim.tokenizer: not found" in p.stderr and "tokenizer.path: not a directory" in p.stderr
+    assert "`datagen make-tokenizer DIR` builds the small demo tokenizer" in p.stderr
     for argv in (["make-tokenizer", tok_dir], ["run", "config.toml", "--headless"], ["validate", "runs/demo"],
                  ["export", "runs/demo", "--format", "tokens", "--out", "out/demo-tokens"]):
         p = subprocess.run(dg + argv, capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
