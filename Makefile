@@ -15,8 +15,17 @@ $(BIN)/datagen: pyproject.toml
 
 venv: $(BIN)/datagen
 
-demo: venv
+# The demo ends with a validated `tokens` export (exact token ids) using a small Kimi-layout
+# tokenizer built offline from mistral-common's bundled vocabulary (no download).
+DEMO_TOKENIZER := runs/demo-tokenizer
+
+$(DEMO_TOKENIZER)/tokenizer_config.json: | $(BIN)/datagen
+	$(BIN)/datagen make-tokenizer $(DEMO_TOKENIZER)
+
+demo: venv $(DEMO_TOKENIZER)/tokenizer_config.json
 	$(BIN)/datagen run config.toml --headless
+	$(BIN)/datagen validate runs/demo
+	$(BIN)/datagen export runs/demo --format tokens --out out/demo-tokens
 
 test: venv
 	$(BIN)/python -m pytest -q -x -m "not slow" --durations=10

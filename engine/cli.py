@@ -1,10 +1,11 @@
-"""The ``datagen`` command line: run, sim, status, ctl, export, extract, validate."""
+"""The ``datagen`` command line: run, sim, status, ctl, export, extract, validate, make-tokenizer."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -62,7 +63,9 @@ def _install_stack_dump(run_dir: Path) -> None:
     path = Path(run_dir) / "stacks.txt"
 
     def dump(signum, frame):  # noqa: ARG001 - signal handler signature
-        with open(path, "a", encoding="utf-8") as f:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # owner-only like every run file
+        os.fchmod(fd, 0o600)
+        with open(fd, "a", encoding="utf-8") as f:
             faulthandler.dump_traceback(file=f, all_threads=True)
             try:
                 loop = asyncio.get_running_loop()
@@ -111,8 +114,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Exit codes of ``datagen export`` and ``datagen validate`` (README "Commands").
+EXIT_OK, EXIT_INVALID, EXIT_ERROR = 0, 1, 2
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
-    from engine.export import export
+    """0 something exported; 1 nothing exported (no record qualifies, nothing written); 2 error."""
+    from engine.export import NothingToExport, export
     from engine.status import StatusError
     from engine.tokens.exports import ExportError
     from engine.tokens.tokenizer import TokenizerError
@@ -126,16 +134,38 @@ def _cmd_export(args: argparse.Namespace) -> int:
             section = section_for_run(Path(args.run_dir), args.config)
         written = export(Path(args.run_dir), Path(args.out), args.format, tokenizer=section,
                          include_invalid=args.include_invalid)
+    except NothingToExport as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_INVALID
     except (StatusError, ExportError, TokenizerError, NoStoreError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
     unit = "rows" if args.format == "tokens" else "lines"
     for path, n in written.items():
         print(f"{path}: {n} {unit}")
-    return 0
+    if args.format != "raw" and not args.include_invalid:
+        _say_left_out(Path(args.run_dir))
+    return EXIT_OK
+
+
+def _say_left_out(run_dir: Path) -> None:
+    from engine.tokens import vstore
+    from engine.tokens.exports import left_out
+
+    conn = vstore.connect(run_dir)
+    try:
+        invalid, unvalidated, reasons = left_out(conn)
+    finally:
+        conn.close()
+    if invalid:
+        why = ", ".join(f"{k} {v}" for k, v in reasons.most_common())
+        print(f"left out: {invalid} invalid record(s) ({why}); --include-invalid exports them")
+    if unvalidated:
+        print(f"left out: {unvalidated} result(s) not validated")
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    """0 every stored result valid; 1 some invalid (or none stored); 2 error."""
     from engine.tokens.report import format_report
     from engine.tokens.service import section_for_run, validate_run
     from engine.tokens.tokenizer import TokenizerError
@@ -146,15 +176,36 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         section = section_for_run(run_dir, args.config)
         if section is None:
             print(f"error: {run_dir} stores no [tokenizer]: pass --config CONFIG with a [tokenizer] section", file=sys.stderr)
-            return 1
+            return EXIT_ERROR
         doc = validate_run(run_dir, section, workers=args.workers)
     except (TokenizerError, NoStoreError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_ERROR
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
         print(format_report(doc))
+    if not doc["records"]:
+        print(f"{run_dir} stores no completed result yet: nothing validated", file=sys.stderr)
+        return EXIT_INVALID
+    if doc["invalid"] or doc["unvalidated"]:
+        extra = f", {doc['unvalidated']} not validated" if doc["unvalidated"] else ""
+        print(f"{doc['invalid']} of {doc['records']} record(s) invalid{extra}: "
+              f"left out of exports unless --include-invalid", file=sys.stderr)
+        return EXIT_INVALID
+    return EXIT_OK
+
+
+def _cmd_make_tokenizer(args: argparse.Namespace) -> int:
+    from engine.tokens.demo_tokenizer import DemoTokenizerError, build_demo_tokenizer
+
+    try:
+        built = build_demo_tokenizer(Path(args.dir), force=args.force)
+    except DemoTokenizerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"{args.dir}: {'built' if built else 'already there'} (Kimi-K2.5 layout over mistral-common's tekken "
+          f"vocabulary: for the simulator, not for real Kimi completions)")
     return 0
 
 
@@ -275,21 +326,29 @@ def build_parser() -> argparse.ArgumentParser:
     xt.add_argument("--progress-s", type=float, default=5.0, help=argparse.SUPPRESS)
     xt.set_defaults(func=_cmd_extract)
 
-    ex = sub.add_parser("export", help="export stored results")
+    ex = sub.add_parser("export", help="export stored results (exit 0 exported, 1 nothing exported, 2 error)")
     ex.add_argument("run_dir")
     ex.add_argument("--format", choices=["raw", "specforge", "openai", "tokens"], default="raw",
-                    help="raw JSONL (everything stored), or validated records as specforge/openai JSONL or tokens Parquet")
+                    help="raw JSONL (everything stored; the default), or validated records as specforge/openai JSONL "
+                    "or tokens Parquet")
     ex.add_argument("--out", required=True, help="output directory")
     ex.add_argument("--config", help="config whose [tokenizer] validates results not validated yet (default: the run's)")
     ex.add_argument("--include-invalid", action="store_true", help="also export records that failed validation")
     ex.set_defaults(func=_cmd_export)
 
-    v = sub.add_parser("validate", help="rebuild token ids of every stored result and check them (re-run after a tokenizer fix)")
+    v = sub.add_parser("validate", help="rebuild token ids of every stored result and check them (re-run after a "
+                       "tokenizer fix; exit 0 all valid, 1 some invalid, 2 error)")
     v.add_argument("run_dir")
     v.add_argument("--config", help="config with the [tokenizer] section (default: the one stored with the run)")
     v.add_argument("--json", action="store_true", help="machine-readable report")
     v.add_argument("--workers", type=int, default=None, help="worker processes (default [tokenizer] workers)")
     v.set_defaults(func=_cmd_validate)
+
+    mt = sub.add_parser("make-tokenizer", help="build the small Kimi-layout demo tokenizer into DIR, offline "
+                        "(for the simulator: Kimi-K2.5's layout, not its vocabulary)")
+    mt.add_argument("dir")
+    mt.add_argument("--force", action="store_true", help="replace DIR when it exists")
+    mt.set_defaults(func=_cmd_make_tokenizer)
     return p
 
 

@@ -502,13 +502,14 @@ def _resolve_paths(cfg: Config, base: Path) -> Config:
 
 
 def _resolve_tokenizer(cfg: Config, base: Path) -> Config:
-    """Resolve ``[tokenizer]`` paths: ``path`` when it exists next to the config (else a hub id),
-    ``chat_template`` always."""
+    """Resolve ``[tokenizer]`` paths: ``path`` when it exists next to the config or the kind is
+    ``tiktoken`` (else a hub id), ``chat_template`` always."""
     t = cfg.tokenizer
     if t is None:
         return cfg
     p = Path(t.path).expanduser()
-    path = str(p) if p.is_absolute() else (str(base / p) if (base / p).exists() else t.path)
+    local = (base / p).exists() or t.kind == "tiktoken"  # a tiktoken tokenizer is always a local directory
+    path = str(p) if p.is_absolute() else (str(base / p) if local else t.path)
     tmpl = t.chat_template.expanduser() if t.chat_template else None
     if tmpl is not None and not tmpl.is_absolute():
         tmpl = base / tmpl
@@ -545,8 +546,12 @@ def parse_config(data: dict[str, Any], path: Path = Path("config.toml"), *, chec
             except OSError as e:  # e.g. a directory we may not search
                 problems.append(f"  datasets[{i}].path ({d.name}): cannot access {d.path}: {e.strerror}")
         tok = cfg.provider.sim.tokenizer
+        hint = "`datagen make-tokenizer DIR` builds the small demo tokenizer, as `make demo` does"
         if cfg.provider.kind == "simulated" and tok is not None and not tok.exists():
-            problems.append(f"  provider.sim.tokenizer: not found: {tok}")
+            problems.append(f"  provider.sim.tokenizer: not found: {tok} ({hint})")
+        t = cfg.tokenizer
+        if t is not None and t.kind == "tiktoken" and not Path(t.path).is_dir():
+            problems.append(f"  tokenizer.path: not a directory: {t.path} (kind \"tiktoken\" needs a local directory; {hint})")
         if problems:
             raise ConfigError(f"{path}: invalid configuration:\n" + "\n".join(problems))
     return cfg

@@ -8,6 +8,9 @@ in prompt-id order: ``dataset``, ``key``, ``messages``, ``tools``, ``response`` 
 ``content``, ``tool_calls``, ``finish_reason``), ``usage`` (``prompt_tokens``,
 ``completion_tokens``, ``reasoning_tokens``), ``cost_usd``, ``provider``, ``model``,
 ``generation_id``. Each file is written to a temporary name in the same directory and renamed.
+
+When no record qualifies (no result stored, or every result invalid and ``include_invalid`` not
+set) nothing is written and :class:`NothingToExport` says why (``datagen export`` exits 1).
 """
 
 from __future__ import annotations
@@ -19,14 +22,25 @@ from engine.atomic import write_lines
 from engine.status import connect_ro
 
 
+class NothingToExport(Exception):
+    """No record qualifies for the export; nothing was written. The message says why (counts of
+    stored, invalid and unvalidated results, the failed checks) and what to do."""
+
+
 def export_raw(run_dir: Path, out_dir: Path) -> dict[str, int]:
     """Export every dataset's results as JSONL; returns ``{dataset: lines written}``.
 
     Raises:
         engine.status.StatusError: no store in ``run_dir``.
+        NothingToExport: the run stores no result yet (nothing is written).
     """
     conn = connect_ro(run_dir)
     try:
+        (n_results,) = conn.execute("SELECT COUNT(*) FROM results").fetchone()
+        if not n_results:
+            (n_prompts,) = conn.execute("SELECT COUNT(*) FROM prompts").fetchone()
+            raise NothingToExport(f"nothing to export: {run_dir} stores no completed result yet "
+                                  f"({n_prompts} prompt(s) ingested); nothing written")
         names = [n for (n,) in conn.execute("SELECT name FROM datasets ORDER BY position")]
         written = {}
         for name in names:
@@ -68,6 +82,7 @@ def export(run_dir: Path, out_dir: Path, fmt: str = "raw", *, tokenizer=None, in
         include_invalid: also export records that failed validation (not for ``raw``: it has all).
 
     Raises:
+        NothingToExport: no record qualifies (nothing is written).
         engine.status.StatusError: no store (``raw``); engine.tokens.vstore.NoStoreError,
         engine.tokens.exports.ExportError, engine.tokens.tokenizer.TokenizerError (others).
     """

@@ -15,15 +15,21 @@ temporary name in the same directory and renamed (atomic).
   (``content`` null when the turn is only tool calls; ``tool_calls`` only when there are some).
 - ``tokens`` (``DIR/<dataset>.parquet``): the :mod:`engine.tokens.records` format (``input_ids``
   int32, ``loss_mask`` int8 = 1 exactly on the completion ids, not shifted).
+
+When no record qualifies, nothing is written and :class:`engine.export.NothingToExport` names the
+counts and the failed checks (``datagen export`` exits 1); a dataset with no qualifying record while
+others have some gets an empty file (so an older export's file never survives beside a new one).
 """
 
 from __future__ import annotations
 
+import collections
 import json
 from pathlib import Path
 from typing import Any, Iterator
 
 from engine.config import TokenizerSection
+from engine.export import NothingToExport
 from engine.tokens import vstore
 from engine.tokens.reconstruct import count_tool_calls, native_tool_calls
 from engine.tokens.records import TokenRecord, write_parquet
@@ -56,6 +62,35 @@ def ensure_validated(run_dir: Path, section: TokenizerSection | None, *, workers
 
     validate_run(run_dir, section, workers=workers, only_missing=True)
     return missing
+
+
+def left_out(conn) -> tuple[int, int, collections.Counter]:
+    """``(invalid records, results without a validation row, Counter of failed checks of the invalid
+    ones)`` of an open store: what an export without ``include_invalid`` leaves out."""
+    reasons: collections.Counter = collections.Counter()
+    invalid = 0
+    for (rs,) in conn.execute("SELECT reasons FROM validations WHERE ok=0"):
+        invalid += 1
+        reasons.update(json.loads(rs))
+    (unvalidated,) = conn.execute(
+        "SELECT COUNT(*) FROM results WHERE prompt_id NOT IN (SELECT prompt_id FROM validations)").fetchone()
+    return invalid, unvalidated, reasons
+
+
+def _check_something_qualifies(conn, run_dir: Path, include_invalid: bool) -> None:
+    (n,) = conn.execute("SELECT COUNT(*) FROM validations" + ("" if include_invalid else " WHERE ok=1")).fetchone()
+    if n:
+        return
+    (stored,) = conn.execute("SELECT COUNT(*) FROM results").fetchone()
+    if not stored:
+        raise NothingToExport(f"nothing to export: {run_dir} stores no completed result yet; nothing written")
+    invalid, unvalidated, reasons = left_out(conn)
+    why = ", ".join(f"{k} {v}" for k, v in reasons.most_common())
+    raise NothingToExport(
+        f"nothing to export: none of the {stored} stored result(s) of {run_dir} is valid ({invalid} invalid"
+        f"{': ' + why if why else ''}{f'; {unvalidated} not validated' if unvalidated else ''}); nothing written. "
+        f"`datagen validate {run_dir}` shows the report (re-run it after fixing the [tokenizer]); "
+        f"--include-invalid exports invalid records anyway")
 
 
 def _rows(conn, dataset: str, include_invalid: bool) -> Iterator[tuple]:
@@ -112,6 +147,7 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
         include_invalid: export invalid records too.
 
     Raises:
+        engine.export.NothingToExport: no record qualifies (nothing is written).
         ExportError, TokenizerError, engine.tokens.vstore.NoStoreError.
     """
     from engine.atomic import write_lines
@@ -124,6 +160,7 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
     id_format = section.tool_id_format if section is not None else TokenizerSection(path="-").tool_id_format
     conn = vstore.connect(run_dir)
     try:
+        _check_something_qualifies(conn, run_dir, include_invalid)
         names = [n for (n,) in conn.execute("SELECT name FROM datasets ORDER BY position")]
         out: dict[str, int] = {}
         for name in names:

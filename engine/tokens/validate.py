@@ -26,8 +26,9 @@ are left out of exports unless asked. The checks (eagle3-data.md, "checks that p
 Notes (kept, not failures): ``tool_id_rebuilt`` (the provider returned non-native call ids),
 ``no_usage`` (no billed completion tokens to compare with).
 
-Structural checks (``think_end_count``, ``end_of_turn``, ``method_disagree``, ``billing_diff``) are
-skipped on truncated records: the cut explains them.
+Checks the cut explains (``think_end_count``, ``end_of_turn``, ``method_disagree``, ``billing_diff``)
+are skipped on truncated records. Every reason but ``truncated``, ``empty`` and ``billing_diff`` is a
+"structural error" (:data:`NON_STRUCTURAL`, :func:`structural`).
 """
 
 from __future__ import annotations
@@ -42,8 +43,10 @@ REASONS: tuple[str, ...] = (
     "reasoning_leak", "reasoning_missing", "reasoning_unexpected", "special_text", "bad_tool_args",
     "tool_layout", "prefix_unstable", "method_disagree", "billing_diff", "zero_supervised",
 )
-#: Reasons that are not about the token structure (the rest are "structural errors").
-NON_STRUCTURAL: frozenset[str] = frozenset({"truncated", "empty"})
+#: Reasons that are not about the token structure (the rest are "structural errors"): a cut or empty
+#: completion, and a rebuilt length that disagrees with the provider's billed count (``billing_diff``:
+#: the ids can be perfectly formed while the vocabulary or the provider's count differs).
+NON_STRUCTURAL: frozenset[str] = frozenset({"truncated", "empty", "billing_diff"})
 _THINK_MARKERS = ("think_start", "think_end")
 
 
@@ -141,5 +144,5 @@ def check(rec: Reconstruction, r: Record, *, thinking: bool, ids: dict[str, int]
 
 
 def structural(reasons: list[str]) -> list[str]:
-    """The reasons of ``reasons`` that are structural errors (all but truncated/empty)."""
+    """The reasons of ``reasons`` that are structural errors (all but truncated, empty, billing_diff)."""
     return [x for x in reasons if x not in NON_STRUCTURAL]
