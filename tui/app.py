@@ -17,6 +17,7 @@ import os
 import sys
 from typing import Any, Callable
 
+from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -32,6 +33,7 @@ from tui.host import EngineHost
 from tui.layout import CSS, HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS, parse_keymap, shown
 from tui.logbridge import PaneLogHandler, quiet_terminal_logging
 from tui.terminal import TerminalMixin
+from tui.panes.datasets import table_width
 from tui.panes import (
     DatasetsTable, ErrorsPane, GpusPane, HeaderPane, LogPane, ProvidersPane, SamplePane, ThroughputPane,
 )
@@ -336,11 +338,16 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
         self._render_sample()
         self._refresh_footer()
 
-    def on_resize(self) -> None:
+    def on_resize(self, event: events.Resize) -> None:
+        """Lay out for the NEW size: this handler runs before Textual's own (``App._on_resize``),
+        so ``self.size`` still holds the previous size here; ``event.size`` is the new one."""
+        width = event.size.width
         footer = self.query_one(Footer)
-        footer.compact = self.size.width < 120  # every key still fits in 80 columns
-        footer.show_command_palette = self.size.width >= 100
-        self.query_one(DatasetsTable).set_compact(self.size.width < 120)
+        footer.compact = width < 120  # every key still fits in 80 columns
+        if footer.show_command_palette != (width >= 100):
+            footer.show_command_palette = width >= 100
+            footer.refresh(recompose=True)  # not a recomposing reactive: the palette key would stay
+        self.query_one(DatasetsTable).fit_width(table_width(width))
         self.query_one(HeaderPane)._last = None  # re-fit the header to the new width
         self.call_after_refresh(self.request_poll)  # panes shown by the new size get drawn now
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engine.rates import fmt_count, fmt_duration
 
-__all__ = ["bar", "fmt_count", "fmt_duration", "money", "pct", "secs", "trim", "GIB"]
+__all__ = ["bar", "bar_parts", "fmt_count", "fmt_duration", "money", "pct", "secs", "trim", "GIB"]
 
 GIB = 1024**3
 """Bytes per GiB."""
@@ -42,6 +42,30 @@ def bar(fraction: float, width: int = 10) -> str:
     full, rem = divmod(eighths, 8)
     partial = " ▏▎▍▌▋▊▉"[rem] if rem and full < width else ""
     return ("█" * full + partial).ljust(width, "·")
+
+
+def bar_parts(done: int, skipped: int, total: int, width: int = 10) -> tuple[str, str, str]:
+    """A three-part progress bar of ``width`` cells: ``(done, skipped, left)`` strings.
+
+    ``done`` uses full blocks, ``skipped`` light shade (``░``), ``left`` dots; counts are prompts
+    (``done`` = finished, stored or failed; ``skipped`` = counted as skipped; the rest is left).
+    A non-zero part always gets at least one cell (taken from the largest other part), so a
+    dataset with 1 of 140 skipped or 1 left never reads as all done. ``total`` <= 0: all dots.
+    """
+    if total <= 0 or width <= 0:
+        return "", "", "·" * max(width, 0)
+    done, skipped = max(min(done, total), 0), max(min(skipped, total - max(done, 0)), 0)
+    left = total - done - skipped
+    cells = [round(done / total * width), 0, 0]
+    cells[1] = round((done + skipped) / total * width) - cells[0]
+    cells[2] = width - cells[0] - cells[1]
+    for i, n in enumerate((done, skipped, left)):
+        if n > 0 and cells[i] == 0:
+            j = max(range(3), key=lambda k: cells[k])
+            if cells[j] > 1:
+                cells[j] -= 1
+                cells[i] += 1
+    return "█" * cells[0], "░" * cells[1], "·" * cells[2]
 
 
 def trim(text: str, limit: int) -> str:
