@@ -76,6 +76,7 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
         Binding("plus", "concurrency_up", "Conc+", id="dashboard.concurrency_up"),
         Binding("minus", "concurrency_down", "Conc-", id="dashboard.concurrency_down"),
         Binding("x", "exclude_provider", "Exclude", id="dashboard.exclude_provider"),
+        Binding("i", "details", "Details", id="dashboard.details", show=False),  # hinted on the table
         Binding("question_mark", "help", "Help", id="dashboard.help"),
         Binding("q", "quit", "Quit", id="dashboard.quit"),
     ]
@@ -131,7 +132,7 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
     # ---- composition ------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield HeaderPane(id="header")
-        yield DatasetsTable(id="datasets")
+        yield DatasetsTable(id="datasets", details_key=self._keymap.get("dashboard.details", "i"))
         with Horizontal(id="middle"):
             yield ThroughputPane(id="throughput", classes="pane")
             yield ErrorsPane(id="errors", classes="pane")

@@ -173,10 +173,14 @@ class DatasetsTable(DataTable):
     text or style changed (inside ``app.batch_update()``), and rebuilds only when the set of
     datasets or the set/widths of columns changes. :meth:`fit_width` chooses the columns for a
     table width (call it from every resize); the name column is fixed when scrolling sideways.
+
+    Args:
+        details_key: the key that opens the detail view, hinted on the bottom border.
     """
 
-    def __init__(self, **kw) -> None:
+    def __init__(self, details_key: str = "i", **kw) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, fixed_columns=1, **kw)
+        self.border_subtitle = f"{details_key.split(',')[0].strip()} details"
         self._cells: dict[str, dict[str, Cell]] = {}
         self.available = table_width(160)
         """Cells the columns may use (set by :meth:`fit_width`)."""
