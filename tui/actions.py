@@ -65,6 +65,16 @@ class ActionsMixin:
         except KeyError:
             return None
 
+    def announce_notices(self, snap: Any) -> None:
+        """Toast each guard pause of ``snap.notices`` not yet announced (the log pane shows the
+        same pause as a WARNING event line), as loudly as the toast of a user's own pause."""
+        seen = getattr(self, "_notice_seen", 0)
+        for seq, text in getattr(snap, "notices", ()):
+            if seq > seen:
+                seen = seq
+                self.notify(text, title="paused by a guard", severity="warning", timeout=20)  # type: ignore[attr-defined]
+        self._notice_seen = seen
+
     def _run_command(self, call: Callable[[], Any], done: str | None = None) -> None:
         """Run ``call()`` (sync or async controller method) in a worker; notify its result."""
 

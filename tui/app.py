@@ -282,6 +282,7 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
                 if self.conc_target.get(c.name) == c.concurrency:
                     del self.conc_target[c.name]
             self._check_exit_on_pause(snap)
+            self.announce_notices(snap)
         if self.terminal_lost or len(self.screen_stack) > 1:
             return  # a modal is open (or nobody is looking): skip rendering
         try:
