@@ -117,7 +117,9 @@ def test_choose_columns_fills_the_width_by_priority():
 def test_progress_of_a_skipped_dataset_shows_done_skipped_and_left():
     assert bar_parts(80, 60, 140, 7) == ("████", "░░░", "")
     assert bar_parts(0, 60, 60, 7) == ("", "░░░░░░░", "")
-    assert bar_parts(139, 0, 140, 9) == ("████████", "", "·")  # one left never reads as full
+    assert bar_parts(139, 0, 140, 9) == ("████████▉", "", "")  # one left never reads as full
+    assert bar_parts(60, 0, 140, 7) == ("███", "", "····") and bar_parts(62, 0, 140, 7)[0] == "███▏"
+    assert bar_parts(139, 1, 140, 9) == ("████████", "░", "")
     assert bar_parts(10, 1, 140, 9) == ("█", "░", "·······")
     snap = fixed_snapshot()
     skipped = dataclasses.replace(snap.datasets[3], done=80, prompts=140, skipped=60, state="skipped")

@@ -49,13 +49,21 @@ def bar_parts(done: int, skipped: int, total: int, width: int = 10) -> tuple[str
 
     ``done`` uses full blocks, ``skipped`` light shade (``░``), ``left`` dots; counts are prompts
     (``done`` = finished, stored or failed; ``skipped`` = counted as skipped; the rest is left).
-    A non-zero part always gets at least one cell (taken from the largest other part), so a
-    dataset with 1 of 140 skipped or 1 left never reads as all done. ``total`` <= 0: all dots.
+    Without skipped prompts the bar has eighth-block resolution like :func:`bar` (and is never
+    all full blocks while prompts are left); otherwise whole cells, a non-zero part always at
+    least one (taken from the largest other part), so a dataset with 1 of 140 skipped or 1 left
+    never reads as all done. ``total`` <= 0: all dots.
     """
     if total <= 0 or width <= 0:
         return "", "", "·" * max(width, 0)
     done, skipped = max(min(done, total), 0), max(min(skipped, total - max(done, 0)), 0)
     left = total - done - skipped
+    if not skipped:  # done vs left only: eighth-block resolution, as :func:`bar`
+        b = bar(done / total, width)
+        filled = b.rstrip("·")
+        if left and filled == "█" * width:
+            filled = filled[:-1] + "▉"
+        return filled, "", b[len(filled):]
     cells = [round(done / total * width), 0, 0]
     cells[1] = round((done + skipped) / total * width) - cells[0]
     cells[2] = width - cells[0] - cells[1]
