@@ -115,12 +115,15 @@ def test_choose_columns_fills_the_width_by_priority():
 
 
 def test_progress_of_a_skipped_dataset_shows_done_skipped_and_left():
-    assert bar_parts(80, 60, 140, 7) == ("████", "░░░", "")
-    assert bar_parts(0, 60, 60, 7) == ("", "░░░░░░░", "")
-    assert bar_parts(139, 0, 140, 9) == ("████████▉", "", "")  # one left never reads as full
-    assert bar_parts(60, 0, 140, 7) == ("███", "", "····") and bar_parts(62, 0, 140, 7)[0] == "███▏"
-    assert bar_parts(139, 1, 140, 9) == ("████████", "░", "")
-    assert bar_parts(10, 1, 140, 9) == ("█", "░", "·······")
+    assert bar_parts(80, 60, 140, 7) == ("████", "", "░░░", "")
+    assert bar_parts(0, 60, 60, 7) == ("", "", "░░░░░░░", "")
+    assert bar_parts(139, 0, 140, 9) == ("████████▉", "", "", "")  # one left never reads as full
+    assert bar_parts(60, 0, 140, 7) == ("███", "", "", "····") and bar_parts(62, 0, 140, 7)[0] == "███▏"
+    assert bar_parts(139, 1, 140, 9) == ("████████", "", "░", "")
+    assert bar_parts(10, 1, 140, 9) == ("█", "", "░", "·······")
+    assert bar_parts(0, 0, 5, 9, failed=5) == ("", "█████████", "", "")  # all failed: red, not "done"
+    assert bar_parts(50, 20, 100, 10, failed=10) == ("█████", "█", "░░", "··")
+    assert sum(map(len, bar_parts(33, 33, 100, 7, failed=1))) == 7
     snap = fixed_snapshot()
     skipped = dataclasses.replace(snap.datasets[3], done=80, prompts=140, skipped=60, state="skipped")
     plain = "".join(t for t, _ in dataset_cells(skipped, wide=False)["progress"])

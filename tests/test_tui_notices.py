@@ -94,11 +94,11 @@ async def test_injected_snapshot_notices_toast_once():
     async with app.run_test(size=(120, 40), notifications=True) as pilot:
         await pilot.pause(0.2)
         assert guard_toasts(app) == []
-        box["snap"] = dataclasses.replace(snap, notices=((1, "run paused by a guard: credits floor"),))
+        box["snap"] = dataclasses.replace(snap, notices=((1, "[b1_glaive] paused by a guard: calibration gate"),))
         await until(pilot, lambda: guard_toasts(app), 2, "toast")
         await pilot.pause(0.3)
-        assert guard_toasts(app) == ["run paused by a guard: credits floor"]
-        assert "run paused by a guard: credits floor" in screen_text(app)
+        assert guard_toasts(app) == ["[b1_glaive] paused by a guard: calibration gate"]
+        assert "[b1_glaive] paused by a guard: calibration gate" in screen_text(app)  # not read as markup
 
 
 async def test_sample_pane_shows_the_latest_stored_completion_after_a_restart(tmp_path):

@@ -72,7 +72,8 @@ class ActionsMixin:
         for seq, text in getattr(snap, "notices", ()):
             if seq > seen:
                 seen = seq
-                self.notify(text, title="paused by a guard", severity="warning", timeout=20)  # type: ignore[attr-defined]
+                self.notify(text, title="paused by a guard", severity="warning", timeout=20,  # type: ignore[attr-defined]
+                            markup=False)  # "[dataset]" is text, not markup
         self._notice_seen = seen
 
     def _run_command(self, call: Callable[[], Any], done: str | None = None) -> None:

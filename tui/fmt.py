@@ -44,36 +44,40 @@ def bar(fraction: float, width: int = 10) -> str:
     return ("█" * full + partial).ljust(width, "·")
 
 
-def bar_parts(done: int, skipped: int, total: int, width: int = 10) -> tuple[str, str, str]:
-    """A three-part progress bar of ``width`` cells: ``(done, skipped, left)`` strings.
+def bar_parts(done: int, skipped: int, total: int, width: int = 10, failed: int = 0) -> tuple[str, str, str, str]:
+    """A progress bar of ``width`` cells in four parts: ``(done, failed, skipped, left)`` strings.
 
-    ``done`` uses full blocks, ``skipped`` light shade (``░``), ``left`` dots; counts are prompts
-    (``done`` = finished, stored or failed; ``skipped`` = counted as skipped; the rest is left).
-    Without skipped prompts the bar has eighth-block resolution like :func:`bar` (and is never
-    all full blocks while prompts are left); otherwise whole cells, a non-zero part always at
-    least one (taken from the largest other part), so a dataset with 1 of 140 skipped or 1 left
-    never reads as all done. ``total`` <= 0: all dots.
+    ``done`` and ``failed`` use full blocks (the caller colours them), ``skipped`` light shade
+    (``░``), ``left`` dots; the arguments are prompt counts, the rest of ``total`` is left.
+    With only done vs left the bar has eighth-block resolution like :func:`bar` (and is never all
+    full blocks while prompts are left); otherwise whole cells, a non-zero part always at least one
+    (taken from the largest other part), so 1 of 140 skipped, failed or left never reads as all
+    done. ``total`` <= 0: all dots.
     """
     if total <= 0 or width <= 0:
-        return "", "", "·" * max(width, 0)
-    done, skipped = max(min(done, total), 0), max(min(skipped, total - max(done, 0)), 0)
-    left = total - done - skipped
-    if not skipped:  # done vs left only: eighth-block resolution, as :func:`bar`
+        return "", "", "", "·" * max(width, 0)
+    done = max(min(done, total), 0)
+    failed = max(min(failed, total - done), 0)
+    skipped = max(min(skipped, total - done - failed), 0)
+    counts = (done, failed, skipped, total - done - failed - skipped)
+    if not failed and not skipped:  # done vs left: eighth-block resolution, as :func:`bar`
         b = bar(done / total, width)
         filled = b.rstrip("·")
-        if left and filled == "█" * width:
+        if counts[3] and filled == "█" * width:
             filled = filled[:-1] + "▉"
-        return filled, "", b[len(filled):]
-    cells = [round(done / total * width), 0, 0]
-    cells[1] = round((done + skipped) / total * width) - cells[0]
-    cells[2] = width - cells[0] - cells[1]
-    for i, n in enumerate((done, skipped, left)):
+        return filled, "", "", b[len(filled):]
+    cells, acc = [], 0
+    for n in counts:  # cumulative rounding: the parts always sum to ``width``
+        prev = round(acc / total * width)
+        acc += n
+        cells.append(round(acc / total * width) - prev)
+    for i, n in enumerate(counts):
         if n > 0 and cells[i] == 0:
-            j = max(range(3), key=lambda k: cells[k])
+            j = max(range(4), key=lambda k: cells[k])
             if cells[j] > 1:
                 cells[j] -= 1
                 cells[i] += 1
-    return "█" * cells[0], "░" * cells[1], "·" * cells[2]
+    return "█" * cells[0], "█" * cells[1], "░" * cells[2], "·" * cells[3]
 
 
 def trim(text: str, limit: int) -> str:

@@ -101,8 +101,9 @@ def choose_columns(available: int, needs: Mapping[str, int]) -> tuple[tuple[str,
 def dataset_cells(d: DatasetSnapshot, wide: bool = True) -> dict[str, Cell]:
     """``{column key: cell}`` for one dataset row (``wide``: 9-cell bar, cost with its cap).
 
-    The progress bar shows done (finished: stored or failed) vs skipped vs left, and the
-    percentage is the finished share, so a skipped or budget-met dataset never reads 100 %.
+    The progress bar shows done vs failed (red) vs skipped (``░``) vs left (``·``), and the
+    percentage is the finished share (done or failed), so a skipped or budget-met dataset never
+    reads 100 %.
     """
     finished = d.done + d.failed
     frac = finished / d.prompts if d.prompts else 0.0
@@ -120,10 +121,11 @@ def dataset_cells(d: DatasetSnapshot, wide: bool = True) -> dict[str, Cell]:
         cost_style = "bold red" if d.cost_usd >= d.max_cost_usd else ""
         if wide:
             cost += f" / {money(d.max_cost_usd, 2)}"
-    done_bar, skip_bar, left_bar = bar_parts(finished, d.skipped, d.prompts, 9 if wide else 7)
+    done_bar, fail_bar, skip_bar, left_bar = bar_parts(d.done, d.skipped, d.prompts, 9 if wide else 7, d.failed)
     pct = f" {frac * 100:3.0f}%"
     progress: Cell = (
-        (done_bar, "green" if d.state == "running" else ""), (skip_bar, "magenta"), (left_bar, "dim"), (pct, ""),
+        (done_bar, "green" if d.state == "running" else ""), (fail_bar, "red"), (skip_bar, "magenta"),
+        (left_bar, "dim"), (pct, ""),
     )
     return {
         "name": ((d.name, "bold"),),
