@@ -118,7 +118,8 @@ def test_progress_of_a_skipped_dataset_shows_done_skipped_and_left():
     assert bar_parts(80, 60, 140, 7) == ("████", "", "░░░", "")
     assert bar_parts(0, 60, 60, 7) == ("", "", "░░░░░░░", "")
     assert bar_parts(139, 0, 140, 9) == ("████████▉", "", "", "")  # one left never reads as full
-    assert bar_parts(60, 0, 140, 7) == ("███", "", "", "····") and bar_parts(62, 0, 140, 7)[0] == "███▏"
+    assert bar_parts(60, 0, 140, 7) == ("███", "", "", "····")
+    assert bar_parts(62, 0, 140, 7)[0] == "███▏"
     assert bar_parts(139, 1, 140, 9) == ("████████", "", "░", "")
     assert bar_parts(10, 1, 140, 9) == ("█", "", "░", "·······")
     assert bar_parts(0, 0, 5, 9, failed=5) == ("", "█████████", "", "")  # all failed: red, not "done"
@@ -140,3 +141,16 @@ async def test_skipped_dataset_does_not_read_100_percent_on_screen():
         await settle(pilot)
         row = next(r for r in table_rows(screen_text(app)) if "b8_swe_agent" in r)
         assert "100%" not in row and "░" in row and "0%" in row, row
+
+
+async def test_a_resize_while_a_modal_is_open_applies_when_it_closes():
+    app = app_for()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot)
+        await pilot.press("question_mark")  # the help screen: the dashboard is not redrawn meanwhile
+        await pilot.resize_terminal(80, 24)
+        await settle(pilot)
+        await pilot.press("escape")
+        await settle(pilot)
+        check_layout(app, 80)
+        assert app.query_one(DatasetsTable).column_keys == ("name", "state", "progress", "done", "eta", "cost")

@@ -39,7 +39,8 @@ async def test_anomaly_guard_pause_toasts_and_logs_a_warning(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="engine.scheduler"):
         async with app.run_test(size=(160, 48), notifications=True) as pilot:
             await until(pilot, lambda: app.snapshot and app.snapshot.dataset("sharegpt").state == "paused",
-                        what="the anomaly guard to pause sharegpt", show=lambda: (app.snapshot.events, app.snapshot.notices))
+                        what="the anomaly guard to pause sharegpt",
+                        show=lambda: (app.snapshot.events, app.snapshot.notices))
             await until(pilot, lambda: guard_toasts(app), 3, "a toast")
             toast = guard_toasts(app)[0]
             assert toast.startswith("[sharegpt] paused by a guard: anomaly guard:")

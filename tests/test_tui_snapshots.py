@@ -51,7 +51,8 @@ def compare(name: str, svg: str, tmp_path: Path) -> None:
                 + (diff or "the text is the same: styles or colours differ"))
 
 
-@pytest.mark.parametrize("size", [(80, 24), (100, 30), (120, 40), (160, 48)], ids=["80x24", "100x30", "120x40", "160x48"])
+@pytest.mark.parametrize("size", [(80, 24), (100, 30), (120, 40), (160, 48)],
+                         ids=["80x24", "100x30", "120x40", "160x48"])
 async def test_dashboard_snapshot(size, tmp_path):
     svg = await render(size)
     compare(f"dashboard_{size[0]}x{size[1]}.svg", svg, tmp_path)

@@ -72,8 +72,9 @@ class ActionsMixin:
         for seq, text in getattr(snap, "notices", ()):
             if seq > seen:
                 seen = seq
-                self.notify(text, title="paused by a guard", severity="warning", timeout=20,  # type: ignore[attr-defined]
-                            markup=False)  # "[dataset]" is text, not markup
+                # markup=False: "[dataset]" is text, not markup
+                self.notify(text, title="paused by a guard", severity="warning",  # type: ignore[attr-defined]
+                            timeout=20, markup=False)
         self._notice_seen = seen
 
     def _run_command(self, call: Callable[[], Any], done: str | None = None) -> None:

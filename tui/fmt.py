@@ -49,10 +49,11 @@ def bar_parts(done: int, skipped: int, total: int, width: int = 10, failed: int 
 
     ``done`` and ``failed`` use full blocks (the caller colours them), ``skipped`` light shade
     (``░``), ``left`` dots; the arguments are prompt counts, the rest of ``total`` is left.
-    With only done vs left the bar has eighth-block resolution like :func:`bar` (and is never all
-    full blocks while prompts are left); otherwise whole cells, a non-zero part always at least one
-    (taken from the largest other part), so 1 of 140 skipped, failed or left never reads as all
-    done. ``total`` <= 0: all dots.
+    Cells are proportional (cumulative rounding). Without skipped prompts and with too few failures
+    for a cell, the bar has eighth-block resolution like :func:`bar` and is never all full blocks
+    while prompts are left; otherwise skipped and left prompts get at least one cell each (taken
+    from the largest part), so 1 of 140 skipped or left never reads as all done. ``total`` <= 0:
+    all dots.
     """
     if total <= 0 or width <= 0:
         return "", "", "", "·" * max(width, 0)
@@ -60,19 +61,19 @@ def bar_parts(done: int, skipped: int, total: int, width: int = 10, failed: int 
     failed = max(min(failed, total - done), 0)
     skipped = max(min(skipped, total - done - failed), 0)
     counts = (done, failed, skipped, total - done - failed - skipped)
-    if not failed and not skipped:  # done vs left: eighth-block resolution, as :func:`bar`
-        b = bar(done / total, width)
-        filled = b.rstrip("·")
-        if counts[3] and filled == "█" * width:
-            filled = filled[:-1] + "▉"
-        return filled, "", "", b[len(filled):]
     cells, acc = [], 0
     for n in counts:  # cumulative rounding: the parts always sum to ``width``
         prev = round(acc / total * width)
         acc += n
         cells.append(round(acc / total * width) - prev)
-    for i, n in enumerate(counts):
-        if n > 0 and cells[i] == 0:
+    if not skipped and not cells[1]:  # done vs left (failures too few for a cell): eighth blocks
+        b = bar((done + failed) / total, width)
+        filled = b.rstrip("·")
+        if counts[3] and filled == "█" * width:
+            filled = filled[:-1] + "▉"
+        return filled, "", "", b[len(filled):]
+    for i in (2, 3):  # skipped or left prompts never vanish into a full bar
+        if counts[i] > 0 and cells[i] == 0:
             j = max(range(4), key=lambda k: cells[k])
             if cells[j] > 1:
                 cells[j] -= 1
