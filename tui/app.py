@@ -33,10 +33,10 @@ from tui.host import EngineHost
 from tui.layout import CSS, HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS, parse_keymap, shown
 from tui.logbridge import PaneLogHandler, quiet_terminal_logging
 from tui.terminal import TerminalMixin
-from tui.panes.datasets import table_width
 from tui.panes import (
     DatasetsTable, ErrorsPane, GpusPane, HeaderPane, LogPane, ProvidersPane, SamplePane, ThroughputPane,
 )
+from tui.panes.datasets import table_width
 
 log = logging.getLogger("datagen.dashboard")
 

@@ -48,7 +48,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("rate", "req/s", 5),
     Column("tokens", "tok/budget (+rsv)", 17),
     Column("avg", "avg now/all", 11),
-    Column("note", "reason", 12),
+    Column("note", "reason", 12),  # NOTE_MIN
 )
 """Every column in display order."""
 
@@ -64,6 +64,9 @@ PAD = 2
 
 WIDE_FROM = 116
 """Table widths (cells) from which the progress bar is 9 cells and the cost shows its cap."""
+
+NOTE_MIN = 12
+"""Narrowest reason column (cells)."""
 
 NAME_MAX = 28
 """Widest name column (longer names end with an ellipsis; the detail view shows them whole)."""
@@ -85,7 +88,7 @@ def choose_columns(available: int, needs: Mapping[str, int]) -> tuple[tuple[str,
     """
     widths = {c.key: max(c.min_width, len(c.label), needs.get(c.key, 0)) for c in COLUMNS}
     widths["name"] = min(widths["name"], NAME_MAX)
-    widths["note"] = max(len("reason"), min(widths["note"], COLUMNS[-1].min_width))
+    widths["note"] = NOTE_MIN  # the reason column only takes what is left (the detail view has it whole)
     picked: set[str] = set()
     used = 0
     for key in PRIORITY:
