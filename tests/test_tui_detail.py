@@ -7,7 +7,7 @@ import dataclasses
 import time
 
 from tui.app import DashboardApp
-from tui.detail import DetailScreen, dataset_log_lines, detail_text
+from tui.detail import DetailScreen, dataset_log_lines, detail_text, run_problem_lines
 from tui.testing import FIXED_GPUS, FakeController, fixed_snapshot, screen_text, sim_config
 
 LONG_REASON = ("anomaly guard (validation): 7 of the last 20 records failed validation (35% > 20%): "
@@ -104,6 +104,9 @@ def test_detail_text_keeps_everything_and_picks_the_datasets_log_lines():
     assert "<- this dataset's class" in t.plain.split("short", 1)[1].split("\n")[0]
     assert t.plain.index("earlier line") < t.plain.index("12:20:00")
     assert dataset_log_lines("a", ["[a] 1", "[b] 2", "[a] 1", "[a] 3"], limit=5) == ["[a] 1", "[a] 3"]
+    assert "12:15:40 WARNING provider SimC excluded (routing ignore)" in t.plain.split("latest run warnings")[1]
+    assert run_problem_lines(["1 INFO    run started", "2 WARNING [a] x", "3 ERROR   store fails",
+                              "4 WARNING provider P excluded"]) == ["3 ERROR   store fails", "4 WARNING provider P excluded"]
     assert dataset_log_lines("a", [f"[a] {i}" for i in range(30)], limit=3) == ["[a] 27", "[a] 28", "[a] 29"]
 
 

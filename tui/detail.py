@@ -4,11 +4,13 @@ Opened with ``i`` (binding id ``dashboard.details``, remappable through ``DATAGE
 selected dataset. It shows the full state reason, every count, tokens and money with their
 limits, the current limits of every request class (concurrency, in flight, max tokens), the
 errors of the dataset by class with the latest message of each, and its latest log lines. It
-re-reads the app's current snapshot twice a second while open.
+re-reads the app's current snapshot twice a second while open. The run's latest warnings and
+errors that name no dataset (a provider excluded, a store failing) follow.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 
 from rich.text import Text
@@ -23,6 +25,11 @@ from tui.fmt import fmt_count, fmt_duration, money
 
 LOG_LINES = 12
 """Latest log lines of the dataset shown."""
+
+RUN_LINES = 6
+"""Latest run-wide warnings and errors shown (lines of no dataset)."""
+
+_RUN_PROBLEM = re.compile(r"^\S+ (WARNING|ERROR|CRITICAL)\s+(?!\[)")
 
 
 def _row(t: Text, label: str, *parts: tuple[str, str] | str) -> None:
@@ -40,6 +47,15 @@ def dataset_log_lines(name: str, lines: Iterable[str], limit: int = LOG_LINES) -
     for line in lines:
         if tag in line and line not in seen:
             seen.add(line)
+            out.append(line)
+    return out[-limit:]
+
+
+def run_problem_lines(lines: Iterable[str], limit: int = RUN_LINES) -> list[str]:
+    """The last ``limit`` WARNING/ERROR lines of ``lines`` that name no dataset (``[name]``), each once."""
+    out: list[str] = []
+    for line in lines:
+        if _RUN_PROBLEM.match(line) and line not in out:
             out.append(line)
     return out[-limit:]
 
@@ -100,6 +116,11 @@ def detail_text(d: DatasetSnapshot, snap: RunSnapshot, cls: str = "", log_lines:
         t.append("\n  none yet", style="dim")
     for line in lines:
         t.append(f"\n{line}", style="yellow" if " WARNING " in line else "red" if " ERROR " in line else "")
+    run_lines = run_problem_lines([*log_lines, *snap.events])
+    if run_lines:
+        t.append("\n\nlatest run warnings and errors", style="bold underline")
+        for line in run_lines:
+            t.append(f"\n{line}", style="yellow" if " WARNING " in line else "red")
     return t
 
 
@@ -149,4 +170,4 @@ class DetailScreen(ModalScreen[None]):
         self.dismiss(None)
 
 
-__all__ = ["DetailScreen", "dataset_log_lines", "detail_text"]
+__all__ = ["DetailScreen", "dataset_log_lines", "detail_text", "run_problem_lines"]
