@@ -105,8 +105,8 @@ def test_detail_text_keeps_everything_and_picks_the_datasets_log_lines():
     assert t.plain.index("earlier line") < t.plain.index("12:20:00")
     assert dataset_log_lines("a", ["[a] 1", "[b] 2", "[a] 1", "[a] 3"], limit=5) == ["[a] 1", "[a] 3"]
     assert "12:15:40 WARNING provider SimC excluded (routing ignore)" in t.plain.split("latest run warnings")[1]
-    assert run_problem_lines(["1 INFO    run started", "2 WARNING [a] x", "3 ERROR   store fails",
-                              "4 WARNING provider P excluded"]) == ["3 ERROR   store fails", "4 WARNING provider P excluded"]
+    lines = ["1 INFO    run started", "2 WARNING [a] x", "3 ERROR   store fails", "4 WARNING provider P excluded"]
+    assert run_problem_lines(lines) == ["3 ERROR   store fails", "4 WARNING provider P excluded"]
     assert dataset_log_lines("a", [f"[a] {i}" for i in range(30)], limit=3) == ["[a] 27", "[a] 28", "[a] 29"]
 
 
