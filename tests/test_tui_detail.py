@@ -111,7 +111,7 @@ def test_detail_text_keeps_everything_and_picks_the_datasets_log_lines():
 
 
 async def test_details_follow_the_real_engine(tmp_path):
-    app = DashboardApp(sim_config(tmp_path, concurrency=3))
+    app = DashboardApp(sim_config(tmp_path, concurrency=3, tokens_per_s=200))
     async with app.run_test(size=(120, 40)) as pilot:
         end = time.monotonic() + 15
         while not (app.snapshot and app.snapshot.dataset("sharegpt").done >= 2):
