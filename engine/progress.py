@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from engine.rates import fmt_count, fmt_duration
 from engine.snapshot import DatasetSnapshot, RunSnapshot
 
@@ -29,6 +31,20 @@ def dataset_line(d: DatasetSnapshot) -> str:
     if d.state_reason and d.state in ("paused", "skipped"):
         line += f" | {d.state_reason}"
     return line
+
+
+def format_notices(notices: Iterable[tuple[int, str]], after: int) -> tuple[list[str], int]:
+    """Headless lines for the guard-pause notices numbered above ``after`` (see
+    :attr:`engine.snapshot.RunSnapshot.notices`), and the last number seen.
+
+    Example: ``(["GUARD: [b1] paused by a guard: anomaly guard: ... Resume: ..."], 3)``.
+    """
+    lines, last = [], after
+    for seq, text in notices:
+        if seq > after:
+            lines.append(f"GUARD: {text}")
+            last = max(last, seq)
+    return lines, last
 
 
 def format_progress(snap: RunSnapshot, printed_final: set[str], final: bool = False) -> list[str]:

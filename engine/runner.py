@@ -23,7 +23,7 @@ from engine.config import Config, ConfigError, ProviderSection, is_loopback_url
 from engine.controller import Controller
 from engine.ingest import ingest_all
 from engine.prices import prices_from_models_endpoint
-from engine.progress import format_progress
+from engine.progress import format_notices, format_progress
 from engine.scheduler import Scheduler
 from engine.store import Store
 from engine.supervisor import Supervisor
@@ -319,7 +319,7 @@ async def start_reconstruction(cfg: Config, sched: Scheduler, out: TextIO):
         rt = sched.datasets.get(dataset)
         if reason and rt is not None and rt.control == "active":
             asyncio.get_running_loop().create_task(
-                sched.set_dataset_control(dataset, "paused", f"anomaly guard (validation): {reason}"))
+                sched.set_dataset_control(dataset, "paused", f"anomaly guard (validation): {reason}", guard=True))
 
     recon = ReconstructionService(cfg.tokenizer, cfg.run.dir, on_verdict=on_verdict)
     print(format_startup(await recon.start()), file=out)
@@ -471,14 +471,24 @@ async def run_headless(
             for line in format_progress(snap, printed_final):
                 say(line)
 
+    async def announce() -> None:  # guard pauses get their own line at once, like a user's pause
+        seen = 0
+        while True:
+            await asyncio.sleep(0.25)
+            lines, seen = format_notices(sched.telemetry.notices, seen)
+            for line in lines:
+                say(line)
+
     rep = asyncio.create_task(reporter())
+    note = asyncio.create_task(announce())
     if on_ready:
         on_ready(job)
     try:
         code = await run_job(job, exit_on_pause=exit_on_pause, out=out)
     finally:
         rep.cancel()
-        await asyncio.gather(rep, return_exceptions=True)
+        note.cancel()
+        await asyncio.gather(rep, note, return_exceptions=True)
         if install_signals:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 try:

@@ -185,6 +185,8 @@ class Scheduler:
         usage = await self.store.usage_totals()
         errors = await self.store.error_counts()
         lost = await self.store.lost_costs()
+        for name, row in (await self.store.latest_results()).items():
+            self.telemetry.restore_sample(name, row)
         self._prior_elapsed = await self.store.prior_elapsed_s()
         for pos, d in enumerate(self.cfg.datasets):
             row = rows[d.name]
@@ -424,10 +426,7 @@ class Scheduler:
                     p.id, rt.name, attempts, started[0], now, "error", err.error_class.value, err.status or None,
                     err.message, err.provider or None, err.generation_id or None, err.tokens_received, usd or None,
                 )
-                reason = self.telemetry.on_error(rt.name, err.provider, err.error_class.value, err.message)
-                if reason and rt.control == "active":
-                    asyncio.get_running_loop().create_task(
-                        self.set_dataset_control(rt.name, "paused", f"anomaly guard: {reason}"))
+                self._anomaly(rt, self.telemetry.on_error(rt.name, err.provider, err.error_class.value, err.message))
 
         try:
             c: Completion = await call_with_retries(one_attempt, self.policy, on_attempt=on_attempt)
@@ -479,9 +478,15 @@ class Scheduler:
         rt.tok_rate.add(now, u.completion_tokens)
         self.rate.add(now)
         last = p.messages[-1].get("content") if p.messages else ""
-        self.telemetry.on_success(rt.name, p.key, last if isinstance(last, str) else "", c, now)
+        self._anomaly(rt, self.telemetry.on_success(rt.name, p.key, last if isinstance(last, str) else "", c, now))
         self._unblock(rt)
         self._check_finished()
+
+    def _anomaly(self, rt: DatasetRuntime, reason: str | None) -> None:
+        """Pause ``rt`` when the anomaly guard fired (``reason``) and it is still active."""
+        if reason and rt.control == "active":
+            asyncio.get_running_loop().create_task(
+                self.set_dataset_control(rt.name, "paused", f"anomaly guard: {reason}", guard=True))
 
     def _return_to_pending(self, rt: DatasetRuntime, p: PendingPrompt, attempts: int) -> None:
         rt.in_flight -= 1
@@ -530,6 +535,9 @@ class Scheduler:
         self.pause_kind = kind
         self.state, self.state_reason = "paused", reason
         self.event("warning", kind, None, f"run paused: {reason}")
+        if kind != "pause":
+            self.telemetry.notice(f"run paused by a guard: {reason}. Resume: R in the dashboard, or "
+                                  f"datagen ctl {self.cfg.run.dir} resume")
 
     def resume_all(self) -> None:
         """Resume dispatching (datasets paused individually stay paused)."""
@@ -539,12 +547,20 @@ class Scheduler:
         self.event("info", "resume", None, "run resumed")
         self.notify()
 
-    async def set_dataset_control(self, name: str, control: str, reason: str) -> None:
-        """Set a dataset's control state (``active`` | ``paused`` | ``skipped``) and persist it."""
+    async def set_dataset_control(self, name: str, control: str, reason: str, guard: bool = False) -> None:
+        """Set a dataset's control state (``active`` | ``paused`` | ``skipped``) and persist it.
+
+        ``guard``: a guard (anomaly guard, calibration gate), not the user, made the change: it is
+        logged at WARNING and announced (:meth:`engine.telemetry.Telemetry.notice`).
+        """
         rt = self.datasets[name]
         rt.control, rt.reason = control, reason
         await self.store.set_dataset_state(name, control, reason, time.time())
-        self.event("info", control, name, f"dataset {control}" + (f": {reason}" if reason else ""))
+        self.event("warning" if guard else "info", control, name,
+                   f"dataset {control}" + (f": {reason}" if reason else ""))
+        if guard:
+            self.telemetry.notice(f"[{name}] {control} by a guard: {reason}. Resume: p on the dataset in the "
+                                  f"dashboard, or datagen ctl {self.cfg.run.dir} resume {name}")
         self.notify()
         self._check_finished()
 

@@ -85,7 +85,8 @@ class SampleSnapshot:
         key: prompt key; prompt_tail: the end of the last prompt message (<= 500 chars);
         reasoning, content: trimmed to <= 2,000 chars each; tool_calls: names of called tools;
         finish_reason; provider; completion_tokens; validation: validation result text ("" until
-        reconstruction runs).
+        reconstruction runs); restored: True when it was stored by an earlier process of the run
+        (read back from the store at start).
     """
 
     key: str
@@ -97,6 +98,7 @@ class SampleSnapshot:
     provider: str
     completion_tokens: int
     validation: str = ""
+    restored: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +138,9 @@ class RunSnapshot:
         providers: per-provider figures; latest_errors: latest message per error class;
         history: ``(elapsed_s, req_per_s, tok_per_s)`` samples, oldest first (for sparklines);
         events: the most recent run events as display lines, oldest first.
+        notices: pauses made by a guard (anomaly guard, calibration gate, credits, price, store)
+            as ``(sequence number, text)``, oldest first (the last 20); a reader announces those
+            numbered above the last it announced.
     """
 
     name: str
@@ -167,6 +172,7 @@ class RunSnapshot:
     eta_s_low: float | None = None
     eta_s_high: float | None = None
     calibration: tuple[int, int] | None = None
+    notices: tuple[tuple[int, str], ...] = ()
 
     def dataset(self, name: str) -> DatasetSnapshot:
         """Return the snapshot of dataset ``name`` (KeyError if unknown)."""

@@ -285,6 +285,28 @@ class Store:
             out.setdefault(cls, []).append(n)
         return {c: v[::-1] for c, v in out.items()}
 
+    async def latest_results(self) -> dict[str, dict[str, Any]]:
+        """The most recent stored result of each dataset that has one: ``{dataset: {key, reasoning,
+        content, tool_names, finish_reason, provider, completion_tokens, prompt_tail}}`` (tool names
+        from the stored OpenAI tool calls; ``prompt_tail``: the last prompt message's text)."""
+        cur = await self.conn.execute(
+            "SELECT r.dataset, r.key, r.reasoning, r.content, r.tool_calls, r.finish_reason, r.provider, "
+            "r.completion_tokens, p.messages FROM results r JOIN prompts p ON p.id = r.prompt_id "
+            "WHERE r.prompt_id IN (SELECT (SELECT prompt_id FROM results x WHERE x.dataset = d.name "
+            "ORDER BY x.created_at DESC, x.prompt_id DESC LIMIT 1) FROM datasets d)")
+        out: dict[str, dict[str, Any]] = {}
+        for ds, key, reasoning, content, tools, finish, provider, ctok, messages in await cur.fetchall():
+            try:
+                names = [str((t.get("function") or {}).get("name", "?")) for t in json.loads(tools or "[]")]
+                msgs = json.loads(messages or "[]")
+            except (ValueError, AttributeError):
+                names, msgs = [], []
+            last = msgs[-1].get("content") if msgs and isinstance(msgs[-1], dict) else ""
+            out[ds] = {"key": key, "reasoning": reasoning, "content": content, "tool_names": names,
+                       "finish_reason": finish, "provider": provider, "completion_tokens": ctok,
+                       "prompt_tail": last if isinstance(last, str) else ""}
+        return out
+
     async def lost_costs(self) -> dict[str, float]:
         """USD billed for attempts that produced no result (failures, aborts), per dataset."""
         cur = await self.conn.execute(

@@ -118,7 +118,7 @@ class Supervisor:
             if reason:
                 rt.gate_fired = True
                 asyncio.get_running_loop().create_task(
-                    self.s.set_dataset_control(d.name, "paused", f"calibration gate: {reason}"))
+                    self.s.set_dataset_control(d.name, "paused", f"calibration gate: {reason}", guard=True))
         cr = self.s.spend.credits
         floor = self.s.cfg.spend.credits_floor_usd
         if cr is not None and cr.remaining_usd is not None and not self.s.run_paused:

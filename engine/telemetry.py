@@ -8,6 +8,7 @@ sparklines, the event-loop lag, and the latest completion per dataset for the sa
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 
 from engine.client.types import Completion
@@ -20,6 +21,8 @@ HISTORY_LEN = 120
 HISTORY_EVERY_S = 5.0
 #: Event lines kept for the log pane.
 EVENTS_LEN = 200
+#: Guard-pause notices kept for readers that poll (the dashboard's toasts, headless lines).
+NOTICES_LEN = 20
 
 
 class Telemetry:
@@ -37,8 +40,13 @@ class Telemetry:
         )
         self.latest_errors: dict[str, str] = {}
         self.events: collections.deque[str] = collections.deque(maxlen=EVENTS_LEN)
+        #: ``(sequence number, text)`` of pauses made by a guard, oldest first (see :meth:`notice`).
+        self.notices: collections.deque[tuple[int, str]] = collections.deque(maxlen=NOTICES_LEN)
+        self._notice_seq = 0
         self.history: collections.deque[tuple[float, float, float]] = collections.deque(maxlen=HISTORY_LEN)
         self.samples: dict[str, tuple[str, str, Completion]] = {}
+        #: the latest result stored by an earlier process, per dataset (shown until a new one arrives).
+        self.restored: dict[str, SampleSnapshot] = {}
         #: latest validation verdict per dataset ("valid" / "INVALID: reasons"), when reconstruction runs.
         self.validation: dict[str, str] = {}
         self.loop_lag_ms = 0.0
@@ -51,6 +59,12 @@ class Telemetry:
         """Keep a display line for a run event."""
         ts = time.strftime("%H:%M:%S")
         self.events.append(f"{ts} {level.upper():7} {'[' + dataset + '] ' if dataset else ''}{message}")
+
+    def notice(self, text: str) -> None:
+        """Announce ``text`` (a pause made by a guard, not by the user): readers show each notice
+        whose sequence number is above the last they showed, as loudly as a user's own pause."""
+        self._notice_seq += 1
+        self.notices.append((self._notice_seq, text))
 
     def on_error(self, dataset: str, provider: str | None, error_class: str, message: str) -> str | None:
         """Record a failed attempt; returns an anomaly-guard pause reason for ``dataset``, or None.
@@ -65,25 +79,38 @@ class Telemetry:
             return None
         return self.anomaly.record(dataset, True)
 
-    def on_success(self, dataset: str, key: str, prompt_tail: str, c: Completion, now: float) -> None:
-        """Record a completed request (monotonic ``now`` in seconds)."""
+    def on_success(self, dataset: str, key: str, prompt_tail: str, c: Completion, now: float) -> str | None:
+        """Record a completed request (monotonic ``now`` in seconds); returns an anomaly-guard pause
+        reason for ``dataset``, or None (the window can first hold enough outcomes on a success,
+        with the error rate already above the threshold)."""
         u = c.usage
         stream_s = (c.latency_s - c.ttft_s) if c.ttft_s is not None else None
         self.providers.record_success(c.provider or None, c.latency_s, c.ttft_s, u.completion_tokens, u.cost_usd,
                                       stream_s)
-        if self.anomaly:
-            self.anomaly.record(dataset, False)
+        reason = self.anomaly.record(dataset, False) if self.anomaly else None
         self.samples[dataset] = (key, prompt_tail, c)
         self.req_rate.add(now)
         self.tok_rate.add(now, u.completion_tokens)
         if u.cost_usd:
             self.usd_rate.add(now, u.cost_usd)
+        return reason
+
+    def restore_sample(self, dataset: str, row: dict) -> None:
+        """Keep ``row`` (one value of :meth:`engine.store.Store.latest_results`) as ``dataset``'s
+        latest completion until this process stores one."""
+        self.restored[dataset] = SampleSnapshot(
+            key=row["key"], prompt_tail=row["prompt_tail"][-500:], reasoning=row["reasoning"][:2000],
+            content=row["content"][:2000], tool_calls=tuple(row["tool_names"]), finish_reason=row["finish_reason"],
+            provider=row["provider"], completion_tokens=row["completion_tokens"], restored=True)
 
     def sample(self, dataset: str) -> SampleSnapshot | None:
-        """The latest completion of ``dataset``, trimmed for display (None before the first)."""
+        """The latest completion of ``dataset``, trimmed for display: this process's, else the one
+        restored from the store (:meth:`restore_sample`); None when there is none."""
         s = self.samples.get(dataset)
         if s is None:
-            return None
+            r = self.restored.get(dataset)
+            v = self.validation.get(dataset, "")
+            return r if r is None or not v else dataclasses.replace(r, validation=v)
         key, tail, c = s
         return SampleSnapshot(
             key=key, prompt_tail=tail[-500:], reasoning=c.reasoning[:2000], content=c.content[:2000],

@@ -1,4 +1,4 @@
-"""Screenshots of a FIXED engine state at 80x24 and 160x48, compared with tests/snapshots/*.svg.
+"""Screenshots of a FIXED engine state at 80x24, 100x30, 120x40 and 160x48, compared with tests/snapshots/*.svg.
 
 Regenerate after an intended change with ``UPDATE_SNAPSHOTS=1 pytest tests/test_tui_snapshots.py``
 and review the SVGs (open them in a browser). The comparison first diffs the visible text (a
@@ -51,7 +51,8 @@ def compare(name: str, svg: str, tmp_path: Path) -> None:
                 + (diff or "the text is the same: styles or colours differ"))
 
 
-@pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
+@pytest.mark.parametrize("size", [(80, 24), (100, 30), (120, 40), (160, 48)],
+                         ids=["80x24", "100x30", "120x40", "160x48"])
 async def test_dashboard_snapshot(size, tmp_path):
     svg = await render(size)
     compare(f"dashboard_{size[0]}x{size[1]}.svg", svg, tmp_path)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
+from tui.detail import DetailScreen, detail_text
 from tui.fmt import money
 from tui.modals import ConfirmScreen, HelpScreen, PickScreen, QuitScreen
 
@@ -29,6 +30,7 @@ HELP = [
     ("+ / -", "raise / lower the concurrency of the selected dataset's request class by ~10% (1 to 4x configured)"),
     ("x", "exclude a provider, or include an excluded one again (pick from the providers seen so far)"),
     ("↑ ↓", "select a dataset (the sample pane follows the selection)"),
+    ("i", "details of the selected dataset: full reason, errors by class, log lines, current limits"),
     ("?", "this help"),
     ("q", "quit (asks to drain or abort when requests are in flight)"),
 ]
@@ -37,7 +39,7 @@ HELP = [
 
 DASHBOARD_ACTIONS = frozenset({
     "pause_selected", "resume_selected", "skip_selected", "pause_all", "resume_all", "abort", "concurrency_up",
-    "concurrency_down", "exclude_provider", "help", "quit",
+    "concurrency_down", "exclude_provider", "details", "help", "quit",
 })
 """The actions bound to dashboard keys."""
 
@@ -66,6 +68,18 @@ class ActionsMixin:
             return snap.dataset(name)
         except KeyError:
             return None
+
+    def announce_notices(self, snap: Any) -> None:
+        """Toast each guard pause of ``snap.notices`` not yet announced (the log pane shows the
+        same pause as a WARNING event line), as loudly as the toast of a user's own pause."""
+        seen = getattr(self, "_notice_seen", 0)
+        for seq, text in getattr(snap, "notices", ()):
+            if seq > seen:
+                seen = seq
+                # markup=False: "[dataset]" is text, not markup
+                self.notify(text, title="paused by a guard", severity="warning",  # type: ignore[attr-defined]
+                            timeout=20, markup=False)
+        self._notice_seen = seen
 
     def _run_command(self, call: Callable[[], Any], done: str | None = None) -> None:
         """Run ``call()`` (sync or async controller method) in a worker; notify its result."""
@@ -229,6 +243,30 @@ class ActionsMixin:
 
         self.push_screen(PickScreen("Exclude which provider?", options), picked)  # type: ignore[attr-defined]
 
+    def action_details(self, name: str | None = None) -> None:
+        """Open the detail view (:mod:`tui.detail`) of the selected (or named) dataset; it follows
+        the snapshots the app keeps polling while it is open."""
+        name = name or self.selected_dataset  # type: ignore[attr-defined]
+        if not name:
+            self.notify("no dataset selected")  # type: ignore[attr-defined]
+            return
+
+        def render() -> Any:
+            snap = self.snapshot  # type: ignore[attr-defined]
+            try:
+                d = snap.dataset(name) if snap is not None else None
+            except KeyError:
+                d = None
+            if d is None:
+                return None
+            try:
+                lines = self.screen_stack[0].query_one("#log").lines  # type: ignore[attr-defined]
+            except Exception:  # noqa: BLE001 - no log pane (shutting down)
+                lines = ()
+            return detail_text(d, snap, self.class_of(name), lines)  # type: ignore[attr-defined]
+
+        self.push_screen(DetailScreen(name, render))  # type: ignore[attr-defined]
+
     def action_help(self) -> None:
         """Show the keys."""
         self.push_screen(HelpScreen(HELP))  # type: ignore[attr-defined]
@@ -260,6 +298,7 @@ class DashboardCommands(Provider):
             ("Raise concurrency", app.action_concurrency_up, "+: of the selected dataset's class"),
             ("Lower concurrency", app.action_concurrency_down, "-: of the selected dataset's class"),
             ("Exclude a provider", app.action_exclude_provider, "x: stop routing to a provider"),
+            ("Details of the selected dataset", app.action_details, "i: full reason, errors, log lines, limits"),
             ("Help: keys", app.action_help, "?"),
             ("Quit", app.action_quit, "q: drain or abort, then exit"),
         ]
@@ -268,6 +307,7 @@ class DashboardCommands(Provider):
             out.append((f"Pause dataset {d.name}", partial(app.action_pause_selected, d.name), d.state))
             out.append((f"Resume dataset {d.name}", partial(app.action_resume_selected, d.name), d.state))
             out.append((f"Skip dataset {d.name}", partial(app.action_skip_selected, d.name), d.state))
+            out.append((f"Details of dataset {d.name}", partial(app.action_details, d.name), d.state))
         return out
 
     async def discover(self) -> Hits:

@@ -17,6 +17,7 @@ import os
 import sys
 from typing import Any, Callable
 
+from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -35,6 +36,7 @@ from tui.terminal import TerminalMixin
 from tui.panes import (
     DatasetsTable, ErrorsPane, GpusPane, HeaderPane, LogPane, ProvidersPane, SamplePane, ThroughputPane,
 )
+from tui.panes.datasets import table_width
 
 log = logging.getLogger("datagen.dashboard")
 
@@ -74,6 +76,7 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
         Binding("plus", "concurrency_up", "Conc+", id="dashboard.concurrency_up"),
         Binding("minus", "concurrency_down", "Conc-", id="dashboard.concurrency_down"),
         Binding("x", "exclude_provider", "Exclude", id="dashboard.exclude_provider"),
+        Binding("i", "details", "Details", id="dashboard.details", show=False),  # hinted on the table
         Binding("question_mark", "help", "Help", id="dashboard.help"),
         Binding("q", "quit", "Quit", id="dashboard.quit"),
     ]
@@ -129,7 +132,7 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
     # ---- composition ------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield HeaderPane(id="header")
-        yield DatasetsTable(id="datasets")
+        yield DatasetsTable(id="datasets", details_key=self._keymap.get("dashboard.details", "i"))
         with Horizontal(id="middle"):
             yield ThroughputPane(id="throughput", classes="pane")
             yield ErrorsPane(id="errors", classes="pane")
@@ -279,6 +282,7 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
                 if self.conc_target.get(c.name) == c.concurrency:
                     del self.conc_target[c.name]
             self._check_exit_on_pause(snap)
+            self.announce_notices(snap)
         if self.terminal_lost or len(self.screen_stack) > 1:
             return  # a modal is open (or nobody is looking): skip rendering
         try:
@@ -336,11 +340,16 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
         self._render_sample()
         self._refresh_footer()
 
-    def on_resize(self) -> None:
+    def on_resize(self, event: events.Resize) -> None:
+        """Lay out for the NEW size: this handler runs before Textual's own (``App._on_resize``),
+        so ``self.size`` still holds the previous size here; ``event.size`` is the new one."""
+        width = event.size.width
         footer = self.query_one(Footer)
-        footer.compact = self.size.width < 120  # every key still fits in 80 columns
-        footer.show_command_palette = self.size.width >= 100
-        self.query_one(DatasetsTable).set_compact(self.size.width < 120)
+        footer.compact = width < 120  # every key still fits in 80 columns
+        if footer.show_command_palette != (width >= 100):
+            footer.show_command_palette = width >= 100
+            footer.refresh(recompose=True)  # not a recomposing reactive: the palette key would stay
+        self.query_one(DatasetsTable).fit_width(table_width(width))
         self.query_one(HeaderPane)._last = None  # re-fit the header to the new width
         self.call_after_refresh(self.request_poll)  # panes shown by the new size get drawn now
 

@@ -19,7 +19,10 @@ VERTICAL_BREAKPOINTS = [(0, "-h-small"), (30, "-h-medium"), (44, "-h-large")]
 
 CSS = """
 .pane { border: round $primary-darken-2; border-title-color: $text-accent; padding: 0 1; }
-#datasets { height: auto; max-height: 45%; border: round $primary; border-title-color: $text-accent; }
+#datasets {
+    height: auto; max-height: 45%; border: round $primary; border-title-color: $text-accent;
+    border-subtitle-color: $text-muted;
+}
 #middle { height: 12; }
 #middle > .pane, #sample { height: 1fr; }
 #bottom { height: 1fr; min-height: 4; }

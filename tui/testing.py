@@ -32,12 +32,14 @@ def sim_config(
     datasets: list[dict[str, Any]] | None = None,
     faults: str = "",
     drain_timeout_s: float = 10,
+    spend: dict[str, Any] | None = None,
     **run: Any,
 ) -> Config:
     """A config in ``tmp`` on the simulator (requests last ~``mean/tokens_per_s`` seconds).
 
     Default datasets: ``sharegpt`` (b7, 98 prompts) then ``glaive`` (b1, 5 prompts); one class
-    ``short`` with ``concurrency``; commits every 0.1 s.
+    ``short`` with ``concurrency``; commits every 0.1 s. ``spend``: the ``[spend]`` section
+    (e.g. ``{"anomaly_window": 10}``); ``run``: more ``[run]`` keys.
     """
     data = {
         "run": {"name": "tui-test", "dir": str(tmp / "run"), "commit_interval_s": 0.1, "progress_interval_s": 1,
@@ -46,6 +48,7 @@ def sim_config(
             "seed": 1, "tokens_per_s": tokens_per_s, "mean_completion_tokens": mean_completion_tokens,
             "latency_ms": 20, "faults": faults}},
         "classes": {"short": {"max_tokens": 2000, "concurrency": concurrency}},
+        **({"spend": spend} if spend else {}),
         "datasets": datasets or [
             {"name": "sharegpt", "path": str(SAMPLES / "b7_sharegpt.json"), "format": "sharegpt"},
             {"name": "glaive", "path": str(SAMPLES / "b1_glaive.jsonl"), "format": "glaive"},

@@ -1,13 +1,22 @@
-"""The datasets table: one keyed row per dataset; only changed cells are updated."""
+"""The datasets table: one keyed row per dataset; only changed cells are updated.
+
+Which columns show is chosen from the terminal width at every resize (:func:`choose_columns`):
+the most glanced-at columns first, each as wide as its content, the reason column taking what is
+left. The dataset name column stays fixed when the table scrolls sideways. Whatever a cell cannot
+show in full is in the detail view (``i``, :mod:`tui.detail`).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from rich.text import Text
 from textual.widgets import DataTable
 
 from engine.projection import range_text
 from engine.snapshot import DatasetSnapshot, RunSnapshot
-from tui.fmt import bar, fmt_count, fmt_duration, money
+from tui.fmt import bar_parts, fmt_count, fmt_duration, money
 
 DS_STATE_STYLE = {
     "pending": "dim", "running": "green", "paused": "bold yellow", "skipped": "magenta", "done": "blue",
@@ -15,37 +24,92 @@ DS_STATE_STYLE = {
 }
 """Rich style per dataset state."""
 
-# (key, label, width): the most glanced-at columns first.
-COLUMNS: tuple[tuple[str, str, int], ...] = (
-    ("name", "dataset", 16),
-    ("state", "state", 10),
-    ("progress", "progress", 14),
-    ("done", "done/total", 11),
-    ("eta", "ETA", 13),
-    ("cost", "cost / cap", 15),
-    ("failed", "fail", 4),
-    ("skipped", "skip", 5),
-    ("rate", "req/s", 5),
-    ("tokens", "tok/budget (+rsv)", 17),
-    ("avg", "avg now/all", 11),
-    ("note", "reason", 18),
+Cell = tuple[tuple[str, str], ...]
+"""A cell: ``((text, rich style), ...)`` segments (compared to skip unchanged cells)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """A datasets-table column: ``key``, header ``label``, ``min_width`` (cells)."""
+
+    key: str
+    label: str
+    min_width: int
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("name", "dataset", 7),
+    Column("state", "state", 10),
+    Column("progress", "progress", 12),
+    Column("done", "done/total", 10),
+    Column("eta", "ETA", 6),
+    Column("cost", "cost", 7),
+    Column("failed", "fail", 4),
+    Column("skipped", "skip", 4),
+    Column("rate", "req/s", 5),
+    Column("tokens", "tok/budget (+rsv)", 17),
+    Column("avg", "avg now/all", 11),
+    Column("note", "reason", 12),  # NOTE_MIN
 )
-"""Columns at 120 cells and wider: key, header label, width (cells)."""
+"""Every column in display order."""
 
-COMPACT_COLUMNS: tuple[tuple[str, str, int], ...] = (
-    ("name", "dataset", 16),
-    ("state", "state", 10),
-    ("progress", "progress", 12),
-    ("done", "done/total", 11),
-    ("eta", "ETA", 7),
-    ("cost", "cost", 9),
-)
-"""Columns below 120 cells (fit 80 columns without scrolling)."""
+PRIORITY: tuple[str, ...] = ("name", "state", "progress", "done", "eta", "cost", "note", "failed", "rate",
+                             "skipped", "tokens", "avg")
+"""Column keys from most to least important: a narrow terminal drops the last ones first."""
+
+ALWAYS = ("name", "state", "progress", "done")
+"""Columns shown at any width (below ~60 cells the table scrolls sideways, the name stays)."""
+
+PAD = 2
+"""Cells DataTable adds to each column (one each side)."""
+
+WIDE_FROM = 116
+"""Table widths (cells) from which the progress bar is 9 cells and the cost shows its cap."""
+
+NOTE_MIN = 12
+"""Narrowest reason column (cells)."""
+
+NAME_MAX = 28
+"""Widest name column (longer names end with an ellipsis; the detail view shows them whole)."""
 
 
-def dataset_cells(d: DatasetSnapshot, compact: bool = False) -> dict[str, tuple[str, str]]:
-    """``{column key: (text, rich style)}`` for one dataset row (``compact``: shorter bar and cost)."""
-    finished = d.done + d.failed + d.skipped
+def table_width(terminal_width: int) -> int:
+    """Cells the datasets table has for its columns in a terminal ``terminal_width`` wide: the
+    border (2) and room for a vertical scrollbar (2, shown when the datasets outgrow the pane)
+    taken off, so rows never need a sideways scroll when the scrollbar appears."""
+    return max(terminal_width - 4, 0)
+
+
+def choose_columns(available: int, needs: Mapping[str, int]) -> tuple[tuple[str, str, int], ...]:
+    """The columns that fit ``available`` cells, in display order, as ``(key, label, width)``.
+
+    Each column is as wide as its label, its ``min_width`` and ``needs[key]`` (the widest cell it
+    must show). Columns are taken in :data:`PRIORITY` order while they fit (:data:`ALWAYS` ones in
+    any case); the reason column then takes whatever is left, so the row fills the table.
+    """
+    widths = {c.key: max(c.min_width, len(c.label), needs.get(c.key, 0)) for c in COLUMNS}
+    widths["name"] = min(widths["name"], NAME_MAX)
+    widths["note"] = NOTE_MIN  # the reason column only takes what is left (the detail view has it whole)
+    picked: set[str] = set()
+    used = 0
+    for key in PRIORITY:
+        w = widths[key] + PAD
+        if key in ALWAYS or used + w <= available:
+            picked.add(key)
+            used += w
+    if "note" in picked and used < available:
+        widths["note"] += available - used
+    return tuple((c.key, c.label, widths[c.key]) for c in COLUMNS if c.key in picked)
+
+
+def dataset_cells(d: DatasetSnapshot, wide: bool = True) -> dict[str, Cell]:
+    """``{column key: cell}`` for one dataset row (``wide``: 9-cell bar, cost with its cap).
+
+    The progress bar shows done vs failed (red) vs skipped (``░``) vs left (``·``), and the
+    percentage is the finished share (done or failed), so a skipped or budget-met dataset never
+    reads 100 %.
+    """
+    finished = d.done + d.failed
     frac = finished / d.prompts if d.prompts else 0.0
     tokens = fmt_count(d.completion_tokens)
     tok_style = ""
@@ -59,22 +123,36 @@ def dataset_cells(d: DatasetSnapshot, compact: bool = False) -> dict[str, tuple[
     cost_style = ""
     if d.max_cost_usd is not None:
         cost_style = "bold red" if d.cost_usd >= d.max_cost_usd else ""
-        if not compact:
+        if wide:
             cost += f" / {money(d.max_cost_usd, 2)}"
+    done_bar, fail_bar, skip_bar, left_bar = bar_parts(d.done, d.skipped, d.prompts, 9 if wide else 7, d.failed)
+    pct = f" {frac * 100:3.0f}%"
+    progress: Cell = (
+        (done_bar, "green" if d.state == "running" else ""), (fail_bar, "red"), (skip_bar, "magenta"),
+        (left_bar, "dim"), (pct, ""),
+    )
     return {
-        "name": (d.name, "bold"),
-        "state": (d.state, DS_STATE_STYLE.get(d.state, "")),
-        "progress": (f"{bar(frac, 7 if compact else 9)} {frac * 100:3.0f}%", "green" if d.state == "running" else ""),
-        "done": (f"{d.done}/{d.prompts}", ""),
-        "failed": (str(d.failed), "red" if d.failed else "dim"),
-        "skipped": (str(d.skipped), "magenta" if d.skipped else "dim"),
-        "cost": (cost, cost_style),
-        "eta": _eta(d, compact),
-        "rate": (f"{d.req_per_s:.1f}", ""),
-        "tokens": (tokens, tok_style),
-        "avg": (f"{d.avg_completion_tokens_recent:.0f}/{d.avg_completion_tokens:.0f}", ""),
-        "note": (d.state_reason or d.limit_reason, "yellow" if d.state_reason or d.limit_reason else ""),
+        "name": ((d.name, "bold"),),
+        "state": ((d.state, DS_STATE_STYLE.get(d.state, "")),),
+        "progress": progress,
+        "done": ((f"{d.done}/{d.prompts}", ""),),
+        "failed": ((str(d.failed), "red" if d.failed else "dim"),),
+        "skipped": ((str(d.skipped), "magenta" if d.skipped else "dim"),),
+        "cost": ((cost, cost_style),),
+        "eta": (_eta(d, not wide),),
+        "rate": ((f"{d.req_per_s:.1f}", ""),),
+        "tokens": ((tokens, tok_style),),
+        "avg": ((f"{d.avg_completion_tokens_recent:.0f}/{d.avg_completion_tokens:.0f}", ""),),
+        "note": ((d.state_reason or d.limit_reason, "yellow" if d.state_reason or d.limit_reason else ""),),
     }
+
+
+def cell_text(cell: Cell) -> Text:
+    """A cell as one-line Rich text that ends with an ellipsis when its column is too narrow."""
+    t = Text(no_wrap=True, overflow="ellipsis", end="")
+    for text, style in cell:
+        t.append(text, style)
+    return t
 
 
 def _eta(d: DatasetSnapshot, compact: bool = False) -> tuple[str, str]:
@@ -94,41 +172,63 @@ def _eta(d: DatasetSnapshot, compact: bool = False) -> tuple[str, str]:
     return fmt_duration(d.eta_s), ""
 
 
+def _needs(rows: Mapping[str, dict[str, Cell]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for cells in rows.values():
+        for key, cell in cells.items():
+            out[key] = max(out.get(key, 0), sum(len(text) for text, _ in cell))
+    return out
+
+
 class DatasetsTable(DataTable):
-    """Datasets with state, progress, counts, cost, ETA, rate, tokens and average lengths.
+    """Datasets with state, progress, counts, cost, ETA, rate, tokens, average lengths and reason.
 
     Rows are keyed by dataset name; :meth:`update_from` calls ``update_cell`` only for cells whose
     text or style changed (inside ``app.batch_update()``), and rebuilds only when the set of
-    datasets changes.
+    datasets or the set/widths of columns changes. :meth:`fit_width` chooses the columns for a
+    table width (call it from every resize); the name column is fixed when scrolling sideways.
+
+    Args:
+        details_key: the key that opens the detail view, hinted on the bottom border.
     """
 
-    def __init__(self, **kw) -> None:
-        super().__init__(cursor_type="row", zebra_stripes=True, **kw)
-        self._cells: dict[str, dict[str, tuple[str, str]]] = {}
-        self.compact = False
-        self._columns = COLUMNS
+    def __init__(self, details_key: str = "i", **kw) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, fixed_columns=1, **kw)
+        self.border_subtitle = f"{details_key.split(',')[0].strip()} details"
+        self._cells: dict[str, dict[str, Cell]] = {}
+        self.available = table_width(160)
+        """Cells the columns may use (set by :meth:`fit_width`)."""
+        self._columns: tuple[tuple[str, str, int], ...] = ()
         self._keep: str | None = None
+        self._stale = True
         self.cell_updates = 0
         """Cells rewritten so far (for tests and profiling)."""
 
-    def on_mount(self) -> None:
-        self._add_columns()
+    @property
+    def wide(self) -> bool:
+        """True when the table is wide enough for 9-cell bars and costs with their caps."""
+        return self.available >= WIDE_FROM
 
-    def _add_columns(self) -> None:
-        for key, label, width in self._columns:
-            self.add_column(label, key=key, width=width)
+    @property
+    def column_keys(self) -> tuple[str, ...]:
+        """Keys of the columns shown now, in display order."""
+        return tuple(k for k, _, _ in self._columns)
 
-    def set_compact(self, compact: bool) -> None:
-        """Switch between the full and the 80-column set of columns (rows are re-added by the
-        next :meth:`update_from`)."""
-        if compact == self.compact:
-            return
-        self._keep = self.selected
-        self.compact = compact
-        self._columns = COMPACT_COLUMNS if compact else COLUMNS
+    def fit_width(self, available: int) -> None:
+        """Choose the columns for ``available`` cells (see :func:`table_width`) at the next
+        :meth:`update_from` (columns and rows are then rebuilt)."""
+        if available != self.available:
+            self.available = available
+            self._stale = True
+
+    def _set_columns(self, columns: tuple[tuple[str, str, int], ...]) -> None:
+        self._keep = self.selected or self._keep
+        self._columns = columns
+        self._stale = False
         self.clear(columns=True)
         self._cells = {}
-        self._add_columns()
+        for key, label, width in columns:
+            self.add_column(label, key=key, width=width)
 
     @property
     def selected(self) -> str | None:
@@ -142,24 +242,33 @@ class DatasetsTable(DataTable):
 
     def update_from(self, snapshot: RunSnapshot) -> None:
         """Show ``snapshot.datasets``, touching only changed cells."""
-        names = [d.name for d in snapshot.datasets]
+        rows = {d.name: dataset_cells(d, self.wide) for d in snapshot.datasets}
+        columns = choose_columns(self.available, _needs(rows))
+        if self.wide and any(d.max_cost_usd is not None for d in snapshot.datasets):
+            columns = tuple((k, "cost / cap" if k == "cost" else label, w) for k, label, w in columns)
+        if columns != self._columns:
+            # Rebuild on a new width or a new set of columns, or when a column must grow; a column
+            # never shrinks while the width stays (no rebuild each time an ETA gets shorter).
+            shown = {k: w for k, _, w in self._columns}
+            if (self._stale or [k for k, _, _ in columns] != list(shown)
+                    or any(w > shown[k] for k, _, w in columns if k != "note")):
+                self._set_columns(columns)
+        names = list(rows)
         if names != list(self._cells):
             keep = self.selected or self._keep
             self._keep = None
             self.clear()
             self._cells = {}
-            for d in snapshot.datasets:
-                cells = dataset_cells(d, self.compact)
-                self.add_row(*(Text(*cells[k]) for k, _, _ in self._columns), key=d.name)
-                self._cells[d.name] = cells
+            for name, cells in rows.items():
+                self.add_row(*(cell_text(cells[k]) for k, _, _ in self._columns), key=name)
+                self._cells[name] = cells
             if keep in names:
                 self.move_cursor(row=names.index(keep))
             return
-        for d in snapshot.datasets:
-            old = self._cells[d.name]
-            new = dataset_cells(d, self.compact)
+        for name, new in rows.items():
+            old = self._cells[name]
             for key, _, _ in self._columns:
                 if new[key] != old[key]:
-                    self.update_cell(d.name, key, Text(*new[key]))
+                    self.update_cell(name, key, cell_text(new[key]))
                     self.cell_updates += 1
-            self._cells[d.name] = new
+            self._cells[name] = new

@@ -39,6 +39,8 @@ def sample_text(d: DatasetSnapshot | None) -> Text:
     if s is None:
         t.append("\nno completion stored yet", style="dim")
         return t
+    if s.restored:
+        t.append("  (sample stored by an earlier run)", style="dim")
     t.append(f"\n{s.key}  via {s.provider or '?'}  {s.completion_tokens:,} tok  finish ")
     t.append(s.finish_reason or "?", style="green" if s.finish_reason in ("stop", "tool_calls") else "bold red")
     if s.tool_calls:
