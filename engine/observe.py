@@ -99,5 +99,5 @@ def build_snapshot(sched: "Scheduler") -> RunSnapshot:
         max_cost_usd=sched.spend.run_cost.limit, cost_in_flight_usd=sched.cost_in_flight_usd(),
         eta_s=run_proj.eta_s, tok_per_s=tel.tok_rate.rate(now), loop_lag_ms=tel.loop_lag_ms,
         providers=tel.providers.snapshot(), latest_errors=dict(tel.latest_errors), history=tuple(tel.history),
-        events=tuple(list(tel.events)[-50:]),
+        events=tuple(list(tel.events)[-50:]), drain_left_s=sched.drain_left_s(),
     )

@@ -118,6 +118,8 @@ class RunSnapshot:
         providers: per-provider figures; latest_errors: latest message per error class;
         history: ``(elapsed_s, req_per_s, tok_per_s)`` samples, oldest first (for sparklines);
         events: the most recent run events as display lines, oldest first.
+        drain_left_s: seconds before a drain in progress aborts the requests still in flight
+            (None when no drain runs).
     """
 
     name: str
@@ -144,6 +146,8 @@ class RunSnapshot:
     latest_errors: dict[str, str] = field(default_factory=dict)
     history: tuple[tuple[float, float, float], ...] = ()
     events: tuple[str, ...] = ()
+    #: seconds before a drain in progress aborts what is still in flight (None: not draining).
+    drain_left_s: float | None = None
 
     def dataset(self, name: str) -> DatasetSnapshot:
         """Return the snapshot of dataset ``name`` (KeyError if unknown)."""

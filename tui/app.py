@@ -76,6 +76,8 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
         Binding("x", "exclude_provider", "Exclude", id="dashboard.exclude_provider"),
         Binding("question_mark", "help", "Help", id="dashboard.help"),
         Binding("q", "quit", "Quit", id="dashboard.quit"),
+        # Ctrl-C reaches a raw-mode terminal as a key, not SIGINT: it interrupts like SIGINT does.
+        Binding("ctrl+c", "interrupt", "Interrupt", show=False, priority=True, id="dashboard.interrupt"),
     ]
 
     def __init__(
@@ -171,7 +173,7 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
         task = self._engine_task
         if task is not None and not task.done() and self.host is not None:
             self.host.request_quit("drain" if self.host.quit_mode == "drain" else "abort")
-            await asyncio.wait({task}, timeout=self.host.cfg.run.drain_timeout_s + 30)
+            await asyncio.wait({task}, timeout=self.host.close_limit_s())
             if not task.done():
                 task.cancel()
                 await asyncio.wait({task}, timeout=10)
@@ -228,9 +230,10 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
                     pass
         return self.snapshot.classes[0].name if self.snapshot and self.snapshot.classes else ""
 
-    def begin_quit(self, mode: str) -> None:
+    def begin_quit(self, mode: str, interrupted: str | None = None) -> None:
         """Quit: exit now if the run has ended, else stop it (``"drain"``/``"abort"``) and exit when
-        the engine has flushed and closed the store."""
+        the engine has flushed and closed the store. ``interrupted`` (a signal or ``"Ctrl-C"``):
+        the run exits 130."""
         if self.host is None:
             stop = getattr(self._controller, "stop", None)
             if stop is not None:
@@ -241,7 +244,7 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
             code = self.host.exit_code if self.host.exit_code is not None else 1
             self.exit(code, return_code=code)
             return
-        self.notify(self.host.request_quit(mode), timeout=5)
+        self.notify(self.host.request_quit(mode, interrupted), timeout=5)
         self.request_poll()
 
     # ---- polling ----------------------------------------------------------------------------

@@ -48,7 +48,11 @@ class TerminalMixin:
         log.warning("%s received: %s", signame, "draining" if self._signals_seen == 1 else "aborting")
         if signame == "SIGHUP":
             self.on_terminal_lost()
-        self.begin_quit("drain" if self._signals_seen == 1 else "abort")
+        self.begin_quit("drain" if self._signals_seen == 1 else "abort", interrupted=signame)
+
+    def action_interrupt(self) -> None:
+        """Ctrl-C in the dashboard (a key in raw mode): drain and exit 130 like SIGINT; again: abort."""
+        self.on_signal("Ctrl-C")
 
     def _start_terminal_watchdog(self) -> None:
         """Check every second that the ttys we started with are still terminals."""
@@ -61,7 +65,7 @@ class TerminalMixin:
             return
         log.warning("terminal went away: draining and exiting")
         self.on_terminal_lost()
-        self.begin_quit("drain")
+        self.begin_quit("drain", interrupted="terminal lost")
 
     def on_terminal_lost(self) -> None:
         """Stop rendering, stop Textual's input thread (it would spin on a closed tty) and send its

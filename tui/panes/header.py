@@ -43,6 +43,15 @@ def _t(*parts: tuple[str, str] | str) -> Text:
     return t
 
 
+def drain_segment(s: RunSnapshot) -> Text:
+    """While a drain runs: the requests still in flight, their estimated dollars and the countdown
+    to the abort of what is left (``draining 14 in flight ($0.4210) · abort in 29m12s``); else empty."""
+    if s.drain_left_s is None:
+        return Text()
+    return _t(("draining ", "bold yellow"), (f"{s.in_flight:,} in flight", "bold"),
+              f" ({money(s.cost_in_flight_usd)}) · abort in ", (fmt_duration(s.drain_left_s), "bold"))
+
+
 def header_lines(s: RunSnapshot | None, note: str = "", width: int = 160) -> list[Text]:
     """The header's three lines for snapshot ``s`` (None: the engine is still starting).
 
@@ -64,6 +73,7 @@ def header_lines(s: RunSnapshot | None, note: str = "", width: int = 160) -> lis
         (1, _t(f"in flight {s.in_flight:,}")),
         (3, _t("loop lag ", (f"{s.loop_lag_ms:.0f} ms", lag_style))),
         (0, _t((note, "bold reverse")) if note else Text()),
+        (0, drain_segment(s)),
     ], width)
 
     spent = _t("spent ", (money(s.cost_usd), "bold"))
