@@ -150,7 +150,7 @@ class ReconstructionService:
         raises once started: a dead pool is replaced (up to 5 times a run) and the record resubmitted
         once; a record that still cannot be rebuilt stays without a validation row (counted in
         ``skipped``) and is rebuilt later by ``datagen validate`` or an export (``only_missing``)."""
-        if self._pool is None or self.tok is None:
+        if self._task is None or self.tok is None:
             raise RuntimeError("ReconstructionService.submit before start()")
         r = record_from_completion(prompt_id, dataset, key, messages, tools, completion)
         self._enqueue(dataset, r, retries=1)
