@@ -308,3 +308,61 @@ def test_headless_drain_shows_countdown_in_flight_and_dollars(tmp_path):
     out = (tmp_path / "run.out").read_text()
     assert rc == 130, out[-3000:]
     assert re.search(r"draining: 8 in flight \(est\. \$0\.\d{4}\); aborting them in [0-3]s", out), out[-2000:]
+
+
+# ------------------------------------------------------------------------- datagen extract workers
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from engine.extract.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny", seed=0, layers=4)
+
+
+def _extract(tmp: Path, tiny: Path, n: int) -> tuple[subprocess.Popen, Path]:
+    from engine.extract.tiny import synth_records
+    from engine.tokens.records import write_parquet
+
+    write_parquet(tmp / "data" / "a.parquet", synth_records(n, 8, 160, seed=11))
+    (tmp / "config.toml").write_text(
+        f'[run]\ndir = "run"\n[[datasets]]\nname = "a"\npath = "a.jsonl"\n'
+        f'[extract]\nmodel = "{tiny}"\naux_layers = [0, 1, 2]\nmax_tokens_per_batch = 256\ndisk_margin_gb = 0\n')
+    out = open(tmp / "extract.out", "w")
+    p = subprocess.Popen([sys.executable, "-m", "engine.cli", "extract", str(tmp / "config.toml"), "--data",
+                          str(tmp / "data"), "--progress-s", "0.5", "--workers", "2"], cwd=REPO,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=out, stderr=subprocess.STDOUT,
+                         start_new_session=True)
+    out.close()
+    manifest = tmp / "run" / "extract" / "manifest.jsonl"
+
+    def started() -> bool:
+        return p.poll() is not None or (manifest.exists() and manifest.read_bytes().count(b"\n") >= 4)
+
+    wait_for(started, 120, 0.05)
+    assert p.poll() is None, (tmp / "extract.out").read_text()
+    return p, manifest
+
+
+@pytest.mark.parametrize("signals", [(signal.SIGHUP,), pytest.param((signal.SIGINT, signal.SIGINT), marks=SLOW)],
+                         ids=["SIGHUP", "SIGINT-twice"])
+def test_extract_workers_obey_the_launcher_not_the_terminal(tmp_path, tiny, signals):
+    """``datagen extract`` with 2 worker processes: a hang-up or Ctrl-C to the process group reaches
+    the launcher only; it stops the workers after their batch (first signal) or kills them (second),
+    and exits 130. Before: SIGHUP killed the launcher at once (exit -1), the workers with it."""
+    p, manifest = _extract(tmp_path, tiny, 3000)
+    kids = descendants(p.pid)
+    workers = {k for k in kids if "engine.extract.worker" in cmdline(k)}
+    assert len(workers) == 2
+    assert all(os.getpgid(w) != os.getpgid(p.pid) for w in workers)  # out of the terminal's reach
+    for s in signals:
+        os.killpg(p.pid, s)
+        time.sleep(0.3)
+    rc = _finish(p, 60)
+    out = (tmp_path / "extract.out").read_text()
+    assert rc == 130, out[-3000:]
+    name = signals[0].name
+    assert f"{name}: stopping workers after their current batch; again to kill them" in out
+    if len(signals) == 2:
+        assert "SIGINT: killing workers now" in out
+    wait_for(lambda: not any(alive(k) for k in kids), 10)
+    assert manifest.read_bytes().count(b"\n") < 3000  # it was stopped, not finished
