@@ -107,7 +107,7 @@ def run_extract(cfg: Any, *, data: Path | None = None, gpus: list[int] | None = 
     say(format_line(doc))
     say(f"bytes written {doc['bytes_written']} vs projected {info['projected_bytes']} "
         f"({doc['bytes_written'] / max(1, info['projected_bytes']):.4f}x)")
-    if any(c in (-signal.SIGINT, -signal.SIGKILL, 130) for c in codes) and doc["state"] != "done":
+    if any(c in (-signal.SIGINT, 130) for c in codes) and doc["state"] != "done":
         return 130
     return 0 if all(c == 0 for c in codes) else 1
 
