@@ -56,26 +56,6 @@ class SafeOut:
                 self.dead = True
 
 
-def fmt_limit(seconds: float) -> str:
-    """A drain limit for people: ``"15s"``, ``"30m"``, ``"1h05m"``."""
-    s = int(round(seconds))
-    if s < 120:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m" + (f"{s % 60:02d}s" if s % 60 else "")
-    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-
-
-def drain_line(snap) -> str:
-    """The headless line shown while a drain runs: in-flight count, their estimated USD, time left.
-
-    Args:
-        snap: an ``engine.snapshot.RunSnapshot`` with ``drain_left_s`` set.
-    """
-    return (f"draining: {snap.in_flight:,} in flight (est. ${snap.cost_in_flight_usd:.4f}); "
-            f"aborting them in {fmt_limit(snap.drain_left_s or 0.0)}")
-
-
 class KeyError_(ConfigError):
     """The API key cannot be found (names the variable or file, never the key)."""
 
@@ -393,6 +373,26 @@ async def run_job(job: Job, *, exit_on_pause: bool = False, out: TextIO = sys.st
             watch.cancel()
             await asyncio.gather(watch, return_exceptions=True)
         await job.close()
+
+
+def fmt_limit(seconds: float) -> str:
+    """A drain limit for people: ``"15s"``, ``"30m"``, ``"1h05m"``."""
+    s = int(round(seconds))
+    if s < 120:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m" + (f"{s % 60:02d}s" if s % 60 else "")
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def drain_line(snap) -> str:
+    """The headless line shown while a drain runs: in-flight count, their estimated USD, time left.
+
+    Args:
+        snap: an ``engine.snapshot.RunSnapshot`` with ``drain_left_s`` set.
+    """
+    return (f"draining: {snap.in_flight:,} in flight (est. ${snap.cost_in_flight_usd:.4f}); "
+            f"aborting them in {fmt_limit(snap.drain_left_s or 0.0)}")
 
 
 async def run_headless(

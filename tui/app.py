@@ -350,7 +350,8 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
 
 def run_dashboard(cfg: Config, *, exit_on_pause: bool = False, refresh_hz: float = 2.0) -> int:
     """Run ``cfg``'s job under the dashboard; returns :func:`engine.runner.run_headless`'s exit codes
-    (0 completed or quit, 2 stopped by a fatal provider error, 3 paused with ``exit_on_pause``).
+    (0 completed or quit with ``q``, 2 stopped by a fatal provider error, 3 paused with ``exit_on_pause``,
+    130 interrupted: Ctrl-C, SIGINT/SIGTERM/SIGHUP or the terminal lost).
 
     Terminal log handlers are detached while the app runs (the file log stays); the final progress
     lines are printed after the app has restored the terminal.

@@ -1,7 +1,8 @@
 """Signals and the terminal: what the dashboard does when it is told to stop or loses its tty.
 
 Textual installs no SIGTERM/SIGHUP handlers. :class:`TerminalMixin` adds them on the app's loop:
-SIGTERM/SIGINT drain and exit like ``q`` (a second one aborts); SIGHUP, or a watchdog that finds
+SIGTERM/SIGINT (and the Ctrl-C key) drain and exit like ``q`` but with code 130 (a second one
+aborts); SIGHUP, or a watchdog that finds
 the terminal gone, also stops drawing, stops Textual's input thread (which would spin on a closed
 tty) and sends Textual's output nowhere, so the drain finishes and the process exits.
 """
