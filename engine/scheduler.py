@@ -634,7 +634,10 @@ class Scheduler:
                     log.error("%d aborted request(s) did not finish within %.0f s; ending the run anyway", left, grace_s)
                 self._done.set()
 
-        self._ender = asyncio.get_running_loop().create_task(end(), name="end-soon")
+        try:
+            self._ender = asyncio.get_running_loop().create_task(end(), name="end-soon")
+        except RuntimeError:  # no loop running (a synchronous caller): run() bounds its own wait
+            pass
 
     def stop(self, reason: str, exit_code: int = 0, abort: bool = True) -> None:
         """Stop the run: no more dispatch; abort in-flight requests unless ``abort`` is False (drain).

@@ -366,3 +366,17 @@ def test_extract_workers_obey_the_launcher_not_the_terminal(tmp_path, tiny, sign
         assert "SIGINT: killing workers now" in out
     wait_for(lambda: not any(alive(k) for k in kids), 10)
     assert manifest.read_bytes().count(b"\n") < 3000  # it was stopped, not finished
+
+
+def test_header_shows_the_drain_countdown_even_at_80_columns():
+    import dataclasses
+
+    from tui.panes.header import header_lines
+    from tui.testing import fixed_snapshot
+
+    s = dataclasses.replace(fixed_snapshot(), state="stopping", state_reason="Ctrl-C: interrupted (drain)")
+    assert not any("draining" in line.plain for line in header_lines(s, "quitting (drain)…", 80))
+    s = dataclasses.replace(s, drain_left_s=754.2)
+    for width in (80, 160):
+        lines = [line.plain for line in header_lines(s, "quitting (drain)…", width)]
+        assert lines[2].startswith(f"draining {s.in_flight:,} in flight (${s.cost_in_flight_usd:.4f}) · abort in 12m34s")

@@ -188,7 +188,7 @@ def _dashboard(tmp_path: Path, tmux: Tmux, cfg: Path, children: int) -> tuple[in
     return pid, rc
 
 
-@pytest.mark.parametrize("executor", ["process", "thread"])
+@pytest.mark.parametrize("executor", ["process", "thread", pytest.param("none", marks=pytest.mark.slow)])
 def test_dashboard_with_tokenizer_starts_and_ctrl_c_drains_and_exits_130(tmp_path, executor):
     """Before: with [tokenizer] (process pool) the dashboard exited 1 at start (ValueError: bad
     value(s) in fds_to_keep); Ctrl-C (a key in raw mode) did nothing."""
@@ -207,7 +207,8 @@ def test_dashboard_with_tokenizer_starts_and_ctrl_c_drains_and_exits_130(tmp_pat
         assert time.monotonic() - t0 < 30 + 10
         assert rc.read_text() == "130"
         c = store_counts(tmp_path / "run")
-        assert c["aborted"] == 0 and c["results"] == c["prompts_done"] > 0 and c["validations"] == c["results"]
+        assert c["aborted"] == 0 and c["results"] == c["prompts_done"] > 0
+        assert c["validations"] == (c["results"] if executor != "none" else 0)
         log = (tmp_path / "run" / "datagen.log").read_text()
         assert "Ctrl-C received: draining" in log and "BrokenProcessPool" not in log
         wait(lambda: not any(alive(k) for k in kids), 10, "no child process left")

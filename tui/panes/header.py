@@ -73,7 +73,6 @@ def header_lines(s: RunSnapshot | None, note: str = "", width: int = 160) -> lis
         (1, _t(f"in flight {s.in_flight:,}")),
         (3, _t("loop lag ", (f"{s.loop_lag_ms:.0f} ms", lag_style))),
         (0, _t((note, "bold reverse")) if note else Text()),
-        (0, drain_segment(s)),
     ], width)
 
     spent = _t("spent ", (money(s.cost_usd), "bold"))
@@ -102,7 +101,7 @@ def header_lines(s: RunSnapshot | None, note: str = "", width: int = 160) -> lis
                   "  ".join(f"{k} {v:,}" for k, v in sorted(s.errors.items(), key=lambda kv: (-kv[1], kv[0]))))
     else:
         errs = _t(("no errors", "green"))
-    line3 = fit([(0, errs), (5, _t((f"writer queue {s.writer_queue:,}", "dim")) if s.writer_queue else Text())],
+    line3 = fit([(0, drain_segment(s)), (0, errs), (5, _t((f"writer queue {s.writer_queue:,}", "dim")) if s.writer_queue else Text())],
                 width)
     return [line1, line2, line3]
 
