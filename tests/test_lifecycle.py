@@ -277,13 +277,14 @@ def test_second_signal_aborts_at_once_and_says_what_was_lost(tmp_path, executor)
     out = (tmp_path / "run.out").read_text()
     assert rc == 130, out[-3000:]
     assert took < 10
-    assert re.search(r"SIGINT: draining 8 in-flight request\(s\) \(est\. \$[0-9.]+, up to 2m\); again to abort", out)
+    assert re.search(r"SIGINT: draining [1-8] in-flight request\(s\) \(est\. \$[0-9.]+, up to 2m\); again to abort", out)
     assert "SIGTERM: aborting in-flight requests" in out
     log = (tmp_path / "run" / "datagen.log").read_text()
     m = re.search(r"aborted (\d+) in-flight stream\(s\): est\. \$([0-9.]+) already generated is billed and lost", log)
-    assert m and int(m.group(1)) == 8 and float(m.group(2)) > 0
+    # (lengths are random: a stream may end between the two signals)
+    assert m and int(m.group(1)) >= 1 and float(m.group(2)) > 0
     c = store_counts(tmp_path / "run")
-    assert c["aborted"] == 8 and c.get("prompts_pending", 0) + c["results"] == 98
+    assert c["aborted"] == int(m.group(1)) and c.get("prompts_pending", 0) + c["results"] == 98
     wait_for(lambda: not any(alive(k) for k in kids), 10)
 
 
@@ -307,7 +308,7 @@ def test_headless_drain_shows_countdown_in_flight_and_dollars(tmp_path):
     rc = _finish(p, 20)
     out = (tmp_path / "run.out").read_text()
     assert rc == 130, out[-3000:]
-    assert re.search(r"draining: 8 in flight \(est\. \$0\.\d{4}\); aborting them in [0-3]s", out), out[-2000:]
+    assert re.search(r"draining: [1-8] in flight \(est\. \$0\.\d{4}\); aborting them in [0-3]s", out), out[-2000:]
 
 
 # ------------------------------------------------------------------------- datagen extract workers

@@ -197,7 +197,7 @@ async def test_ctrl_c_drains_with_a_countdown_and_a_second_aborts_exit_130(tmp_p
         await started(app, pilot, min_in_flight=4)
         await pilot.press("ctrl+c")
         await until(pilot, lambda: "abort in" in screen_text(app), 5, what="the drain countdown")
-        assert re.search(r"draining 4 in flight \(\$0\.\d{4}\) · abort in (59|1m00)s", screen_text(app))
+        assert re.search(r"draining [1-4] in flight \(\$0\.\d{4}\) · abort in (5\d|1m00)s", screen_text(app))
         assert app.host.quit_mode == "drain" and app.is_running
         await pilot.press("ctrl+c")
         await until(pilot, lambda: not app.is_running, 10, 0.05, "app exit")
