@@ -12,7 +12,7 @@ import ipaddress
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -39,7 +39,9 @@ class RunSection(_Strict):
         commit_interval_s: upper bound on seconds between store commits (results are never lost
             to a crash older than this window).
         max_attempts: attempts per prompt (first try + retries) before it is failed.
-        drain_timeout_s: on quit/SIGTERM, seconds to let in-flight requests finish before aborting.
+        drain_timeout_s: on quit/SIGTERM/SIGINT/SIGHUP, seconds to let in-flight requests finish
+            before aborting them; ``"auto"`` (default): ``provider.timeouts.total_s``, the requests'
+            own bound, so a drain never cuts a stream that could still finish.
     """
 
     name: str = "run"
@@ -47,7 +49,7 @@ class RunSection(_Strict):
     progress_interval_s: float = Field(5.0, gt=0)
     commit_interval_s: float = Field(1.0, gt=0, le=10)
     max_attempts: int = Field(6, ge=1, le=100)
-    drain_timeout_s: float = Field(60.0, ge=0)
+    drain_timeout_s: Annotated[float, Field(ge=0)] | Literal["auto"] = "auto"
 
 
 class TimeoutsSection(_Strict):

@@ -205,7 +205,9 @@ class Job:
             self.supervisor_task.cancel()
             await asyncio.gather(self.supervisor_task, return_exceptions=True)
         if self.recon is not None:  # finish queued reconstructions before the store closes
-            await self.recon.close()  # type: ignore[attr-defined]
+            # A stopped run waits 10 s at most: what is left stays stored, unvalidated, for `datagen validate`.
+            stopped = self.scheduler.state in ("stopping", "stopped")
+            await self.recon.close(timeout_s=10.0 if stopped else None)  # type: ignore[attr-defined]
         self.writer_stop.set()
         if self.writer_task is not None:
             await self.writer_task
@@ -421,6 +423,26 @@ async def run_job(job: Job, *, exit_on_pause: bool = False, out: TextIO = sys.st
         await job.close()
 
 
+def fmt_limit(seconds: float) -> str:
+    """A drain limit for people: ``"15s"``, ``"30m"``, ``"1h05m"``."""
+    s = int(round(seconds))
+    if s < 120:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m" + (f"{s % 60:02d}s" if s % 60 else "")
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def drain_line(snap) -> str:
+    """The headless line shown while a drain runs: in-flight count, their estimated USD, time left.
+
+    Args:
+        snap: an ``engine.snapshot.RunSnapshot`` with ``drain_left_s`` set.
+    """
+    return (f"draining: {snap.in_flight:,} in flight (est. ${snap.cost_in_flight_usd:.4f}); "
+            f"aborting them in {fmt_limit(snap.drain_left_s or 0.0)}")
+
+
 async def run_headless(
     cfg: Config,
     out: TextIO = sys.stdout,
@@ -438,17 +460,20 @@ async def run_headless(
     sched = job.scheduler
     loop = asyncio.get_running_loop()
     signals_seen = 0
+    drains: list[asyncio.Future] = []
 
     def on_signal(signame: str) -> None:
         nonlocal signals_seen
         signals_seen += 1
         # Act first: the terminal may be gone (SIGHUP, a closed pipe) and printing may fail.
         if signals_seen == 1:
-            asyncio.ensure_future(sched.drain(cfg.run.drain_timeout_s))
-            say(f"{signame}: draining in-flight requests (up to {cfg.run.drain_timeout_s:.0f}s); again to abort")
+            n, usd = sched.snapshot().in_flight, sched.cost_in_flight_usd()
+            drains.append(asyncio.ensure_future(sched.drain(reason=f"{signame}: interrupted", exit_code=130)))
+            say(f"{signame}: draining {n:,} in-flight request(s) (est. ${usd:.4f}, up to "
+                f"{fmt_limit(sched.drain_limit_s())}); again to abort")
         else:
-            sched.abort()
             say(f"{signame}: aborting in-flight requests")
+            sched.stop(f"{signame}: interrupted (abort)", exit_code=130, abort=True)
 
     def say(line: str) -> None:
         try:
@@ -470,6 +495,8 @@ async def run_headless(
             snap = sched.snapshot()
             for line in format_progress(snap, printed_final):
                 say(line)
+            if snap.drain_left_s is not None:
+                say(drain_line(snap))
 
     async def announce() -> None:  # guard pauses get their own line at once, like a user's pause
         seen = 0
@@ -488,7 +515,9 @@ async def run_headless(
     finally:
         rep.cancel()
         note.cancel()
-        await asyncio.gather(rep, note, return_exceptions=True)
+        for d in drains:
+            d.cancel()
+        await asyncio.gather(rep, note, *drains, return_exceptions=True)
         if install_signals:
             for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 try:

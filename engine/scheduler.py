@@ -155,6 +155,9 @@ class Scheduler:
         self._begun: set[int] = set()
         #: token reconstruction service (``submit(prompt_id, dataset, key, messages, tools, completion)``) or None.
         self.recon: Any = None
+        #: clock time at which a drain in progress aborts what is left (None: no drain).
+        self.drain_deadline: float | None = None
+        self._ender: asyncio.Task | None = None
         body: dict[str, Any] = {"model": cfg.provider.model}
         g = cfg.generation
         for k in ("temperature", "top_p", "seed", "reasoning"):
@@ -466,7 +469,10 @@ class Scheduler:
                                 generation_id=c.generation_id, cost_usd=u.cost_usd)
         self.writer.add_result(p.id, rt.name, p.key, c, attempts)
         if self.recon is not None:
-            self.recon.submit(p.id, rt.name, p.key, p.messages, p.tools, c)
+            try:
+                self.recon.submit(p.id, rt.name, p.key, p.messages, p.tools, c)
+            except Exception:  # noqa: BLE001 - the result is stored; `datagen validate` rebuilds it
+                log.exception("[%s] reconstruction of %s could not be queued", rt.name, p.key)
         now = self.clock()
         rt.in_flight -= 1
         rt.done += 1
@@ -606,8 +612,27 @@ class Scheduler:
                 total += per * rt.in_flight
         return total
 
+    def in_flight_spent_usd(self, dataset: str | None = None) -> float:
+        """Estimated USD already spent on the streams in flight (of ``dataset`` or all): prompt
+        tokens (the dataset's mean so far) plus the completion tokens streamed, at known prices.
+        What an abort forfeits at least; providers that keep generating bill more."""
+        total = 0.0
+        for rt in self.datasets.values():
+            if dataset is not None and rt.name != dataset:
+                continue
+            mean_prompt = (rt.prompt_tokens / rt.done) if rt.done else 0.0
+            for _cls, prog in rt.streams.values():
+                tok = int(getattr(prog, "tokens_received", 0) or 0)
+                total += self.spend.estimate_cost(int(mean_prompt) if tok else 0, tok)
+        return total
+
     def abort(self, dataset: str | None = None) -> int:
-        """Cancel in-flight requests (of ``dataset`` or all); they return to pending. Returns the count."""
+        """Cancel in-flight requests (of ``dataset`` or all); they return to pending. Returns the count.
+
+        Logs one line (and a run event) when anything is aborted: how many streams and the dollars
+        estimated already spent on them. While the run is stopping, the run ends within 5 s of an
+        abort of everything even if a request ignores its cancellation."""
+        spent = self.in_flight_spent_usd(dataset)
         n = 0
         for rt in self.datasets.values():
             if dataset is None or rt.name == dataset:
@@ -615,14 +640,42 @@ class Scheduler:
                     if not t.done():
                         t.cancel()
                         n += 1
+        if n:
+            self.event("warning", "abort", dataset,
+                       f"aborted {n:,} in-flight stream(s){' of ' + dataset if dataset else ''}: est. ${spent:.4f} "
+                       f"already generated is billed and lost; their prompts return to pending")
+        if dataset is None and self._stopping:
+            self._end_soon(5.0)
         return n
 
+    def _end_soon(self, grace_s: float) -> None:
+        """End :meth:`run` within ``grace_s`` seconds even if aborted tasks do not finish (a hard limit)."""
+        if self._done.is_set() or self._ender is not None:
+            return
+
+        async def end() -> None:
+            tasks = [t for rt in self.datasets.values() for t in rt.tasks if not t.done()]
+            if tasks:
+                await asyncio.wait(tasks, timeout=grace_s)
+            if not self._done.is_set():
+                left = sum(1 for rt in self.datasets.values() for t in rt.tasks if not t.done())
+                if left:
+                    log.error("%d aborted request(s) did not finish within %.0f s; ending the run anyway", left, grace_s)
+                self._done.set()
+
+        try:
+            self._ender = asyncio.get_running_loop().create_task(end(), name="end-soon")
+        except RuntimeError:  # no loop running (a synchronous caller): run() bounds its own wait
+            pass
+
     def stop(self, reason: str, exit_code: int = 0, abort: bool = True) -> None:
-        """Stop the run: no more dispatch; abort in-flight requests unless ``abort`` is False (drain)."""
+        """Stop the run: no more dispatch; abort in-flight requests unless ``abort`` is False (drain).
+        The first non-zero ``exit_code`` given is kept (a later stop does not hide an earlier failure)."""
         self._stopping = True
         self.state, self.state_reason = "stopping", reason
-        self.exit_code = exit_code
-        self.event("error" if exit_code else "info", "stop", None, f"run stopping: {reason}")
+        if not self.exit_code:
+            self.exit_code = exit_code
+        self.event("error" if exit_code and exit_code != 130 else "info", "stop", None, f"run stopping: {reason}")
         if abort:
             self.abort()
         self.notify()
@@ -651,20 +704,48 @@ class Scheduler:
             if tasks:
                 for t in tasks:
                     t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                await asyncio.wait(tasks, timeout=10)  # bounded: a request ignoring cancellation cannot hang exit
+            if self._ender is not None:
+                self._ender.cancel()
             if self._trueups:  # late costs of failed/aborted attempts (/generation), bounded wait
                 await asyncio.wait(list(self._trueups), timeout=15)
         if self.state == "stopping":
             self.state = "stopped"
         return self.exit_code
 
-    async def drain(self, timeout_s: float) -> None:
-        """Stop dispatching, wait up to ``timeout_s`` for in-flight requests, then abort the rest."""
-        self.stop("drain requested", abort=False)
+    def drain_limit_s(self) -> float:
+        """Seconds a drain waits for in-flight requests: ``run.drain_timeout_s``, or with ``"auto"``
+        (the default) the requests' own bound, ``provider.timeouts.total_s``: every attempt in flight
+        ends by then, so a drain never cuts a stream that could still finish."""
+        v = self.cfg.run.drain_timeout_s
+        return float(self.cfg.provider.timeouts.total_s if v == "auto" else v)
+
+    def drain_left_s(self) -> float | None:
+        """Seconds left before a drain in progress aborts what is still in flight (None: no drain)."""
+        if self.drain_deadline is None or self._done.is_set():
+            return None
+        return max(0.0, self.drain_deadline - self.clock())
+
+    async def drain(self, timeout_s: float | None = None, *, reason: str = "drain requested",
+                    exit_code: int = 0) -> None:
+        """Stop dispatching, wait up to ``timeout_s`` (default :meth:`drain_limit_s`) for in-flight
+        requests, then abort the rest; the run ends within 5 s of the limit in every case.
+
+        Args:
+            reason: shown as the state reason; exit_code: the run's exit code (130: interrupted).
+        """
+        limit = self.drain_limit_s() if timeout_s is None else float(timeout_s)
+        self.drain_deadline = self.clock() + limit
+        self.stop(reason, exit_code=exit_code, abort=False)
+        snap_n = sum(rt.in_flight for rt in self.datasets.values())
+        if snap_n:
+            log.info("draining %d in-flight request(s) (est. $%.4f) for up to %.0f s", snap_n,
+                     self.cost_in_flight_usd(), limit)
         try:
-            await asyncio.wait_for(self._done.wait(), timeout_s)
+            await asyncio.wait_for(self._done.wait(), limit)
         except TimeoutError:
             self.abort()
+            self._end_soon(5.0)
 
     # ---- snapshot ---------------------------------------------------------------------------
     def elapsed_s(self) -> float:

@@ -141,6 +141,8 @@ class RunSnapshot:
         notices: pauses made by a guard (anomaly guard, calibration gate, credits, price, store)
             as ``(sequence number, text)``, oldest first (the last 20); a reader announces those
             numbered above the last it announced.
+        drain_left_s: seconds before a drain in progress aborts the requests still in flight
+            (None when no drain runs).
     """
 
     name: str
@@ -173,6 +175,8 @@ class RunSnapshot:
     eta_s_high: float | None = None
     calibration: tuple[int, int] | None = None
     notices: tuple[tuple[int, str], ...] = ()
+    #: seconds before a drain in progress aborts what is still in flight (None: not draining).
+    drain_left_s: float | None = None
 
     def dataset(self, name: str) -> DatasetSnapshot:
         """Return the snapshot of dataset ``name`` (KeyError if unknown)."""

@@ -1,6 +1,6 @@
 """Signals and resources: SIGTERM/SIGHUP drain, a second signal aborts, failing disks pause, fd limits.
 
-- SIGTERM and SIGHUP drain: no new dispatch, in-flight requests finish and are stored, exit 0; the
+- SIGTERM and SIGHUP drain: no new dispatch, in-flight requests finish and are stored, exit 130; the
   drain is time-limited (``run.drain_timeout_s``), then the rest is aborted (back to pending).
 - A second signal aborts at once, still flushing: every completion that arrived is stored and
   every aborted attempt is recorded.
@@ -17,6 +17,7 @@ import asyncio
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -61,6 +62,11 @@ path = "{data}"
 format = "text"
 """)
     return cfg
+
+
+def read_text_log(run_dir) -> str:
+    """The run's ``datagen.log``."""
+    return (run_dir / "datagen.log").read_text()
 
 
 def _in_flight(run_dir):
@@ -111,7 +117,7 @@ def _start(tmp_path, cfg, min_in_flight):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
-def test_first_signal_drains_in_flight_and_exits_0(tmp_path, sig):
+def test_first_signal_drains_in_flight_and_exits_130(tmp_path, sig):
     log = tmp_path / "sim.jsonl"
     data = write_prompts(tmp_path / "p.jsonl", 200)
     sim = SimProcess("--seed", "3", "--mean-completion-tokens", "300", "--tokens-per-s", "200", log=log)
@@ -126,8 +132,9 @@ def test_first_signal_drains_in_flight_and_exits_0(tmp_path, sig):
             p.kill()
         sim.stop()
     out = (tmp_path / "run.out").read_text()
-    assert rc == 0, out
-    assert f"{sig.name}: draining in-flight requests (up to 30s); again to abort" in out
+    assert rc == 130, out  # interrupted (README: exit codes)
+    assert re.search(rf"{sig.name}: draining [78] in-flight request\(s\) \(est\. \$[0-9.]+, up to 30s\); again to abort", out)
+    assert re.search(r"draining: \d+ in flight \(est\. \$[0-9.]+\); aborting them in \d+s", out)
     entries = read_log(log)
     after = [e for e in entries if e["t"] > t_sig]
     gids, attempts, states = _store(tmp_path / "run")
@@ -181,7 +188,7 @@ def test_sighup_drains_even_when_stdout_is_gone(tmp_path):
     assert rc is not None, f"{sig.name} did not stop the run within 10 s (stdout gone)"
     gids, attempts, states = _store(tmp_path / "run")
     assert "aborted" not in attempts and states.get("done", 0) == len(gids) > 0
-    assert rc == 0
+    assert rc == 130
 
 
 def test_drain_is_time_limited_then_aborts(tmp_path):
@@ -203,8 +210,11 @@ def test_drain_is_time_limited_then_aborts(tmp_path):
             p.kill()
         sim.stop()
     out = (tmp_path / "run.out").read_text()
-    assert rc == 0, out
-    assert "SIGTERM: draining in-flight requests (up to 1s); again to abort" in out
+    assert rc == 130, out
+    assert re.search(r"SIGTERM: draining \d+ in-flight request\(s\) \(est\. \$[0-9.]+, up to 1s\); again to abort", out)
+    # One line says what the abort cost: how many streams, estimated dollars.
+    assert re.search(r"aborted \d+ in-flight stream\(s\): est\. \$[0-9.]+ already generated is billed and lost",
+                     read_text_log(tmp_path / "run"))
     assert took < 6
     gids, attempts, states = _store(tmp_path / "run")
     entries = read_log(log)
@@ -237,8 +247,8 @@ def test_second_signal_aborts_at_once_and_still_flushes(tmp_path):
             p.kill()
         sim.stop()
     out = (tmp_path / "run.out").read_text()
-    assert rc == 0, out
-    assert "SIGHUP: draining in-flight requests (up to 60s); again to abort" in out
+    assert rc == 130, out
+    assert re.search(r"SIGHUP: draining \d+ in-flight request\(s\) \(est\. \$[0-9.]+, up to 60s\); again to abort", out)
     assert "SIGTERM: aborting in-flight requests" in out
     assert took < 5
     gids, attempts, states = _store(tmp_path / "run")

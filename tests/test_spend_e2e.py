@@ -198,7 +198,7 @@ format = "text"
         wait_for(lambda: status_json(run_dir)["datasets"][0]["state"] == "done", 60)
         b_done = status_json(run_dir)["datasets"][1]["done"]
         p.send_signal(signal.SIGTERM)
-        assert p.wait(30) == 0
+        assert p.wait(30) == 130  # interrupted (drained)
         # restart: B is still paused
         p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(lambda: status_json(run_dir)["run"]["alive"], 30)

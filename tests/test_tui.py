@@ -7,6 +7,7 @@ Every test checks the engine's state (``scheduler.snapshot()``, and the store th
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sqlite3
 import time
@@ -171,16 +172,38 @@ async def test_q_with_drain_exits_0_after_storing_in_flight(cfg):
     assert t["done"] + t["failed"] + t["pending"] + t["skipped"] == t["prompts"]
 
 
-async def test_sigterm_drains_and_exits_like_quit(cfg):
+async def test_sigterm_drains_like_quit_and_exits_130(cfg):
     app = DashboardApp(cfg)
     async with app.run_test(size=SIZE) as pilot:
         await started(app, pilot)
         assert signal.SIGTERM in app._signals, "SIGTERM handler not installed"
         os.kill(os.getpid(), signal.SIGTERM)
         await until(pilot, lambda: not app.is_running, 20, 0.05, "app exit")
-    assert app.host.exit_code == 0
+    assert app.host.exit_code == 130 and app.return_code == 130  # interrupted (README: exit codes)
     doc = collect_status(cfg.run.dir)
     assert doc["totals"]["in_flight"] == 0 and doc["run"]["state"] in ("stopped", "completed")
+
+
+async def test_ctrl_c_drains_with_a_countdown_and_a_second_aborts_exit_130(tmp_path):
+    """Ctrl-C reaches a raw-mode dashboard as a key, not SIGINT: it must drain like SIGINT (header:
+    in flight, dollars, countdown), a second one abort at once, and the run exit 130. Before: Textual's
+    default ctrl+c only showed "press q to quit"."""
+    from tui.testing import sim_config
+
+    # ~25 s streams; the drain would wait up to 60 s.
+    cfg = sim_config(tmp_path, tokens_per_s=40, mean_completion_tokens=1000, drain_timeout_s=60)
+    app = DashboardApp(cfg)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot, min_in_flight=4)
+        await pilot.press("ctrl+c")
+        await until(pilot, lambda: "abort in" in screen_text(app), 5, what="the drain countdown")
+        assert re.search(r"draining [1-4] in flight \(\$0\.\d{4}\) · abort in (5\d|1m00)s", screen_text(app))
+        assert app.host.quit_mode == "drain" and app.is_running
+        await pilot.press("ctrl+c")
+        await until(pilot, lambda: not app.is_running, 10, 0.05, "app exit")
+    assert app.host.exit_code == 130 and app.return_code == 130
+    doc = collect_status(cfg.run.dir)
+    assert doc["totals"]["in_flight"] == 0 and doc["run"]["state"] == "stopped"
 
 
 async def test_keys_call_the_controller_with_an_injected_snapshot():
@@ -284,7 +307,7 @@ async def test_watchdog_drains_and_exits_when_the_terminal_goes_away(cfg, monkey
         polls = app.renders
         await until(pilot, lambda: not app.is_running, 20, 0.05, "app exit")
         assert app.renders == polls  # nothing drawn once the terminal is gone
-    assert app.host.exit_code == 0
+    assert app.host.exit_code == 130  # interrupted by the terminal's loss
 
 
 async def test_leaving_the_app_with_requests_in_flight_stops_the_engine_and_closes_the_store(cfg):

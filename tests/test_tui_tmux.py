@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -157,5 +159,106 @@ def test_datagen_run_in_tmux_renders_pauses_and_survives_terminal_loss(tmp_path)
         assert t["done"] + t["failed"] + t["pending"] + t["skipped"] == t["prompts"]
         log = (run_dir / "datagen.log").read_text()
         assert "SIGHUP" in log
+    finally:
+        tmux("kill-server", check=False)
+
+
+# ------------------------------------------------------------------ child processes and signals (issue 16)
+
+def _dashboard(tmp_path: Path, tmux: Tmux, cfg: Path, children: int) -> tuple[int, Path]:
+    """Start ``datagen run CFG`` (dashboard) in tmux under the exit-code wrapper; wait until it runs
+    with requests in flight and ``children`` reconstruction workers. Returns (pid, rc file)."""
+    from lifecycle import cmdline, descendants, write_wrapper
+
+    rc = tmp_path / "rc"
+    run = f"{DATAGEN} run {cfg}" if DATAGEN.exists() else f"{sys.executable} -m engine.cli run {cfg}"
+    tmux("new-session", "-d", "-s", "dash", "-x", "160", "-y", "48", "-c", str(REPO),
+         # exec: the pane's process is the wrapper, which outlives group signals (a shell would die of
+         # them, close the pane and SIGHUP the run: a second signal)
+         f"exec env TERM=xterm-256color {sys.executable} {write_wrapper(tmp_path)} {rc} {run}")
+    tmux("set-option", "-sg", "escape-time", "10")
+    doc = wait(lambda: rc.exists() or ((d := status(tmp_path / "run")) and d["run"]["alive"]
+                                       and d["totals"]["in_flight"] >= 4 and d), 60, "a live run with 4 in flight",
+               show=lambda: tmux.screen() + (tmp_path / "run" / "datagen.log").read_text()[-3000:])
+    assert not rc.exists(), f"datagen exited {rc.read_text()} at start:\n{tmux.screen()}"
+    pid = doc["run"]["pid"]
+    wait(lambda: len([k for k in descendants(pid) if "spawn_main" in cmdline(k)]) >= children, 30,
+         f"{children} reconstruction workers")
+    wait(lambda: "sharegpt" in tmux.screen(), 20, "the dashboard", show=tmux.screen)
+    return pid, rc
+
+
+@pytest.mark.parametrize("executor", ["process", "thread", pytest.param("none", marks=pytest.mark.slow)])
+def test_dashboard_with_tokenizer_starts_and_ctrl_c_drains_and_exits_130(tmp_path, executor):
+    """Before: with [tokenizer] (process pool) the dashboard exited 1 at start (ValueError: bad
+    value(s) in fds_to_keep); Ctrl-C (a key in raw mode) did nothing."""
+    from fixtures_tokens import kimi_dir
+    from lifecycle import alive, descendants, lifecycle_config, sem_names, store_counts
+
+    cfg = lifecycle_config(tmp_path, executor, drain="30", tokens=200, tokens_per_s=100, conc=4, kimi=kimi_dir())
+    tmux = Tmux()
+    try:
+        pid, rc = _dashboard(tmp_path, tmux, cfg, 2 if executor == "process" else 0)
+        kids = descendants(pid)
+        sems = sem_names({pid} | kids)
+        t0 = time.monotonic()
+        tmux("send-keys", "-t", "dash", "C-c")
+        wait(rc.exists, 40, "datagen to exit after Ctrl-C", show=tmux.screen)
+        assert time.monotonic() - t0 < 30 + 10
+        assert rc.read_text() == "130"
+        c = store_counts(tmp_path / "run")
+        assert c["aborted"] == 0 and c["results"] == c["prompts_done"] > 0
+        assert c["validations"] == (c["results"] if executor != "none" else 0)
+        log = (tmp_path / "run" / "datagen.log").read_text()
+        assert "Ctrl-C received: draining" in log and "BrokenProcessPool" not in log
+        wait(lambda: not any(alive(k) for k in kids), 10, "no child process left")
+        assert not [s for s in sems if (Path("/dev/shm") / s).exists()]
+    finally:
+        tmux("kill-server", check=False)
+
+
+def test_dashboard_second_ctrl_c_aborts_at_once_with_the_countdown_and_the_loss_shown(tmp_path):
+    from fixtures_tokens import kimi_dir
+    from lifecycle import alive, descendants, lifecycle_config, store_counts
+
+    # ~30 s streams; the default drain waits for them (provider.timeouts.total_s = 120 s).
+    cfg = lifecycle_config(tmp_path, "process", drain="", tokens=3000, tokens_per_s=100, conc=4, kimi=kimi_dir())
+    tmux = Tmux()
+    try:
+        pid, rc = _dashboard(tmp_path, tmux, cfg, 2)
+        kids = descendants(pid)
+        tmux("send-keys", "-t", "dash", "C-c")
+        screen = wait(lambda: (s := tmux.screen()) and "abort in" in s and s, 10, "the drain countdown",
+                      show=tmux.screen)
+        assert re.search(r"draining [1-4] in flight \(\$0\.\d{4}\) · abort in (1m5\ds|2m00s)", screen), screen
+        t0 = time.monotonic()
+        tmux("send-keys", "-t", "dash", "C-c")
+        wait(rc.exists, 15, "datagen to exit after a second Ctrl-C", show=tmux.screen)
+        assert time.monotonic() - t0 < 10
+        assert rc.read_text() == "130"
+        log = (tmp_path / "run" / "datagen.log").read_text()
+        m = re.search(r"aborted (\d+) in-flight stream\(s\): est\. \$([0-9.]+) already generated is billed", log)
+        assert m and int(m.group(1)) >= 1 and float(m.group(2)) > 0, log[-2000:]
+        assert store_counts(tmp_path / "run")["aborted"] == int(m.group(1))
+        wait(lambda: not any(alive(k) for k in kids), 10, "no child process left")
+    finally:
+        tmux("kill-server", check=False)
+
+
+def test_dashboard_sigterm_to_the_process_group_drains_and_exits_130(tmp_path):
+    from fixtures_tokens import kimi_dir
+    from lifecycle import alive, descendants, lifecycle_config, store_counts
+
+    cfg = lifecycle_config(tmp_path, "process", drain="30", tokens=200, tokens_per_s=100, conc=4, kimi=kimi_dir())
+    tmux = Tmux()
+    try:
+        pid, rc = _dashboard(tmp_path, tmux, cfg, 2)
+        kids = descendants(pid)
+        os.killpg(os.getpgid(pid), signal.SIGTERM)  # `kill -TERM -PGID`: the run and every worker
+        wait(rc.exists, 40, "datagen to exit after SIGTERM to its group", show=tmux.screen)
+        assert rc.read_text() == "130"
+        c = store_counts(tmp_path / "run")
+        assert c["aborted"] == 0 and c["validations"] == c["results"] == c["prompts_done"] > 0
+        wait(lambda: not any(alive(k) for k in kids), 10, "no child process left")
     finally:
         tmux("kill-server", check=False)

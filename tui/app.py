@@ -79,6 +79,8 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
         Binding("i", "details", "Details", id="dashboard.details", show=False),  # hinted on the table
         Binding("question_mark", "help", "Help", id="dashboard.help"),
         Binding("q", "quit", "Quit", id="dashboard.quit"),
+        # Ctrl-C reaches a raw-mode terminal as a key, not SIGINT: it interrupts like SIGINT does.
+        Binding("ctrl+c", "interrupt", "Interrupt", show=False, priority=True, id="dashboard.interrupt"),
     ]
 
     def __init__(
@@ -174,7 +176,7 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
         task = self._engine_task
         if task is not None and not task.done() and self.host is not None:
             self.host.request_quit("drain" if self.host.quit_mode == "drain" else "abort")
-            await asyncio.wait({task}, timeout=self.host.cfg.run.drain_timeout_s + 30)
+            await asyncio.wait({task}, timeout=self.host.close_limit_s())
             if not task.done():
                 task.cancel()
                 await asyncio.wait({task}, timeout=10)
@@ -231,9 +233,10 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
                     pass
         return self.snapshot.classes[0].name if self.snapshot and self.snapshot.classes else ""
 
-    def begin_quit(self, mode: str) -> None:
+    def begin_quit(self, mode: str, interrupted: str | None = None) -> None:
         """Quit: exit now if the run has ended, else stop it (``"drain"``/``"abort"``) and exit when
-        the engine has flushed and closed the store."""
+        the engine has flushed and closed the store. ``interrupted`` (a signal or ``"Ctrl-C"``):
+        the run exits 130."""
         if self.host is None:
             stop = getattr(self._controller, "stop", None)
             if stop is not None:
@@ -244,7 +247,7 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
             code = self.host.exit_code if self.host.exit_code is not None else 1
             self.exit(code, return_code=code)
             return
-        self.notify(self.host.request_quit(mode), timeout=5)
+        self.notify(self.host.request_quit(mode, interrupted), timeout=5)
         self.request_poll()
 
     # ---- polling ----------------------------------------------------------------------------
@@ -356,7 +359,8 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
 
 def run_dashboard(cfg: Config, *, exit_on_pause: bool = False, refresh_hz: float = 2.0) -> int:
     """Run ``cfg``'s job under the dashboard; returns :func:`engine.runner.run_headless`'s exit codes
-    (0 completed or quit, 2 stopped by a fatal provider error, 3 paused with ``exit_on_pause``).
+    (0 completed or quit with ``q``, 2 stopped by a fatal provider error, 3 paused with ``exit_on_pause``,
+    130 interrupted: Ctrl-C, SIGINT/SIGTERM/SIGHUP or the terminal lost).
 
     Terminal log handlers are detached while the app runs (the file log stays); the final progress
     lines are printed after the app has restored the terminal.

@@ -15,7 +15,7 @@ import logging
 from engine import runner
 from engine.config import Config
 from engine.controller import Controller
-from engine.runner import Job, prepare
+from engine.runner import Job, fmt_limit, prepare
 from engine.scheduler import Scheduler
 
 log = logging.getLogger("datagen.dashboard")
@@ -50,6 +50,7 @@ class EngineHost:
         exit_code: the run's exit code once :meth:`run` returned (see ``engine.runner``).
         error: the exception that ended :meth:`run`, if any (config/data errors included).
         quit_mode: ``"drain"`` or ``"abort"`` once a quit was requested.
+        interrupted: the signal or key (``"SIGTERM"``, ``"Ctrl-C"``) that stopped the run (exit 130).
     """
 
     def __init__(self, cfg: Config, exit_on_pause: bool = False) -> None:
@@ -60,6 +61,8 @@ class EngineHost:
         self.exit_code: int | None = None
         self.error: BaseException | None = None
         self.quit_mode: str | None = None
+        #: the signal or key that interrupted the run (exit code 130), if any.
+        self.interrupted: str | None = None
         self._drain_task: asyncio.Task | None = None
 
     @property
@@ -91,8 +94,8 @@ class EngineHost:
         self.controller = getattr(job, "controller", None) or Controller(job.scheduler)
         if self.quit_mode:  # quit was asked while preparing: nothing was dispatched
             await job.close()
-            self.exit_code = 0
-            return 0
+            self.exit_code = 130 if self.interrupted else 0
+            return self.exit_code
         run_job = getattr(runner, "run_job", None)
         try:
             if run_job is not None:  # writer + supervisor + scheduler; closes the job
@@ -112,21 +115,41 @@ class EngineHost:
         self.exit_code = code
         return code
 
-    def request_quit(self, mode: str) -> str:
-        """Stop the run: ``"drain"`` (in-flight requests finish and are stored, up to
-        ``run.drain_timeout_s`` seconds, then aborted) or ``"abort"`` (cancel them now; their
-        prompts return to pending). Safe to call before the job is prepared and more than once
-        (a later ``"abort"`` upgrades a drain). Returns a short description."""
+    def request_quit(self, mode: str, interrupted: str | None = None) -> str:
+        """Stop the run: ``"drain"`` (in-flight requests finish and are stored, up to the drain limit,
+        ``run.drain_timeout_s``, by default the requests' own ``provider.timeouts.total_s``, then
+        aborted) or ``"abort"`` (cancel them now; their prompts return to pending). Safe to call
+        before the job is prepared and more than once (a later ``"abort"`` upgrades a drain).
+
+        Args:
+            interrupted: the signal or key that asked (``"SIGINT"``, ``"Ctrl-C"``...): the run then
+                exits 130 (interrupted) instead of 0.
+
+        Returns:
+            a short description for a notification (count and estimated dollars in flight).
+        """
         if mode not in ("drain", "abort"):
             raise ValueError(f"mode must be 'drain' or 'abort', got {mode!r}")
         self.quit_mode = mode if self.quit_mode != "abort" else "abort"
+        if interrupted:
+            self.interrupted = self.interrupted or interrupted
+        code = 130 if self.interrupted else 0
+        why = f"{self.interrupted}: interrupted" if self.interrupted else "quit"
         sched = self.scheduler
         if sched is None:
             return "quitting as soon as the engine has started"
+        n, usd = sched.snapshot().in_flight, sched.cost_in_flight_usd()
         if mode == "abort":
-            n = sched.snapshot().in_flight
-            sched.stop("quit (abort) requested", abort=True)
-            return f"aborting {n:,} in-flight request(s)"
+            sched.stop(f"{why} (abort)", exit_code=code, abort=True)
+            return f"aborting {n:,} in-flight request(s) (est. ${usd:.4f})"
         if self._drain_task is None:
-            self._drain_task = asyncio.ensure_future(sched.drain(self.cfg.run.drain_timeout_s))
-        return f"draining in-flight requests (up to {self.cfg.run.drain_timeout_s:.0f}s)"
+            self._drain_task = asyncio.ensure_future(sched.drain(reason=f"{why} (drain)", exit_code=code))
+        return (f"draining {n:,} in-flight request(s) (est. ${usd:.4f}, up to {fmt_limit(sched.drain_limit_s())}); "
+                f"again to abort")
+
+    def close_limit_s(self) -> float:
+        """Seconds the app may wait for the engine to stop once asked: the drain limit plus the
+        5 s abort grace and time to flush and close (used as a hard bound at unmount)."""
+        sched = self.scheduler
+        limit = sched.drain_limit_s() if sched is not None else 0.0
+        return limit + 30.0

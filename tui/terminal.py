@@ -1,7 +1,8 @@
 """Signals and the terminal: what the dashboard does when it is told to stop or loses its tty.
 
 Textual installs no SIGTERM/SIGHUP handlers. :class:`TerminalMixin` adds them on the app's loop:
-SIGTERM/SIGINT drain and exit like ``q`` (a second one aborts); SIGHUP, or a watchdog that finds
+SIGTERM/SIGINT (and the Ctrl-C key) drain and exit like ``q`` but with code 130 (a second one
+aborts); SIGHUP, or a watchdog that finds
 the terminal gone, also stops drawing, stops Textual's input thread (which would spin on a closed
 tty) and sends Textual's output nowhere, so the drain finishes and the process exits.
 """
@@ -48,7 +49,11 @@ class TerminalMixin:
         log.warning("%s received: %s", signame, "draining" if self._signals_seen == 1 else "aborting")
         if signame == "SIGHUP":
             self.on_terminal_lost()
-        self.begin_quit("drain" if self._signals_seen == 1 else "abort")
+        self.begin_quit("drain" if self._signals_seen == 1 else "abort", interrupted=signame)
+
+    def action_interrupt(self) -> None:
+        """Ctrl-C in the dashboard (a key in raw mode): drain and exit 130 like SIGINT; again: abort."""
+        self.on_signal("Ctrl-C")
 
     def _start_terminal_watchdog(self) -> None:
         """Check every second that the ttys we started with are still terminals."""
@@ -61,7 +66,7 @@ class TerminalMixin:
             return
         log.warning("terminal went away: draining and exiting")
         self.on_terminal_lost()
-        self.begin_quit("drain")
+        self.begin_quit("drain", interrupted="terminal lost")
 
     def on_terminal_lost(self) -> None:
         """Stop rendering, stop Textual's input thread (it would spin on a closed tty) and send its

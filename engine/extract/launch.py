@@ -97,7 +97,9 @@ def run_extract(cfg: Any, *, data: Path | None = None, gpus: list[int] | None = 
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, job.gpu_group(rank)))
         cmd = [sys.executable, "-m", "engine.extract.worker", "--job", str(job_path), "--rank", str(rank),
                "--world", str(job.workers), "--local-rank", str(rank)]
-        procs.append(subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent))
+        # A session of their own: Ctrl-C and process-group signals reach the launcher only, which
+        # forwards a stop (SIGTERM) on the first and kills on the second.
+        procs.append(subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent, start_new_session=True))
     say(f"started {job.workers} worker(s) on " + (f"GPUs {list(job.gpus)}" if job.device == "cuda" else "CPU")
         + f"; status: {sd}")
     codes = _wait(procs, job.out_dir, progress_s, say, gpus=job.device == "cuda")
@@ -105,23 +107,32 @@ def run_extract(cfg: Any, *, data: Path | None = None, gpus: list[int] | None = 
     say(format_line(doc))
     say(f"bytes written {doc['bytes_written']} vs projected {info['projected_bytes']} "
         f"({doc['bytes_written'] / max(1, info['projected_bytes']):.4f}x)")
-    if any(c == -signal.SIGINT or c == 130 for c in codes) and doc["state"] != "done":
+    if any(c in (-signal.SIGINT, 130) for c in codes) and doc["state"] != "done":
         return 130
     return 0 if all(c == 0 for c in codes) else 1
 
 
 def _wait(procs: list[subprocess.Popen], out_dir: str, progress_s: float, say: Callable[[str], None],
           gpus: bool = False) -> list[int]:
-    interrupted = False
+    interrupted = 0
 
     def forward(signum: int, _frame: Any) -> None:
+        # First signal: workers stop after their current batch (its shard is committed). Second: kill
+        # them now (the shard being written is discarded by the next run's recovery).
         nonlocal interrupted
-        interrupted = True
+        interrupted += 1
+        name = signal.Signals(signum).name
+        try:
+            say(f"{name}: " + ("stopping workers after their current batch; again to kill them" if interrupted == 1
+                               else "killing workers now"))
+        except (OSError, ValueError, RuntimeError):  # a closed terminal; print re-entered
+            pass
         for p in procs:
             if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
+                p.send_signal(signal.SIGTERM if interrupted == 1 else signal.SIGKILL)
 
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    sigs = [s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+    old = {s: signal.signal(s, forward) for s in sigs}
     try:
         last = 0.0
         while any(p.poll() is None for p in procs):

@@ -19,12 +19,13 @@ import collections
 import concurrent.futures as cf
 import json
 import logging
-import multiprocessing
+import os
 import time
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from engine.childproc import quiet_child, spawn_context, spawn_guard
 from engine.config import TokenizerSection
 from engine.tokens import vstore
 from engine.tokens.reconstruct import Record, reconstruct
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 
 _CHUNK = 32  # records per pool task in validate_run
 _MIN_GUARD = 50  # records a dataset needs before its failure rate is reported to the guard
+_MAX_POOL_REPLACEMENTS = 5  # dead pools replaced per run before live reconstruction is given up
 
 
 def process(tok: Tokenizer, r: Record) -> tuple:
@@ -51,8 +53,9 @@ def process(tok: Tokenizer, r: Record) -> tuple:
 _WORKER: Tokenizer | None = None
 
 
-def _init_worker(section_json: dict[str, Any]) -> None:
+def _init_worker(section_json: dict[str, Any], parent_pid: int | None = None) -> None:
     global _WORKER
+    quiet_child(parent_pid)  # terminal signals are the parent's to handle; die with the parent
     _WORKER = load_tokenizer(TokenizerSection.model_validate(section_json))
 
 
@@ -66,10 +69,13 @@ def _work_with(tok: Tokenizer, records: list[Record]) -> list[tuple]:
 
 
 def _make_pool(section: TokenizerSection, tok: Tokenizer, workers: int, kind: str) -> cf.Executor:
+    """A reconstruction pool: threads, or spawned processes born immune to terminal signals (Ctrl-C
+    and a process-group SIGTERM/SIGHUP reach the parent only: see :mod:`engine.childproc`)."""
     if kind == "thread":
         return cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reconstruct")
-    return cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                                  initializer=_init_worker, initargs=(section.model_dump(mode="json"),))
+    with spawn_guard():  # the pool's queues may start the resource tracker
+        return cf.ProcessPoolExecutor(max_workers=workers, mp_context=spawn_context(), initializer=_init_worker,
+                                      initargs=(section.model_dump(mode="json"), os.getpid()))
 
 
 def record_from_completion(prompt_id: int, dataset: str, key: str, messages: list[dict[str, Any]],
@@ -111,7 +117,13 @@ class ReconstructionService:
         self._stop = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._wlock = asyncio.Lock()
+        self._closing = False
+        #: reconstructions that raised or could not run.
         self.errors = 0
+        #: records left unvalidated (pool dead, or dropped at close): stored; ``datagen validate`` rebuilds them.
+        self.skipped = 0
+        #: dead pools replaced so far.
+        self.replacements = 0
 
     async def start(self) -> dict[str, Any]:
         """Load the tokenizer, run the start-up check, record it in the store, start the pool.
@@ -134,23 +146,76 @@ class ReconstructionService:
 
     def submit(self, prompt_id: int, dataset: str, key: str, messages: list[dict[str, Any]],
                tools: list[dict[str, Any]] | None, completion: Any) -> None:
-        """Queue one stored result (an ``engine.client.types.Completion``); returns at once."""
-        if self._pool is None or self.tok is None:
+        """Queue one stored result (an ``engine.client.types.Completion``); returns at once and never
+        raises once started: a dead pool is replaced (up to 5 times a run) and the record resubmitted
+        once; a record that still cannot be rebuilt stays without a validation row (counted in
+        ``skipped``) and is rebuilt later by ``datagen validate`` or an export (``only_missing``)."""
+        if self._task is None or self.tok is None:
             raise RuntimeError("ReconstructionService.submit before start()")
         r = record_from_completion(prompt_id, dataset, key, messages, tools, completion)
-        loop = asyncio.get_running_loop()
-        if self.section.executor == "thread":
-            fut = loop.run_in_executor(self._pool, _work_with, self.tok, [r])
-        else:
-            fut = loop.run_in_executor(self._pool, _work, [r])
-        self._pending.add(fut)
-        fut.add_done_callback(partial(self._done, dataset))
+        self._enqueue(dataset, r, retries=1)
 
-    def _done(self, dataset: str, fut: asyncio.Future) -> None:
+    def _enqueue(self, dataset: str, r: Record, retries: int) -> None:
+        pool = self._pool
+        try:
+            if pool is None:
+                raise RuntimeError("live reconstruction stopped")
+            loop = asyncio.get_running_loop()
+            if self.section.executor == "thread":
+                fut = loop.run_in_executor(pool, _work_with, self.tok, [r])
+            else:  # a worker spawned here is born immune to terminal signals (QuietProcess)
+                fut = loop.run_in_executor(pool, _work, [r])
+        except Exception as e:  # noqa: BLE001 - BrokenExecutor, shut down, spawn failure: never lose the result
+            if isinstance(e, cf.BrokenExecutor) and retries > 0 and self._replace_pool(pool, e):
+                self._enqueue(dataset, r, retries - 1)
+            else:
+                self._skip(dataset, r, e)
+            return
+        self._pending.add(fut)
+        fut.add_done_callback(partial(self._done, dataset, r, pool, retries))
+
+    def _replace_pool(self, broken: cf.Executor | None, why: BaseException) -> bool:
+        """Replace ``broken`` (if still the current pool) by a new one; False when giving up."""
+        if self._closing or self.tok is None:
+            return False
+        if broken is not self._pool:
+            return self._pool is not None  # already replaced by another record's failure
+        if broken is not None:
+            broken.shutdown(wait=False, cancel_futures=True)
+        self._pool = None
+        if self.replacements >= _MAX_POOL_REPLACEMENTS:
+            log.error("reconstruction pool died %d times (last: %s: %s); live reconstruction stopped: results are "
+                      "stored and `datagen validate` rebuilds them", self.replacements, type(why).__name__, why)
+            return False
+        self.replacements += 1
+        log.warning("reconstruction pool died (%s: %s); starting a new one (%d/%d)", type(why).__name__, why,
+                    self.replacements, _MAX_POOL_REPLACEMENTS)
+        try:
+            self._pool = _make_pool(self.section, self.tok, self.section.workers, self.section.executor)
+        except Exception as e:  # noqa: BLE001 - the run goes on without live reconstruction
+            log.error("cannot start a new reconstruction pool (%s: %s); results are stored and `datagen validate` "
+                      "rebuilds them", type(e).__name__, e)
+            return False
+        return True
+
+    def _skip(self, dataset: str, r: Record, e: BaseException) -> None:
+        self.errors += 1
+        self.skipped += 1
+        log.error("[%s] reconstruction of %s skipped (%s: %s); the result is stored and `datagen validate` (or an "
+                  "export) rebuilds it", dataset, r.key, type(e).__name__, e)
+
+    def _done(self, dataset: str, r: Record, pool: cf.Executor | None, retries: int, fut: asyncio.Future) -> None:
         self._pending.discard(fut)
         if fut.cancelled():
+            self.skipped += 1  # shut down before its turn: stays unvalidated
             return
         exc = fut.exception()
+        if isinstance(exc, cf.BrokenExecutor):
+            if retries > 0 and self._replace_pool(pool, exc):
+                self._enqueue(dataset, r, retries - 1)
+            else:
+                self._skip(dataset, r, exc)
+            return
         if exc is not None:
             self.errors += 1
             log.error("[%s] reconstruction failed: %s: %s", dataset, type(exc).__name__, exc)
@@ -212,18 +277,23 @@ class ReconstructionService:
             except Exception as e:  # noqa: BLE001 - retried at the next tick
                 log.error("validations commit failed (will retry): %s", e)
 
-    async def close(self) -> None:
-        """Wait for queued work, commit it, stop the pool and close the connection."""
+    async def close(self, timeout_s: float | None = None) -> None:
+        """Wait for queued work (at most ``timeout_s`` seconds; None: all of it), commit it, stop the
+        pool and close the connection. Work still queued at the limit is dropped: those results are
+        stored and stay unvalidated until ``datagen validate`` or an export rebuilds them."""
+        self._closing = True
         if self._pending:
-            await asyncio.gather(*list(self._pending), return_exceptions=True)
+            _, late = await asyncio.wait(list(self._pending), timeout=timeout_s)
+            if late:
+                log.warning("reconstruction: %d queued record(s) left for `datagen validate` (run stopping)", len(late))
         self._stop.set()
         if self._task is not None:
             await self._task
         if self._conn is not None:
             await self.flush()
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+            pool, self._pool = self._pool, None
+            await asyncio.to_thread(pool.shutdown, wait=True, cancel_futures=True)
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -279,7 +349,8 @@ def validate_run(run_dir: Path, section: TokenizerSection, *, workers: int | Non
             for chunk in _chunks(records, _CHUNK):
                 commit([process(tok, r) for r in chunk])
         else:
-            with _make_pool(section, tok, n, "process") as pool:
+            pool = _make_pool(section, tok, n, "process")
+            try:
                 inflight: collections.deque[cf.Future] = collections.deque()
                 for chunk in _chunks(records, _CHUNK):
                     inflight.append(pool.submit(_work, chunk))
@@ -287,6 +358,8 @@ def validate_run(run_dir: Path, section: TokenizerSection, *, workers: int | Non
                         commit(inflight.popleft().result())
                 while inflight:
                     commit(inflight.popleft().result())
+            finally:  # Ctrl-C: the workers ignore it; queued chunks are dropped, committed ones stay
+                pool.shutdown(wait=True, cancel_futures=True)
         doc = summarize(conn)
     finally:
         conn.close()

@@ -44,6 +44,15 @@ def _t(*parts: tuple[str, str] | str) -> Text:
     return t
 
 
+def drain_segment(s: RunSnapshot) -> Text:
+    """While a drain runs: the requests still in flight, their estimated dollars and the countdown
+    to the abort of what is left (``draining 14 in flight ($0.4210) · abort in 29m12s``); else empty."""
+    if s.drain_left_s is None:
+        return Text()
+    return _t(("draining ", "bold yellow"), (f"{s.in_flight:,} in flight", "bold"),
+              f" ({money(s.cost_in_flight_usd)}) · abort in ", (fmt_duration(s.drain_left_s), "bold"))
+
+
 def header_lines(s: RunSnapshot | None, note: str = "", width: int = 160) -> list[Text]:
     """The header's three lines for snapshot ``s`` (None: the engine is still starting).
 
@@ -97,7 +106,7 @@ def header_lines(s: RunSnapshot | None, note: str = "", width: int = 160) -> lis
                   "  ".join(f"{k} {v:,}" for k, v in sorted(s.errors.items(), key=lambda kv: (-kv[1], kv[0]))))
     else:
         errs = _t(("no errors", "green"))
-    line3 = fit([(0, errs), (1, limits_text(s)),
+    line3 = fit([(0, drain_segment(s)), (0, errs), (1, limits_text(s)),
                  (5, _t((f"writer queue {s.writer_queue:,}", "dim")) if s.writer_queue else Text())], width)
     return [line1, line2, line3]
 
