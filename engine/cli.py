@@ -353,9 +353,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``datagen`` console script."""
+    """Entry point of the ``datagen`` console script.
+
+    Returns the command's exit code; besides each command's own codes, 130 when interrupted by
+    Ctrl-C outside a run's own signal handling (``validate``, ``export``, ``status --watch``) and
+    141 (128 + SIGPIPE, as a shell tool) when stdout is a pipe closed early (``datagen status | head``),
+    both without a traceback.
+    """
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # surface a closed pipe here, not at interpreter exit
+        return code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader is gone: point stdout at /dev/null so the interpreter's final flush is quiet.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141
 
 
 if __name__ == "__main__":

@@ -319,7 +319,7 @@ def test_readme_facts_match_the_code():
     assert "`datagen export RUN_DIR --format raw --out DIR`" not in README
 
 
-def test_export_without_format_is_raw(tmp_path, capsys):
+def test_export_without_format_is_raw_and_a_closed_pipe_is_quiet(tmp_path, capsys):
     cfg = tmp_path / "c.toml"
     cfg.write_text(f"""
 [run]
@@ -342,6 +342,12 @@ format = "text"
     _run(cfg)
     code, out, _ = _cli(capsys, "export", str(tmp_path / "run"), "--out", str(tmp_path / "raw"))
     assert code == 0 and f"{tmp_path / 'raw' / 'a.jsonl'}: 2 lines" in out
+
+    # `datagen status RUN --json | true`: the reader is gone before the output is written. A shell
+    # tool's answer (128 + SIGPIPE) and no traceback; before, a BrokenPipeError traceback and rc 1.
+    r = subprocess.run(f"{PY} -m engine.cli status {tmp_path / 'run'} --json | true; exit ${{PIPESTATUS[0]}}",
+                       shell=True, executable="/bin/bash", cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stderr) == (141, "")
 
 
 def test_stacks_txt_is_owner_only(tmp_path):
