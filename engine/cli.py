@@ -126,19 +126,28 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from engine.tokens.tokenizer import TokenizerError
     from engine.tokens.vstore import NoStoreError
 
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        print(f"error: --out {out}: exists and is not a directory (expected a directory to write into)",
+              file=sys.stderr)
+        return EXIT_ERROR
     try:
         section = None
         if args.config and args.format != "raw":
             from engine.tokens.service import section_for_run
 
             section = section_for_run(Path(args.run_dir), args.config)
-        written = export(Path(args.run_dir), Path(args.out), args.format, tokenizer=section,
+        written = export(Path(args.run_dir), out, args.format, tokenizer=section,
                          include_invalid=args.include_invalid)
     except NothingToExport as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
     except (StatusError, ExportError, TokenizerError, NoStoreError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return EXIT_ERROR
+    except OSError as e:  # the output directory cannot be made or written (a file in the path, permissions, disk)
+        where = e.filename or out
+        print(f"error: cannot write the export to --out {out}: {where}: {e.strerror or e}", file=sys.stderr)
         return EXIT_ERROR
     unit = "rows" if args.format == "tokens" else "lines"
     for path, n in written.items():

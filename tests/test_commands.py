@@ -319,7 +319,7 @@ def test_readme_facts_match_the_code():
     assert "`datagen export RUN_DIR --format raw --out DIR`" not in README
 
 
-def test_export_without_format_is_raw_and_a_closed_pipe_is_quiet(tmp_path, capsys):
+def test_export_without_format_is_raw_bad_out_is_an_error_and_a_closed_pipe_is_quiet(tmp_path, capsys):
     cfg = tmp_path / "c.toml"
     cfg.write_text(f"""
 [run]
@@ -348,6 +348,13 @@ format = "text"
     r = subprocess.run(f"{PY} -m engine.cli status {tmp_path / 'run'} --json | true; exit ${{PIPESTATUS[0]}}",
                        shell=True, executable="/bin/bash", cwd=REPO, capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stderr) == (141, "")
+
+    # An --out that cannot be a directory is an error (2) with one line naming it, not a traceback (was 1).
+    (tmp_path / "afile").write_text("x")
+    for bad, says in ((tmp_path / "afile", "exists and is not a directory"),
+                      (tmp_path / "afile" / "sub", "Not a directory")):
+        code, _, err = _cli(capsys, "export", str(tmp_path / "run"), "--format", "raw", "--out", str(bad))
+        assert code == 2 and f"--out {bad}" in err and says in err and "Traceback" not in err
 
 
 def test_stacks_txt_is_owner_only(tmp_path):
