@@ -152,3 +152,78 @@ async def test_abort_estimate_brackets_the_bill_that_lands_even_after_a_restart(
         # providers add up to the run's spend, aborted attempts included (D)
         prov = sum(p["cost_usd"] for p in doc["providers"])
         assert prov == pytest.approx(doc["totals"]["cost_usd"], rel=1e-6), doc["providers"]
+        if attempt == "fresh":  # the live snapshot's providers (since start) add up to this engine's spend too
+            live = sum(p.cost_usd for p in holder["job"].scheduler.snapshot().providers)
+            assert live == pytest.approx(doc["totals"]["cost_usd"], rel=1e-6)
+
+
+async def test_ctl_skip_abort_shows_only_that_datasets_streams_and_dollars(tmp_path):
+    """Before the fix `ctl skip a --abort` printed the whole run's in-flight dollars."""
+    from e2e import PY
+
+    cfg = parse_config({
+        "run": {"name": "money", "dir": str(tmp_path / "run"), "commit_interval_s": 0.1, "progress_interval_s": 1},
+        "provider": {"kind": "simulated", "sim": {"seed": 3, "mean_completion_tokens": 3000, "tokens_per_s": 300,
+                                                   "latency_ms": 20, "faults": ""}},
+        "classes": {"short": {"max_tokens": 6000, "concurrency": 40}},
+        "datasets": [{"name": "a", "path": str(_prompts(tmp_path, 25, "a.jsonl")), "format": "text"},
+                     {"name": "b", "path": str(_prompts(tmp_path, 300, "b.jsonl")), "format": "text"}],
+    }, tmp_path / "config.toml")
+    holder: dict = {}
+
+    def ready(job):
+        async def go():
+            s = job.scheduler
+            while not s.datasets or s.datasets["a"].in_flight < 5 or s.datasets["b"].in_flight < 5:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)  # streams under way, the live row committed
+            holder["run_usd"], holder["a_usd"] = s.cost_in_flight_usd(), s.cost_in_flight_usd("a")
+            p = await asyncio.create_subprocess_exec(PY, "-m", "engine.cli", "ctl", str(tmp_path / "run"), "skip", "a",
+                                                     "--abort", "--yes", stdout=asyncio.subprocess.PIPE,
+                                                     stderr=asyncio.subprocess.PIPE)
+            out, err = await p.communicate()
+            holder["out"], holder["rc"] = out.decode() + err.decode(), p.returncode
+            s.stop("test done", abort=True)
+
+        holder["t"] = asyncio.get_running_loop().create_task(go())
+
+    await _run(cfg, ready)
+    print("\n" + holder["out"])
+    m = re.search(r"(\d+) request\(s\) in flight, about \$([0-9.]+) in flight", holder["out"])
+    assert m and holder["rc"] == 0, holder["out"]
+    n, usd = int(m.group(1)), float(m.group(2))
+    assert 1 <= n <= 25
+    print(f"run-wide ${holder['run_usd']:.4f}, dataset a ${holder['a_usd']:.4f} in flight")
+    assert usd == pytest.approx(holder["a_usd"], rel=0.3)  # a's share (streams move on meanwhile) ...
+    assert usd < 0.8 * holder["run_usd"]                   # ... not the run's
+
+
+def test_spend_projection_is_priced_per_token_not_from_lost_spend(tmp_path):
+    """Before the fix the rest was priced at spend / completion tokens: $5 lost on aborted attempts
+    against 100 completion tokens priced every token to come at $0.05 ($266 projected for $2)."""
+    from engine.spend import SpendControl
+    from helpers import make_config
+
+    cfg = make_config(tmp_path, [{"name": "a", "path": "a.jsonl"}],
+                      classes={"short": {"max_tokens": 10240, "concurrency": 4}},
+                      pricing={"prompt_usd_per_m": 0.40, "completion_usd_per_m": 1.90})
+    sc = SpendControl(cfg)
+    p = sc.project("a", prompts_left=100, in_flight=10, cost_so_far=5.0, completion_tokens=100, recent_tok_per_s=50.0,
+                   since_start_tok_per_s=50.0, mean_prompt_tokens=600)
+    bound = 5.0 + 110 * (600 * PRICE_IN + 10240 * PRICE_OUT)
+    assert p.cost_high_usd == pytest.approx(bound)
+    assert p.cost_low_usd is None and p.projected_cost_usd == pytest.approx(bound)  # nothing observed yet
+
+
+def test_spend_rate_is_unknown_until_this_engine_billed_something():
+    """Before the fix a restarted engine with 92 streams in flight showed `rate $0.00/h`."""
+    from engine.telemetry import Telemetry
+
+    t = Telemetry()
+    t.usd_rate.start(100.0)
+    assert t.spend_rate_usd_per_h(110.0, in_flight=92) is None
+    assert t.spend_rate_usd_per_h(110.0, in_flight=0) == 0.0
+    t.on_cost("SimC", 0.01, 120.0)  # an aborted attempt's true-up: billed, no result
+    assert t.spend_rate_usd_per_h(120.0, in_flight=92) == pytest.approx(0.01 / 20 * 3600)
+    (prov,) = t.providers.snapshot()
+    assert prov.name == "SimC" and prov.cost_usd == pytest.approx(0.01) and prov.requests == 0
