@@ -228,7 +228,7 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             "credits_usd": live.get("credits_usd"),
             "credits_age_s": None if credits_age is None else round(credits_age, 3),
             "credits_drift_usd": live.get("credits_drift_usd"),
-            "spend_rate_usd_per_h": live.get("spend_rate_usd_per_h", 0.0) if alive else None,
+            "spend_rate_usd_per_h": live.get("spend_rate_usd_per_h", 0.0) if alive else 0.0,
             "projected_total_cost_usd": live.get("projected_total_cost_usd"),
             "cost_in_flight_usd": live.get("cost_in_flight_usd", 0.0) if alive else 0.0,
             "eta_s": live.get("eta_s_run") if alive else None,
