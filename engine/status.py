@@ -84,7 +84,7 @@ def providers_from_store(conn: sqlite3.Connection, excluded: list[str], window: 
             tps.append(ctok / stream)
     out = []
     for name in set(ok) | set(errs) | set(billed):
-        n_ok, ctok, cost = ok.get(name, (0, 0, 0.0))
+        n_ok, ctok, _ = ok.get(name, (0, 0, 0.0))
         e = errs.get(name, {})
         requests = n_ok + sum(e.values())
         ls, ts, tps = (sorted(v) for v in lat.get(name, ([], [], [])))
