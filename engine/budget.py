@@ -156,6 +156,10 @@ class CompletionEstimator:
         """Mean completion length over ALL observations since start (tokens); None before any."""
         return self._sum / self._count if self._count else None
 
+    def recent_lengths(self) -> list[float]:
+        """The last ``window`` observed completion lengths, sorted ascending (tokens; a copy)."""
+        return list(self._recent._sorted)
+
 
 @dataclass(frozen=True)
 class Reservation:

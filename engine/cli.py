@@ -243,7 +243,8 @@ def _cmd_ctl(args: argparse.Namespace) -> int:
             doc = collect_status(Path(args.run_dir))
             live = doc.get("live", {})
             n = sum(d["in_flight"] for d in doc["datasets"] if dataset in (None, d["name"]))
-            usd = live.get("cost_in_flight_usd") or 0.0
+            usd = (live.get("cost_in_flight_usd") or 0.0) if dataset is None else sum(
+                d.get("cost_in_flight_usd", 0.0) for d in doc["datasets"] if d["name"] == dataset)
             print(f"{n} request(s) in flight, about ${usd:.4f} in flight (streamed tokens are billed anyway)")
             if not args.yes:
                 if not sys.stdin.isatty():

@@ -46,9 +46,10 @@ class Controller:
         await self._s.include_provider(name)
         return f"provider {name} included again"
 
-    def dollars_in_flight(self) -> float:
-        """Expected USD of the requests in flight (what an abort may save at most)."""
-        return self._s.cost_in_flight_usd()
+    def dollars_in_flight(self, dataset: str | None = None) -> float:
+        """Expected USD of the requests in flight, of ``dataset`` or of the run (what they cost when
+        completed; see :mod:`engine.inflight`)."""
+        return self._s.cost_in_flight_usd(dataset)
 
     def snapshot(self) -> RunSnapshot:
         """Immutable snapshot of the engine (see :mod:`engine.snapshot`)."""

@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from engine.limiter import concurrency_cap
-from engine.projection import project_run, spend_rate_usd_per_h
+from engine.projection import project_run
 from engine.snapshot import ClassSnapshot, DatasetSnapshot, RunSnapshot
 
 if TYPE_CHECKING:
@@ -39,6 +39,7 @@ def live_row(sched: "Scheduler") -> dict[str, Any]:
         "elapsed_s": snap.elapsed_s,
         "live": {
             "in_flight": {d.name: d.in_flight for d in snap.datasets},
+            "cost_in_flight": {d.name: sched.cost_in_flight_usd(d.name) for d in snap.datasets if d.in_flight},
             "datasets": {d.name: d.state for d in snap.datasets},
             "reserved_tokens": {d.name: d.reserved_tokens for d in snap.datasets},
             "projected_cost_usd": {d.name: d.projected_cost_usd for d in snap.datasets},
@@ -79,6 +80,7 @@ def build_snapshot(sched: "Scheduler") -> RunSnapshot:
     progressing = sched.state in PROGRESSING and not sched.run_paused
     n_done = sum(rt.done for rt in sched.datasets.values())
     run_mean = sum(rt.completion_tokens for rt in sched.datasets.values()) / n_done if n_done else None
+    run_prompt = sum(rt.prompt_tokens for rt in sched.datasets.values()) / n_done if n_done else 0.0
     for rt in sched.datasets.values():
         terminal = rt.control in ("skipped", "budget_met")
         skipped = rt.pending_total if terminal else 0
@@ -87,6 +89,7 @@ def build_snapshot(sched: "Scheduler") -> RunSnapshot:
             rt.name, prompts_left=pending, in_flight=rt.in_flight, cost_so_far=rt.cost_usd,
             completion_tokens=rt.completion_tokens, recent_tok_per_s=rt.tok_rate.rate(now),
             since_start_tok_per_s=rt.tok_rate.rate_since_start(now), fallback_mean_tokens=run_mean,
+            mean_prompt_tokens=(rt.prompt_tokens / rt.done) if rt.done else run_prompt,
         )
         projections.append(proj)
         b = sched.spend.budgets[rt.name]
@@ -119,7 +122,7 @@ def build_snapshot(sched: "Scheduler") -> RunSnapshot:
                       concurrency_cap(sched.cfg.classes[c].concurrency))
         for c, lim in sched.limiters.items()
     )
-    spend_rate = spend_rate_usd_per_h(tel.usd_rate.rate(now))
+    spend_rate = tel.spend_rate_usd_per_h(now, sum(d.in_flight for d in dss))
     cost = sum(d.cost_usd for d in dss)
     run_proj = project_run(projections, spend_rate, cost, recent_tok_per_s=tel.tok_rate.rate(now),
                            cost_cap=sched.spend.run_cost.limit)

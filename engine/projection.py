@@ -28,8 +28,11 @@ class DatasetProjection:
         tokens_to_come: tokens still expected (tokens): ``(prompts_left + in_flight) * mean``,
             capped by what the token budget has left.
         projected_final_tokens: ``used_tokens + tokens_to_come`` (tokens).
-        projected_cost_usd: ``cost_so_far + tokens_to_come * cost_per_completion_token`` (USD);
-            None when the price per token is unknown.
+        projected_cost_usd: ``cost_so_far + tokens_to_come * cost_per_completion_token +
+            requests_to_come * prompt_usd_per_request`` (USD), where ``requests_to_come`` is
+            ``tokens_to_come / mean`` (at most ``prompts_left + in_flight``); None when the price per
+            token is unknown. ``cost_so_far`` includes what aborted and failed attempts cost, but
+            nothing is extrapolated from it: the rest is priced from per-token prices only.
         cost_so_far: spend so far (USD), as given.
         eta_s_recent / eta_s_since_start: ``tokens_to_come`` over the recent / since-start
             token rate (seconds); None when that rate is 0 and tokens remain; 0.0 when none remain.
@@ -40,7 +43,10 @@ class DatasetProjection:
         observed / calibrate_after: completions behind the mean, and how many calibration needs.
         tokens_to_come_low / _high: the range of tokens still expected (tokens); equal to
             ``tokens_to_come`` once calibrated; ``_low`` is None when no mean is known at all.
-        cost_low_usd / cost_high_usd: projected final cost range (USD); None where unknown.
+        cost_low_usd / cost_high_usd: projected final cost range (USD); None where unknown. The high
+            end is at most ``cost_so_far + (prompts_left + in_flight) * (prompt_usd_per_request +
+            max_tokens * cost_per_completion_token)``: every remaining prompt completed once at
+            ``max_tokens`` (retried attempts that fail part-way are not included).
         eta_s_low / eta_s_high: the range of ETAs at the recent rate (seconds); None where unknown.
     """
 
@@ -79,6 +85,7 @@ def project_dataset(
     observed: int | None = None,
     calibrate_after: int = 0,
     fallback_mean_tokens: float | None = None,
+    prompt_usd_per_request: float = 0.0,
 ) -> DatasetProjection:
     """Project one dataset's final tokens, cost and time to finish.
 
@@ -90,13 +97,16 @@ def project_dataset(
         mean_completion_tokens: mean tokens per request (tokens); None before any completion.
         max_tokens: per-request cap used when the mean is unknown (tokens).
         cost_so_far: spend so far (USD).
-        cost_per_completion_token: effective USD per budget token (prompt cost folded in), or None.
+        cost_per_completion_token: the completion price (USD per completion token), or None when
+            unknown. Not a ratio of spend to tokens: spend of aborted attempts would inflate it.
         recent_tok_per_s / since_start_tok_per_s: token rates (tokens per second).
         cost_cap: the dataset's ``max_cost_usd`` or None.
         observed: completions behind ``mean_completion_tokens``; None: calibrated whenever a mean is known.
         calibrate_after: completions needed before the projection is one number (``spend.calibrate_after``).
         fallback_mean_tokens: the run's mean completion length (tokens), the low end of the range
             while this dataset has no completion of its own; None when nothing completed yet.
+        prompt_usd_per_request: the prompt's cost of one request (USD; mean prompt tokens x the
+            prompt price), added once per request still to come.
 
     Raises:
         ValueError: negative counts.
@@ -113,18 +123,25 @@ def project_dataset(
         t = left * per_request
         return t if room is None else min(t, room)
 
-    def cost_of(t: float | None) -> float | None:
-        return None if t is None or cost_per_completion_token is None else cost_so_far + t * cost_per_completion_token
+    def cost_of(t: float | None, per_request: float) -> float | None:
+        if t is None or cost_per_completion_token is None:
+            return None
+        requests = min(float(left), t / per_request) if per_request > 0 else float(left)
+        return cost_so_far + t * cost_per_completion_token + requests * max(0.0, prompt_usd_per_request)
 
     to_come = tokens(mean)
-    cost = cost_of(to_come)
+    cost = cost_of(to_come, mean)
     if calibrated:
         low: float | None = to_come
         high = to_come
+        cost_low, cost_high = cost, cost
     else:
         low_mean = mean_completion_tokens if mean_completion_tokens is not None else fallback_mean_tokens
-        low = tokens(min(float(low_mean), float(max_tokens))) if low_mean is not None else None
+        low_per = min(float(low_mean), float(max_tokens)) if low_mean is not None else None
+        low = tokens(low_per) if low_per is not None else None
         high = tokens(float(max_tokens))
+        cost_low = cost_of(low, low_per) if low_per is not None else None
+        cost_high = cost_of(high, float(max_tokens))
     return DatasetProjection(
         tokens_to_come=to_come,
         projected_final_tokens=used_tokens + to_come,
@@ -139,8 +156,8 @@ def project_dataset(
         calibrate_after=calibrate_after,
         tokens_to_come_low=low,
         tokens_to_come_high=high,
-        cost_low_usd=cost_of(low),
-        cost_high_usd=cost_of(high),
+        cost_low_usd=cost_low,
+        cost_high_usd=cost_high,
         eta_s_low=None if low is None else eta_seconds(low, recent_tok_per_s),
         eta_s_high=eta_seconds(high, recent_tok_per_s),
     )
@@ -158,7 +175,7 @@ class RunProjection:
             rate while it runs, else at the run's (datasets mostly run one after another, so their
             ETAs add up rather than overlap; with one dataset left it equals that dataset's ETA);
             None when a dataset with tokens to come has no rate to go by.
-        spend_rate_usd_per_h: current spend rate (USD per hour).
+        spend_rate_usd_per_h: current spend rate (USD per hour); None while not known yet.
         over_cap: projected cost exceeds the run cost cap.
         calibrated: every unfinished dataset's projection is calibrated.
         cost_low_usd / cost_high_usd: projected cost range (USD; equal to ``projected_cost_usd``
@@ -171,7 +188,7 @@ class RunProjection:
     tokens_to_come: float
     projected_cost_usd: float | None
     eta_s: float | None
-    spend_rate_usd_per_h: float
+    spend_rate_usd_per_h: float | None
     over_cap: bool
     calibrated: bool
     cost_low_usd: float | None = None
@@ -208,7 +225,7 @@ def _sum_cost(cost_so_far: float, parts: list[tuple[float, float | None]]) -> fl
 
 def project_run(
     datasets: list[DatasetProjection],
-    spend_rate_usd_per_h: float,
+    spend_rate_usd_per_h: float | None,
     cost_so_far: float,
     *,
     recent_tok_per_s: float,

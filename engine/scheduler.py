@@ -34,6 +34,7 @@ from engine.client.accumulate import StreamProgress
 from engine.client.retry import RetryPolicy, call_with_retries
 from engine.client.types import ChatRequest, Completion, ErrorClass, RequestError
 from engine.config import Config
+from engine.inflight import InFlightCost, LengthModel, abort_line, stream_cost
 from engine.limiter import AdjustableLimiter
 from engine.observe import build_snapshot, live_row
 from engine.snapshot import RunSnapshot
@@ -79,7 +80,7 @@ class DatasetRuntime:
     tok_rate: RateWindow = field(default_factory=lambda: RateWindow(60))
     tasks: set = field(default_factory=set)
     blocked: set = field(default_factory=set)  # classes waiting for reservations to settle
-    streams: dict = field(default_factory=dict)  # prompt id -> (class, StreamProgress) of in-flight requests
+    streams: dict = field(default_factory=dict)  # prompt id -> (class, StreamProgress, est prompt tokens) in flight
     censored_at: float = -1e9
     gate_fired: bool = False
     limited_at: dict = field(default_factory=dict)  # class -> clock time its budget last held dispatch back
@@ -319,6 +320,7 @@ class Scheduler:
                 rt.started = True
                 rt.rate.start(self.clock())
                 rt.tok_rate.start(self.clock())
+                self.telemetry.usd_rate.start(self.clock())  # the spend rate counts from the first dispatch
             task = asyncio.get_running_loop().create_task(self._request(rt, p, lim, res))
             rt.tasks.add(task)
             task.add_done_callback(lambda t, rt=rt, p=p, lim=lim, res=res: self._task_done(t, rt, p, lim, res))
@@ -340,7 +342,8 @@ class Scheduler:
             rt.blocked.clear()
             self.notify()
 
-    def _partial_spend(self, rt: DatasetRuntime, err_or_progress: Any, est_prompt_tokens: int) -> tuple[int, float]:
+    def _partial_spend(self, rt: DatasetRuntime, err_or_progress: Any, est_prompt_tokens: int,
+                       provider: str | None = None) -> tuple[int, float]:
         """Tokens/USD a failed or aborted attempt may have been billed (a lower bound), and a true-up."""
         tokens = int(getattr(err_or_progress, "tokens_received", 0) or 0)
         gid = getattr(err_or_progress, "generation_id", "") or ""
@@ -350,17 +353,18 @@ class Scheduler:
         if cost is not None:
             return tokens, float(cost)
         if gid and self.get_json is not None:
-            self._trueup(rt, gid)
+            self._trueup(rt, gid, provider)
             return tokens, 0.0
         return tokens, self.spend.estimate_cost(est_prompt_tokens if tokens else 0, tokens)
 
-    def _trueup(self, rt: DatasetRuntime, gid: str) -> None:
+    def _trueup(self, rt: DatasetRuntime, gid: str, provider: str | None = None) -> None:
         from engine.credits import generation_cost
 
         async def run() -> None:
             cost = await generation_cost(self.get_json, gid)
             if cost:
                 self.spend.add_partial(rt.name, cost)
+                self.telemetry.on_cost(provider, cost, self.clock())
                 rt.cost_usd += cost
                 self.writer.set_attempt_cost(gid, cost)
 
@@ -373,7 +377,7 @@ class Scheduler:
         req = self._request_for(p)
         progress = StreamProgress()
         spent = [0, 0.0]  # tokens, USD of failed attempts of this request
-        rt.streams[p.id] = (p.cls, progress)
+        rt.streams[p.id] = (p.cls, progress, p.est_prompt_tokens)
         try:
             await self._attempts(rt, p, lim, res, req, progress, spent)
         finally:
@@ -399,7 +403,7 @@ class Scheduler:
 
     def _censor(self, rt: DatasetRuntime) -> None:
         by_cls: dict[str, list[float]] = {c: [] for c in self.cfg.classes}
-        for cls, prog in rt.streams.values():
+        for cls, prog, _est in rt.streams.values():
             by_cls[cls].append(prog.tokens_received)
         for cls, vals in by_cls.items():
             self.spend.budgets[rt.name].estimators[cls].set_censored(vals)
@@ -422,7 +426,8 @@ class Scheduler:
                 return
             if isinstance(err, RequestError):
                 rt.errors[err.error_class.value] += 1
-                tok, usd = self._partial_spend(rt, err, p.est_prompt_tokens)
+                tok, usd = self._partial_spend(rt, err, p.est_prompt_tokens, err.provider)
+                self.telemetry.on_cost(err.provider, usd, self.clock())
                 spent[0] += tok
                 spent[1] += usd
                 self.writer.add_attempt(
@@ -435,7 +440,8 @@ class Scheduler:
             c: Completion = await call_with_retries(one_attempt, self.policy, on_attempt=on_attempt)
         except asyncio.CancelledError:
             # Aborted: back to pending; what was streamed is counted as spent (a lower bound).
-            tok, usd = self._partial_spend(rt, progress, p.est_prompt_tokens)
+            tok, usd = self._partial_spend(rt, progress, p.est_prompt_tokens, progress.provider)
+            self.telemetry.on_cost(progress.provider, usd, self.clock())
             self.writer.add_attempt(p.id, rt.name, attempts, started[0], time.time(), "aborted",
                                     provider=progress.provider or None, generation_id=progress.generation_id or None,
                                     tokens_received=tok, cost_usd=usd or None)
@@ -602,37 +608,41 @@ class Scheduler:
             return max(rt.pending, key=lambda c: rt.pending[c])
         return next(iter(self.cfg.classes))
 
-    def cost_in_flight_usd(self) -> float:
-        """Expected USD of the requests in flight (mean cost per result of each dataset x in-flight)."""
-        total = 0.0
-        for rt in self.datasets.values():
-            if rt.in_flight:
-                per = (rt.cost_usd / rt.done) if rt.done else self.spend.estimate_cost(
-                    0, self.cfg.classes[self.dataset_class(rt.name)].max_tokens)
-                total += per * rt.in_flight
-        return total
+    def cost_in_flight_usd(self, dataset: str | None = None) -> float:
+        """Expected USD of the streams in flight (of ``dataset`` or all): ``in_flight_cost().expected_usd``."""
+        return self.in_flight_cost(dataset).expected_usd
 
-    def in_flight_spent_usd(self, dataset: str | None = None) -> float:
-        """Estimated USD already spent on the streams in flight (of ``dataset`` or all): prompt
-        tokens (the dataset's mean so far) plus the completion tokens streamed, at known prices.
-        What an abort forfeits at least; providers that keep generating bill more."""
-        total = 0.0
+    def in_flight_cost(self, dataset: str | None = None) -> InFlightCost:
+        """Dollars of the streams in flight (of ``dataset`` or all), from :mod:`engine.inflight`: what
+        was generated so far and what they cost when completed (or aborted on a provider that keeps
+        generating). Zero dollars while no price is known."""
+        prices = self.spend.prices()
+        total = InFlightCost()
+        if prices is None:
+            return InFlightCost(sum(len(rt.streams) for rt in self.datasets.values()
+                                    if dataset is None or rt.name == dataset))
         for rt in self.datasets.values():
-            if dataset is not None and rt.name != dataset:
+            if (dataset is not None and rt.name != dataset) or not rt.streams:
                 continue
-            mean_prompt = (rt.prompt_tokens / rt.done) if rt.done else 0.0
-            for _cls, prog in rt.streams.values():
-                tok = int(getattr(prog, "tokens_received", 0) or 0)
-                total += self.spend.estimate_cost(int(mean_prompt) if tok else 0, tok)
+            streaming: dict[str, list[int]] = {}
+            for cls, prog, _est in rt.streams.values():
+                streaming.setdefault(cls, []).append(prog.tokens_received)
+            models = {cls: LengthModel(self.spend.observed_lengths(rt.name, cls), got, self.cfg.classes[cls].max_tokens)
+                      for cls, got in streaming.items()}
+            for cls, prog, est_prompt in rt.streams.values():
+                m = models[cls]
+                total = total + stream_cost(est_prompt, prog.tokens_received, m,
+                                            prices.prompt_usd_per_token, prices.completion_usd_per_token)
         return total
 
     def abort(self, dataset: str | None = None) -> int:
         """Cancel in-flight requests (of ``dataset`` or all); they return to pending. Returns the count.
 
-        Logs one line (and a run event) when anything is aborted: how many streams and the dollars
-        estimated already spent on them. While the run is stopping, the run ends within 5 s of an
-        abort of everything even if a request ignores its cancellation."""
-        spent = self.in_flight_spent_usd(dataset)
+        Logs one line (and a run event) when anything is aborted (:func:`abort_line`): how many
+        streams, the dollars generated so far and what they cost if billed in full. While the run is
+        stopping, the run ends within 5 s of an abort of everything even if a request ignores its
+        cancellation."""
+        cost = self.in_flight_cost(dataset)
         n = 0
         for rt in self.datasets.values():
             if dataset is None or rt.name == dataset:
@@ -641,9 +651,7 @@ class Scheduler:
                         t.cancel()
                         n += 1
         if n:
-            self.event("warning", "abort", dataset,
-                       f"aborted {n:,} in-flight stream(s){' of ' + dataset if dataset else ''}: est. ${spent:.4f} "
-                       f"already generated is billed and lost; their prompts return to pending")
+            self.event("warning", "abort", dataset, abort_line(n, dataset, cost))
         if dataset is None and self._stopping:
             self._end_soon(5.0)
         return n

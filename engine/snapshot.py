@@ -128,7 +128,8 @@ class RunSnapshot:
         cost_usd: summed cost of stored results (USD); errors: failed attempts by class.
         writer_queue: rows waiting for the next commit.
         credits_usd / credits_age_s: provider credits left (USD) and the age of that reading (s).
-        spend_rate_usd_per_h: recent spend rate (USD per hour); projected_total_cost_usd: projected
+        spend_rate_usd_per_h: recent spend rate (USD per hour; None until this engine billed anything
+            while requests are in flight); projected_total_cost_usd: projected
             cost of the whole run; max_cost_usd: run-wide cap; cost_in_flight_usd: reserved dollars of
             in-flight requests (what an abort would save at most); eta_s: run ETA (s; None while
             the run is paused or stopping: it does not progress);
@@ -158,7 +159,7 @@ class RunSnapshot:
     writer_queue: int = 0
     credits_usd: float | None = None
     credits_age_s: float | None = None
-    spend_rate_usd_per_h: float = 0.0
+    spend_rate_usd_per_h: float | None = 0.0
     projected_total_cost_usd: float | None = None
     max_cost_usd: float | None = None
     cost_in_flight_usd: float = 0.0

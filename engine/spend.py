@@ -176,6 +176,19 @@ class SpendControl:
             return b.reason()
         return None
 
+    def observed_lengths(self, dataset: str, cls: str) -> list[float]:
+        """Recent completion lengths (tokens, sorted) of ``dataset``'s class ``cls``; the class's
+        over every dataset while this one has none; [] when none at all."""
+        own = self.budgets[dataset].estimators[cls].recent_lengths()
+        if own:
+            return own
+        out: list[float] = []
+        for b in self.budgets.values():
+            est = b.estimators.get(cls)
+            if est is not None:
+                out += est.recent_lengths()
+        return out
+
     def reserved_tokens(self, dataset: str) -> int:
         """Tokens reserved by the dataset's in-flight requests."""
         return int(self.budgets[dataset].tokens.reserved)
@@ -199,23 +212,26 @@ class SpendControl:
     # ---- projections ------------------------------------------------------------------------
     def project(self, dataset: str, *, prompts_left: int, in_flight: int, cost_so_far: float,
                 completion_tokens: int, recent_tok_per_s: float, since_start_tok_per_s: float,
-                fallback_mean_tokens: float | None = None) -> DatasetProjection:
+                fallback_mean_tokens: float | None = None, mean_prompt_tokens: float = 0.0) -> DatasetProjection:
         """Project the dataset's final tokens, cost and ETA (see :func:`engine.projection.project_dataset`;
-        calibrated after ``spend.calibrate_after`` completions, a range before)."""
+        calibrated after ``spend.calibrate_after`` completions, a range before).
+
+        The rest is priced at :meth:`prices` (observed from billed results, else ``[pricing]`` or
+        ``/models``; the fit over whatever results were seen when none of those is known), never
+        from ``cost_so_far`` / ``completion_tokens``, which spend of aborted attempts inflates.
+        ``mean_prompt_tokens`` (tokens per request) prices each request's prompt."""
         b = self.budgets[dataset]
         means = [e.mean() for e in b.estimators.values() if e.mean() is not None]
         mean = (sum(means) / len(means)) if means else None
         budget = b.tokens.limit
-        cpt = cost_so_far / completion_tokens if completion_tokens and cost_so_far else None
-        if cpt is None:
-            p = self.prices()
-            cpt = p.completion_usd_per_token if p else None
+        p = self.prices() or self.observer.fitted()
         return project_dataset(
             prompts_left=prompts_left, in_flight=in_flight, used_tokens=int(b.tokens.used),
             token_budget=int(budget) if budget is not None else None, mean_completion_tokens=mean,
             max_tokens=max(e.max_tokens for e in b.estimators.values()), cost_so_far=cost_so_far,
-            cost_per_completion_token=cpt, recent_tok_per_s=recent_tok_per_s,
+            cost_per_completion_token=p.completion_usd_per_token if p else None, recent_tok_per_s=recent_tok_per_s,
             since_start_tok_per_s=since_start_tok_per_s, cost_cap=b.cost.limit,
             observed=sum(e.count for e in b.estimators.values()), calibrate_after=self.cfg.spend.calibrate_after,
             fallback_mean_tokens=fallback_mean_tokens,
+            prompt_usd_per_request=(p.prompt_usd_per_token * mean_prompt_tokens) if p else 0.0,
         )

@@ -212,7 +212,8 @@ class ProviderSnapshot:
         ttft_p50_s / ttft_p95_s: time to first token (seconds).
         tok_per_s_per_stream: median completion tokens per second of streaming, per request.
         mean_completion_tokens: mean completion tokens per success (tokens).
-        cost_usd: total reported cost of successes (USD).
+        cost_usd: everything the provider billed since start (USD): successes' reported cost plus
+            failed and aborted attempts (``/generation`` true-ups included).
         excluded: whether the provider is on the exclusion list.
     """
 
@@ -300,6 +301,11 @@ class ProviderStats:
         p.completion_tokens += completion_tokens
         if cost_usd is not None:
             p.cost_usd += cost_usd
+
+    def record_cost(self, provider: str | None, cost_usd: float) -> None:
+        """Add ``cost_usd`` (USD) billed for an attempt without a result (failed, aborted, or a late
+        ``/generation`` true-up); a missing provider counts under ``"(unknown)"``."""
+        self._get(provider).cost_usd += cost_usd
 
     def record_error(self, provider: str | None, error_class: str) -> None:
         """Record one failed request of ``error_class`` (e.g. ``"429"``, ``"timeout"``);

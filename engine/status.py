@@ -63,9 +63,11 @@ def connect_ro(run_dir: Path) -> sqlite3.Connection:
 def providers_from_store(conn: sqlite3.Connection, excluded: list[str], window: int = 20_000) -> list[dict[str, Any]]:
     """Per-provider figures (the fields of :class:`engine.stats.ProviderSnapshot`) from stored rows:
     counts, errors and cost over the whole run, latency / TTFT / tokens-per-second percentiles over
-    the latest ``window`` results. Sorted by requests descending, then name."""
+    the latest ``window`` results. ``cost_usd`` is everything the provider billed (:func:`provider_costs`).
+    Sorted by requests descending, then name."""
     ok = {p or UNKNOWN_PROVIDER: (n, c or 0, cost or 0.0) for p, n, c, cost in conn.execute(
         "SELECT provider, COUNT(*), SUM(completion_tokens), SUM(COALESCE(cost_usd, 0)) FROM results GROUP BY provider")}
+    billed = provider_costs(conn)
     errs: dict[str, dict[str, int]] = {}
     for prov, cls, n in conn.execute(
             "SELECT provider, error_class, COUNT(*) FROM attempts WHERE outcome='error' GROUP BY 1, 2"):
@@ -81,8 +83,8 @@ def providers_from_store(conn: sqlite3.Connection, excluded: list[str], window: 
         if stream > 0:
             tps.append(ctok / stream)
     out = []
-    for name in set(ok) | set(errs):
-        n_ok, ctok, cost = ok.get(name, (0, 0, 0.0))
+    for name in set(ok) | set(errs) | set(billed):
+        n_ok, ctok, _ = ok.get(name, (0, 0, 0.0))
         e = errs.get(name, {})
         requests = n_ok + sum(e.values())
         ls, ts, tps = (sorted(v) for v in lat.get(name, ([], [], [])))
@@ -91,9 +93,22 @@ def providers_from_store(conn: sqlite3.Connection, excluded: list[str], window: 
             "latency_p50_s": nearest_rank(ls, 0.5), "latency_p95_s": nearest_rank(ls, 0.95),
             "ttft_p50_s": nearest_rank(ts, 0.5), "ttft_p95_s": nearest_rank(ts, 0.95),
             "tok_per_s_per_stream": nearest_rank(tps, 0.5),
-            "mean_completion_tokens": ctok / n_ok if n_ok else None, "cost_usd": cost, "excluded": name in excluded,
+            "mean_completion_tokens": ctok / n_ok if n_ok else None, "cost_usd": round(billed.get(name, 0.0), 8),
+            "excluded": name in excluded,
         })
     out.sort(key=lambda p: (-p["requests"], p["name"]))
+    return out
+
+
+def provider_costs(conn: sqlite3.Connection) -> dict[str, float]:
+    """USD billed per provider over the whole run: results' cost plus failed and aborted attempts'
+    (the same rows as the datasets' ``cost_usd``, so the providers add up to the run's spend)."""
+    out: dict[str, float] = {}
+    for prov, cost in conn.execute(
+            "SELECT provider, SUM(COALESCE(cost_usd, 0)) FROM results GROUP BY provider UNION ALL "
+            "SELECT provider, SUM(cost_usd) FROM attempts WHERE outcome!='ok' AND cost_usd IS NOT NULL GROUP BY provider"):
+        name = prov or UNKNOWN_PROVIDER
+        out[name] = out.get(name, 0.0) + (cost or 0.0)
     return out
 
 
@@ -160,6 +175,7 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
                 "cost_usd": round(cost + lost_d, 8), "lost_cost_usd": round(lost_d, 8),
                 "token_budget": budget, "errors": errors.get(dname, {}),
                 "reserved_tokens": int(live.get("reserved_tokens", {}).get(dname, 0)) if alive else 0,
+                "cost_in_flight_usd": float(live.get("cost_in_flight", {}).get(dname, 0.0)) if alive and in_flight else 0.0,
                 "projected_cost_usd": live.get("projected_cost_usd", {}).get(dname) if live else None,
                 "eta_s": live.get("eta_s", {}).get(dname) if alive else None,
                 **_projection(live.get("projection", {}).get(dname), alive),
@@ -192,6 +208,10 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         providers = live.get("providers") if alive else None
         if not providers:
             providers = providers_from_store(conn, excluded)
+        else:  # live counters are since the engine started; dollars are the whole run's, like `spent`
+            billed = provider_costs(conn)
+            providers = [dict(p, cost_usd=round(billed.pop(p["name"], 0.0), 8)) for p in providers]
+            providers += [p for p in providers_from_store(conn, excluded) if p["name"] in billed]
         if live.get("credits_usd") is None:
             credits_age = None
         elif live.get("credits_at") is not None:

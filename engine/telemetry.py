@@ -95,6 +95,23 @@ class Telemetry:
             self.usd_rate.add(now, u.cost_usd)
         return reason
 
+    def on_cost(self, provider: str | None, cost_usd: float, now: float) -> None:
+        """Record spend (USD) billed for an attempt that produced no result (failed, aborted, or a
+        ``/generation`` true-up) at monotonic ``now``: the provider's ``cost_usd`` and the spend rate
+        count every billed attempt, not only successes."""
+        if cost_usd > 0:
+            self.providers.record_cost(provider or None, cost_usd)
+            self.usd_rate.add(now, cost_usd)
+
+    def spend_rate_usd_per_h(self, now: float, in_flight: int) -> float | None:
+        """This engine's spend over the last 5 minutes (USD per hour), counted from its first dispatch
+        (see :meth:`engine.rates.RateWindow.start`); None ("not known yet") while nothing was billed
+        since this engine started and requests are in flight (after a restart the first results can
+        be minutes away: 0 would read as "spending nothing")."""
+        if self.usd_rate.since_start <= 0:
+            return None if in_flight else 0.0
+        return self.usd_rate.rate(now) * 3600.0
+
     def restore_sample(self, dataset: str, row: dict) -> None:
         """Keep ``row`` (one value of :meth:`engine.store.Store.latest_results`) as ``dataset``'s
         latest completion until this process stores one."""
