@@ -27,7 +27,13 @@ def new_events(prev: tuple[str, ...], cur: tuple[str, ...]) -> tuple[str, ...]:
 
 
 class LogPane(Log):
-    """A :class:`~textual.widgets.Log` with ``max_lines`` set, appended to, never rewritten."""
+    """A :class:`~textual.widgets.Log` with ``max_lines`` set, appended to, never rewritten.
+
+    It follows the newest line unless the user scrolled up (Textual's ``auto_scroll``). Once the
+    pane holds ``max_lines``, each write drops as many old lines as it adds: the scroll offset then
+    stays the same and Textual's ``Log`` repaints only rows past the old end, so the visible rows
+    kept showing stale lines; :meth:`update_from` repaints the pane after such a write.
+    """
 
     def __init__(self, max_lines: int = MAX_LINES, **kw) -> None:
         super().__init__(max_lines=max_lines, auto_scroll=True, **kw)
@@ -41,4 +47,7 @@ class LogPane(Log):
             self._events = snapshot.events
         lines.extend(extra)
         if lines:
+            full = self.max_lines is not None and len(self.lines) + len(lines) > self.max_lines
             self.write_lines(lines)
+            if full:  # old lines were dropped: every visible row changed (see the class docstring)
+                self.refresh()
