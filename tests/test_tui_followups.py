@@ -107,3 +107,62 @@ async def test_interrupt_after_drain_then_quit_aborts_at_once(tmp_path, how, cap
     name = "Ctrl-C" if how == "ctrl+c" else "SIGINT"
     assert f"{name} received: aborting" in log and f"{name} received: draining" not in log
     assert re.search(r"aborted \d+ in-flight stream", log)
+
+
+# ---- 3. p on a skipped dataset asks; s on a finished one says why nothing happens ---------------------
+
+async def test_p_on_a_skipped_dataset_asks_before_un_skipping(tmp_path):
+    """Before: p on a skipped dataset resumed it at once (toast "resumed"), undoing a confirmed skip."""
+    from tui.modals import ConfirmScreen
+
+    cfg = sim_config(tmp_path, tokens_per_s=20, mean_completion_tokens=2000)
+    app = DashboardApp(cfg)
+    async with app.run_test(size=(160, 48), notifications=True) as pilot:
+        await until(pilot, lambda: app.snapshot is not None and app.snapshot.in_flight >= 1, what="dispatch")
+        sched = app.host.scheduler
+        await pilot.press("s")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 3, what="skip confirm")
+        await pilot.press("y")
+        await until(pilot, lambda: sched.snapshot().dataset("sharegpt").state == "skipped", 5, what="skipped")
+        await pilot.pause(0.6)
+        await pilot.press("p")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 3, what="un-skip confirm")
+        assert "Un-skip sharegpt?" in screen_text(app) and "requested (and billed) again" in screen_text(app)
+        assert sched.snapshot().dataset("sharegpt").state == "skipped"
+        await pilot.press("n")
+        await pilot.pause(0.5)
+        assert sched.snapshot().dataset("sharegpt").state == "skipped"
+        assert any("sharegpt stays skipped" == n.message for n in app._notifications)
+        # s on the skipped dataset: says why nothing happens, and opens no modal
+        await pilot.press("s")
+        await pilot.pause(0.3)
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert any("sharegpt is already skipped (p brings it back)" == n.message for n in app._notifications)
+        # p again, confirmed: back to running
+        await pilot.press("p")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 3, what="un-skip confirm")
+        await pilot.press("y")
+        await until(pilot, lambda: sched.snapshot().dataset("sharegpt").state == "running", 5, what="un-skipped")
+        app.begin_quit("abort")
+
+
+@pytest.mark.parametrize("state, why", [("done", "b3_oss_instruct is done: nothing left to skip"),
+                                        ("budget_met", "b3_oss_instruct met its token budget: nothing left to skip")])
+async def test_s_on_a_finished_dataset_says_why(state, why):
+    """Before: s on a done/budget_met dataset was a disabled binding: nothing happened, nothing said."""
+    import dataclasses
+
+    snap = fixed_snapshot()
+    ds = list(snap.datasets)
+    ds[2] = dataclasses.replace(ds[2], state=state)
+    snap = dataclasses.replace(snap, datasets=tuple(ds))
+    ctl = FakeController()
+    app = injected(snap, controller=ctl)
+    async with app.run_test(size=(160, 48), notifications=True) as pilot:
+        await pilot.pause(0.2)
+        await pilot.press("down", "down")
+        assert app.selected_dataset == "b3_oss_instruct"
+        await pilot.press("s")
+        await pilot.pause(0.3)
+        assert len(app.screen_stack) == 1 and ctl.calls == []
+        assert [n.message for n in app._notifications] == [why]

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from engine.snapshot import DatasetSnapshot
 
 HELP = [
-    ("p", "pause / resume the selected dataset (pause drains: in-flight requests finish)"),
+    ("p", "pause / resume the selected dataset (pause drains: in-flight requests finish; un-skipping asks first)"),
     ("s", "skip the selected dataset (confirm): its pending prompts count as skipped"),
     ("P", "pause the whole run (drain)"),
     ("R", "resume the whole run"),
@@ -116,8 +116,8 @@ class ActionsMixin:
             return True  # on a finished dataset, p says why nothing happens
         if action == "resume_selected":
             return d is not None and d.state in RESUMABLE
-        if action == "skip_selected":
-            return None if d is None or d.state in ("skipped", "done", "budget_met") else True
+        if action == "skip_selected":  # on a finished dataset, s says why nothing happens
+            return None if d is None else True
         if action == "pause_all":
             return snap is None or snap.state != "paused"
         if action == "resume_all":
@@ -135,19 +135,50 @@ class ActionsMixin:
         if name and not self._no_engine():
             self._run_command(partial(self.controller.pause, name))  # type: ignore[attr-defined]
 
-    def action_resume_selected(self, name: str | None = None) -> None:
-        """Resume the selected (or named) dataset (paused or skipped)."""
-        name = name or self.selected_dataset  # type: ignore[attr-defined]
-        if name and not self._no_engine():
-            self._run_command(partial(self.controller.resume, name))  # type: ignore[attr-defined]
+    def _dataset(self, name: str) -> "DatasetSnapshot | None":
+        snap = self.snapshot  # type: ignore[attr-defined]
+        try:
+            return snap.dataset(name) if snap is not None else None
+        except KeyError:
+            return None
 
-    def action_skip_selected(self, name: str | None = None) -> None:
-        """Ask, then skip the selected (or named) dataset."""
+    def action_resume_selected(self, name: str | None = None) -> None:
+        """Resume the selected (or named) dataset: a paused one at once; a skipped one only after a
+        confirmation (un-skipping undoes a confirmed skip: its prompts are requested and billed)."""
         name = name or self.selected_dataset  # type: ignore[attr-defined]
         if not name or self._no_engine():
             return
-        snap = self.snapshot  # type: ignore[attr-defined]
-        d = snap.dataset(name) if snap else None
+        d = self._dataset(name)
+        if d is None or d.state != "skipped":
+            self._run_command(partial(self.controller.resume, name))  # type: ignore[attr-defined]
+            return
+        body = (f"{d.skipped:,} prompts counted as skipped return to pending and are requested (and billed) "
+                f"again.{' Reason it was skipped: ' + d.state_reason if d.state_reason else ''}")
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._run_command(partial(self.controller.resume, name))  # type: ignore[attr-defined]
+            else:
+                self.notify(f"{name} stays skipped", timeout=3)  # type: ignore[attr-defined]
+
+        self.push_screen(ConfirmScreen(f"Un-skip {name}?", body, yes="Un-skip"), answered)  # type: ignore[attr-defined]
+
+    SKIP_REFUSED = {
+        "skipped": "{name} is already skipped (p brings it back)",
+        "done": "{name} is done: nothing left to skip",
+        "budget_met": "{name} met its token budget: nothing left to skip",
+    }
+    """Why ``s`` does nothing, by dataset state."""
+
+    def action_skip_selected(self, name: str | None = None) -> None:
+        """Ask, then skip the selected (or named) dataset; on a finished or skipped one, say why not."""
+        name = name or self.selected_dataset  # type: ignore[attr-defined]
+        if not name or self._no_engine():
+            return
+        d = self._dataset(name)
+        if d is not None and d.state in self.SKIP_REFUSED:
+            self.notify(self.SKIP_REFUSED[d.state].format(name=name), severity="warning")  # type: ignore[attr-defined]
+            return
         body = (f"{d.pending:,} pending prompts will count as skipped; {d.in_flight:,} in flight finish "
                 f"and are stored. Resume with p." if d else "")
 
