@@ -10,6 +10,7 @@ import collections
 import dataclasses
 import os
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from engine.limiter import concurrency_cap
@@ -23,6 +24,23 @@ if TYPE_CHECKING:
 LIMITED_HOLD_S = 2.0
 #: Run states in which the run makes progress (an ETA counts down only in these).
 PROGRESSING = ("starting", "running")
+
+
+_ENDED_AT: "weakref.WeakKeyDictionary[Scheduler, float]" = weakref.WeakKeyDictionary()
+
+
+def run_elapsed_s(sched: "Scheduler") -> float:
+    """The run's elapsed seconds (``Scheduler.elapsed_s``), frozen once the run has ended (its done
+    event set: completed, or stopped with nothing left in flight), so the dashboard's header, the
+    store's runtime row and ``datagen status`` read the same figure after the end instead of a clock
+    that keeps counting. The first snapshot taken after the end fixes the value."""
+    ended = _ENDED_AT.get(sched)
+    if ended is not None:
+        return ended
+    now = sched.elapsed_s()
+    if sched._done.is_set():
+        _ENDED_AT[sched] = now
+    return now
 
 
 def live_row(sched: "Scheduler") -> dict[str, Any]:
@@ -125,7 +143,7 @@ def build_snapshot(sched: "Scheduler") -> RunSnapshot:
                            cost_cap=sched.spend.run_cost.limit)
     cr = sched.spend.credits
     return RunSnapshot(
-        name=sched.cfg.run.name, state=sched.state, state_reason=sched.state_reason, elapsed_s=sched.elapsed_s(),
+        name=sched.cfg.run.name, state=sched.state, state_reason=sched.state_reason, elapsed_s=run_elapsed_s(sched),
         datasets=tuple(dss), classes=classes, in_flight=sum(d.in_flight for d in dss),
         req_per_s=sched.rate.rate(now), cost_usd=cost, errors=dict(errors), writer_queue=sched.writer.queued,
         credits_usd=cr.remaining_usd if cr else None, credits_age_s=(now - cr.at) if cr else None,

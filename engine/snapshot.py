@@ -122,7 +122,8 @@ class RunSnapshot:
     Attributes:
         name: run name; state: ``starting`` | ``running`` | ``paused`` | ``draining`` |
             ``stopping`` | ``completed`` | ``stopped``; state_reason: why (pause, fatal error).
-        elapsed_s: seconds since this process started the run.
+        elapsed_s: run seconds (earlier processes of the run included); stops counting when the run
+            ends, so every reader (header, ``datagen status``) agrees afterwards.
         datasets, classes: per-dataset and per-class snapshots, in config order.
         in_flight: requests in flight; req_per_s: recent completions/s over all datasets.
         cost_usd: summed cost of stored results (USD); errors: failed attempts by class.

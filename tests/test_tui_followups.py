@@ -166,3 +166,30 @@ async def test_s_on_a_finished_dataset_says_why(state, why):
         await pilot.pause(0.3)
         assert len(app.screen_stack) == 1 and ctl.calls == []
         assert [n.message for n in app._notifications] == [why]
+
+
+# ---- 4. elapsed stops when the run ends ------------------------------------------------------------
+
+GLAIVE_ONLY = [{"name": "glaive", "path": "b1_glaive.jsonl", "format": "glaive"}]
+
+
+async def test_elapsed_stops_when_the_run_completes_and_matches_status(tmp_path):
+    """Before: the header's elapsed kept counting after COMPLETED (7 s, then 17 s ten seconds later)
+    while ``datagen status`` said ``completed, elapsed 4s``."""
+    from engine.status import collect_status
+    from tui.testing import SAMPLES
+
+    ds = [{**GLAIVE_ONLY[0], "path": str(SAMPLES / GLAIVE_ONLY[0]["path"])}]
+    cfg = sim_config(tmp_path, tokens_per_s=400, mean_completion_tokens=100, datasets=ds)
+    app = DashboardApp(cfg, refresh_hz=10)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(pilot, lambda: app.engine_finished, 30, what="the run to complete")
+        assert app.snapshot.state == "completed"
+        first = app.snapshot.elapsed_s
+        header = re.search(r"elapsed (\S+)", screen_text(app)).group(1)
+        await pilot.pause(2.5)
+        assert app.host.scheduler.snapshot().elapsed_s == first
+        assert re.search(r"elapsed (\S+)", screen_text(app)).group(1) == header
+        doc = collect_status(cfg.run.dir)
+        assert doc["run"]["state"] == "completed" and doc["run"]["elapsed_s"] == round(first, 3)
+        await pilot.press("q")
