@@ -193,3 +193,27 @@ async def test_elapsed_stops_when_the_run_completes_and_matches_status(tmp_path)
         doc = collect_status(cfg.run.dir)
         assert doc["run"]["state"] == "completed" and doc["run"]["elapsed_s"] == round(first, 3)
         await pilot.press("q")
+
+
+# ---- 5. repeated concurrency keys show one toast ---------------------------------------------------
+
+async def test_pressing_minus_30_times_shows_one_toast(tmp_path):
+    """Before: each press left its own toast ("class short concurrency 21", "... 19", ...): 30 presses
+    stacked 30 toasts over half the screen."""
+    cfg = sim_config(tmp_path, tokens_per_s=20, mean_completion_tokens=2000, concurrency=24)
+    app = DashboardApp(cfg)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        await until(pilot, lambda: app.snapshot is not None and app.snapshot.in_flight >= 1, what="dispatch")
+        for _ in range(30):
+            await pilot.press("minus")
+        await until(pilot, lambda: app.host.scheduler.snapshot().classes[0].concurrency == 1, 5, what="concurrency 1")
+        await pilot.pause(0.5)
+        toasts = [n.message for n in app._notifications]
+        assert toasts in (["class short concurrency 1"],
+                          ["class short concurrency is at its minimum 1 (P pauses the run, p the dataset)"]), toasts
+        for _ in range(3):
+            await pilot.press("plus")
+        await until(pilot, lambda: app.host.scheduler.snapshot().classes[0].concurrency == 4, 5, what="concurrency 4")
+        await pilot.pause(0.3)
+        assert [n.message for n in app._notifications] == ["class short concurrency 4"]
+        app.begin_quit("abort")

@@ -8,11 +8,11 @@ modal, and the scheduler's state changes within one loop iteration of the key pr
 from __future__ import annotations
 
 import inspect
-import time
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.notifications import Notification
 
 from tui.detail import DetailScreen, detail_text
 from tui.fmt import money
@@ -81,8 +81,27 @@ class ActionsMixin:
                             timeout=20, markup=False)
         self._notice_seen = seen
 
-    def _run_command(self, call: Callable[[], Any], done: str | None = None) -> None:
-        """Run ``call()`` (sync or async controller method) in a worker; notify its result."""
+    def toast(self, message: str, *, key: str | None = None, severity: str = "information",
+              timeout: float = 3, title: str = "") -> None:
+        """Show a toast. With ``key``, it replaces the toast shown earlier under the same key (if
+        still on screen), so a repeated key (``-`` pressed 30 times) shows one toast, not a stack.
+        Must run on the app's loop (key handlers and ``commands`` workers do)."""
+        if key is None:
+            self.notify(message, title=title, severity=severity, timeout=timeout)  # type: ignore[attr-defined]
+            return
+        shown = self._notifications  # type: ignore[attr-defined]
+        old = self.keyed_toasts.get(key)  # type: ignore[attr-defined]
+        if old is not None and old in shown:
+            del shown[old]
+        note = Notification(message, title, severity, timeout)  # type: ignore[arg-type]
+        self.keyed_toasts[key] = note  # type: ignore[attr-defined]
+        # What App.notify's message handler does, done now so the next key finds it to replace.
+        shown.add(note)
+        self._refresh_notifications()  # type: ignore[attr-defined]
+
+    def _run_command(self, call: Callable[[], Any], done: str | None = None, key: str | None = None) -> None:
+        """Run ``call()`` (sync or async controller method) in a worker; toast its result (replacing
+        the previous toast of the same ``key``, see :meth:`toast`)."""
 
         async def job() -> None:
             try:
@@ -90,9 +109,9 @@ class ActionsMixin:
                 if inspect.isawaitable(res):
                     res = await res
             except Exception as e:  # noqa: BLE001 - ValueError from the controller, store errors
-                self.notify(str(e), severity="error", timeout=6)  # type: ignore[attr-defined]
+                self.toast(str(e), key=key, severity="error", timeout=6)
                 return
-            self.notify(done or str(res), timeout=3)  # type: ignore[attr-defined]
+            self.toast(done or str(res), key=key, timeout=3)
             self.request_poll()  # type: ignore[attr-defined]
 
         self.run_worker(job(), group="commands", exit_on_error=False)  # type: ignore[attr-defined]
@@ -233,14 +252,10 @@ class ActionsMixin:
         if new == current:
             why = (f"at its maximum {cap:,} (4x the configured {c.configured:,})" if direction > 0 and c is not None
                    else "at its minimum 1 (P pauses the run, p the dataset)")
-            msg = f"class {cls} concurrency is {why}"
-            last = getattr(self, "_bound_notice", ("", -1e9))
-            if last[0] != msg or time.monotonic() - last[1] > 3:  # one toast for a held-down key
-                self._bound_notice = (msg, time.monotonic())
-                self.notify(msg, severity="warning")  # type: ignore[attr-defined]
+            self.toast(f"class {cls} concurrency is {why}", key="concurrency", severity="warning", timeout=5)
             return
         self.conc_target[cls] = new  # type: ignore[attr-defined]
-        self._run_command(partial(self.controller.set_concurrency, cls, new))  # type: ignore[attr-defined]
+        self._run_command(partial(self.controller.set_concurrency, cls, new), key="concurrency")  # type: ignore[attr-defined]
 
     def action_concurrency_up(self) -> None:
         """Raise the selected dataset's class concurrency by about 10 % (at least 1)."""
