@@ -217,3 +217,26 @@ async def test_pressing_minus_30_times_shows_one_toast(tmp_path):
         await pilot.pause(0.3)
         assert [n.message for n in app._notifications] == ["class short concurrency 4"]
         app.begin_quit("abort")
+
+
+# ---- 6. the detail view's ETA is the table's --------------------------------------------------------
+
+async def test_detail_view_eta_matches_the_tables_range_while_calibrating():
+    """Before: ``i`` said ``ETA 36s`` while the table showed ``35s–38m30s`` for the same dataset."""
+    import dataclasses
+
+    from tui.detail import DetailScreen
+
+    snap = fixed_snapshot()
+    ds = list(snap.datasets)
+    ds[0] = dataclasses.replace(ds[0], eta_s=36.0, eta_s_low=35.0, eta_s_high=2310.0, calibration=(3, 50))
+    snap = dataclasses.replace(snap, datasets=tuple(ds))
+    app = injected(snap, refresh_hz=20)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await pilot.pause(0.2)
+        assert "35s–38m30s" in screen_text(app)  # the table
+        await pilot.press("i")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, DetailScreen)
+        shown = " ".join(screen_text(app).split())
+        assert "ETA 35s–38m30s (calibrating 3/50)" in shown and "ETA 36s" not in shown
