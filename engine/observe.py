@@ -109,7 +109,7 @@ def build_snapshot(sched: "Scheduler") -> RunSnapshot:
         projections.append(proj)
         b = sched.spend.budgets[rt.name]
         recent = [e.mean() for e in b.estimators.values() if e.count]
-        state = rt.state(sched.run_paused)
+        state = stopping_state(rt.state(sched.run_paused), sched.state, rt.in_flight)
         moving = progressing and state in ("running", "pending")  # a paused dataset's ETA does not count down
         calibration = None if proj.calibrated or proj.tokens_to_come_high <= 0 else (proj.observed, proj.calibrate_after)
         dss.append(
@@ -156,6 +156,18 @@ def build_snapshot(sched: "Scheduler") -> RunSnapshot:
         eta_s_low=run_proj.eta_s_low if progressing else None, eta_s_high=run_proj.eta_s_high if progressing else None,
         calibration=run_proj.calibration,
     )
+
+
+def stopping_state(state: str, run_state: str, in_flight: int) -> str:
+    """A dataset's shown state while the run stops (display only: the store's states are unchanged):
+    ``"draining"`` when it still has requests in flight, ``"stopping"`` (``"stopped"`` once the run
+    has stopped) for a running or pending one with none; otherwise (run not stopping, or a
+    finished/paused dataset with nothing in flight) ``state``."""
+    if run_state not in ("stopping", "stopped") or state in ("done", "skipped", "budget_met"):
+        return state
+    if in_flight:
+        return "draining"
+    return run_state if state in ("running", "pending") else state
 
 
 def _limit_reason(sched: "Scheduler", rt: Any, state: str, now: float) -> str:

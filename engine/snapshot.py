@@ -17,7 +17,9 @@ class DatasetSnapshot:
 
     Attributes:
         name: dataset name.
-        state: ``pending`` (not started) | ``running`` | ``paused`` | ``skipped`` | ``done``.
+        state: ``pending`` (not started) | ``running`` | ``paused`` | ``skipped`` | ``budget_met`` |
+            ``done``; while the run stops (display only, the store keeps its state): ``draining``
+            (requests in flight) | ``stopping`` | ``stopped`` (see ``engine.observe.stopping_state``).
         state_reason: why it is paused/skipped ("" otherwise).
         prompts: valid prompts ingested; rejected: rows rejected at ingest.
         done, failed, skipped, pending, in_flight: prompt counts; they sum to ``prompts``.

@@ -240,3 +240,41 @@ async def test_detail_view_eta_matches_the_tables_range_while_calibrating():
         assert isinstance(app.screen, DetailScreen)
         shown = " ".join(screen_text(app).split())
         assert "ETA 35s–38m30s (calibrating 3/50)" in shown and "ETA 36s" not in shown
+
+
+# ---- 7. rows drain while the run stops ---------------------------------------------------------------
+
+def test_stopping_state_rule():
+    from engine.observe import stopping_state
+
+    assert stopping_state("running", "running", 3) == "running"
+    assert stopping_state("running", "stopping", 3) == "draining"
+    assert stopping_state("paused", "stopping", 2) == "draining"
+    assert stopping_state("running", "stopping", 0) == "stopping"
+    assert stopping_state("pending", "stopped", 0) == "stopped"
+    assert stopping_state("paused", "stopping", 0) == "paused"
+    assert stopping_state("done", "stopping", 0) == "done" and stopping_state("skipped", "stopped", 0) == "skipped"
+
+
+async def test_rows_show_draining_while_the_run_drains_and_the_store_keeps_its_state(tmp_path):
+    """Before: dataset rows stayed ``running`` while the header said STOPPING."""
+    import sqlite3
+
+    cfg = sim_config(tmp_path, tokens_per_s=20, mean_completion_tokens=2000, drain_timeout_s=120)
+    app = DashboardApp(cfg)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(pilot, lambda: app.snapshot is not None and app.snapshot.in_flight >= 4, what="dispatch")
+        await pilot.press("q")
+        await until(pilot, lambda: isinstance(app.screen, QuitScreen), 3, what="quit modal")
+        await pilot.press("d")
+        await until(pilot, lambda: app.snapshot.state == "stopping", 5, what="the drain")
+        await pilot.pause(0.6)
+        d = app.snapshot.dataset("sharegpt")
+        assert d.in_flight >= 1 and d.state == "draining"
+        row = [line for line in screen_text(app).splitlines() if "sharegpt" in line][0]
+        assert "draining" in row and "running" not in row, row
+        assert "STOPPING" in screen_text(app)
+        with sqlite3.connect(cfg.run.dir / "store.sqlite") as db:  # the stored control is unchanged
+            states = dict(db.execute("SELECT name, state FROM datasets"))
+        assert states["sharegpt"] == "active", states
+        app.begin_quit("abort")

@@ -20,7 +20,7 @@ from tui.fmt import bar_parts, fmt_count, fmt_duration, money
 
 DS_STATE_STYLE = {
     "pending": "dim", "running": "green", "paused": "bold yellow", "skipped": "magenta", "done": "blue",
-    "budget_met": "bold cyan",
+    "budget_met": "bold cyan", "draining": "bold yellow", "stopping": "yellow", "stopped": "dim",
 }
 """Rich style per dataset state."""
 
