@@ -278,3 +278,72 @@ async def test_rows_show_draining_while_the_run_drains_and_the_store_keeps_its_s
             states = dict(db.execute("SELECT name, state FROM datasets"))
         assert states["sharegpt"] == "active", states
         app.begin_quit("abort")
+
+
+# ---- 8. a refused start creates nothing --------------------------------------------------------------
+
+REFUSED = """
+[run]
+name = "refused"
+dir = "{run_dir}"
+
+[provider]
+kind = "{kind}"
+{extra}
+
+[classes.short]
+max_tokens = 2000
+concurrency = 2
+
+[[datasets]]
+name = "glaive"
+path = "{samples}/b1_glaive.jsonl"
+format = "glaive"
+"""
+
+
+def _refused_run(tmp_path, kind: str, extra: str = "", env_drop: str = "") -> tuple[int, str]:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tui.testing import SAMPLES
+
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(REFUSED.format(run_dir=tmp_path / "run", kind=kind, extra=extra, samples=SAMPLES))
+    env = {k: v for k, v in os.environ.items() if k != env_drop}
+    datagen = Path(sys.executable).with_name("datagen")
+    r = subprocess.run([str(datagen), "run", str(cfg), "--headless"], capture_output=True, text=True, env=env,
+                       timeout=60)
+    return r.returncode, r.stderr
+
+
+def test_missing_api_key_refuses_the_start_and_creates_nothing(tmp_path):
+    """Before: the refused start still created RUN_DIR and RUN_DIR/datagen.log."""
+    rc, err = _refused_run(tmp_path, "openrouter", env_drop="OPENROUTER_API_KEY")
+    assert rc == 1 and "OPENROUTER_API_KEY is not set" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_keyless_server_that_wants_a_key_refuses_the_start_and_creates_nothing(tmp_path):
+    """The refusal found while preparing (GET /key answers 401) removes the log and the run dir it made."""
+    import http.server
+    import threading
+
+    class Deny(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(401)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Deny)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        rc, err = _refused_run(tmp_path, "openai", f'base_url = "http://127.0.0.1:{srv.server_port}/v1"',
+                               env_drop="OPENAI_API_KEY")
+    finally:
+        srv.shutdown()
+    assert rc == 1 and "HTTP 401 on GET /key" in err, err
+    assert not (tmp_path / "run").exists()
