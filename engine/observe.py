@@ -152,6 +152,7 @@ def build_snapshot(sched: "Scheduler") -> RunSnapshot:
         eta_s=run_proj.eta_s if progressing else None, tok_per_s=tel.tok_rate.rate(now), loop_lag_ms=tel.loop_lag_ms,
         providers=tel.providers.snapshot(), latest_errors=dict(tel.latest_errors), history=tuple(tel.history),
         events=tuple(list(tel.events)[-50:]), notices=tuple(tel.notices), drain_left_s=sched.drain_left_s(),
+        events_total=tel.events_total,
         projected_cost_low_usd=run_proj.cost_low_usd, projected_cost_high_usd=run_proj.cost_high_usd,
         eta_s_low=run_proj.eta_s_low if progressing else None, eta_s_high=run_proj.eta_s_high if progressing else None,
         calibration=run_proj.calibration,

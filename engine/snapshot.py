@@ -180,6 +180,8 @@ class RunSnapshot:
     notices: tuple[tuple[int, str], ...] = ()
     #: seconds before a drain in progress aborts what is still in flight (None: not draining).
     drain_left_s: float | None = None
+    #: run events appended since the start (``events`` is the window of the latest; 0: unknown).
+    events_total: int = 0
 
     def dataset(self, name: str) -> DatasetSnapshot:
         """Return the snapshot of dataset ``name`` (KeyError if unknown)."""

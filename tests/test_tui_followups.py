@@ -70,6 +70,20 @@ async def test_log_pane_keeps_showing_new_lines_once_full(size):
         lg.removeHandler(handler)
 
 
+def test_repeated_event_lines_are_all_shown():
+    """Before: the pane found new run events by overlapping the 50-line window with the previous one;
+    repeated lines ("set to 22", "set to 24", again, in the same second) overlapped wholly and the
+    new ones were never shown. The event count in the snapshot makes it exact."""
+    from tui.panes.log import new_events
+
+    window = ("12:00:00 INFO    class short concurrency set to 22", "12:00:00 INFO    class short concurrency set to 24")
+    prev = window * 25
+    assert new_events(prev, prev, 100, 102) == window
+    assert new_events(prev, prev, 100, 100) == ()
+    assert new_events(prev, prev, 100, 400) == prev  # more than the window: all it holds
+    assert new_events(("a", "b"), ("b", "c")) == ("c",)  # no counts (an injected snapshot): overlap
+
+
 # ---- 2. any stop in progress counts as the first interrupt ---------------------------------------------
 
 def test_interrupt_rule():
