@@ -286,7 +286,8 @@ async def test_rows_show_draining_while_the_run_drains_and_the_store_keeps_its_s
         d = app.snapshot.dataset("sharegpt")
         assert d.in_flight >= 1 and d.state == "draining"
         row = [line for line in screen_text(app).splitlines() if "sharegpt" in line][0]
-        assert "draining" in row and "running" not in row, row
+        assert "draining" in row and "running" not in row and "cal " not in row, row  # no ETA while stopping
+        assert row.split("│")[1].split()[5] == "--", row
         assert "STOPPING" in screen_text(app)
         with sqlite3.connect(cfg.run.dir / "store.sqlite") as db:  # the stored control is unchanged
             states = dict(db.execute("SELECT name, state FROM datasets"))

@@ -157,12 +157,12 @@ def cell_text(cell: Cell) -> Text:
 
 def eta_cell(d: DatasetSnapshot, compact: bool = False, label: bool = False) -> tuple[str, str]:
     """ETA text and style, the table's cell and the detail view's figure (one formatting for both):
-    blank once finished, "--" while paused (a paused dataset does not progress); while calibrating
+    blank once finished, "--" while paused or the run stops (no progress is made); while calibrating
     a range ``"8m05s–1h46m"`` (``compact``: its high end ``"≤1h46m"``; ``label``: followed by
     ``"(calibrating 3/50)"``), or ``"cal 3/50"`` before anything is known."""
     if d.state in ("done", "skipped", "budget_met"):
         return "", ""
-    if d.state == "paused":
+    if d.state in ("paused", "draining", "stopping", "stopped"):  # not progressing
         return "--", "dim"
     if d.calibration is not None:  # a range (or "cal n/N") until the dataset is calibrated
         if d.eta_s_low is None or d.eta_s_high is None:
