@@ -429,7 +429,7 @@ def interrupt_action(signame: str, stopping: bool) -> str:
     Args:
         signame: ``"SIGINT"``, ``"SIGTERM"``, ``"SIGHUP"`` or ``"Ctrl-C"`` (the key in the dashboard).
         stopping: True when a stop is already in progress: an earlier interrupt, the dashboard's
-            "Drain, then quit", ``datagen ctl ... stop``/drain, an exit on pause (see :func:`run_stopping`).
+            "Drain, then quit", an exit on pause (see :func:`run_stopping`).
 
     Returns:
         ``"drain"`` for the first interrupt (in-flight requests finish and are stored);

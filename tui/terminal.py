@@ -46,7 +46,7 @@ class TerminalMixin:
 
     def on_signal(self, signame: str) -> None:
         """SIGTERM/SIGINT/Ctrl-C: drain and exit 130 like quit; while any stop is in progress (an
-        earlier signal, "Drain, then quit", ``ctl`` stop): abort at once (``engine.runner.interrupt_action``).
+        earlier signal, "Drain, then quit", an exit on pause): abort at once (``engine.runner.interrupt_action``).
         SIGHUP: the terminal is gone; stop drawing and reading it, then drain and exit."""
         host = self.host
         stopping = (self._signals_seen > 0 or (host is not None and host.quit_mode is not None)
