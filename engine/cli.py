@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from engine.config import ConfigError, load_config
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from engine.datasets import DatasetError
-    from engine.runner import run_headless, setup_file_logging
+    from engine.runner import resolve_api_key, run_headless, setup_file_logging
     from engine.store import StoreError, make_run_dir
     from engine.tokens.tokenizer import TokenizerError
 
@@ -25,6 +26,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 1
     if args.run_dir:
         cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"dir": Path(args.run_dir).resolve()})})
+    try:  # a missing or unusable API key refuses the start before anything is created
+        resolve_api_key(cfg.provider)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    fresh = (not Path(cfg.run.dir).exists(), not (Path(cfg.run.dir) / "datagen.log").exists())
     try:
         make_run_dir(cfg.run.dir)
         setup_file_logging(cfg.run.dir)
@@ -47,9 +54,32 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return asyncio.run(run_headless(cfg, exit_on_pause=args.exit_on_pause))
     except (ConfigError, DatasetError, StoreError, TokenizerError) as e:
         print(f"error: {e}", file=sys.stderr)
+        _undo_refused_start(Path(cfg.run.dir), *fresh)
         return 1
     except KeyboardInterrupt:
         return 130
+
+
+def _undo_refused_start(run_dir: Path, fresh_dir: bool, fresh_log: bool) -> None:
+    """After a start refused before the store was created (e.g. a keyless server that wants a key):
+    remove the ``datagen.log`` and the run directory this start created, so a refused start leaves
+    nothing behind. Anything that existed before, or a store, is kept."""
+    from engine.store import db_path
+
+    if db_path(run_dir).exists():
+        return
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        if getattr(h, "_datagen", False) and isinstance(h, logging.FileHandler):
+            root.removeHandler(h)
+            h.close()
+    try:
+        if fresh_log:
+            (run_dir / "datagen.log").unlink(missing_ok=True)
+        if fresh_dir:
+            run_dir.rmdir()  # only when empty
+    except OSError:
+        pass
 
 
 def _install_stack_dump(run_dir: Path) -> None:

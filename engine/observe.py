@@ -10,6 +10,7 @@ import collections
 import dataclasses
 import os
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from engine.limiter import concurrency_cap
@@ -23,6 +24,23 @@ if TYPE_CHECKING:
 LIMITED_HOLD_S = 2.0
 #: Run states in which the run makes progress (an ETA counts down only in these).
 PROGRESSING = ("starting", "running")
+
+
+_ENDED_AT: "weakref.WeakKeyDictionary[Scheduler, float]" = weakref.WeakKeyDictionary()
+
+
+def run_elapsed_s(sched: "Scheduler") -> float:
+    """The run's elapsed seconds (``Scheduler.elapsed_s``), frozen once the run has ended (its done
+    event set: completed, or stopped with nothing left in flight), so the dashboard's header, the
+    store's runtime row and ``datagen status`` read the same figure after the end instead of a clock
+    that keeps counting. The first snapshot taken after the end fixes the value."""
+    ended = _ENDED_AT.get(sched)
+    if ended is not None:
+        return ended
+    now = sched.elapsed_s()
+    if sched._done.is_set():
+        _ENDED_AT[sched] = now
+    return now
 
 
 def live_row(sched: "Scheduler") -> dict[str, Any]:
@@ -94,7 +112,7 @@ def build_snapshot(sched: "Scheduler") -> RunSnapshot:
         projections.append(proj)
         b = sched.spend.budgets[rt.name]
         recent = [e.mean() for e in b.estimators.values() if e.count]
-        state = rt.state(sched.run_paused)
+        state = stopping_state(rt.state(sched.run_paused), sched.state, rt.in_flight)
         moving = progressing and state in ("running", "pending")  # a paused dataset's ETA does not count down
         calibration = None if proj.calibrated or proj.tokens_to_come_high <= 0 else (proj.observed, proj.calibrate_after)
         dss.append(
@@ -128,7 +146,7 @@ def build_snapshot(sched: "Scheduler") -> RunSnapshot:
                            cost_cap=sched.spend.run_cost.limit)
     cr = sched.spend.credits
     return RunSnapshot(
-        name=sched.cfg.run.name, state=sched.state, state_reason=sched.state_reason, elapsed_s=sched.elapsed_s(),
+        name=sched.cfg.run.name, state=sched.state, state_reason=sched.state_reason, elapsed_s=run_elapsed_s(sched),
         datasets=tuple(dss), classes=classes, in_flight=sum(d.in_flight for d in dss),
         req_per_s=sched.rate.rate(now), cost_usd=cost, errors=dict(errors), writer_queue=sched.writer.queued,
         credits_usd=cr.remaining_usd if cr else None, credits_age_s=(now - cr.at) if cr else None,
@@ -137,10 +155,23 @@ def build_snapshot(sched: "Scheduler") -> RunSnapshot:
         eta_s=run_proj.eta_s if progressing else None, tok_per_s=tel.tok_rate.rate(now), loop_lag_ms=tel.loop_lag_ms,
         providers=tel.providers.snapshot(), latest_errors=dict(tel.latest_errors), history=tuple(tel.history),
         events=tuple(list(tel.events)[-50:]), notices=tuple(tel.notices), drain_left_s=sched.drain_left_s(),
+        events_total=tel.events_total,
         projected_cost_low_usd=run_proj.cost_low_usd, projected_cost_high_usd=run_proj.cost_high_usd,
         eta_s_low=run_proj.eta_s_low if progressing else None, eta_s_high=run_proj.eta_s_high if progressing else None,
         calibration=run_proj.calibration,
     )
+
+
+def stopping_state(state: str, run_state: str, in_flight: int) -> str:
+    """A dataset's shown state while the run stops (display only: the store's states are unchanged):
+    ``"draining"`` when it still has requests in flight, ``"stopping"`` (``"stopped"`` once the run
+    has stopped) for a running or pending one with none; otherwise (run not stopping, or a
+    finished/paused dataset with nothing in flight) ``state``."""
+    if run_state not in ("stopping", "stopped") or state in ("done", "skipped", "budget_met"):
+        return state
+    if in_flight:
+        return "draining"
+    return run_state if state in ("running", "pending") else state
 
 
 def _limit_reason(sched: "Scheduler", rt: Any, state: str, now: float) -> str:

@@ -423,6 +423,30 @@ async def run_job(job: Job, *, exit_on_pause: bool = False, out: TextIO = sys.st
         await job.close()
 
 
+def interrupt_action(signame: str, stopping: bool) -> str:
+    """What an interrupt does: the one rule of the headless runner and the dashboard.
+
+    Args:
+        signame: ``"SIGINT"``, ``"SIGTERM"``, ``"SIGHUP"`` or ``"Ctrl-C"`` (the key in the dashboard).
+        stopping: True when a stop is already in progress: an earlier interrupt, the dashboard's
+            "Drain, then quit", an exit on pause (see :func:`run_stopping`).
+
+    Returns:
+        ``"drain"`` for the first interrupt (in-flight requests finish and are stored);
+        ``"abort"`` for any interrupt while a stop is in progress: that stop counted as the first;
+        ``"continue"`` for SIGHUP while stopping: the terminal went away, nobody asked to lose the
+        streams, so the stop in progress goes on unchanged (a SIGHUP is never an escalation).
+    """
+    if not stopping:
+        return "drain"
+    return "continue" if signame == "SIGHUP" else "abort"
+
+
+def run_stopping(sched: Scheduler | None) -> bool:
+    """True when ``sched``'s run is stopping or stopped (a drain or stop is in progress or done)."""
+    return sched is not None and sched.state in ("stopping", "stopped")
+
+
 def fmt_limit(seconds: float) -> str:
     """A drain limit for people: ``"15s"``, ``"30m"``, ``"1h05m"``."""
     s = int(round(seconds))
@@ -464,9 +488,12 @@ async def run_headless(
 
     def on_signal(signame: str) -> None:
         nonlocal signals_seen
+        action = interrupt_action(signame, signals_seen > 0 or run_stopping(sched))
         signals_seen += 1
         # Act first: the terminal may be gone (SIGHUP, a closed pipe) and printing may fail.
-        if signals_seen == 1:
+        if action == "continue":
+            log.warning("%s received: the stop in progress continues (again with SIGINT/SIGTERM to abort)", signame)
+        elif action == "drain":
             n, usd = sched.snapshot().in_flight, sched.cost_in_flight_usd()
             drains.append(asyncio.ensure_future(sched.drain(reason=f"{signame}: interrupted", exit_code=130)))
             say(f"{signame}: draining {n:,} in-flight request(s) (est. ${usd:.4f}, up to "

@@ -17,7 +17,9 @@ class DatasetSnapshot:
 
     Attributes:
         name: dataset name.
-        state: ``pending`` (not started) | ``running`` | ``paused`` | ``skipped`` | ``done``.
+        state: ``pending`` (not started) | ``running`` | ``paused`` | ``skipped`` | ``budget_met`` |
+            ``done``; while the run stops (display only, the store keeps its state): ``draining``
+            (requests in flight) | ``stopping`` | ``stopped`` (see ``engine.observe.stopping_state``).
         state_reason: why it is paused/skipped ("" otherwise).
         prompts: valid prompts ingested; rejected: rows rejected at ingest.
         done, failed, skipped, pending, in_flight: prompt counts; they sum to ``prompts``.
@@ -122,7 +124,8 @@ class RunSnapshot:
     Attributes:
         name: run name; state: ``starting`` | ``running`` | ``paused`` | ``draining`` |
             ``stopping`` | ``completed`` | ``stopped``; state_reason: why (pause, fatal error).
-        elapsed_s: seconds since this process started the run.
+        elapsed_s: run seconds (earlier processes of the run included); stops counting when the run
+            ends, so every reader (header, ``datagen status``) agrees afterwards.
         datasets, classes: per-dataset and per-class snapshots, in config order.
         in_flight: requests in flight; req_per_s: recent completions/s over all datasets.
         cost_usd: summed cost of stored results (USD); errors: failed attempts by class.
@@ -178,6 +181,8 @@ class RunSnapshot:
     notices: tuple[tuple[int, str], ...] = ()
     #: seconds before a drain in progress aborts what is still in flight (None: not draining).
     drain_left_s: float | None = None
+    #: run events appended since the start (``events`` is the window of the latest; 0: unknown).
+    events_total: int = 0
 
     def dataset(self, name: str) -> DatasetSnapshot:
         """Return the snapshot of dataset ``name`` (KeyError if unknown)."""

@@ -40,6 +40,8 @@ class Telemetry:
         )
         self.latest_errors: dict[str, str] = {}
         self.events: collections.deque[str] = collections.deque(maxlen=EVENTS_LEN)
+        #: run events appended so far (readers of the sliding ``events`` window count new lines with it).
+        self.events_total = 0
         #: ``(sequence number, text)`` of pauses made by a guard, oldest first (see :meth:`notice`).
         self.notices: collections.deque[tuple[int, str]] = collections.deque(maxlen=NOTICES_LEN)
         self._notice_seq = 0
@@ -59,6 +61,7 @@ class Telemetry:
         """Keep a display line for a run event."""
         ts = time.strftime("%H:%M:%S")
         self.events.append(f"{ts} {level.upper():7} {'[' + dataset + '] ' if dataset else ''}{message}")
+        self.events_total += 1
 
     def notice(self, text: str) -> None:
         """Announce ``text`` (a pause made by a guard, not by the user): readers show each notice

@@ -168,23 +168,22 @@ async def test_plus_stops_at_the_cap_and_minus_at_one_saying_so():
     ctl = FakeController()
     ctl.dataset_class = lambda name: "short"
     app = DashboardApp(snapshot_source=lambda: _snap_with_class(24), controller=ctl, gpu_source=lambda: FIXED_GPUS)
-    async with app.run_test(size=(160, 48)) as pilot:
-        said: list[str] = []
-        notify = app.notify
-        app.notify = lambda message, **kw: (said.append(message), notify(message, **kw))[1]
+    async with app.run_test(size=(160, 48), notifications=True) as pilot:
         await pilot.pause(0.1)
         for _ in range(45):
             await pilot.press("plus")
         await pilot.pause(0.3)
         sets = [a[1] for m, a in ctl.calls if m == "set_concurrency"]
         assert max(sets) == 96 and sets[-1] == 96  # 24 -> ... -> 96 (4x), never 319
-        assert any("at its maximum 96" in m for m in said)
+        # one concurrency toast at a time (tests/test_tui_followups.py), the latest reason in it
+        assert [n.message for n in app._notifications] == ["class short concurrency is at its maximum 96 (4x the configured 24)"]
         for _ in range(60):
             await pilot.press("minus")
         await pilot.pause(0.3)
         sets = [a[1] for m, a in ctl.calls if m == "set_concurrency"]
         assert min(sets) == 1 and sets[-1] == 1
-        assert any("at its minimum 1" in m for m in said)
+        assert [n.message for n in app._notifications] == [
+            "class short concurrency is at its minimum 1 (P pauses the run, p the dataset)"]
 
 
 async def test_p_on_a_done_dataset_says_why_nothing_happens():

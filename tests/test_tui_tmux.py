@@ -262,3 +262,30 @@ def test_dashboard_sigterm_to_the_process_group_drains_and_exits_130(tmp_path):
         wait(lambda: not any(alive(k) for k in kids), 10, "no child process left")
     finally:
         tmux("kill-server", check=False)
+
+
+def test_dashboard_ctrl_c_after_drain_then_quit_aborts_at_once(tmp_path):
+    """Before: after ``q`` -> "Drain, then quit", Ctrl-C only started draining again ("Ctrl-C received:
+    draining") and the engine kept running until a second Ctrl-C. Any stop in progress counts as the first."""
+    from lifecycle import lifecycle_config
+
+    # ~30 s streams; the drain would wait for them (provider.timeouts.total_s = 120 s).
+    cfg = lifecycle_config(tmp_path, "none", drain="", tokens=3000, tokens_per_s=100, conc=4)
+    tmux = Tmux()
+    try:
+        pid, rc = _dashboard(tmp_path, tmux, cfg, 0)
+        tmux("send-keys", "-t", "dash", "q")
+        wait(lambda: "Drain, then quit" in tmux.screen(), 10, "the quit dialog", show=tmux.screen)
+        tmux("send-keys", "-t", "dash", "d")
+        screen = wait(lambda: (s := tmux.screen()) and "abort in" in s and s, 10, "the drain", show=tmux.screen)
+        assert re.search(r"sharegpt\s+draining", screen), screen  # the row follows the run's stop
+        t0 = time.monotonic()
+        tmux("send-keys", "-t", "dash", "C-c")
+        wait(rc.exists, 15, "datagen to exit after one Ctrl-C during the drain", show=tmux.screen)
+        assert time.monotonic() - t0 < 10
+        assert rc.read_text() == "130"
+        log = (tmp_path / "run" / "datagen.log").read_text()
+        assert "run stopping: quit (drain)" in log and "Ctrl-C received: aborting" in log
+        assert "Ctrl-C received: draining" not in log
+    finally:
+        tmux("kill-server", check=False)

@@ -8,11 +8,11 @@ modal, and the scheduler's state changes within one loop iteration of the key pr
 from __future__ import annotations
 
 import inspect
-import time
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.notifications import Notification
 
 from tui.detail import DetailScreen, detail_text
 from tui.fmt import money
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from engine.snapshot import DatasetSnapshot
 
 HELP = [
-    ("p", "pause / resume the selected dataset (pause drains: in-flight requests finish)"),
+    ("p", "pause / resume the selected dataset (pause drains: in-flight requests finish; un-skipping asks first)"),
     ("s", "skip the selected dataset (confirm): its pending prompts count as skipped"),
     ("P", "pause the whole run (drain)"),
     ("R", "resume the whole run"),
@@ -81,8 +81,27 @@ class ActionsMixin:
                             timeout=20, markup=False)
         self._notice_seen = seen
 
-    def _run_command(self, call: Callable[[], Any], done: str | None = None) -> None:
-        """Run ``call()`` (sync or async controller method) in a worker; notify its result."""
+    def toast(self, message: str, *, key: str | None = None, severity: str = "information",
+              timeout: float = 3, title: str = "") -> None:
+        """Show a toast. With ``key``, it replaces the toast shown earlier under the same key (if
+        still on screen), so a repeated key (``-`` pressed 30 times) shows one toast, not a stack.
+        Must run on the app's loop (key handlers and ``commands`` workers do)."""
+        if key is None:
+            self.notify(message, title=title, severity=severity, timeout=timeout)  # type: ignore[attr-defined]
+            return
+        shown = self._notifications  # type: ignore[attr-defined]
+        old = self.keyed_toasts.get(key)  # type: ignore[attr-defined]
+        if old is not None and old in shown:
+            del shown[old]
+        note = Notification(message, title, severity, timeout)  # type: ignore[arg-type]
+        self.keyed_toasts[key] = note  # type: ignore[attr-defined]
+        # What App.notify's message handler does, done now so the next key finds it to replace.
+        shown.add(note)
+        self._refresh_notifications()  # type: ignore[attr-defined]
+
+    def _run_command(self, call: Callable[[], Any], done: str | None = None, key: str | None = None) -> None:
+        """Run ``call()`` (sync or async controller method) in a worker; toast its result (replacing
+        the previous toast of the same ``key``, see :meth:`toast`)."""
 
         async def job() -> None:
             try:
@@ -90,9 +109,9 @@ class ActionsMixin:
                 if inspect.isawaitable(res):
                     res = await res
             except Exception as e:  # noqa: BLE001 - ValueError from the controller, store errors
-                self.notify(str(e), severity="error", timeout=6)  # type: ignore[attr-defined]
+                self.toast(str(e), key=key, severity="error", timeout=6)
                 return
-            self.notify(done or str(res), timeout=3)  # type: ignore[attr-defined]
+            self.toast(done or str(res), key=key, timeout=3)
             self.request_poll()  # type: ignore[attr-defined]
 
         self.run_worker(job(), group="commands", exit_on_error=False)  # type: ignore[attr-defined]
@@ -116,8 +135,8 @@ class ActionsMixin:
             return True  # on a finished dataset, p says why nothing happens
         if action == "resume_selected":
             return d is not None and d.state in RESUMABLE
-        if action == "skip_selected":
-            return None if d is None or d.state in ("skipped", "done", "budget_met") else True
+        if action == "skip_selected":  # on a finished dataset, s says why nothing happens
+            return None if d is None else True
         if action == "pause_all":
             return snap is None or snap.state != "paused"
         if action == "resume_all":
@@ -135,19 +154,50 @@ class ActionsMixin:
         if name and not self._no_engine():
             self._run_command(partial(self.controller.pause, name))  # type: ignore[attr-defined]
 
-    def action_resume_selected(self, name: str | None = None) -> None:
-        """Resume the selected (or named) dataset (paused or skipped)."""
-        name = name or self.selected_dataset  # type: ignore[attr-defined]
-        if name and not self._no_engine():
-            self._run_command(partial(self.controller.resume, name))  # type: ignore[attr-defined]
+    def _dataset(self, name: str) -> "DatasetSnapshot | None":
+        snap = self.snapshot  # type: ignore[attr-defined]
+        try:
+            return snap.dataset(name) if snap is not None else None
+        except KeyError:
+            return None
 
-    def action_skip_selected(self, name: str | None = None) -> None:
-        """Ask, then skip the selected (or named) dataset."""
+    def action_resume_selected(self, name: str | None = None) -> None:
+        """Resume the selected (or named) dataset: a paused one at once; a skipped one only after a
+        confirmation (un-skipping undoes a confirmed skip: its prompts are requested and billed)."""
         name = name or self.selected_dataset  # type: ignore[attr-defined]
         if not name or self._no_engine():
             return
-        snap = self.snapshot  # type: ignore[attr-defined]
-        d = snap.dataset(name) if snap else None
+        d = self._dataset(name)
+        if d is None or d.state != "skipped":
+            self._run_command(partial(self.controller.resume, name))  # type: ignore[attr-defined]
+            return
+        body = (f"{d.skipped:,} prompts counted as skipped return to pending and are requested (and billed) "
+                f"again.{' Reason it was skipped: ' + d.state_reason if d.state_reason else ''}")
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self._run_command(partial(self.controller.resume, name))  # type: ignore[attr-defined]
+            else:
+                self.notify(f"{name} stays skipped", timeout=3)  # type: ignore[attr-defined]
+
+        self.push_screen(ConfirmScreen(f"Un-skip {name}?", body, yes="Un-skip"), answered)  # type: ignore[attr-defined]
+
+    SKIP_REFUSED = {
+        "skipped": "{name} is already skipped (p brings it back)",
+        "done": "{name} is done: nothing left to skip",
+        "budget_met": "{name} met its token budget: nothing left to skip",
+    }
+    """Why ``s`` does nothing, by dataset state."""
+
+    def action_skip_selected(self, name: str | None = None) -> None:
+        """Ask, then skip the selected (or named) dataset; on a finished or skipped one, say why not."""
+        name = name or self.selected_dataset  # type: ignore[attr-defined]
+        if not name or self._no_engine():
+            return
+        d = self._dataset(name)
+        if d is not None and d.state in self.SKIP_REFUSED:
+            self.notify(self.SKIP_REFUSED[d.state].format(name=name), severity="warning")  # type: ignore[attr-defined]
+            return
         body = (f"{d.pending:,} pending prompts will count as skipped; {d.in_flight:,} in flight finish "
                 f"and are stored. Resume with p." if d else "")
 
@@ -202,14 +252,10 @@ class ActionsMixin:
         if new == current:
             why = (f"at its maximum {cap:,} (4x the configured {c.configured:,})" if direction > 0 and c is not None
                    else "at its minimum 1 (P pauses the run, p the dataset)")
-            msg = f"class {cls} concurrency is {why}"
-            last = getattr(self, "_bound_notice", ("", -1e9))
-            if last[0] != msg or time.monotonic() - last[1] > 3:  # one toast for a held-down key
-                self._bound_notice = (msg, time.monotonic())
-                self.notify(msg, severity="warning")  # type: ignore[attr-defined]
+            self.toast(f"class {cls} concurrency is {why}", key="concurrency", severity="warning", timeout=5)
             return
         self.conc_target[cls] = new  # type: ignore[attr-defined]
-        self._run_command(partial(self.controller.set_concurrency, cls, new))  # type: ignore[attr-defined]
+        self._run_command(partial(self.controller.set_concurrency, cls, new), key="concurrency")  # type: ignore[attr-defined]
 
     def action_concurrency_up(self) -> None:
         """Raise the selected dataset's class concurrency by about 10 % (at least 1)."""

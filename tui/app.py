@@ -130,6 +130,8 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
         self._exit_when_done = False
         self._closing = False
         self._engine_task: asyncio.Task | None = None
+        self.keyed_toasts: dict[str, Any] = {}
+        """The latest toast per key (see :meth:`tui.actions.ActionsMixin.toast`)."""
 
     # ---- composition ------------------------------------------------------------------------
     def compose(self) -> ComposeResult:

@@ -21,7 +21,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
 from engine.snapshot import DatasetSnapshot, RunSnapshot
-from tui.fmt import fmt_count, fmt_duration, money
+from tui.fmt import fmt_count, money
+from tui.panes.datasets import eta_cell
 
 LOG_LINES = 12
 """Latest log lines of the dataset shown."""
@@ -86,7 +87,7 @@ def detail_text(d: DatasetSnapshot, snap: RunSnapshot, cls: str = "", log_lines:
                       f"prompt {d.prompt_tokens:,}, reasoning {d.reasoning_tokens:,}")
     _row(t, "cost", f"{money(d.cost_usd)} of cap {money(d.max_cost_usd, 2) if d.max_cost_usd is not None else 'none'}"
                     f", projected {money(d.projected_cost_usd)}")
-    eta = "--" if d.state in ("paused", "done", "skipped", "budget_met") else fmt_duration(d.eta_s)
+    eta = eta_cell(d, label=True)[0] or "--"  # the table's text (a range while calibrating)
     _row(t, "speed", f"{d.req_per_s:.2f} req/s (60 s), {d.req_per_s_since_start:.2f} since start; "
                      f"{fmt_count(d.tok_per_s)} tok/s; ETA {eta}; avg {d.avg_completion_tokens_recent:.0f} tok "
                      f"recent, {d.avg_completion_tokens:.0f} all")

@@ -1,8 +1,8 @@
 """Signals and the terminal: what the dashboard does when it is told to stop or loses its tty.
 
 Textual installs no SIGTERM/SIGHUP handlers. :class:`TerminalMixin` adds them on the app's loop:
-SIGTERM/SIGINT (and the Ctrl-C key) drain and exit like ``q`` but with code 130 (a second one
-aborts); SIGHUP, or a watchdog that finds
+SIGTERM/SIGINT (and the Ctrl-C key) drain and exit like ``q`` but with code 130; while any stop
+is in progress (a drain from ``q``, an earlier signal) they abort at once; SIGHUP, or a watchdog that finds
 the terminal gone, also stops drawing, stops Textual's input thread (which would spin on a closed
 tty) and sends Textual's output nowhere, so the drain finishes and the process exits.
 """
@@ -14,6 +14,8 @@ import logging
 import os
 import signal
 from typing import Any
+
+from engine.runner import interrupt_action, run_stopping
 
 log = logging.getLogger("datagen.dashboard")
 
@@ -43,13 +45,21 @@ class TerminalMixin:
         self._signals.clear()
 
     def on_signal(self, signame: str) -> None:
-        """SIGTERM/SIGINT: drain and exit like quit (a second one aborts). SIGHUP: the terminal is
-        gone; stop drawing and reading it, then drain and exit."""
+        """SIGTERM/SIGINT/Ctrl-C: drain and exit 130 like quit; while any stop is in progress (an
+        earlier signal, "Drain, then quit", an exit on pause): abort at once (``engine.runner.interrupt_action``).
+        SIGHUP: the terminal is gone; stop drawing and reading it, then drain and exit."""
+        host = self.host
+        stopping = (self._signals_seen > 0 or (host is not None and host.quit_mode is not None)
+                    or run_stopping(host.scheduler if host is not None else None)
+                    or (host is None and self.snapshot is not None and self.snapshot.state in ("stopping", "stopped")))
+        action = interrupt_action(signame, stopping)
         self._signals_seen += 1
-        log.warning("%s received: %s", signame, "draining" if self._signals_seen == 1 else "aborting")
+        log.warning("%s received: %s", signame, {"drain": "draining", "abort": "aborting"}.get(
+            action, "the stop in progress continues"))
         if signame == "SIGHUP":
             self.on_terminal_lost()
-        self.begin_quit("drain" if self._signals_seen == 1 else "abort", interrupted=signame)
+        if action != "continue":
+            self.begin_quit(action, interrupted=signame)
 
     def action_interrupt(self) -> None:
         """Ctrl-C in the dashboard (a key in raw mode): drain and exit 130 like SIGINT; again: abort."""

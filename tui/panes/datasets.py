@@ -20,7 +20,7 @@ from tui.fmt import bar_parts, fmt_count, fmt_duration, money
 
 DS_STATE_STYLE = {
     "pending": "dim", "running": "green", "paused": "bold yellow", "skipped": "magenta", "done": "blue",
-    "budget_met": "bold cyan",
+    "budget_met": "bold cyan", "draining": "bold yellow", "stopping": "yellow", "stopped": "dim",
 }
 """Rich style per dataset state."""
 
@@ -139,7 +139,7 @@ def dataset_cells(d: DatasetSnapshot, wide: bool = True) -> dict[str, Cell]:
         "failed": ((str(d.failed), "red" if d.failed else "dim"),),
         "skipped": ((str(d.skipped), "magenta" if d.skipped else "dim"),),
         "cost": ((cost, cost_style),),
-        "eta": (_eta(d, not wide),),
+        "eta": (eta_cell(d, not wide),),
         "rate": ((f"{d.req_per_s:.1f}", ""),),
         "tokens": ((tokens, tok_style),),
         "avg": ((f"{d.avg_completion_tokens_recent:.0f}/{d.avg_completion_tokens:.0f}", ""),),
@@ -155,20 +155,21 @@ def cell_text(cell: Cell) -> Text:
     return t
 
 
-def _eta(d: DatasetSnapshot, compact: bool = False) -> tuple[str, str]:
-    """ETA cell: blank once finished, "--" while paused (a paused dataset does not progress); while
-    calibrating a range ``"8m05s–1h46m"`` (``compact``: its high end ``"≤1h46m"``), or ``"cal 3/50"``
-    before anything is known."""
+def eta_cell(d: DatasetSnapshot, compact: bool = False, label: bool = False) -> tuple[str, str]:
+    """ETA text and style, the table's cell and the detail view's figure (one formatting for both):
+    blank once finished, "--" while paused or the run stops (no progress is made); while calibrating
+    a range ``"8m05s–1h46m"`` (``compact``: its high end ``"≤1h46m"``; ``label``: followed by
+    ``"(calibrating 3/50)"``), or ``"cal 3/50"`` before anything is known."""
     if d.state in ("done", "skipped", "budget_met"):
         return "", ""
-    if d.state == "paused":
+    if d.state in ("paused", "draining", "stopping", "stopped"):  # not progressing
         return "--", "dim"
     if d.calibration is not None:  # a range (or "cal n/N") until the dataset is calibrated
         if d.eta_s_low is None or d.eta_s_high is None:
             return f"cal {d.calibration[0]}/{d.calibration[1]}", "dim"
         if compact:
             return f"≤{fmt_duration(d.eta_s_high)}", "dim"
-        return range_text(d.eta_s, d.eta_s_low, d.eta_s_high, d.calibration, fmt_duration, short=True), "dim"
+        return range_text(d.eta_s, d.eta_s_low, d.eta_s_high, d.calibration, fmt_duration, short=not label), "dim"
     return fmt_duration(d.eta_s), ""
 
 
