@@ -108,6 +108,7 @@ def build_snapshot(sched: "Scheduler") -> RunSnapshot:
             completion_tokens=rt.completion_tokens, recent_tok_per_s=rt.tok_rate.rate(now),
             since_start_tok_per_s=rt.tok_rate.rate_since_start(now), fallback_mean_tokens=run_mean,
             mean_prompt_tokens=(rt.prompt_tokens / rt.done) if rt.done else run_prompt,
+            pending_by_class=rt.pending,
         )
         projections.append(proj)
         b = sched.spend.budgets[rt.name]

@@ -76,7 +76,7 @@ def project_dataset(
     used_tokens: int,
     token_budget: int | None,
     mean_completion_tokens: float | None,
-    max_tokens: int,
+    max_tokens: float,
     cost_so_far: float,
     cost_per_completion_token: float | None,
     recent_tok_per_s: float,

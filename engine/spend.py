@@ -11,6 +11,7 @@ overshot by at most the in-flight tail that runs past its percentile.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 from engine.budget import Budget, DatasetBudgets, Reservations
 from engine.config import Config
@@ -212,14 +213,19 @@ class SpendControl:
     # ---- projections ------------------------------------------------------------------------
     def project(self, dataset: str, *, prompts_left: int, in_flight: int, cost_so_far: float,
                 completion_tokens: int, recent_tok_per_s: float, since_start_tok_per_s: float,
-                fallback_mean_tokens: float | None = None, mean_prompt_tokens: float = 0.0) -> DatasetProjection:
+                fallback_mean_tokens: float | None = None, mean_prompt_tokens: float = 0.0,
+                pending_by_class: Mapping[str, int] | None = None) -> DatasetProjection:
         """Project the dataset's final tokens, cost and ETA (see :func:`engine.projection.project_dataset`;
         calibrated after ``spend.calibrate_after`` completions, a range before).
 
         The rest is priced at :meth:`prices` (observed from billed results, else ``[pricing]`` or
         ``/models``; the fit over whatever results were seen when none of those is known), never
         from ``cost_so_far`` / ``completion_tokens``, which spend of aborted attempts inflates.
-        ``mean_prompt_tokens`` (tokens per request) prices each request's prompt."""
+        ``mean_prompt_tokens`` (tokens per request) prices each request's prompt.
+        ``pending_by_class`` (prompts per request class) sets the per-request cap of the range's
+        high end to the classes' ``max_tokens`` weighted by what is left of each (in-flight requests
+        taken in the same mix): a dataset of short prompts is never projected at the long class's
+        cap. Without it, or with nothing pending, the largest ``max_tokens`` of the classes."""
         b = self.budgets[dataset]
         means = [e.mean() for e in b.estimators.values() if e.mean() is not None]
         mean = (sum(means) / len(means)) if means else None
@@ -228,10 +234,19 @@ class SpendControl:
         return project_dataset(
             prompts_left=prompts_left, in_flight=in_flight, used_tokens=int(b.tokens.used),
             token_budget=int(budget) if budget is not None else None, mean_completion_tokens=mean,
-            max_tokens=max(e.max_tokens for e in b.estimators.values()), cost_so_far=cost_so_far,
+            max_tokens=_weighted_max_tokens(b.estimators, pending_by_class), cost_so_far=cost_so_far,
             cost_per_completion_token=p.completion_usd_per_token if p else None, recent_tok_per_s=recent_tok_per_s,
             since_start_tok_per_s=since_start_tok_per_s, cost_cap=b.cost.limit,
             observed=sum(e.count for e in b.estimators.values()), calibrate_after=self.cfg.spend.calibrate_after,
             fallback_mean_tokens=fallback_mean_tokens,
             prompt_usd_per_request=(p.prompt_usd_per_token * mean_prompt_tokens) if p else 0.0,
         )
+
+
+def _weighted_max_tokens(estimators: Mapping[str, Any], pending_by_class: Mapping[str, int] | None) -> float:
+    """The per-request ``max_tokens`` (tokens) of what is left: the classes' caps weighted by their
+    pending prompts; the largest cap when no class has any pending (an upper bound)."""
+    left = {c: n for c, n in (pending_by_class or {}).items() if n > 0 and c in estimators}
+    if not left:
+        return float(max(e.max_tokens for e in estimators.values()))
+    return sum(n * estimators[c].max_tokens for c, n in left.items()) / sum(left.values())

@@ -227,3 +227,25 @@ def test_spend_rate_is_unknown_until_this_engine_billed_something():
     assert t.spend_rate_usd_per_h(120.0, in_flight=92) == pytest.approx(0.01 / 20 * 3600)
     (prov,) = t.providers.snapshot()
     assert prov.name == "SimC" and prov.cost_usd == pytest.approx(0.01) and prov.requests == 0
+
+
+def test_high_end_uses_the_max_tokens_of_the_classes_left_not_the_largest_configured(tmp_path):
+    """Seen by a user: short-class prompts (max_tokens 10,240) projected at the long class's 16,384
+    ($3.23 high end where every prompt at its own cap costs at most $2.22)."""
+    from engine.spend import SpendControl
+    from helpers import make_config
+
+    cfg = make_config(tmp_path, [{"name": "a", "path": "a.jsonl"}],
+                      classes={"short": {"max_tokens": 10240, "concurrency": 4},
+                               "long": {"max_tokens": 16384, "concurrency": 2, "min_prompt_tokens": 8000}},
+                      pricing={"prompt_usd_per_m": 0.40, "completion_usd_per_m": 1.90})
+    sc = SpendControl(cfg)
+    kw = dict(in_flight=0, cost_so_far=1.0, completion_tokens=0, recent_tok_per_s=50.0, since_start_tok_per_s=50.0,
+              mean_prompt_tokens=600)
+    short = sc.project("a", prompts_left=100, pending_by_class={"short": 100, "long": 0}, **kw)
+    assert short.cost_high_usd == pytest.approx(1.0 + 100 * (600 * PRICE_IN + 10240 * PRICE_OUT))
+    mixed = sc.project("a", prompts_left=100, pending_by_class={"short": 75, "long": 25}, **kw)
+    assert mixed.cost_high_usd == pytest.approx(1.0 + 100 * 600 * PRICE_IN + (75 * 10240 + 25 * 16384) * PRICE_OUT)
+    # nothing pending (only in flight): the largest cap, still an upper bound
+    tail = sc.project("a", prompts_left=0, pending_by_class={"short": 0, "long": 0}, **{**kw, "in_flight": 3})
+    assert tail.cost_high_usd == pytest.approx(1.0 + 3 * (600 * PRICE_IN + 16384 * PRICE_OUT))

@@ -143,7 +143,7 @@ async def test_a_aborts_in_flight_after_confirm_showing_dollars_and_count(cfg):
         await pilot.press("a")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen), 2, what="confirm modal")
         text = screen_text(app)
-        assert "4 requests in flight, $" in text and "reserved" in text
+        assert "4 requests in flight, est. $" in text and "when they finish" in text
         await pilot.press("y")
         db = sqlite3.connect(cfg.run.dir / "store.sqlite")
 

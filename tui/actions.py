@@ -228,7 +228,7 @@ class ActionsMixin:
         if snap.in_flight == 0:
             self.notify("nothing in flight")  # type: ignore[attr-defined]
             return
-        body = (f"{snap.in_flight:,} requests in flight, {money(snap.cost_in_flight_usd)} reserved.\n"
+        body = (f"{snap.in_flight:,} requests in flight, est. {money(snap.cost_in_flight_usd)} when they finish.\n"
                 "Their prompts return to pending; tokens already streamed are still billed.")
 
         def answered(yes: bool | None) -> None:
@@ -323,7 +323,7 @@ class ActionsMixin:
         if self.engine_finished or snap is None or snap.in_flight == 0:  # type: ignore[attr-defined]
             self.begin_quit("drain")  # type: ignore[attr-defined]
             return
-        body = (f"{snap.in_flight:,} requests in flight ({money(snap.cost_in_flight_usd)} reserved).\n"
+        body = (f"{snap.in_flight:,} requests in flight (est. {money(snap.cost_in_flight_usd)} when they finish).\n"
                 "Drain: stop dispatching, let them finish and store them, then exit.\n"
                 "Abort: cancel them now (prompts return to pending; streamed tokens are billed).")
         self.push_screen(QuitScreen(body), lambda choice: choice and self.begin_quit(choice))  # type: ignore[attr-defined]
