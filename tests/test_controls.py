@@ -134,10 +134,11 @@ async def test_projection_is_a_range_until_calibrated(tmp_path):
     snap = sched.snapshot()
     d = snap.dataset("a")
     assert d.calibration == (5, 50) and snap.calibration == (5, 50)
-    # 100 prompts left: 100 x 100 tokens at the low end, 100 x 2,000 (the largest max_tokens) at the high end
-    assert d.projected_cost_low_usd == pytest.approx(0.1) and d.projected_cost_high_usd == pytest.approx(2.0)
+    # 100 short prompts left: 100 x 100 tokens at the low end, 100 x 1,000 (the short class's max_tokens, not
+    # the long class's 2,000) at the high end
+    assert d.projected_cost_low_usd == pytest.approx(0.1) and d.projected_cost_high_usd == pytest.approx(1.0)
     line2 = header_lines(snap, width=200)[1].plain
-    assert "projected $0.1000–$2.00 (calibrating 5/50)" in line2
+    assert "projected $0.1000–$1.00 (calibrating 5/50)" in line2
     # nothing observed anywhere yet: no number at all
     cfg2, store2, _, sched2 = await build(tmp_path / "two", {"a": 100}, Fake(), pricing={
         "prompt_usd_per_m": 1.0, "completion_usd_per_m": 10.0})

@@ -27,7 +27,16 @@ def test_new_events_appends_only_unseen_lines_of_the_sliding_window():
 
 def test_concurrency_step_is_about_ten_percent_and_bounded():
     """- stops at 1 (0 would stall dispatch while the run reads RUNNING); + stops at the class's cap."""
-    assert concurrency_step(2000, +1) == 2200 and concurrency_step(2000, -1) == 1800
+    assert concurrency_step(2000, +1) == 2200 and concurrency_step(2000, -1) == 1818
+    # `-` undoes `+` (a user saw 2000 -> six + -> six - end at 1884)
+    for n in range(1, 5001):
+        assert concurrency_step(concurrency_step(n, +1), -1) == n, n
+    n = 2000
+    for _ in range(6):
+        n = concurrency_step(n, +1)
+    for _ in range(6):
+        n = concurrency_step(n, -1)
+    assert n == 2000
     assert concurrency_step(4, +1) == 5 and concurrency_step(1, -1) == 1 and concurrency_step(2, -1) == 1
     assert concurrency_step(95, +1, cap=96) == 96 and concurrency_step(96, +1, cap=96) == 96
     n = 24

@@ -48,10 +48,11 @@ RESUMABLE = ("paused", "skipped", "budget_met")
 
 
 def concurrency_step(current: int, direction: int, cap: int | None = None) -> int:
-    """The next concurrency after ``+`` (direction 1) or ``-`` (-1): about 10 %, a step of at least 1,
-    kept within ``1..cap`` (``cap`` None: no upper bound). 0 is never reached: stopping dispatch is
-    a pause (``P`` / ``p``), which the dashboard then shows."""
-    step = max(1, round(current * 0.1))
+    """The next concurrency after ``+`` (direction 1) or ``-`` (-1): ``+`` adds about 10 % and ``-``
+    takes off about 1/11 (undoing a ``+``: 2000 -> 2200 -> 2000), a step of at least 1, kept within
+    ``1..cap`` (``cap`` None: no upper bound). 0 is never reached: stopping dispatch is a pause
+    (``P`` / ``p``), which the dashboard then shows."""
+    step = max(1, round(current * 0.1)) if direction > 0 else max(1, round(current / 11))
     new = max(1, current + direction * step)
     return min(new, cap) if cap else new
 
