@@ -11,7 +11,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Label, OptionList, Static
+from textual.widgets import Button, Footer, Label, OptionList, Static
 
 MODAL_CSS = """
 ModalScreen { align: center middle; }
@@ -26,13 +26,22 @@ ModalScreen OptionList { height: auto; max-height: 20; }
 """
 
 
+ARROWS = [
+    Binding("left", "app.focus_previous", "Previous", show=False, id="modal.left"),
+    Binding("right", "app.focus_next", "Next", show=False, id="modal.right"),
+]
+"""Left/Right move the focus between a dialog's buttons (like Shift-Tab/Tab)."""
+
+
 class ConfirmScreen(ModalScreen[bool]):
-    """Yes/no question; ``y``/Enter confirm, ``n``/Escape cancel. Dismisses with True or False."""
+    """Yes/no question; ``y`` confirms, ``n``/Escape cancel, Enter presses the focused button (Left/Right
+    or Tab move between them). Dismisses with True or False. The footer lists the dialog's keys."""
 
     DEFAULT_CSS = MODAL_CSS
     BINDINGS = [
         Binding("y", "answer(True)", "Yes", id="confirm.yes"),
         Binding("n,escape", "answer(False)", "No", id="confirm.no"),
+        *ARROWS,
     ]
 
     def __init__(self, title: str, body: str | Text, yes: str = "Yes", no: str = "Cancel") -> None:
@@ -46,6 +55,7 @@ class ConfirmScreen(ModalScreen[bool]):
             with Horizontal():
                 yield Button(f"{self._yes} [y]", id="yes", variant="error")
                 yield Button(f"{self._no} [n]", id="no")
+        yield Footer()
 
     def on_mount(self) -> None:
         self.query_one("#no", Button).focus()
@@ -58,7 +68,8 @@ class ConfirmScreen(ModalScreen[bool]):
 
 
 class QuitScreen(ModalScreen[str | None]):
-    """Quit with requests in flight: ``d`` drain, ``a`` abort, Escape stay. Dismisses with
+    """Quit with requests in flight: ``d`` drain, ``a`` abort, Escape stay; Left/Right or Tab move
+    between the buttons, Enter presses the focused one. Dismisses with
     ``"drain"``, ``"abort"`` or None."""
 
     DEFAULT_CSS = MODAL_CSS
@@ -66,6 +77,7 @@ class QuitScreen(ModalScreen[str | None]):
         Binding("d", "choose('drain')", "Drain", id="quit.drain"),
         Binding("a", "choose('abort')", "Abort", id="quit.abort"),
         Binding("escape,n", "choose(None)", "Stay", id="quit.cancel"),
+        *ARROWS,
     ]
 
     def __init__(self, body: str | Text) -> None:
@@ -80,6 +92,7 @@ class QuitScreen(ModalScreen[str | None]):
                 yield Button("Drain, then quit [d]", id="drain", variant="primary")
                 yield Button("Abort now [a]", id="abort", variant="error")
                 yield Button("Stay [esc]", id="stay")
+        yield Footer()
 
     def on_mount(self) -> None:
         self.query_one("#drain", Button).focus()
@@ -107,6 +120,7 @@ class PickScreen(ModalScreen[str | None]):
         with Vertical():
             yield Label(self._title, classes="title")
             yield OptionList(*self._labels, id="options")
+        yield Footer()
 
     def on_mount(self) -> None:
         self.query_one(OptionList).focus()
