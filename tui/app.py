@@ -298,7 +298,7 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
             return  # nobody is looking: skip rendering (panes keep updating under a modal: it shows them)
         try:
             self._render(snap)
-        except NoMatches:  # the app is shutting down: its widgets are gone
+        except (NoMatches, IndexError):  # the app is shutting down: its screens and widgets are gone
             self._closing = True
 
     def _check_exit_on_pause(self, snap: RunSnapshot) -> None:

@@ -13,6 +13,13 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Footer, Label, OptionList, Static
 
+def modal_css(name: str) -> str:
+    """:data:`MODAL_CSS` for the screen class ``name``: Textual scopes a widget's ``DEFAULT_CSS`` to
+    it (a ``ModalScreen ...`` rule in ``QuitScreen.DEFAULT_CSS`` reads ``QuitScreen ModalScreen ...``
+    and matches nothing: the dialog lost its frame, its centring and the dimmed dashboard behind)."""
+    return MODAL_CSS.replace("ModalScreen", name)
+
+
 MODAL_CSS = """
 ModalScreen { align: center middle; }
 ModalScreen > Vertical {
@@ -37,7 +44,7 @@ class ConfirmScreen(ModalScreen[bool]):
     """Yes/no question; ``y`` confirms, ``n``/Escape cancel, Enter presses the focused button (Left/Right
     or Tab move between them). Dismisses with True or False. The footer lists the dialog's keys."""
 
-    DEFAULT_CSS = MODAL_CSS
+    DEFAULT_CSS = modal_css("ConfirmScreen")
     BINDINGS = [
         Binding("y", "answer(True)", "Yes", id="confirm.yes"),
         Binding("n,escape", "answer(False)", "No", id="confirm.no"),
@@ -72,7 +79,7 @@ class QuitScreen(ModalScreen[str | None]):
     between the buttons, Enter presses the focused one. Dismisses with
     ``"drain"``, ``"abort"`` or None."""
 
-    DEFAULT_CSS = MODAL_CSS
+    DEFAULT_CSS = modal_css("QuitScreen")
     BINDINGS = [
         Binding("d", "choose('drain')", "Drain", id="quit.drain"),
         Binding("a", "choose('abort')", "Abort", id="quit.abort"),
@@ -107,7 +114,7 @@ class QuitScreen(ModalScreen[str | None]):
 class PickScreen(ModalScreen[str | None]):
     """Choose one of ``options`` (``(value, label)``); Enter picks, Escape cancels."""
 
-    DEFAULT_CSS = MODAL_CSS
+    DEFAULT_CSS = modal_css("PickScreen")
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="pick.cancel")]
 
     def __init__(self, title: str, options: list[tuple[str, str]]) -> None:
@@ -135,7 +142,7 @@ class PickScreen(ModalScreen[str | None]):
 class HelpScreen(ModalScreen[None]):
     """The keys and what they do (any key closes)."""
 
-    DEFAULT_CSS = MODAL_CSS
+    DEFAULT_CSS = modal_css("HelpScreen")
 
     def __init__(self, lines: list[tuple[str, str]]) -> None:
         super().__init__()
