@@ -54,6 +54,12 @@ async def test_fresh_pane_follows_lines_wider_than_the_pane(logger):
             await until(pilot, lambda: f"set to {2200 + i}" in pane_text(app), 5, what=f"new line {i} on screen")
         pane = app.query_one(LogPane)
         assert pane.scroll_y == pane.max_scroll_y
+        # The newest line sits on the pane's bottom row: no horizontal scrollbar row (the stray ▍/▋)
+        # under it; long lines still scroll sideways with the arrow keys.
+        rows = pane_text(app).splitlines()
+        at = next(i for i, r in enumerate(rows) if "set to 2229" in r)
+        assert rows[at + 1].lstrip("│ ").startswith("╰") or "╰" in rows[at + 1][80:], rows[at:at + 2]
+        assert pane.styles.scrollbar_size_horizontal == 0
 
 
 async def test_pane_follows_across_resizes_and_stays_put_when_scrolled_up(logger):
