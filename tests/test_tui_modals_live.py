@@ -28,7 +28,8 @@ def footer_line(app) -> str:
     return screen_text(app).rstrip("\n").splitlines()[-1]
 
 
-@pytest.mark.parametrize("key,screen,keys", [("i", DetailScreen, ["Close"]), ("q", QuitScreen, ["Drain", "Abort", "Stay"])])
+@pytest.mark.parametrize("key,screen,keys",
+                         [("i", DetailScreen, ["Close"]), ("q", QuitScreen, ["Drain", "Abort", "Stay"])])
 async def test_header_updates_and_footer_shows_the_modals_keys(key, screen, keys):
     """Before: the dashboard skipped rendering while a modal was open (elapsed froze) and the footer,
     on the dashboard's screen under the modal, went blank."""
