@@ -154,7 +154,8 @@ async def test_a_aborts_in_flight_after_confirm_showing_dollars_and_count(cfg):
         db.close()
 
 
-async def test_q_with_drain_exits_0_after_storing_in_flight(cfg):
+async def test_q_with_drain_exits_130_after_storing_in_flight(cfg):
+    """Prompts are left: the quit exits 130 (interrupted by the user), not 0 (completed). Before: 0."""
     app = DashboardApp(cfg)
     async with app.run_test(size=SIZE) as pilot:
         sched = await started(app, pilot, min_in_flight=4)
@@ -164,7 +165,7 @@ async def test_q_with_drain_exits_0_after_storing_in_flight(cfg):
         await until(pilot, lambda: isinstance(app.screen, QuitScreen), 2, what="quit modal")
         await pilot.press("d")
         await until(pilot, lambda: not app.is_running, 20, 0.05, "app exit")
-    assert app.return_code == 0 and app.host.exit_code == 0
+    assert app.return_code == 130 and app.host.exit_code == 130
     doc = collect_status(cfg.run.dir)
     t = doc["totals"]
     assert t["in_flight"] == 0 and doc["run"]["state"] == "stopped"  # (the pid is alive: it is this test's)
@@ -240,7 +241,9 @@ async def test_exclude_without_engine_support_says_not_available():
         assert not isinstance(app.screen, PickScreen) and ctl.calls == []
 
 
-async def test_rendering_is_skipped_while_a_modal_is_open():
+async def test_rendering_goes_on_while_a_modal_is_open():
+    """The panes stay visible around a modal, so they keep updating (issue 16: elapsed froze under
+    ``i`` and the quit dialog while rendering was skipped)."""
     snaps = [fixed_snapshot()]
     app = DashboardApp(snapshot_source=lambda: snaps[-1], controller=FakeController(), refresh_hz=20,
                        gpu_source=lambda: FIXED_GPUS)
@@ -250,9 +253,8 @@ async def test_rendering_is_skipped_while_a_modal_is_open():
         await pilot.pause(0.05)
         renders, polls = app.renders, app.polls
         await pilot.pause(0.5)
-        assert app.polls > polls + 3 and app.renders == renders
+        assert app.polls > polls + 3 and app.renders > renders + 3
         await pilot.press("escape")
-        await until(pilot, lambda: app.renders > renders, 2, what="rendering again")
 
 
 async def test_dashboard_keys_are_off_while_a_modal_is_open():

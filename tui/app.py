@@ -254,9 +254,15 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
 
     # ---- polling ----------------------------------------------------------------------------
     @property
+    def main_screen(self) -> Any:
+        """The dashboard's own screen (the bottom of the stack): ``self.query_one`` would search the
+        active screen, a modal's while one is open."""
+        return self.screen_stack[0]
+
+    @property
     def selected_dataset(self) -> str | None:
         """Name of the dataset under the table cursor."""
-        return self.query_one(DatasetsTable).selected
+        return self.main_screen.query_one(DatasetsTable).selected
 
     def _take(self) -> RunSnapshot | None:
         if self.host is not None:
@@ -288,11 +294,11 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
                     del self.conc_target[c.name]
             self._check_exit_on_pause(snap)
             self.announce_notices(snap)
-        if self.terminal_lost or len(self.screen_stack) > 1:
-            return  # a modal is open (or nobody is looking): skip rendering
+        if self.terminal_lost:
+            return  # nobody is looking: skip rendering (panes keep updating under a modal: it shows them)
         try:
             self._render(snap)
-        except NoMatches:  # the app is shutting down: its widgets are gone
+        except (NoMatches, IndexError):  # the app is shutting down: its screens and widgets are gone
             self._closing = True
 
     def _check_exit_on_pause(self, snap: RunSnapshot) -> None:
@@ -311,26 +317,26 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
             note = "run ended: press q to exit"
         elif self.host is not None and self.host.quit_mode:
             note = f"quitting ({self.host.quit_mode})…"
-        table = self.query_one(DatasetsTable)
+        table = self.main_screen.query_one(DatasetsTable)
         with self.batch_update():
-            self.query_one(HeaderPane).update_from(snap, note)
+            self.main_screen.query_one(HeaderPane).update_from(snap, note)
             if snap is not None:
                 table.update_from(snap)
-                for pane in (self.query_one(ThroughputPane), self.query_one(ErrorsPane),
-                             self.query_one(ProvidersPane)):
+                for pane in (self.main_screen.query_one(ThroughputPane), self.main_screen.query_one(ErrorsPane),
+                             self.main_screen.query_one(ProvidersPane)):
                     if shown(pane):
                         pane.update_from(snap)
                 self._render_sample()
-            log_pane = self.query_one(LogPane)
+            log_pane = self.main_screen.query_one(LogPane)
             if shown(log_pane):
                 log_pane.update_from(snap, self.log_handler.drain() if self.log_handler else ())
-            gpus = self.query_one(GpusPane)
+            gpus = self.main_screen.query_one(GpusPane)
             if shown(gpus) and self._gpu_source is not None:
                 gpus.update_from(self._gpu_source())
         self._refresh_footer()
 
     def _render_sample(self) -> None:
-        pane = self.query_one(SamplePane)
+        pane = self.main_screen.query_one(SamplePane)
         if shown(pane):
             pane.update_from(self._selected_ds())
 
@@ -349,13 +355,13 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
         """Lay out for the NEW size: this handler runs before Textual's own (``App._on_resize``),
         so ``self.size`` still holds the previous size here; ``event.size`` is the new one."""
         width = event.size.width
-        footer = self.query_one(Footer)
+        footer = self.main_screen.query_one(Footer)
         footer.compact = width < 120  # every key still fits in 80 columns
         if footer.show_command_palette != (width >= 100):
             footer.show_command_palette = width >= 100
             footer.refresh(recompose=True)  # not a recomposing reactive: the palette key would stay
-        self.query_one(DatasetsTable).fit_width(table_width(width))
-        self.query_one(HeaderPane)._last = None  # re-fit the header to the new width
+        self.main_screen.query_one(DatasetsTable).fit_width(table_width(width))
+        self.main_screen.query_one(HeaderPane)._last = None  # re-fit the header to the new width
         self.call_after_refresh(self.request_poll)  # panes shown by the new size get drawn now
 
 

@@ -18,7 +18,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Label, Static
+from textual.widgets import Footer, Label, Static
 
 from engine.snapshot import DatasetSnapshot, RunSnapshot
 from tui.fmt import fmt_count, money
@@ -152,6 +152,7 @@ class DetailScreen(ModalScreen[None]):
             yield Label(f"dataset {self.dataset}  (esc closes)", classes="title")
             with VerticalScroll():
                 yield Static(id="detail-body")
+        yield Footer()  # the view's own keys (the dashboard's footer sits under this screen)
 
     def on_mount(self) -> None:
         self._update()

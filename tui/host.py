@@ -94,7 +94,7 @@ class EngineHost:
         self.controller = getattr(job, "controller", None) or Controller(job.scheduler)
         if self.quit_mode:  # quit was asked while preparing: nothing was dispatched
             await job.close()
-            self.exit_code = 130 if self.interrupted else 0
+            self.exit_code = 130  # quit before anything ran: every prompt is left (interrupted)
             return self.exit_code
         run_job = getattr(runner, "run_job", None)
         try:
@@ -112,8 +112,20 @@ class EngineHost:
         finally:
             if self._drain_task is not None and not self._drain_task.done():
                 self._drain_task.cancel()
+        if code == 130 and self.quit_mode and not self.interrupted and self._nothing_left():
+            code = 0  # quit, but the drain stored the last requests: the run completed
         self.exit_code = code
         return code
+
+    def _nothing_left(self) -> bool:
+        """True when no dataset has a prompt pending or in flight (the run is complete)."""
+        sched = self.scheduler
+        if sched is None:
+            return False
+        try:
+            return all(d.pending == 0 and d.in_flight == 0 for d in sched.snapshot().datasets)
+        except Exception:  # noqa: BLE001 - no snapshot after close: count the run as interrupted
+            return False
 
     def request_quit(self, mode: str, interrupted: str | None = None) -> str:
         """Stop the run: ``"drain"`` (in-flight requests finish and are stored, up to the drain limit,
@@ -121,9 +133,13 @@ class EngineHost:
         aborted) or ``"abort"`` (cancel them now; their prompts return to pending). Safe to call
         before the job is prepared and more than once (a later ``"abort"`` upgrades a drain).
 
+        A quit before the run completed exits 130 (interrupted by the user; README "exit codes"),
+        like a signal, unless the drain stored the last prompts (then 0, completed); a quit after
+        the run ended keeps the run's own code.
+
         Args:
-            interrupted: the signal or key that asked (``"SIGINT"``, ``"Ctrl-C"``...): the run then
-                exits 130 (interrupted) instead of 0.
+            interrupted: the signal or key that asked (``"SIGINT"``, ``"Ctrl-C"``...), named in the
+                log and state reason.
 
         Returns:
             a short description for a notification (count and estimated dollars in flight).
@@ -133,7 +149,7 @@ class EngineHost:
         self.quit_mode = mode if self.quit_mode != "abort" else "abort"
         if interrupted:
             self.interrupted = self.interrupted or interrupted
-        code = 130 if self.interrupted else 0
+        code = 130  # left before the run completed: interrupted (see run() for a drain that completes it)
         why = f"{self.interrupted}: interrupted" if self.interrupted else "quit"
         sched = self.scheduler
         if sched is None:

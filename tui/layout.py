@@ -32,7 +32,7 @@ CSS = """
 #sample { width: 1fr; }
 #right { width: 1fr; }
 #gpus { height: auto; max-height: 10; }
-#log { height: 1fr; min-height: 3; scrollbar-size: 1 1; }
+#log { height: 1fr; min-height: 3; scrollbar-size: 0 1; }  /* no horizontal scrollbar row: see LogPane */
 Screen.-h-medium #middle { height: 8; }
 Screen.-w-medium #providers, Screen.-w-medium #gpus { display: none; }
 Screen.-w-small #middle, Screen.-h-small #middle { display: none; }

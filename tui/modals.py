@@ -11,7 +11,14 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Label, OptionList, Static
+from textual.widgets import Button, Footer, Label, OptionList, Static
+
+def modal_css(name: str) -> str:
+    """:data:`MODAL_CSS` for the screen class ``name``: Textual scopes a widget's ``DEFAULT_CSS`` to
+    it (a ``ModalScreen ...`` rule in ``QuitScreen.DEFAULT_CSS`` reads ``QuitScreen ModalScreen ...``
+    and matches nothing: the dialog lost its frame, its centring and the dimmed dashboard behind)."""
+    return MODAL_CSS.replace("ModalScreen", name)
+
 
 MODAL_CSS = """
 ModalScreen { align: center middle; }
@@ -26,13 +33,22 @@ ModalScreen OptionList { height: auto; max-height: 20; }
 """
 
 
-class ConfirmScreen(ModalScreen[bool]):
-    """Yes/no question; ``y``/Enter confirm, ``n``/Escape cancel. Dismisses with True or False."""
+ARROWS = [
+    Binding("left", "app.focus_previous", "Previous", show=False, id="modal.left"),
+    Binding("right", "app.focus_next", "Next", show=False, id="modal.right"),
+]
+"""Left/Right move the focus between a dialog's buttons (like Shift-Tab/Tab)."""
 
-    DEFAULT_CSS = MODAL_CSS
+
+class ConfirmScreen(ModalScreen[bool]):
+    """Yes/no question; ``y`` confirms, ``n``/Escape cancel, Enter presses the focused button (Left/Right
+    or Tab move between them). Dismisses with True or False. The footer lists the dialog's keys."""
+
+    DEFAULT_CSS = modal_css("ConfirmScreen")
     BINDINGS = [
         Binding("y", "answer(True)", "Yes", id="confirm.yes"),
         Binding("n,escape", "answer(False)", "No", id="confirm.no"),
+        *ARROWS,
     ]
 
     def __init__(self, title: str, body: str | Text, yes: str = "Yes", no: str = "Cancel") -> None:
@@ -46,6 +62,7 @@ class ConfirmScreen(ModalScreen[bool]):
             with Horizontal():
                 yield Button(f"{self._yes} [y]", id="yes", variant="error")
                 yield Button(f"{self._no} [n]", id="no")
+        yield Footer()
 
     def on_mount(self) -> None:
         self.query_one("#no", Button).focus()
@@ -58,14 +75,16 @@ class ConfirmScreen(ModalScreen[bool]):
 
 
 class QuitScreen(ModalScreen[str | None]):
-    """Quit with requests in flight: ``d`` drain, ``a`` abort, Escape stay. Dismisses with
+    """Quit with requests in flight: ``d`` drain, ``a`` abort, Escape stay; Left/Right or Tab move
+    between the buttons, Enter presses the focused one. Dismisses with
     ``"drain"``, ``"abort"`` or None."""
 
-    DEFAULT_CSS = MODAL_CSS
+    DEFAULT_CSS = modal_css("QuitScreen")
     BINDINGS = [
         Binding("d", "choose('drain')", "Drain", id="quit.drain"),
         Binding("a", "choose('abort')", "Abort", id="quit.abort"),
         Binding("escape,n", "choose(None)", "Stay", id="quit.cancel"),
+        *ARROWS,
     ]
 
     def __init__(self, body: str | Text) -> None:
@@ -80,6 +99,7 @@ class QuitScreen(ModalScreen[str | None]):
                 yield Button("Drain, then quit [d]", id="drain", variant="primary")
                 yield Button("Abort now [a]", id="abort", variant="error")
                 yield Button("Stay [esc]", id="stay")
+        yield Footer()
 
     def on_mount(self) -> None:
         self.query_one("#drain", Button).focus()
@@ -94,7 +114,7 @@ class QuitScreen(ModalScreen[str | None]):
 class PickScreen(ModalScreen[str | None]):
     """Choose one of ``options`` (``(value, label)``); Enter picks, Escape cancels."""
 
-    DEFAULT_CSS = MODAL_CSS
+    DEFAULT_CSS = modal_css("PickScreen")
     BINDINGS = [Binding("escape", "cancel", "Cancel", id="pick.cancel")]
 
     def __init__(self, title: str, options: list[tuple[str, str]]) -> None:
@@ -107,6 +127,7 @@ class PickScreen(ModalScreen[str | None]):
         with Vertical():
             yield Label(self._title, classes="title")
             yield OptionList(*self._labels, id="options")
+        yield Footer()
 
     def on_mount(self) -> None:
         self.query_one(OptionList).focus()
@@ -121,7 +142,7 @@ class PickScreen(ModalScreen[str | None]):
 class HelpScreen(ModalScreen[None]):
     """The keys and what they do (any key closes)."""
 
-    DEFAULT_CSS = MODAL_CSS
+    DEFAULT_CSS = modal_css("HelpScreen")
 
     def __init__(self, lines: list[tuple[str, str]]) -> None:
         super().__init__()

@@ -35,19 +35,47 @@ def new_events(prev: tuple[str, ...], cur: tuple[str, ...], prev_total: int = 0,
 class LogPane(Log):
     """A :class:`~textual.widgets.Log` with ``max_lines`` set, appended to, never rewritten.
 
-    It follows the newest line unless the user scrolled up (Textual's ``auto_scroll``). Once the
-    pane holds ``max_lines``, each write drops as many old lines as it adds: the scroll offset then
-    stays the same and Textual's ``Log`` repaints only rows past the old end, so the visible rows
-    kept showing stale lines; :meth:`update_from` repaints the pane after such a write.
+    It follows the newest line unless the user scrolled up. Textual's own ``auto_scroll`` follows
+    only while the pane sits exactly at its end at the moment of a write, and the end moves under it
+    without a scroll: the width of new lines is measured in a thread, so a horizontal scrollbar could
+    appear a moment later and take the bottom row (one row short of the end: never followed again,
+    on every fresh run), and a resize changes the rows. So the pane keeps its own ``following``
+    flag: cleared when the scroll offset moves up (the user scrolled), set again when it reaches the
+    end; while following, every update (twice a second, lines or not) and every resize scrolls to
+    the end. The horizontal scrollbar takes no row (``scrollbar-size-horizontal: 0``): long lines
+    still scroll sideways with the arrow keys once the pane has focus. Once the pane holds
+    ``max_lines``, each write drops as many old lines as it adds while the offset stays the same,
+    so the pane is repainted whole after such a write.
     """
 
+    DEFAULT_CSS = "LogPane { scrollbar-size-horizontal: 0; }"
+
     def __init__(self, max_lines: int = MAX_LINES, **kw) -> None:
-        super().__init__(max_lines=max_lines, auto_scroll=True, **kw)
+        super().__init__(max_lines=max_lines, auto_scroll=False, **kw)
         self._events: tuple[str, ...] = ()
         self._events_total = 0
+        self.following = True
+        """True while new lines are scrolled into view (False once the user scrolled up)."""
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if new_value >= self.max_scroll_y:
+            self.following = True
+        elif new_value < old_value:
+            self.following = False
+
+    def follow(self) -> None:
+        """Scroll to the newest line if following and not already there (cheap when there)."""
+        if self.following and self.scroll_y != self.max_scroll_y and not self.is_vertical_scrollbar_grabbed:
+            self.scroll_end(animate=False, immediate=True, x_axis=False)
+            self.refresh()
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self.follow)
 
     def update_from(self, snapshot: RunSnapshot | None, extra: Iterable[str] = ()) -> None:
-        """Append the events that are new since the last call, then ``extra`` lines (logging)."""
+        """Append the events that are new since the last call, then ``extra`` lines (logging);
+        scroll to the newest line while following."""
         lines: list[str] = []
         if snapshot is not None:
             lines.extend(new_events(self._events, snapshot.events, self._events_total, snapshot.events_total))
@@ -55,6 +83,8 @@ class LogPane(Log):
         lines.extend(extra)
         if lines:
             full = self.max_lines is not None and len(self.lines) + len(lines) > self.max_lines
-            self.write_lines(lines)
+            self.write_lines(lines, scroll_end=False)
             if full:  # old lines were dropped: every visible row changed (see the class docstring)
                 self.refresh()
+        self.follow()
+        self.call_after_refresh(self.follow)  # the width is measured in a thread: the end may move
