@@ -386,6 +386,7 @@ class StreamAccumulator:
             generation_id=self.generation_id,
             latency_s=latency_s,
             ttft_s=self.ttft_s,
+            usage_reported=bool(self.usage_raw),
         )
 
     def error(self, error_class: ErrorClass, message: str, *, status: int = 0) -> RequestError:

@@ -58,6 +58,9 @@ class Completion:
         generation_id: ``id`` of the response / ``X-Generation-Id`` header.
         latency_s: seconds from sending the request to the end of the response.
         ttft_s: seconds from sending to the first content/reasoning/tool-call byte (None if none came).
+        usage_reported: whether the response carried a ``usage`` object. False when the provider sent none
+            (e.g. vLLM without ``stream_options.include_usage``) or the connection closed after the finish
+            chunk: :attr:`usage` is then zeros and the caller must account the tokens another way.
     """
 
     reasoning: str
@@ -71,6 +74,7 @@ class Completion:
     generation_id: str
     latency_s: float
     ttft_s: float | None
+    usage_reported: bool = True
 
 
 class ErrorClass(str, enum.Enum):
