@@ -345,6 +345,10 @@ def test_case04_no_usage_counted_with_tokenizer_and_budget_trips(tmp_path):
     assert {(ct, src) for _, _, ct, _, _, src in got} == {(want, COUNTED)}
     for _, pt, ct, rt, cost, _ in got:
         assert rt == len(_enc().encode(R)) and pt > 0 and cost == pytest.approx(price(pt, ct))
+    conn = sqlite3.connect(tmp_path / "run" / "store.sqlite")  # live validation: no billed count to compare
+    checks = conn.execute("SELECT ok, notes, billing_diff FROM validations").fetchall()
+    conn.close()
+    assert checks and all(c == (1, '["no_usage"]', None) for c in checks), checks
     raw = raw_export(tmp_path)
     assert [x["usage_source"] for x in raw] == [COUNTED] * len(got)
     assert all(x["usage"]["completion_tokens"] == want for x in raw)
@@ -356,6 +360,17 @@ def test_case04_no_usage_estimated_without_tokenizer_and_budget_trips(tmp_path):
     assert_budget_tripped(doc, want, ESTIMATED)
     assert {(ct, src) for _, _, ct, _, _, src in rows(tmp_path)} == {(want, ESTIMATED)}
     assert {x["usage_source"] for x in raw_export(tmp_path)} == {ESTIMATED}
+    # validating later with a tokenizer: an estimate is no billed count to check the rebuilt length against
+    tok_cfg = tmp_path / "tok.toml"
+    tok_cfg.write_text((tmp_path / "config.toml").read_text().replace(
+        "[classes.short]", f'[tokenizer]\npath = "{kimi_dir()}"\nkind = "tiktoken"\n\n[classes.short]'))
+    v = subprocess.run([sys.executable, "-m", "engine.cli", "validate", str(tmp_path / "run"), "--config", str(tok_cfg),
+                        "--json", "--workers", "1"], capture_output=True, text=True, timeout=120)
+    assert v.returncode == 0, v.stdout + v.stderr
+    conn = sqlite3.connect(tmp_path / "run" / "store.sqlite")
+    got = conn.execute("SELECT ok, reasons, notes, billed_completion, billing_diff FROM validations").fetchall()
+    conn.close()
+    assert got and all(r == (1, "[]", '["no_usage"]', 0, None) for r in got), got
 
 
 @NEEDS_I11A
