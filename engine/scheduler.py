@@ -43,7 +43,8 @@ from engine.rates import RateWindow
 from engine.spend import SpendControl
 from engine.store import PendingPrompt, Store
 from engine.telemetry import Telemetry
-from engine.usage import GENERATION, Accounted, account, correction, count_with_tokenizer, from_generation
+from engine.usage import (GENERATION, Accounted, account, correction, count_with_tokenizer, from_generation,
+                          usage_usable)
 from engine.writer import StoreWriter
 
 log = logging.getLogger(__name__)
@@ -374,12 +375,25 @@ class Scheduler:
         self._trueups.add(t)
         t.add_done_callback(self._trueups.discard)
 
-    def _account(self, p: PendingPrompt, c: Completion) -> Accounted:
+    async def _account(self, p: PendingPrompt, c: Completion) -> Accounted:
         """A result's tokens and cost (:func:`engine.usage.account`): the response's usage, else
-        counted with the ``[tokenizer]`` of live reconstruction, else estimated."""
+        counted with the ``[tokenizer]`` of live reconstruction (in a thread: ~0.5 us a token, too
+        long for the loop on long prompts), else estimated. An abort during the count does not lose
+        the paid, finished result: it is accounted with the estimate and stored."""
         tok = getattr(self.recon, "tok", None)
-        count = (lambda: count_with_tokenizer(tok, c, p.messages, p.tools)) if tok is not None else None
-        return account(c, est_prompt_tokens=p.est_prompt_tokens, price=self._price, count=count)
+        counted: tuple | None = None
+        if tok is not None and not usage_usable(c):
+            try:
+                counted = await asyncio.to_thread(count_with_tokenizer, tok, c, p.messages, p.tools)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+            except Exception as e:  # noqa: BLE001 - text the tokenizer refuses: the estimate stands
+                log.warning("[%s] %s: usage could not be counted (%s: %s); estimated", p.dataset, p.key,
+                            type(e).__name__, e)
+        return account(c, est_prompt_tokens=p.est_prompt_tokens, price=self._price,
+                       count=(lambda: counted) if counted is not None else None)
 
     def _price(self, prompt_tokens: int, completion_tokens: int) -> float | None:
         """USD of the tokens at the best known prices; None when no price is known."""
@@ -506,8 +520,8 @@ class Scheduler:
             log.exception("[%s] unexpected error on prompt %s", rt.name, p.key)
             self._on_failure(rt, p, RequestError(ErrorClass.OTHER, f"internal error: {type(e).__name__}: {e}"), attempts)
             return
+        acc = await self._account(p, c)  # tokens and cost even when the response carried no usage
         lim.release()
-        acc = self._account(p, c)  # tokens and cost even when the response carried no usage
         u = acc.usage
         received, c = c, dataclasses.replace(c, usage=u)
         self.spend.settle(rt.name, res, u.prompt_tokens, u.completion_tokens, u.cost_usd, billed=acc.cost_billed)
