@@ -463,3 +463,116 @@ def test_generation_true_up_replaces_the_count(tmp_path):
     assert d["completion_tokens"] == sum(50 + i for i in range(4)) + true_count(R, C)
     assert d["cost_usd"] == pytest.approx(0.010 + vals["gen-4"][3])
     assert sorted(x["usage_source"] for x in raw_export(tmp_path)) == [COUNTED] + [GENERATION] * 4
+
+
+# ---- the scheduler, with a scripted `complete` on a real store ---------------------------------------------------
+class _SlowTok:
+    """The real fixture tokenizer, whose first ``encode`` waits (signalling that counting started)."""
+
+    def __init__(self, tok, wait_s: float) -> None:
+        import threading
+
+        self._tok, self._wait_s = tok, wait_s
+        self.started = threading.Event()
+
+    def encode(self, text: str) -> list[int]:
+        if not self.started.is_set():
+            self.started.set()
+            import time
+
+            time.sleep(self._wait_s)
+        return self._tok.encode(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._tok, name)
+
+
+class _Recon:
+    def __init__(self, tok) -> None:
+        self.tok = tok
+        self.submitted: list[Completion] = []
+
+    def submit(self, prompt_id, dataset, key, messages, tools, c) -> None:
+        self.submitted.append(c)
+
+
+async def _sched(tmp_path, n: int, complete, *, get_json=None, recon=None, budget: int | None = None):
+    from engine.client.retry import RetryPolicy
+    from engine.scheduler import Scheduler
+    from engine.writer import StoreWriter
+    from helpers import make_config, seeded_store
+
+    cfg = make_config(tmp_path, [{"name": "a", "path": "a.jsonl", "token_budget": budget}],
+                      pricing={"prompt_usd_per_m": 0.6, "completion_usd_per_m": 2.5})
+    store = await seeded_store(cfg, {"a": n})
+    writer = StoreWriter(store, 0.05)
+    sched = Scheduler(cfg, store, writer, complete, policy=RetryPolicy(max_attempts=2, base_s=0.001, max_s=0.002))
+    sched.get_json, sched.recon = get_json, recon
+    writer._live = sched.live
+    await sched.load()
+    return store, writer, sched
+
+
+async def _run(sched, writer, during=None):
+    stop = asyncio.Event()
+    wt = asyncio.create_task(writer.run(stop))
+    run = asyncio.create_task(sched.run())
+    if during is not None:
+        await during()
+    code = await asyncio.wait_for(run, 60)
+    stop.set()
+    await wt
+    return code
+
+
+async def test_an_abort_while_counting_keeps_the_paid_result(tmp_path):
+    async def complete(req, progress=None):
+        return completion(gid="gen-a")
+
+    tok = _SlowTok(_tok(), 0.5)
+    recon = _Recon(tok)
+    store, writer, sched = await _sched(tmp_path, 1, complete, recon=recon)
+
+    async def abort_while_counting():
+        await asyncio.to_thread(tok.started.wait, 10)
+        assert sched.abort() == 1
+
+    await _run(sched, writer, abort_while_counting)
+    cur = await store.conn.execute("SELECT completion_tokens, usage_source FROM results")
+    got = await cur.fetchall()
+    cur = await store.conn.execute("SELECT state FROM prompts")
+    state = await cur.fetchall()
+    await store.close()
+    want = est(len(R)) + est(len(C)) + 2
+    assert got == [(want, ESTIMATED)] and state == [("done",)]
+    assert sched.spend.budgets["a"].tokens.used == want
+    assert recon.submitted[0].usage == Usage() and not recon.submitted[0].usage_reported  # as received
+
+
+async def test_trueup_in_the_scheduler_counts_once(tmp_path):
+    """Settled with the count at once, corrected to /generation's figures: the budget, the counters and
+    the row hold the provider's numbers, never the sum of both."""
+    asked: list[str] = []
+
+    async def complete(req, progress=None):
+        i = req.messages[-1]["content"].split()[-1]
+        return completion(gid=f"gen-{i}")
+
+    async def get_json(path, params=None):
+        asked.append(params["id"])
+        i = int(params["id"].split("-")[1])
+        return {"data": {"native_tokens_prompt": 30, "native_tokens_completion": 40 + i, "total_cost": 0.01}}
+
+    recon = _Recon(_tok())
+    store, writer, sched = await _sched(tmp_path, 3, complete, get_json=get_json, recon=recon, budget=10_000)
+    await _run(sched, writer)
+    cur = await store.conn.execute("SELECT completion_tokens, prompt_tokens, cost_usd, usage_source FROM results "
+                                   "ORDER BY prompt_id")
+    got = await cur.fetchall()
+    await store.close()
+    assert sorted(asked) == ["gen-0", "gen-1", "gen-2"]
+    assert got == [(40 + i, 30, 0.01, GENERATION) for i in range(3)]
+    rt = sched.datasets["a"]
+    assert (rt.completion_tokens, rt.prompt_tokens) == (123, 90) and rt.cost_usd == pytest.approx(0.03)
+    assert sched.spend.budgets["a"].tokens.used == 123
+    assert sched.spend.budgets["a"].cost.used == pytest.approx(0.03)
