@@ -170,7 +170,7 @@ def _usd(v: Any) -> float | None:
 
 def from_generation(data: Any, price: PriceFn | None = None) -> Accounted | None:
     """The figures of a ``/generation?id=`` answer's ``data`` object, or None when it names no
-    completion tokens.
+    completion tokens (or only zero: a finished result generated at least its end of turn).
 
     Token counts: ``native_tokens_*`` (the model's own tokenizer: what is billed), else ``tokens_*``
     (OpenRouter's normalised count). Cost: ``total_cost`` (USD), else priced with ``price``.
@@ -185,8 +185,8 @@ def from_generation(data: Any, price: PriceFn | None = None) -> Accounted | None
                 return v
         return None
 
-    completion = pick("native_tokens_completion", "tokens_completion")
-    if completion is None:
+    completion = pick("native_tokens_completion") or pick("tokens_completion")
+    if not completion:  # none, or zero for a finished result: no figure to replace ours with
         return None
     prompt = pick("native_tokens_prompt", "tokens_prompt") or 0
     reasoning = pick("native_tokens_reasoning") or 0

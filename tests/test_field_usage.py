@@ -177,6 +177,8 @@ def test_from_generation_prefers_native_counts_and_total_cost():
     assert from_generation({"total_cost": 0.1}, price) is None  # no token figure: nothing to true up with
     assert from_generation(None, price) is None
     assert from_generation({"native_tokens_completion": "x", "tokens_completion": -3}, price) is None
+    assert from_generation({"native_tokens_completion": 0, "tokens_completion": 0, "total_cost": 0}, price) is None
+    assert from_generation({"native_tokens_completion": 0, "tokens_completion": 9}, price).usage.completion_tokens == 9
 
 
 def test_correction_is_the_difference():
