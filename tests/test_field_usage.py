@@ -430,6 +430,25 @@ def test_usage_lost_when_the_connection_closes_after_the_finish_chunk(tmp_path):
     assert doc["totals"]["completion_tokens"] == 6 * want and doc["totals"]["usage_sources"][COUNTED] == 6
 
 
+def test_non_streamed_body_without_usage_is_estimated(tmp_path):
+    """``stream = false`` against a server whose JSON body has no ``usage``: estimated, not zero."""
+    def respond(req: dict, n: int) -> Reply:
+        body = {"id": "gen-x", "object": "chat.completion", "model": "m", "choices": [
+            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": C, "reasoning_content": R}}]}
+        return Reply(headers=[("Content-Type", "application/json")], pieces=[json.dumps(body).encode()], chunked=False)
+
+    with CaseServer(respond) as srv:
+        cfg = case_config(tmp_path, srv.base_url, PROMPTS[:2], max_tokens=100)
+        cfg.write_text(cfg.read_text().replace('api_key_env = "CASE_KEY"\n', 'api_key_env = "CASE_KEY"\nstream = false\n'))
+        r = run_case(cfg)
+        assert r.returncode == 0, r.stdout + r.stderr
+    assert all(q["stream"] is False for q in srv.requests)
+    want = est(len(R)) + est(len(C)) + 2
+    got = rows(tmp_path)
+    assert len(got) == 2 and {(ct, src) for _, _, ct, _, _, src in got} == {(want, ESTIMATED)}
+    assert all(cost == pytest.approx(price(pt, ct)) for _, pt, ct, _, cost, _ in got)
+
+
 def test_generation_true_up_replaces_the_count(tmp_path):
     """OpenRouter without usage in the stream: the count settles at once, then `/generation` (native
     counts, total_cost) replaces it in the store, status and export; counted once."""
