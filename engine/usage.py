@@ -102,9 +102,13 @@ def count_with_tokenizer(tok: Any, c: Completion, messages: list[dict[str, Any]]
     calls, _ = native_tool_calls([t.to_openai() for t in c.tool_calls], count_tool_calls(messages),
                                  tok.section.tool_id_format)
     finished = c.finish_reason != "length"
-    ids = completion_ids(tok, c.reasoning, c.content, calls, finished=finished)
-    reasoning = len(tok.encode(c.reasoning)) if c.reasoning else 0
-    completion = len(ids) + (0 if tok.thinking else reasoning)
+    pieces: dict[str, list[int]] = {}
+    ids = completion_ids(tok, c.reasoning, c.content, calls, finished=finished, pieces=pieces)
+    if tok.thinking:
+        reasoning, completion = len(pieces.get("reasoning", [])), len(ids)
+    else:
+        reasoning = len(tok.encode(c.reasoning)) if c.reasoning else 0
+        completion = len(ids) + reasoning
     try:
         prompt: int | None = len(prompt_ids(tok, messages, tools)[1])
     except TemplateError:

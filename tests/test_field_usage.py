@@ -159,6 +159,14 @@ def test_counted_tool_calls_and_a_cut_reply():
     assert cut == true_count(R, C, finished=False)
 
 
+def test_reasoning_returned_in_thinking_off_mode_is_still_counted():
+    from engine.tokens.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(TokenizerSection(path=str(kimi_dir()), thinking=False))
+    _, n, r = count_with_tokenizer(tok, completion(), [{"role": "user", "content": "hi"}], [])
+    assert r == len(_enc().encode(R)) and n == r + len(_enc().encode(C)) + 1  # + end of turn, no think_end
+
+
 def test_a_count_that_raises_falls_back_to_the_estimate():
     def boom():
         raise ValueError("cannot encode")
