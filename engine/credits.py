@@ -62,8 +62,10 @@ async def read_credits(get_json, clock=time.monotonic) -> CreditsReading | None:
     return CreditsReading(remaining, usage, source, clock())
 
 
-async def generation_cost(get_json, generation_id: str, *, tries: int = 5, first_wait_s: float = 1.0) -> float | None:
-    """``total_cost`` (USD) of a generation from ``/generation?id=``, retrying 404s; None if never known."""
+async def generation_stats(get_json, generation_id: str, *, tries: int = 5, first_wait_s: float = 1.0) -> dict | None:
+    """The ``data`` object of ``/generation?id=`` (``total_cost`` USD, ``tokens_*`` /
+    ``native_tokens_*`` counts, ...), retrying 404s and transient errors with doubling waits
+    (``first_wait_s``, s); None if never known."""
     wait = first_wait_s
     for _ in range(tries):
         await asyncio.sleep(wait)
@@ -75,5 +77,11 @@ async def generation_cost(get_json, generation_id: str, *, tries: int = 5, first
                 continue
             return None
         data = doc.get("data", {}) if isinstance(doc, dict) else {}
-        return _num(data.get("total_cost"))
+        return data if isinstance(data, dict) else None
     return None
+
+
+async def generation_cost(get_json, generation_id: str, *, tries: int = 5, first_wait_s: float = 1.0) -> float | None:
+    """``total_cost`` (USD) of a generation from ``/generation?id=``, retrying 404s; None if never known."""
+    data = await generation_stats(get_json, generation_id, tries=tries, first_wait_s=first_wait_s)
+    return None if data is None else _num(data.get("total_cost"))

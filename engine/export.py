@@ -6,8 +6,9 @@ Formats: ``raw`` (below, needs no tokenizer) and the training-ready ``specforge`
 Format ``raw``: one JSONL per dataset (``RAW_DIR/<dataset>.jsonl``), one line per completed prompt
 in prompt-id order: ``dataset``, ``key``, ``messages``, ``tools``, ``response`` (``reasoning``,
 ``content``, ``tool_calls``, ``finish_reason``), ``usage`` (``prompt_tokens``,
-``completion_tokens``, ``reasoning_tokens``), ``cost_usd``, ``provider``, ``model``,
-``generation_id``. Each file is written to a temporary name in the same directory and renamed.
+``completion_tokens``, ``reasoning_tokens``), ``usage_source`` (where those tokens and the cost come
+from: ``reported`` | ``generation`` | ``counted`` | ``estimated``, see :mod:`engine.usage`),
+``cost_usd``, ``provider``, ``model``, ``generation_id``. Each file is written to a temporary name in the same directory and renamed.
 
 When no record qualifies (no result stored, or every result invalid and ``include_invalid`` not
 set) nothing is written and :class:`NothingToExport` says why (``datagen export`` exits 1).
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from engine.atomic import write_lines
 from engine.status import connect_ro
+from engine.store import table_columns
 
 
 class NothingToExport(Exception):
@@ -43,22 +45,25 @@ def export_raw(run_dir: Path, out_dir: Path) -> dict[str, int]:
                                   f"({n_prompts} prompt(s) ingested); nothing written")
         names = [n for (n,) in conn.execute("SELECT name FROM datasets ORDER BY position")]
         written = {}
+        has_source = "usage_source" in table_columns(conn, ["results"])["results"]
+        source = "r.usage_source" if has_source else "'reported'"  # a store older than the column
         for name in names:
             rows = conn.execute(
                 "SELECT r.dataset, r.key, p.messages, p.tools, r.reasoning, r.content, r.tool_calls, r.finish_reason, "
                 "r.prompt_tokens, r.completion_tokens, r.reasoning_tokens, r.cost_usd, r.provider, r.model, "
-                "r.generation_id FROM results r JOIN prompts p ON p.id = r.prompt_id WHERE r.dataset=? ORDER BY r.prompt_id",
+                f"r.generation_id, {source} FROM results r JOIN prompts p ON p.id = r.prompt_id WHERE r.dataset=? "
+                "ORDER BY r.prompt_id",
                 (name,),
             )
 
             def lines(rows=rows):
-                for (ds, key, msgs, tools, reasoning, content, tcs, fin, pt, ct, rt, cost, prov, model, gid) in rows:
+                for (ds, key, msgs, tools, reasoning, content, tcs, fin, pt, ct, rt, cost, prov, model, gid, src) in rows:
                     yield json.dumps({
                         "dataset": ds, "key": key, "messages": json.loads(msgs), "tools": json.loads(tools),
                         "response": {"reasoning": reasoning, "content": content, "tool_calls": json.loads(tcs),
                                      "finish_reason": fin},
                         "usage": {"prompt_tokens": pt, "completion_tokens": ct, "reasoning_tokens": rt},
-                        "cost_usd": cost, "provider": prov, "model": model, "generation_id": gid,
+                        "usage_source": src, "cost_usd": cost, "provider": prov, "model": model, "generation_id": gid,
                     }, ensure_ascii=False)
 
             written[name] = write_lines(Path(out_dir) / f"{name}.jsonl", lines())

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 import logging
 import time
@@ -42,6 +43,8 @@ from engine.rates import RateWindow
 from engine.spend import SpendControl
 from engine.store import PendingPrompt, Store
 from engine.telemetry import Telemetry
+from engine.usage import (GENERATION, Accounted, account, correction, count_with_tokenizer, from_generation,
+                          usage_usable)
 from engine.writer import StoreWriter
 
 log = logging.getLogger(__name__)
@@ -372,6 +375,57 @@ class Scheduler:
         self._trueups.add(t)
         t.add_done_callback(self._trueups.discard)
 
+    async def _account(self, p: PendingPrompt, c: Completion) -> Accounted:
+        """A result's tokens and cost (:func:`engine.usage.account`): the response's usage, else
+        counted with the ``[tokenizer]`` of live reconstruction (in a thread: ~0.5 us a token, too
+        long for the loop on long prompts), else estimated. An abort during the count does not lose
+        the paid, finished result: it is accounted with the estimate and stored."""
+        tok = getattr(self.recon, "tok", None)
+        counted: tuple | None = None
+        if tok is not None and not usage_usable(c):
+            try:
+                counted = await asyncio.to_thread(count_with_tokenizer, tok, c, p.messages, p.tools)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+            except Exception as e:  # noqa: BLE001 - text the tokenizer refuses: the estimate stands
+                log.warning("[%s] %s: usage could not be counted (%s: %s); estimated", p.dataset, p.key,
+                            type(e).__name__, e)
+        return account(c, est_prompt_tokens=p.est_prompt_tokens, price=self._price,
+                       count=(lambda: counted) if counted is not None else None)
+
+    def _price(self, prompt_tokens: int, completion_tokens: int) -> float | None:
+        """USD of the tokens at the best known prices; None when no price is known."""
+        pr = self.spend.prices()
+        return pr.cost(prompt_tokens, completion_tokens) if pr is not None else None
+
+    def _trueup_result(self, rt: DatasetRuntime, prompt_id: int, gid: str, acc: Accounted, provider: str) -> None:
+        """Replace a stored result's counted/estimated figures by the provider's ``/generation``
+        stats once they are known (budgets, counters and the row corrected by the difference)."""
+        from engine.credits import generation_stats
+
+        async def run() -> None:
+            final = from_generation(await generation_stats(self.get_json, gid), self._price)
+            if final is None:
+                return
+            u = final.usage
+            dp, dc, dr, dusd = correction(acc.usage, u)
+            self.spend.correct(rt.name, dp, dc, dusd)
+            if final.cost_billed:
+                self.spend.observer.observe(u.prompt_tokens, u.completion_tokens, u.cost_usd)
+            rt.prompt_tokens += dp
+            rt.completion_tokens += dc
+            rt.reasoning_tokens += dr
+            rt.cost_usd += dusd
+            if dusd > 0:
+                self.telemetry.on_cost(provider, dusd, self.clock())
+            self.writer.set_result_usage(prompt_id, u, GENERATION)
+
+        t = asyncio.get_running_loop().create_task(run())
+        self._trueups.add(t)
+        t.add_done_callback(self._trueups.discard)
+
     async def _request(self, rt: DatasetRuntime, p: PendingPrompt, lim: AdjustableLimiter, res: Any) -> None:
         self._begun.add(p.id)
         req = self._request_for(p)
@@ -466,19 +520,23 @@ class Scheduler:
             log.exception("[%s] unexpected error on prompt %s", rt.name, p.key)
             self._on_failure(rt, p, RequestError(ErrorClass.OTHER, f"internal error: {type(e).__name__}: {e}"), attempts)
             return
+        acc = await self._account(p, c)  # tokens and cost even when the response carried no usage
         lim.release()
-        u = c.usage
-        self.spend.settle(rt.name, res, u.prompt_tokens, u.completion_tokens, u.cost_usd)
+        u = acc.usage
+        received, c = c, dataclasses.replace(c, usage=u)
+        self.spend.settle(rt.name, res, u.prompt_tokens, u.completion_tokens, u.cost_usd, billed=acc.cost_billed)
         if spent[0] or spent[1]:
             self.spend.add_partial(rt.name, spent[1], tokens=spent[0])  # earlier failed attempts of this prompt
         self.writer.add_attempt(p.id, rt.name, attempts, started[0], time.time(), "ok", provider=c.provider,
                                 generation_id=c.generation_id, cost_usd=u.cost_usd)
-        self.writer.add_result(p.id, rt.name, p.key, c, attempts)
-        if self.recon is not None:
+        self.writer.add_result(p.id, rt.name, p.key, c, attempts, usage_source=acc.source)
+        if self.recon is not None:  # the response as received: only billed figures are checked against
             try:
-                self.recon.submit(p.id, rt.name, p.key, p.messages, p.tools, c)
+                self.recon.submit(p.id, rt.name, p.key, p.messages, p.tools, received)
             except Exception:  # noqa: BLE001 - the result is stored; `datagen validate` rebuilds it
                 log.exception("[%s] reconstruction of %s could not be queued", rt.name, p.key)
+        if acc.provisional and c.generation_id and self.get_json is not None:
+            self._trueup_result(rt, p.id, c.generation_id, acc, c.provider)
         now = self.clock()
         rt.in_flight -= 1
         rt.done += 1

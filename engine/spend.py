@@ -123,9 +123,12 @@ class SpendControl:
         return b.try_reserve(cls, est_prompt_tokens, self.prices() if self.has_cost_cap else None)
 
     def settle(self, dataset: str, r: Reservations | _Naive, prompt_tokens: int, completion_tokens: int,
-               cost_usd: float | None) -> None:
-        """Settle a completed request with its billed usage (tokens, USD)."""
-        self.observer.observe(prompt_tokens, completion_tokens, cost_usd)
+               cost_usd: float | None, *, billed: bool = True) -> None:
+        """Settle a completed request with its usage (tokens, USD). ``billed`` False: the figures are
+        ours (counted, estimated or priced, see :mod:`engine.usage`): they count in the budgets but do
+        not teach the price observer."""
+        if billed:
+            self.observer.observe(prompt_tokens, completion_tokens, cost_usd)
         b = self.budgets[dataset]
         if isinstance(r, _Naive):
             b.estimators[r.cls].observe(completion_tokens)
@@ -158,6 +161,16 @@ class SpendControl:
         self.run_cost.add_used(cost_usd)
         self.spent_since_start += cost_usd
         self.lost_usd[dataset] += cost_usd
+
+    def correct(self, dataset: str, prompt_tokens: int, completion_tokens: int, cost_usd: float) -> None:
+        """Correct a settled result's figures by the given differences (tokens, USD; may be negative),
+        e.g. when a ``/generation`` true-up replaces counted or estimated usage: the budgets then hold
+        the true figures, counted once. ``used`` never drops below 0."""
+        b = self.budgets[dataset]
+        tokens = completion_tokens + (prompt_tokens if b.counts_total else 0)
+        for budget, amount in ((b.tokens, tokens), (b.cost, cost_usd), (self.run_cost, cost_usd)):
+            budget.used = max(0.0, budget.used + amount)
+        self.spent_since_start += cost_usd
 
     def estimate_cost(self, prompt_tokens: int, completion_tokens: int) -> float:
         """Cost (USD) of the given tokens at the best known prices; 0.0 when no price is known."""

@@ -4,6 +4,8 @@ Committed rows give done/failed/tokens/cost/errors; the live engine's ``runtime`
 in the same transaction as every commit) gives in-flight counts and the run state. A run whose
 engine is gone (no such pid, or no heartbeat for :data:`STALE_S`) has nothing in flight.
 Invariant of every dataset entry: ``done + failed + skipped + pending + in_flight == prompts``.
+``usage_sources`` (per dataset and in ``totals``) counts the stored results by where their tokens
+and cost come from: ``reported`` | ``generation`` | ``counted`` | ``estimated`` (:mod:`engine.usage`).
 
 Ages and durations are computed when the document is read: ``credits_age_s`` from the wall-clock
 time of the credits reading, ``elapsed_s`` from the last heartbeat while the engine runs (never past
@@ -24,7 +26,8 @@ from typing import Any, TextIO
 from engine.projection import range_text
 from engine.rates import fmt_count, fmt_duration
 from engine.stats import UNKNOWN_PROVIDER, nearest_rank
-from engine.store import db_path
+from engine.store import db_path, table_columns
+from engine.usage import SOURCES
 
 #: Seconds without a heartbeat after which a run is considered not running.
 STALE_S = 15.0
@@ -141,6 +144,13 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
                 "SUM(COALESCE(cost_usd,0)) FROM results GROUP BY dataset"
             )
         }
+        sources: dict[str, dict[str, int]] = {}
+        if "usage_source" in table_columns(conn, ["results"])["results"]:  # older stores: all reported
+            for d, src, n in conn.execute("SELECT dataset, usage_source, COUNT(*) FROM results GROUP BY 1, 2"):
+                sources.setdefault(d, {})[src] = n
+        else:
+            for d, n in conn.execute("SELECT dataset, COUNT(*) FROM results GROUP BY 1"):
+                sources[d] = {"reported": n}
         lost = {d: c or 0.0 for d, c in conn.execute(
             "SELECT dataset, SUM(cost_usd) FROM attempts WHERE outcome!='ok' AND cost_usd IS NOT NULL GROUP BY dataset")}
         errors: dict[str, dict[str, int]] = {}
@@ -174,6 +184,7 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
                 "prompt_tokens": p, "completion_tokens": ct, "reasoning_tokens": r,
                 "cost_usd": round(cost + lost_d, 8), "lost_cost_usd": round(lost_d, 8),
                 "token_budget": budget, "errors": errors.get(dname, {}),
+                "usage_sources": _sources(sources.get(dname, {})),
                 "reserved_tokens": int(live.get("reserved_tokens", {}).get(dname, 0)) if alive else 0,
                 "cost_in_flight_usd": float(live.get("cost_in_flight", {}).get(dname, 0.0)) if alive and in_flight else 0.0,
                 "projected_cost_usd": live.get("projected_cost_usd", {}).get(dname) if live else None,
@@ -203,6 +214,7 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             for k, v in d["errors"].items():
                 err_tot[k] = err_tot.get(k, 0) + v
         totals["errors"] = err_tot
+        totals["usage_sources"] = _sources({k: sum(d["usage_sources"][k] for d in datasets) for k in SOURCES})
         excluded = json.loads((conn.execute("SELECT value FROM meta WHERE key='excluded_providers'")
                                .fetchone() or ["[]"])[0])
         providers = live.get("providers") if alive else None
@@ -248,6 +260,11 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
 
     doc.update(status_fields(Path(run_dir)))  # "extract" (per worker) and "gpus" (NVML, or why not)
     return doc
+
+
+def _sources(counts: dict[str, int]) -> dict[str, int]:
+    """Results per ``usage_source`` (every source of :data:`engine.usage.SOURCES`, 0 when none)."""
+    return {k: int(counts.get(k, 0)) for k in SOURCES}
 
 
 def _projection(p: dict[str, Any] | None, alive: bool) -> dict[str, Any]:
@@ -299,6 +316,11 @@ def format_status(doc: dict[str, Any]) -> str:
             f"{c['name']} {c['in_flight']}/{c['concurrency']}" + (f" (configured {c['configured']}, max {c['max']})"
                                                                   if c.get("configured") and c["concurrency"] != c["configured"] else "")
             for c in doc["classes"]))
+    src = t.get("usage_sources") or {}
+    other = {k: n for k, n in src.items() if k != "reported" and n}
+    if other:
+        lines.append(f"usage: {sum(other.values())} result(s) without the provider's usage in the response: "
+                     + ", ".join(f"{n} {k}" for k, n in other.items()) + " (usage_source)")
     hdr = (f"{'dataset':<24} {'state':<9} {'done':>7} {'failed':>6} {'skip':>6} {'pend':>7} {'infl':>5} {'rej':>4} "
            f"{'compl tok':>10} {'cost $':>9} {'ETA':>11}  errors")
     lines.append(hdr)

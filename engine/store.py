@@ -8,7 +8,10 @@ One file per run, ``RUN_DIR/store.sqlite``. Tables:
 - ``prompts``: one row per unique (dataset, key) with the messages and tools as JSON, the request
   class and ``state`` in ``pending | done | failed``. A prompt stays ``pending`` until its result
   or failure is committed, so a crash only ever re-requests prompts whose result was not stored.
-- ``results``: exactly one row per completed prompt (PRIMARY KEY prompt_id, UNIQUE dataset+key).
+- ``results``: exactly one row per completed prompt (PRIMARY KEY prompt_id, UNIQUE dataset+key);
+  ``usage_source`` says where its tokens and cost come from (:mod:`engine.usage`: ``reported`` |
+  ``generation`` | ``counted`` | ``estimated``). Columns added since schema version 1 are added to
+  older stores when they are opened for writing (:data:`ADDED_COLUMNS`, :func:`migrate_sql`).
 - ``attempts``: one row per finished HTTP attempt (success or error class, status, message).
 - ``rejects``: dataset rows that could not become prompts (file:line, reason).
 - ``events``: run events (pauses, guards, fatal errors) for the log and the dashboard.
@@ -53,7 +56,8 @@ CREATE TABLE IF NOT EXISTS results(
   finish_reason TEXT NOT NULL, native_finish_reason TEXT, provider TEXT NOT NULL, model TEXT NOT NULL,
   generation_id TEXT NOT NULL, prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL,
   reasoning_tokens INTEGER NOT NULL, cost_usd REAL, latency_s REAL NOT NULL, ttft_s REAL,
-  attempts INTEGER NOT NULL, created_at REAL NOT NULL, UNIQUE(dataset, key));
+  attempts INTEGER NOT NULL, created_at REAL NOT NULL, usage_source TEXT NOT NULL DEFAULT 'reported',
+  UNIQUE(dataset, key));
 CREATE INDEX IF NOT EXISTS results_recent ON results(dataset, created_at, completion_tokens, prompt_id);
 CREATE INDEX IF NOT EXISTS results_usage ON results(dataset, prompt_tokens, completion_tokens, reasoning_tokens, cost_usd);
 CREATE TABLE IF NOT EXISTS attempts(
@@ -74,6 +78,33 @@ CREATE TABLE IF NOT EXISTS runtime(
   id INTEGER PRIMARY KEY CHECK (id = 1), pid INTEGER, started_at REAL, heartbeat_at REAL,
   state TEXT, state_reason TEXT, elapsed_s REAL, live TEXT);
 """
+
+#: Columns added to schema version 1 after its release: ``(table, column, SQL type and default)``.
+#: Older stores get them (``ALTER TABLE ... ADD COLUMN``) when opened for writing; existing rows take
+#: the default (results stored before ``usage_source`` existed count as ``reported``).
+ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("results", "usage_source", "TEXT NOT NULL DEFAULT 'reported'"),
+)
+
+
+def migrate_sql(columns: dict[str, set[str]]) -> list[str]:
+    """The ``ALTER TABLE`` statements that bring a store with ``columns`` (``{table: column names}``,
+    from ``PRAGMA table_info``) up to :data:`ADDED_COLUMNS` (empty when nothing is missing)."""
+    return [f"ALTER TABLE {t} ADD COLUMN {c} {decl}" for t, c, decl in ADDED_COLUMNS
+            if t in columns and c not in columns[t]]
+
+
+def table_columns(conn: sqlite3.Connection, tables: Iterable[str] | None = None) -> dict[str, set[str]]:
+    """``{table: column names}`` of an open (synchronous) connection, for ``tables`` (default: the
+    tables of :data:`ADDED_COLUMNS`)."""
+    names = set(tables) if tables is not None else {t for t, _, _ in ADDED_COLUMNS}
+    return {t: {r[1] for r in conn.execute(f"PRAGMA table_info({t})")} for t in names}
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Add the missing :data:`ADDED_COLUMNS` to a store open read-write (synchronous connection)."""
+    for stmt in migrate_sql(table_columns(conn)):
+        conn.execute(stmt)
 
 
 class StoreError(Exception):
@@ -152,6 +183,11 @@ class Store:
             await conn.execute("PRAGMA synchronous=NORMAL")
             await conn.execute("PRAGMA busy_timeout=10000")
             await conn.executescript(SCHEMA)
+            cols: dict[str, set[str]] = {}
+            for t in {t for t, _, _ in ADDED_COLUMNS}:
+                cols[t] = {r[1] for r in await (await conn.execute(f"PRAGMA table_info({t})")).fetchall()}
+            for stmt in migrate_sql(cols):
+                await conn.execute(stmt)
             cur = await conn.execute("SELECT value FROM meta WHERE key='schema_version'")
             row = await cur.fetchone()
             if row is None:
@@ -325,6 +361,14 @@ class Store:
             "SUM(COALESCE(cost_usd, 0)), COUNT(*) FROM results GROUP BY dataset"
         )
         return {d: (p or 0, c or 0, r or 0, cost or 0.0, n) for d, p, c, r, cost, n in await cur.fetchall()}
+
+    async def usage_sources(self) -> dict[str, dict[str, int]]:
+        """Return ``{dataset: {usage_source: results}}`` (see :mod:`engine.usage`)."""
+        cur = await self.conn.execute("SELECT dataset, usage_source, COUNT(*) FROM results GROUP BY 1, 2")
+        out: dict[str, dict[str, int]] = {}
+        for d, s, n in await cur.fetchall():
+            out.setdefault(d, {})[s] = n
+        return out
 
     async def error_counts(self) -> dict[str, dict[str, int]]:
         """Return ``{dataset: {error_class: failed attempts}}``."""

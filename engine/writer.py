@@ -19,7 +19,7 @@ import logging
 import time
 from typing import Any, Callable
 
-from engine.client.types import Completion
+from engine.client.types import Completion, Usage
 from engine.store import Store
 
 log = logging.getLogger(__name__)
@@ -62,14 +62,17 @@ class StoreWriter:
         self._events: list[tuple] = []
         self._touch: list[tuple] = []
         self._costs: list[tuple] = []
+        self._usage: list[tuple] = []
         self._lock = asyncio.Lock()
         self.commits = 0
         self.rows_committed = 0
         self.last_error: BaseException | None = None
 
     # ---- queueing (synchronous, O(1)) -------------------------------------------------------
-    def add_result(self, prompt_id: int, dataset: str, key: str, c: Completion, attempts: int, now: float | None = None) -> None:
-        """Queue a completed prompt's result (committed within ``interval_s``)."""
+    def add_result(self, prompt_id: int, dataset: str, key: str, c: Completion, attempts: int, now: float | None = None,
+                   usage_source: str = "reported") -> None:
+        """Queue a completed prompt's result (committed within ``interval_s``); ``c.usage`` is stored
+        as its tokens and cost, ``usage_source`` says where they come from (:mod:`engine.usage`)."""
         u = c.usage
         self._results.append(
             (
@@ -77,7 +80,7 @@ class StoreWriter:
                 json.dumps([t.to_openai() for t in c.tool_calls], ensure_ascii=False),
                 c.finish_reason, c.native_finish_reason, c.provider, c.model, c.generation_id,
                 u.prompt_tokens, u.completion_tokens, u.reasoning_tokens, u.cost_usd, c.latency_s, c.ttft_s,
-                attempts, now if now is not None else time.time(),
+                attempts, now if now is not None else time.time(), usage_source,
             )
         )
         self._done.append((attempts, prompt_id))
@@ -116,6 +119,11 @@ class StoreWriter:
         """Queue an update of a still-pending prompt's attempt counter (returned to pending)."""
         self._touch.append((attempts, prompt_id))
 
+    def set_result_usage(self, prompt_id: int, usage: Usage, usage_source: str) -> None:
+        """Queue new tokens and cost (a late ``/generation`` true-up) of a stored or queued result."""
+        self._usage.append((usage.prompt_tokens, usage.completion_tokens, usage.reasoning_tokens, usage.cost_usd,
+                            usage_source, prompt_id))
+
     def set_attempt_cost(self, generation_id: str, cost_usd: float) -> None:
         """Queue the late-known cost (USD) of a failed/aborted attempt, by generation id."""
         self._costs.append((cost_usd, generation_id))
@@ -128,7 +136,7 @@ class StoreWriter:
     def queued(self) -> int:
         """Rows waiting for the next commit."""
         return (len(self._results) + len(self._failed) + len(self._attempts) + len(self._events) + len(self._touch)
-                + len(self._costs))
+                + len(self._costs) + len(self._usage))
 
     # ---- committing -------------------------------------------------------------------------
     async def flush(self) -> int:
@@ -138,11 +146,12 @@ class StoreWriter:
             sqlite3.Error / OSError: the commit failed; the batch is put back for the next try.
         """
         async with self._lock:
-            batch = (self._results, self._done, self._failed, self._attempts, self._events, self._touch, self._costs)
-            self._results, self._done, self._failed, self._attempts, self._events, self._touch, self._costs = (
-                [], [], [], [], [], [], [])
+            batch = (self._results, self._done, self._failed, self._attempts, self._events, self._touch, self._costs,
+                     self._usage)
+            (self._results, self._done, self._failed, self._attempts, self._events, self._touch, self._costs,
+             self._usage) = ([], [], [], [], [], [], [], [])
             live = self._live() if self._live else None
-            results, done, failed, attempts, events, touch, costs = batch
+            results, done, failed, attempts, events, touch, costs, usage = batch
             conn = self.store.conn
             try:
                 await conn.execute("BEGIN IMMEDIATE")
@@ -150,11 +159,15 @@ class StoreWriter:
                     await conn.executemany(
                         "INSERT OR IGNORE INTO results(prompt_id, dataset, key, reasoning, content, tool_calls, "
                         "finish_reason, native_finish_reason, provider, model, generation_id, prompt_tokens, "
-                        "completion_tokens, reasoning_tokens, cost_usd, latency_s, ttft_s, attempts, created_at) "
-                        "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                        "completion_tokens, reasoning_tokens, cost_usd, latency_s, ttft_s, attempts, created_at, usage_source) "
+                        "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                         results,
                     )
                     await conn.executemany("UPDATE prompts SET state='done', attempts=? WHERE id=?", done)
+                if usage:  # after the inserts: a true-up may follow its result in the same batch
+                    await conn.executemany(
+                        "UPDATE results SET prompt_tokens=?, completion_tokens=?, reasoning_tokens=?, cost_usd=?, "
+                        "usage_source=? WHERE prompt_id=?", usage)
                 if failed:
                     await conn.executemany(
                         "UPDATE prompts SET state='failed', error_class=?, error=?, attempts=? WHERE id=? AND state='pending'",
@@ -193,10 +206,11 @@ class StoreWriter:
                 self._results[:0], self._done[:0], self._failed[:0] = results, done, failed
                 self._attempts[:0], self._events[:0], self._touch[:0] = attempts, events, touch
                 self._costs[:0] = costs
+                self._usage[:0] = usage
                 if isinstance(e, Exception):
                     self.last_error = e
                 raise
-            n = len(results) + len(failed) + len(attempts) + len(events) + len(touch) + len(costs)
+            n = len(results) + len(failed) + len(attempts) + len(events) + len(touch) + len(costs) + len(usage)
             self.commits += 1
             self.rows_committed += n
             self.last_error = None

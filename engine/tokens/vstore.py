@@ -27,6 +27,7 @@ from array import array
 from pathlib import Path
 from typing import Any, Iterator
 
+from engine.store import migrate
 from engine.tokens.reconstruct import Reconstruction, Record
 from engine.tokens.validate import Verdict
 
@@ -81,6 +82,7 @@ def connect(run_dir: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA busy_timeout=30000")
     conn.executescript(DDL)
+    migrate(conn)  # a store written by an older datagen gains the columns read here
     return conn
 
 
@@ -116,9 +118,12 @@ def get_meta(conn: sqlite3.Connection, key: str) -> Any:
     return None if row is None else json.loads(row[0])
 
 
+# Tokens we counted or estimated ourselves (usage_source, engine.usage) are no billed figure to check
+# the rebuilt lengths against: such records read as "no usage".
+_BILLED = "CASE WHEN r.usage_source IN ('counted', 'estimated') THEN 0 ELSE r.{} END"
 _SELECT = ("SELECT r.prompt_id, r.dataset, r.key, p.messages, p.tools, r.reasoning, r.content, r.tool_calls, "
-           "r.finish_reason, r.provider, r.prompt_tokens, r.completion_tokens, r.reasoning_tokens "
-           "FROM results r JOIN prompts p ON p.id = r.prompt_id")
+           f"r.finish_reason, r.provider, {_BILLED.format('prompt_tokens')}, {_BILLED.format('completion_tokens')}, "
+           f"{_BILLED.format('reasoning_tokens')} FROM results r JOIN prompts p ON p.id = r.prompt_id")
 
 
 def iter_records(conn: sqlite3.Connection, *, unvalidated_only: bool = False, batch: int = 256) -> Iterator[Record]:

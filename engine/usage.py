@@ -1,0 +1,208 @@
+"""Accounting a finished result whose response carried no usage (pure: data in, figures out).
+
+A provider may finish a generation without telling its tokens: vLLM/SGLang send a streamed
+``usage`` only when the request asks for it (``stream_options.include_usage``), and a connection
+closed right after the finish chunk loses the usage chunk. Such a result was paid for all the same,
+so its tokens and cost are never left at zero. Each stored result carries where its figures come
+from (``results.usage_source``, ``datagen status --json``, the raw export):
+
+| source | figures |
+|---|---|
+| ``reported`` | the response's own ``usage`` object (its ``cost`` when given, else priced) |
+| ``generation`` | the provider's ``/generation?id=`` stats (native token counts, ``total_cost``), a late true-up |
+| ``counted`` | counted with the configured ``[tokenizer]`` as reconstruction lays the completion out |
+| ``estimated`` | estimated from characters (:func:`engine.client.accumulate.estimate_tokens`) |
+
+Order: a result without usage is accounted at once (``counted`` when a tokenizer is configured, else
+``estimated``) so budgets see its tokens when it settles; when the provider has ``/generation``, its
+answer later replaces those figures (:func:`correction` gives the difference to add, never a second
+count).
+
+Costs: when the provider reported none, the cost is priced from the best known prices (a callable
+``price(prompt_tokens, completion_tokens) -> USD | None``); ``cost_billed`` says whether the USD came
+from the provider (only billed costs may teach the price observer).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from engine.client.accumulate import estimate_tokens
+from engine.client.types import Completion, Usage
+
+REPORTED = "reported"
+GENERATION = "generation"
+COUNTED = "counted"
+ESTIMATED = "estimated"
+#: Every ``usage_source``, from the most to the least exact.
+SOURCES: tuple[str, ...] = (REPORTED, GENERATION, COUNTED, ESTIMATED)
+#: Sources whose token figures are the provider's own (a billing check may compare against them).
+BILLED_SOURCES: frozenset[str] = frozenset({REPORTED, GENERATION})
+
+#: ``price(prompt_tokens, completion_tokens)`` -> USD, or None when no price is known.
+PriceFn = Callable[[int, int], "float | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class Accounted:
+    """A result's tokens and cost and where they come from.
+
+    Attributes:
+        usage: tokens (prompt, completion incl. reasoning, reasoning) and cost (USD; None when
+            neither the provider nor a price knows it).
+        source: one of :data:`SOURCES`.
+        cost_billed: True when ``usage.cost_usd`` is the provider's own figure, False when priced here.
+    """
+
+    usage: Usage
+    source: str
+    cost_billed: bool
+
+    @property
+    def provisional(self) -> bool:
+        """True when the figures are ours (counted/estimated) and a ``/generation`` answer may replace them."""
+        return self.source not in BILLED_SOURCES
+
+
+def generated_chars(c: Completion) -> tuple[int, int]:
+    """``(reasoning characters, all generated characters)`` of a completion: reasoning + content +
+    each tool call's name and arguments (characters)."""
+    calls = sum(len(t.name) + len(t.arguments) for t in c.tool_calls)
+    return len(c.reasoning), len(c.reasoning) + len(c.content) + calls
+
+
+def estimate_usage(c: Completion, est_prompt_tokens: int) -> tuple[int, int, int]:
+    """``(prompt, completion, reasoning)`` tokens estimated from characters: the prompt's own estimate
+    (``est_prompt_tokens``, tokens) and ``ceil(chars / 4)`` of what was generated, plus one end-of-turn
+    token when the reply finished (not cut by ``max_tokens``) and one reasoning-end token when there
+    was reasoning. A rough figure, marked ``estimated``."""
+    r_chars, all_chars = generated_chars(c)
+    reasoning = estimate_tokens(r_chars)
+    completion = estimate_tokens(all_chars - r_chars) + reasoning
+    completion += (1 if c.reasoning else 0) + (0 if c.finish_reason == "length" else 1)
+    return max(0, int(est_prompt_tokens)), completion, reasoning
+
+
+def count_with_tokenizer(tok: Any, c: Completion, messages: list[dict[str, Any]],
+                         tools: list[dict[str, Any]] | None) -> tuple[int | None, int, int]:
+    """``(prompt | None, completion, reasoning)`` tokens counted with a loaded
+    :class:`engine.tokens.tokenizer.Tokenizer`, laid out as reconstruction lays them out
+    (:func:`engine.tokens.reconstruct.completion_ids`: reasoning, ``think_end``, content, native
+    tool-call markup, ``end_of_turn`` unless cut by ``max_tokens``). Reasoning that came back while
+    the tokenizer's mode is thinking-off is still counted (it was generated, so billed). The prompt
+    is the rendered chat template with the generation prompt; None when the template fails on it.
+
+    CPU only (no I/O); raises whatever the tokenizer raises on text it cannot encode.
+    """
+    from engine.tokens.reconstruct import completion_ids, count_tool_calls, native_tool_calls, prompt_ids
+    from engine.tokens.template import TemplateError
+
+    calls, _ = native_tool_calls([t.to_openai() for t in c.tool_calls], count_tool_calls(messages),
+                                 tok.section.tool_id_format)
+    finished = c.finish_reason != "length"
+    pieces: dict[str, list[int]] = {}
+    ids = completion_ids(tok, c.reasoning, c.content, calls, finished=finished, pieces=pieces)
+    if tok.thinking:
+        reasoning, completion = len(pieces.get("reasoning", [])), len(ids)
+    else:
+        reasoning = len(tok.encode(c.reasoning)) if c.reasoning else 0
+        completion = len(ids) + reasoning
+    try:
+        prompt: int | None = len(prompt_ids(tok, messages, tools)[1])
+    except TemplateError:
+        prompt = None
+    return prompt, completion, reasoning
+
+
+def usage_usable(c: Completion) -> bool:
+    """True when the response's own usage can be stored: a usage object arrived and it does not
+    claim zero completion tokens for a reply that generated text (a gateway's empty or zeroed usage
+    is as good as none)."""
+    return c.usage_reported and (c.usage.completion_tokens > 0 or generated_chars(c)[1] == 0)
+
+
+def account(c: Completion, *, est_prompt_tokens: int, price: PriceFn,
+            count: Callable[[], "tuple[int | None, int, int]"] | None = None) -> Accounted:
+    """The tokens and cost to store, settle and project for a finished result.
+
+    Args:
+        c: the completion; its ``usage`` is used as is when :func:`usage_usable`.
+        est_prompt_tokens: the prompt's estimated length (tokens), for a prompt nothing else counts.
+        price: prices tokens (USD), None when no price is known.
+        count: counts ``(prompt | None, completion, reasoning)`` tokens with the tokenizer (None: no
+            tokenizer configured). An exception from it falls back to the estimate.
+
+    Returns:
+        :class:`Accounted`: ``reported`` (the response's usage; cost priced when it had none),
+        else ``counted``, else ``estimated``.
+    """
+    if usage_usable(c):
+        u = c.usage
+        if u.cost_usd is not None:
+            return Accounted(u, REPORTED, True)
+        return Accounted(Usage(u.prompt_tokens, u.completion_tokens, u.reasoning_tokens,
+                               price(u.prompt_tokens, u.completion_tokens)), REPORTED, False)
+    p_est, comp, reas = estimate_usage(c, est_prompt_tokens)
+    prompt, source = p_est, ESTIMATED
+    if count is not None:
+        try:
+            p_cnt, c_cnt, r_cnt = count()
+        except Exception:  # noqa: BLE001 - text the tokenizer refuses: the estimate stands
+            pass
+        else:
+            prompt, comp, reas, source = (p_cnt if p_cnt is not None else p_est), c_cnt, r_cnt, COUNTED
+    return Accounted(Usage(prompt, comp, reas, price(prompt, comp)), source, False)
+
+
+def _int(v: Any) -> int | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return int(f) if math.isfinite(f) and f >= 0 else None
+
+
+def _usd(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) and f >= 0 else None
+
+
+def from_generation(data: Any, price: PriceFn | None = None) -> Accounted | None:
+    """The figures of a ``/generation?id=`` answer's ``data`` object, or None when it names no
+    completion tokens (or only zero: a finished result generated at least its end of turn).
+
+    Token counts: ``native_tokens_*`` (the model's own tokenizer: what is billed), else ``tokens_*``
+    (OpenRouter's normalised count). Cost: ``total_cost`` (USD), else priced with ``price``.
+    """
+    if not isinstance(data, dict):
+        return None
+
+    def pick(*names: str) -> int | None:
+        for n in names:
+            v = _int(data.get(n))
+            if v is not None:
+                return v
+        return None
+
+    completion = pick("native_tokens_completion") or pick("tokens_completion")
+    if not completion:  # none, or zero for a finished result: no figure to replace ours with
+        return None
+    prompt = pick("native_tokens_prompt", "tokens_prompt") or 0
+    reasoning = pick("native_tokens_reasoning") or 0
+    cost = _usd(data.get("total_cost"))
+    billed = cost is not None
+    if cost is None and price is not None:
+        cost = price(prompt, completion)
+    return Accounted(Usage(prompt, completion, reasoning, cost), GENERATION, billed)
+
+
+def correction(before: Usage, after: Usage) -> tuple[int, int, int, float]:
+    """What to add to counters that hold ``before`` so they hold ``after`` instead:
+    ``(prompt, completion, reasoning)`` tokens and USD (each may be negative; an unknown cost counts 0)."""
+    return (after.prompt_tokens - before.prompt_tokens, after.completion_tokens - before.completion_tokens,
+            after.reasoning_tokens - before.reasoning_tokens, (after.cost_usd or 0.0) - (before.cost_usd or 0.0))
