@@ -241,6 +241,9 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
                 print(f"[{rep.dataset}] ingested {rep.prompts} prompts ({rep.inserted} new), {rep.rejected} rejected rows", file=out)
                 for ex in rep.examples:
                     print(f"    rejected {ex}", file=out)
+                if rep.normalised:
+                    print(f"[{rep.dataset}] {rep.normalised} prompt(s) brought into SpecForge's role order "
+                          f"(turns merged or dropped; docs/specforge-roles.md), e.g. {rep.normalised_examples[0]}", file=out)
         sim = None
         if cfg.provider.kind == "simulated":
             from engine.sim import SimThread
