@@ -137,7 +137,7 @@ def _token_records(conn, dataset: str, include_invalid: bool) -> Iterator[TokenR
 
 
 def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: TokenizerSection | None = None,
-                     include_invalid: bool = False, workers: int | None = None) -> dict[str, int]:
+                     include_invalid: bool = False, workers: int | None = None, validate: bool = True) -> dict[str, int]:
     """Export every dataset in ``fmt`` (one of :data:`FORMATS`); returns ``{dataset: rows}``.
 
     Args:
@@ -145,6 +145,7 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
         fmt: ``specforge`` | ``openai`` | ``tokens``.
         tokenizer: settings to validate unvalidated results with (default: the run's stored ones).
         include_invalid: export invalid records too.
+        validate: validate unvalidated results first (False: leave them out, write nothing to the store).
 
     Raises:
         engine.export.NothingToExport: no record qualifies (nothing is written).
@@ -156,7 +157,8 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}")
     section = tokenizer or section_for_run(run_dir)
-    ensure_validated(run_dir, section, workers=workers)
+    if validate:
+        ensure_validated(run_dir, section, workers=workers)
     id_format = section.tool_id_format if section is not None else TokenizerSection(path="-").tool_id_format
     conn = vstore.connect(run_dir)
     try:
