@@ -84,10 +84,12 @@ _held: dict[str, list] = {}  # realpath of the lock file -> [fd, count]
 
 
 def _command() -> str:
-    argv = list(sys.argv)
-    if argv and Path(argv[0]).name in ("datagen", "cli.py", "__main__.py"):
+    argv = list(sys.argv) or ["?"]
+    if Path(argv[0]).name in ("datagen", "cli.py", "__main__.py"):
         argv[0] = "datagen"
-    return " ".join(argv) or "python"
+    else:
+        argv.insert(0, "python")
+    return " ".join(argv)
 
 
 def _read(path: Path) -> Holder | None:
