@@ -265,8 +265,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     try:
         lock = _store_lock(run_dir)  # it rewrites every verdict: not beside a live run (which validates itself)
     except runlock.DirectoryInUse as e:
-        print(f"error: {e}. A live run validates its results as they arrive; run `datagen validate` after it "
-              f"ends (`datagen export` meanwhile exports what is validated)", file=sys.stderr)
+        live_run = e.holder is not None and e.holder.command.startswith("datagen run ")
+        print(f"error: {e}" + (". A live run validates its results as they arrive; run `datagen validate` after "
+                               "it ends (`datagen export` meanwhile exports what is validated)" if live_run else ""),
+              file=sys.stderr)
         return EXIT_ERROR
     try:
         section = section_for_run(run_dir, args.config)
@@ -452,14 +454,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _reopen_closed_streams() -> None:
+    """Point a CLOSED stdout/stderr (``datagen status RUN >&-``: Python then has ``sys.stdout = None``,
+    and every print or flush would raise) at ``/dev/null``, the descriptor included, so the command and
+    the processes it starts write into nothing, quietly. A closed pipe is handled in :func:`main`."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        if getattr(sys, name) is not None:
+            continue
+        try:
+            os.fstat(fd)
+        except OSError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+        setattr(sys, name, open(fd, "w", encoding="utf-8", errors="backslashreplace", closefd=False))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``datagen`` console script.
 
     Returns the command's exit code; besides each command's own codes, 130 when interrupted by
     Ctrl-C outside a run's own signal handling (``validate``, ``export``, ``status --watch``) and
     141 (128 + SIGPIPE, as a shell tool) when stdout is a pipe closed early (``datagen status | head``),
-    both without a traceback.
+    both without a traceback; a closed stdout/stderr descriptor (``>&-``) is written to ``/dev/null``.
     """
+    _reopen_closed_streams()
     args = build_parser().parse_args(argv)
     try:
         code = int(args.func(args) or 0)
