@@ -200,8 +200,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
             from engine.tokens.service import section_for_run
 
             section = section_for_run(Path(args.run_dir), args.config)
+        role_left_out: list[tuple[str, str]] = []
         written = export(Path(args.run_dir), out, args.format, tokenizer=section,
-                         include_invalid=args.include_invalid, validate=lock is not None or live is None)
+                         include_invalid=args.include_invalid, validate=lock is not None or live is None,
+                         on_left_out=lambda rid, why: role_left_out.append((rid, why)))
     except NothingToExport as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
@@ -220,6 +222,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
         print(f"{path}: {n} {unit}")
     if args.format != "raw" and not args.include_invalid:
         _say_left_out(Path(args.run_dir), live)
+    if role_left_out:
+        rid, why = role_left_out[0]
+        print(f"left out: {len(role_left_out)} row(s) whose turns SpecForge's parser would drop or cut (prompts "
+              f"stored before ingest normalised role order; docs/specforge-roles.md), e.g. {rid}: {why}")
     return EXIT_OK
 
 

@@ -274,3 +274,22 @@ def test_case10_sharegpt_roles_scripted_server(tmp_path):
     for row in rows:  # the generated turn is the server's answer to the row's last user turn
         c = row["conversations"]
         assert c[-1]["content"] == "Here is my answer to: " + c[-2]["content"][:40]
+
+    # A store ingested before the rule (the haiku prompt stored with its two assistant turns): the export
+    # leaves that row out and says so, instead of a row SpecForge would cut before the generated turn.
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "run" / "store.sqlite")
+    old = [{"role": "user", "content": "Write a haiku about rain."}, {"role": "assistant", "content": "Soft rain on the roof"},
+           {"role": "assistant", "content": "continued: drops in the gutter"}, {"role": "user", "content": "Now one about snow."}]
+    (n,) = db.execute("SELECT COUNT(*) FROM prompts WHERE messages LIKE '%Now one about snow.%'").fetchone()
+    db.execute("UPDATE prompts SET messages=? WHERE messages LIKE '%Now one about snow.%'", (json.dumps(old),))
+    db.commit()
+    db.close()
+    assert n == 1
+    x = subprocess.run([PY, "-m", "engine.cli", "export", str(tmp_path / "run"), "--format", "specforge", "--out",
+                        str(tmp_path / "sf2")], capture_output=True, text=True, timeout=120)
+    assert x.returncode == 0, x.stderr
+    assert "left out: 1 row(s) whose turns SpecForge's parser would drop or cut" in x.stdout
+    assert "truncated before turn 2: An 'assistant' message must follow a 'user' or 'tool' message" in x.stdout
+    assert _check_export(tmp_path / "sf2" / "d.jsonl") == 4
