@@ -10,14 +10,13 @@ import os
 import sys
 from pathlib import Path
 
+from engine import runlock
 from engine.config import ConfigError, load_config
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from engine.datasets import DatasetError
-    from engine.runner import resolve_api_key, run_headless, setup_file_logging
-    from engine.store import StoreError, make_run_dir
-    from engine.tokens.tokenizer import TokenizerError
+    from engine.runner import resolve_api_key
+    from engine.store import make_run_dir
 
     try:
         cfg = load_config(args.config)
@@ -34,9 +33,34 @@ def _cmd_run(args: argparse.Namespace) -> int:
     fresh = (not Path(cfg.run.dir).exists(), not (Path(cfg.run.dir) / "datagen.log").exists())
     try:
         make_run_dir(cfg.run.dir)
+        fresh_lock = not (Path(cfg.run.dir) / runlock.RUN_LOCK).exists()
+        # One live run per directory, taken before anything is written, sent, or the dashboard opens.
+        lock = runlock.acquire(cfg.run.dir)
+    except runlock.DirectoryInUse as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"error: run.dir: cannot create or write {cfg.run.dir}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    try:
+        return _run_locked(cfg, args, lock, (*fresh, fresh_lock))
+    finally:
+        lock.release()
+
+
+def _run_locked(cfg, args: argparse.Namespace, lock: runlock.DirLock, fresh: tuple[bool, bool, bool]) -> int:
+    """The rest of ``datagen run`` once this process holds the run directory's lock; ``fresh``:
+    (run dir, datagen.log, lock file) did not exist before this start."""
+    from engine.datasets import DatasetError
+    from engine.runner import run_headless, setup_file_logging
+    from engine.store import StoreError
+    from engine.tokens.tokenizer import TokenizerError
+
+    try:
         setup_file_logging(cfg.run.dir)
     except OSError as e:
         print(f"error: run.dir: cannot create or write {cfg.run.dir}: {e.strerror or e}", file=sys.stderr)
+        _undo_refused_start(Path(cfg.run.dir), *fresh, lock=lock)
         return 1
     _install_stack_dump(cfg.run.dir)
     headless = args.headless or not sys.stdout.isatty()
@@ -52,22 +76,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
             return run_dashboard(cfg, exit_on_pause=args.exit_on_pause)
         return asyncio.run(run_headless(cfg, exit_on_pause=args.exit_on_pause))
-    except (ConfigError, DatasetError, StoreError, TokenizerError) as e:
+    except (ConfigError, DatasetError, StoreError, TokenizerError, runlock.DirectoryInUse) as e:
         print(f"error: {e}", file=sys.stderr)
-        _undo_refused_start(Path(cfg.run.dir), *fresh)
+        _undo_refused_start(Path(cfg.run.dir), *fresh, lock=lock)
         return 1
     except KeyboardInterrupt:
         return 130
 
 
-def _undo_refused_start(run_dir: Path, fresh_dir: bool, fresh_log: bool) -> None:
+def _undo_refused_start(run_dir: Path, fresh_dir: bool, fresh_log: bool, fresh_lock: bool = False,
+                        lock: "runlock.DirLock | None" = None) -> None:
     """After a start refused before the store was created (e.g. a keyless server that wants a key):
-    remove the ``datagen.log`` and the run directory this start created, so a refused start leaves
-    nothing behind. Anything that existed before, or a store, is kept."""
+    remove the ``datagen.log``, the lock file and the run directory this start created, so a refused
+    start leaves nothing behind. Anything that existed before, or a store, is kept."""
     from engine.store import db_path
 
     if db_path(run_dir).exists():
         return
+    if fresh_lock and lock is not None:
+        lock.release_and_remove()
     root = logging.getLogger()
     for h in list(root.handlers):
         if getattr(h, "_datagen", False) and isinstance(h, logging.FileHandler):
@@ -161,14 +188,22 @@ def _cmd_export(args: argparse.Namespace) -> int:
         print(f"error: --out {out}: exists and is not a directory (expected a directory to write into)",
               file=sys.stderr)
         return EXIT_ERROR
+    lock, live = None, None
+    if args.format != "raw":  # validating what is not validated yet writes the store: not beside a live run
+        try:
+            lock = _store_lock(Path(args.run_dir))
+        except runlock.DirectoryInUse as e:
+            live = e.holder
     try:
         section = None
         if args.config and args.format != "raw":
             from engine.tokens.service import section_for_run
 
             section = section_for_run(Path(args.run_dir), args.config)
+        role_left_out: list[tuple[str, str]] = []
         written = export(Path(args.run_dir), out, args.format, tokenizer=section,
-                         include_invalid=args.include_invalid)
+                         include_invalid=args.include_invalid, validate=lock is not None or live is None,
+                         on_left_out=lambda rid, why: role_left_out.append((rid, why)))
     except NothingToExport as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
@@ -179,15 +214,36 @@ def _cmd_export(args: argparse.Namespace) -> int:
         where = e.filename or out
         print(f"error: cannot write the export to --out {out}: {where}: {e.strerror or e}", file=sys.stderr)
         return EXIT_ERROR
+    finally:
+        if lock is not None:
+            lock.release()
     unit = "rows" if args.format == "tokens" else "lines"
     for path, n in written.items():
         print(f"{path}: {n} {unit}")
     if args.format != "raw" and not args.include_invalid:
-        _say_left_out(Path(args.run_dir))
+        _say_left_out(Path(args.run_dir), live)
+    if role_left_out:
+        rid, why = role_left_out[0]
+        print(f"left out: {len(role_left_out)} row(s) whose turns SpecForge's parser would drop or cut (prompts "
+              f"stored before ingest normalised role order; docs/specforge-roles.md), e.g. {rid}: {why}")
     return EXIT_OK
 
 
-def _say_left_out(run_dir: Path) -> None:
+def _store_lock(run_dir: Path) -> runlock.DirLock | None:
+    """The run directory's lock for a command that writes its store outside a run (``validate``, and
+    ``export`` when it validates); None when ``run_dir`` has no store (the command reports that).
+
+    Raises:
+        engine.runlock.DirectoryInUse: a live ``datagen run`` (or another writer) holds it.
+    """
+    from engine.store import db_path
+
+    if not db_path(run_dir).exists():
+        return None
+    return runlock.acquire(run_dir)
+
+
+def _say_left_out(run_dir: Path, live: "runlock.Holder | None" = None) -> None:
     from engine.tokens import vstore
     from engine.tokens.exports import left_out
 
@@ -200,7 +256,8 @@ def _say_left_out(run_dir: Path) -> None:
         why = ", ".join(f"{k} {v}" for k, v in reasons.most_common())
         print(f"left out: {invalid} invalid record(s) ({why}); --include-invalid exports them")
     if unvalidated:
-        print(f"left out: {unvalidated} result(s) not validated")
+        why = f" (the live run, pid {live.pid}, validates them as they arrive)" if live is not None else ""
+        print(f"left out: {unvalidated} result(s) not validated{why}")
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -212,6 +269,14 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir)
     try:
+        lock = _store_lock(run_dir)  # it rewrites every verdict: not beside a live run (which validates itself)
+    except runlock.DirectoryInUse as e:
+        live_run = e.holder is not None and e.holder.command.startswith("datagen run ")
+        print(f"error: {e}" + (". A live run validates its results as they arrive; run `datagen validate` after "
+                               "it ends (`datagen export` meanwhile exports what is validated)" if live_run else ""),
+              file=sys.stderr)
+        return EXIT_ERROR
+    try:
         section = section_for_run(run_dir, args.config)
         if section is None:
             print(f"error: {run_dir} stores no [tokenizer]: pass --config CONFIG with a [tokenizer] section", file=sys.stderr)
@@ -220,6 +285,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     except (TokenizerError, NoStoreError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
+    finally:
+        if lock is not None:
+            lock.release()
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
@@ -310,7 +378,7 @@ def _cmd_extract(args: argparse.Namespace) -> int:
     try:
         return run_extract(cfg, data=Path(args.data) if args.data else None, gpus=gpus, workers=args.workers,
                            free_bytes=args.free_bytes, progress_s=args.progress_s)
-    except (ExtractError, OSError) as e:
+    except (ExtractError, OSError, runlock.DirectoryInUse) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -392,14 +460,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _reopen_closed_streams() -> None:
+    """Point a CLOSED stdout/stderr (``datagen status RUN >&-``: Python then has ``sys.stdout = None``,
+    and every print or flush would raise) at ``/dev/null``, the descriptor included, so the command and
+    the processes it starts write into nothing, quietly. A closed pipe is handled in :func:`main`."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        if getattr(sys, name) is not None:
+            continue
+        try:
+            os.fstat(fd)
+        except OSError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            if devnull != fd:
+                os.dup2(devnull, fd)
+                os.close(devnull)
+        setattr(sys, name, open(fd, "w", encoding="utf-8", errors="backslashreplace", closefd=False))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``datagen`` console script.
 
     Returns the command's exit code; besides each command's own codes, 130 when interrupted by
     Ctrl-C outside a run's own signal handling (``validate``, ``export``, ``status --watch``) and
     141 (128 + SIGPIPE, as a shell tool) when stdout is a pipe closed early (``datagen status | head``),
-    both without a traceback.
+    both without a traceback; a closed stdout/stderr descriptor (``>&-``) is written to ``/dev/null``.
     """
+    _reopen_closed_streams()
     args = build_parser().parse_args(argv)
     try:
         code = int(args.func(args) or 0)

@@ -76,7 +76,8 @@ def export_raw(run_dir: Path, out_dir: Path) -> dict[str, int]:
 FORMATS = ("raw", "specforge", "openai", "tokens")
 
 
-def export(run_dir: Path, out_dir: Path, fmt: str = "raw", *, tokenizer=None, include_invalid: bool = False) -> dict[str, Path | int]:
+def export(run_dir: Path, out_dir: Path, fmt: str = "raw", *, tokenizer=None, include_invalid: bool = False,
+           validate: bool = True, on_left_out=None) -> dict[str, Path | int]:
     """Export a run in ``fmt``; returns ``{output file: rows written}``.
 
     Args:
@@ -85,6 +86,10 @@ def export(run_dir: Path, out_dir: Path, fmt: str = "raw", *, tokenizer=None, in
         tokenizer: ``[tokenizer]`` section (``engine.config.TokenizerSection``) used to validate
             results that have no validation row yet (default: the one stored with the run).
         include_invalid: also export records that failed validation (not for ``raw``: it has all).
+        validate: validate results without a validation row first (writes the store); False while
+            another process holds the run directory (a live run validates them itself): they are left out.
+        on_left_out: ``specforge`` only: called ``(row id, reason)`` per row left out because SpecForge's
+            parser would drop or cut turns of it (see :func:`engine.tokens.exports.export_validated`).
 
     Raises:
         NothingToExport: no record qualifies (nothing is written).
@@ -95,6 +100,7 @@ def export(run_dir: Path, out_dir: Path, fmt: str = "raw", *, tokenizer=None, in
         return {Path(out_dir) / f"{n}.jsonl": c for n, c in export_raw(run_dir, out_dir).items()}
     from engine.tokens.exports import export_validated
 
-    written = export_validated(run_dir, out_dir, fmt, tokenizer=tokenizer, include_invalid=include_invalid)
+    written = export_validated(run_dir, out_dir, fmt, tokenizer=tokenizer, include_invalid=include_invalid,
+                               validate=validate, on_left_out=on_left_out)
     ext = ".parquet" if fmt == "tokens" else ".jsonl"
     return {Path(out_dir) / f"{n}{ext}": c for n, c in written.items()}

@@ -36,7 +36,9 @@ class IngestReport:
     Attributes:
         dataset: name; skipped_unchanged: True when the file was not re-read (fingerprint equal).
         prompts: valid unique prompts now in the store; inserted: new rows this time;
-        rejected: rows rejected (bad rows + duplicates); examples: the first few rejects as text.
+        rejected: rows rejected (bad rows + duplicates); examples: the first few rejects as text;
+        normalised: prompts whose turns ingest brought into SpecForge's role order (merged or dropped
+        turns, :mod:`engine.datasets.roles`); normalised_examples: the first few as ``"path:line: what"``.
     """
 
     dataset: str
@@ -45,6 +47,8 @@ class IngestReport:
     inserted: int = 0
     rejected: int = 0
     examples: list[str] = field(default_factory=list)
+    normalised: int = 0
+    normalised_examples: list[str] = field(default_factory=list)
 
 
 def estimate_prompt_tokens(p: Prompt) -> int:
@@ -59,9 +63,10 @@ def fingerprint(d: DatasetSection) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
-def _read(d: DatasetSection, cfg: Config) -> tuple[list[tuple], list[tuple[str, str]]]:
+def _read(d: DatasetSection, cfg: Config) -> tuple[list[tuple], list[tuple[str, str]], list[tuple[str, str]]]:
     rows: list[tuple] = []
     rejects: list[tuple[str, str]] = []
+    normalised: list[tuple[str, str]] = []
     seen: dict[str, str] = {}
     for item in iter_prompts(d.path, d.format, d.fields or None):
         if isinstance(item, Reject):
@@ -73,12 +78,14 @@ def _read(d: DatasetSection, cfg: Config) -> tuple[list[tuple], list[tuple[str, 
         if d.max_prompts is not None and len(rows) >= d.max_prompts:
             break
         seen[item.key] = item.source
+        if item.notes:
+            normalised.append((item.source, "; ".join(item.notes)))
         est = estimate_prompt_tokens(item)
         rows.append(
             (item.key, item.source, cfg.class_for(d.name, est), est,
              json.dumps(item.messages, ensure_ascii=False), json.dumps(item.tools, ensure_ascii=False))
         )
-    return rows, rejects
+    return rows, rejects, normalised
 
 
 async def ingest_all(cfg: Config, store: Store) -> list[IngestReport]:
@@ -97,14 +104,20 @@ async def ingest_all(cfg: Config, store: Store) -> list[IngestReport]:
             await store.reclassify(d.name, lambda est, _n=d.name: cfg.class_for(_n, est))
             reports.append(IngestReport(d.name, True, prev["prompts"], rejected=prev["rejected"]))
             continue
-        new_rows, rejects = await asyncio.to_thread(_read, d, cfg)
+        new_rows, rejects, normalised = await asyncio.to_thread(_read, d, cfg)
         inserted = 0
         for i in range(0, len(new_rows), _BATCH):
             inserted += await store.ingest_batch(d.name, new_rows[i : i + _BATCH])
         await store.replace_rejects(d.name, rejects)
         n = await store.finish_ingest(d.name, fp, len(rejects))
-        rep = IngestReport(d.name, False, n, inserted, len(rejects), [f"{s}: {r}" for s, r in rejects[:5]])
+        rep = IngestReport(d.name, False, n, inserted, len(rejects), [f"{s}: {r}" for s, r in rejects[:5]],
+                           len(normalised), [f"{s}: {r}" for s, r in normalised[:5]])
         for s, r in rejects[:20]:
             log.warning("[%s] rejected %s: %s", d.name, s, r)
+        if normalised:
+            log.info("[%s] %d prompt(s) brought into SpecForge's role order at ingest (docs/specforge-roles.md)",
+                     d.name, len(normalised))
+        for s, r in normalised[:20]:
+            log.info("[%s] normalised %s: %s", d.name, s, r)
         reports.append(rep)
     return reports

@@ -42,18 +42,24 @@ class Prompt:
         key: :func:`prompt_key` of ``messages`` and ``tools``.
         source: where it came from, ``"path:line"`` (line is 1-based; for a JSON array, the element
             index + 1; for Parquet, the row index + 1).
+        notes: what ingest changed to bring the row's turns into SpecForge's role order (one text per
+            change, e.g. ``"merged messages 2-3 (assistant)"``; see ``engine.datasets.roles``); empty
+            when nothing changed. Not part of the key or of equality.
     """
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] = field(default_factory=list)
     key: str = ""
     source: str = ""
+    notes: tuple[str, ...] = field(default=(), compare=False)
 
     @staticmethod
-    def make(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, source: str) -> "Prompt":
+    def make(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, source: str,
+             notes: tuple[str, ...] | list[str] = ()) -> "Prompt":
         """Build a prompt and compute its key."""
         tools = list(tools or [])
-        return Prompt(messages=messages, tools=tools, key=prompt_key(messages, tools), source=source)
+        return Prompt(messages=messages, tools=tools, key=prompt_key(messages, tools), source=source,
+                      notes=tuple(notes))
 
     def char_count(self) -> int:
         """Characters of text in the prompt (message contents + tool JSON), for token estimates."""

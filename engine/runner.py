@@ -25,7 +25,8 @@ from engine.ingest import ingest_all
 from engine.prices import prices_from_models_endpoint
 from engine.progress import format_notices, format_progress
 from engine.scheduler import Scheduler
-from engine.store import Store
+from engine import runlock
+from engine.store import Store, make_run_dir
 from engine.supervisor import Supervisor
 from engine.writer import StoreWriter
 
@@ -198,6 +199,7 @@ class Job:
     recon: object | None = None
     writer_task: asyncio.Task | None = None
     supervisor_task: asyncio.Task | None = None
+    lock: object | None = None  # engine.runlock.DirLock on the run directory, released by close()
 
     async def close(self) -> None:
         """Stop supervision, flush, close the client, the store and the simulator."""
@@ -217,6 +219,8 @@ class Job:
         await self.store.close()
         if self.sim is not None:
             self.sim.stop()  # type: ignore[attr-defined]
+        if self.lock is not None:
+            self.lock.release()  # type: ignore[attr-defined]
 
 
 async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
@@ -225,11 +229,18 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
     Raises:
         ConfigError: key missing, plain-http key, etc.
         engine.datasets.DatasetError / engine.store.StoreError: unusable input or store.
+        engine.runlock.DirectoryInUse: another process runs on this run directory (nothing opened).
     """
     api_key = resolve_api_key(cfg.provider)
     if api_key is None and cfg.provider.kind == "openai":
         await probe_keyless_server(cfg.provider)
-    store = await Store.open(cfg.run.dir)
+    make_run_dir(cfg.run.dir)
+    lock = runlock.acquire(cfg.run.dir)  # shared with `datagen run`'s own hold; refused if another process has it
+    try:
+        store = await Store.open(cfg.run.dir)
+    except BaseException:
+        lock.release()
+        raise
     try:
         prev = await store.get_meta("run_name")
         if prev is None:
@@ -241,6 +252,9 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
                 print(f"[{rep.dataset}] ingested {rep.prompts} prompts ({rep.inserted} new), {rep.rejected} rejected rows", file=out)
                 for ex in rep.examples:
                     print(f"    rejected {ex}", file=out)
+                if rep.normalised:
+                    print(f"[{rep.dataset}] {rep.normalised} prompt(s) brought into SpecForge's role order "
+                          f"(turns merged or dropped; docs/specforge-roles.md), e.g. {rep.normalised_examples[0]}", file=out)
         sim = None
         if cfg.provider.kind == "simulated":
             from engine.sim import SimThread
@@ -288,13 +302,14 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
         gc.collect()
         gc.freeze()
         gc.set_threshold(50_000, 20, 100)
-        return Job(cfg, store, writer, sched, client, sim, asyncio.Event(), ctl, sup, recon)
+        return Job(cfg, store, writer, sched, client, sim, asyncio.Event(), ctl, sup, recon, lock=lock)
     except BaseException:
         if "client" in locals():
             await client.aclose()
         if "sim" in locals() and sim is not None:
             sim.stop()
         await store.close()
+        lock.release()
         raise
 
 

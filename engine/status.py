@@ -257,7 +257,10 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     finally:
         conn.close()
     from engine.extract.status import status_fields
+    from engine.runlock import holder
 
+    h = holder(Path(run_dir))  # who holds RUN_DIR/run.lock (the live `datagen run` or `validate`), or None
+    doc["lock"] = h.as_dict() if h is not None else None
     doc.update(status_fields(Path(run_dir)))  # "extract" (per worker) and "gpus" (NVML, or why not)
     return doc
 
@@ -293,6 +296,9 @@ def format_status(doc: dict[str, Any]) -> str:
     r = doc["run"]
     lines = [f"run {r['name']}: {r['state']}" + (f" ({r['state_reason']})" if r["state_reason"] else "")
              + f", elapsed {fmt_duration(r['elapsed_s'])}"]
+    if doc.get("lock"):
+        k = doc["lock"]
+        lines.append(f"run directory held by pid {k['pid']} on {k['host']} since {k['since_utc']} ({k['command']})")
     t = doc["totals"]
     cal = _cal(doc)
     proj = range_text(doc.get("projected_total_cost_usd"), doc.get("projected_total_cost_low_usd"),

@@ -120,8 +120,11 @@ def test_b7_sharegpt_multiturn_cut():
     assert first.messages[-1] == {"role": "user", "content": raw[0]["conversations"][10]["value"]}
     assert first.source == f"{path}:1"
     assert roles(prompts[2]) == "u"
-    # hRPPgZT_11 is a continuation split that starts with a gpt turn: 7 turns -> 6 messages
-    assert raw[4]["id"] == "hRPPgZT_11" and roles(prompts[5]) == "auauau"
+    # hRPPgZT_11 is a continuation split that starts with a gpt turn: 7 turns -> 6 messages, and the
+    # leading gpt turn is dropped (SpecForge's parser drops it too: the prompt sent = the prompt trained)
+    assert raw[4]["id"] == "hRPPgZT_11" and roles(prompts[5]) == "uauau"
+    assert prompts[5].messages[0]["content"] == raw[4]["conversations"][1]["value"]
+    assert prompts[5].notes == ("dropped message 1 (assistant) before the first user turn",)
     # J410gdS_38: an empty human turn in the middle is kept; the prompt ends on a non-empty one
     assert raw[37]["id"] == "J410gdS_38" and roles(prompts[38]) == "uauau"
     assert prompts[38].messages[2]["content"] == ""
@@ -132,7 +135,9 @@ def test_b7_sharegpt_multiturn_cut():
 
 def test_b8_swe_agent_history():
     prompts, _ = load(SAMPLES / "b8_swe_agent_trajectories.jsonl")
-    assert [len(p.messages) for p in prompts] == [8, 25, 22, 28, 10]
+    # row 2's demonstration and its task are two user turns in a row: merged into one (SpecForge's role order)
+    assert [len(p.messages) for p in prompts] == [8, 24, 22, 28, 10]
+    assert [p.notes for p in prompts] == [(), ("merged messages 2-3 (user)",), (), (), ()]
     assert all(p.tools == [] for p in prompts)
     first = prompts[0]
     assert roles(first) == "suatatat"
@@ -141,8 +146,9 @@ def test_b8_swe_agent_history():
     assert first.messages[2]["tool_calls"][0]["function"] == {"arguments": '{"file_name":"missing_colon.py"}', "name": "find_file"}
     allowed = {"role", "content", "tool_calls", "tool_call_id"}
     assert all(set(m) <= allowed for p in prompts for m in p.messages)
-    demo = prompts[1].messages[1]  # the is_demo message of the old-format run is kept
+    demo = prompts[1].messages[1]  # the is_demo message of the old-format run is kept, its task joined after it
     assert demo["role"] == "user" and demo["content"].startswith("Here is a demonstration")
+    assert "\n\nWe're currently solving the following issue" in demo["content"]
     assert prompts[1].messages[-1]["role"] == "user" and prompts[4].messages[0]["role"] == "system"
 
 
@@ -241,16 +247,18 @@ def test_bad_jsonl_rows_cost_one_row_each(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_bytes(b"\n".join(lines))
     prompts, rejects = load(path)
-    assert [p.source for p in prompts] == [f"{path}:1", f"{path}:13"]
-    assert [p.messages[0]["content"] for p in prompts] == ["good", "g2"]
+    assert [p.source for p in prompts] == [f"{path}:1", f"{path}:8", f"{path}:13"]
+    assert [p.messages[0]["content"] for p in prompts] == ["good", "a", "g2"]
+    # row 8's two assistant turns in a row are one answer (SpecForge's role order): the prompt is its user turn
+    assert prompts[1].messages == [{"role": "user", "content": "a"}]
+    assert prompts[1].notes == ("merged messages 2-3 (assistant)",)
     reasons = {line: r.reason for line, r in by_line(rejects).items()}
-    assert sorted(reasons) == [2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14]
+    assert sorted(reasons) == [2, 4, 5, 6, 7, 9, 10, 11, 12, 14]
     assert reasons[2].startswith("invalid JSON: Expecting value")
     assert reasons[4].startswith("not UTF-8: byte 0xe9")
     assert reasons[5] == "openai: empty conversation"
     assert reasons[6] == "openai: message 1: unknown role 'wizard'"
     assert reasons[7] == "openai: message 1: null content"
-    assert reasons[8] == "openai: roles out of order: prompt ends with a assistant turn (message 2)"
     assert reasons[9] == "row is a list, expected a JSON object"
     assert reasons[10].startswith("unrecognised row format: keys ['foo', 'bar']; expected one of: history (swe_agent)")
     assert reasons[11] == "openai: no user turn before the last assistant turn"

@@ -9,7 +9,8 @@ Public API::
 
 File formats live in :mod:`engine.datasets.readers`, row formats and the multi-turn prompt rule in
 :mod:`engine.datasets.adapters` (glaive's text format in :mod:`engine.datasets.glaive`); this module
-ties them together (:func:`row_to_prompt`: rename fields, pick the adapter, cut, build the Prompt).
+ties them together (:func:`row_to_prompt`: rename fields, pick the adapter, normalise the role order (one rule for every
+format, :mod:`engine.datasets.roles`), cut, build the Prompt).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from engine.datasets.adapters import (
     MissingField,
     cut_prompt,
     detect_format,
+    normalise_conversation,
     wrong_signature_type,
 )
 from engine.datasets.readers import DatasetError, Record, open_records
@@ -55,7 +57,8 @@ def iter_prompts(
 
     Returns:
         an iterator yielding, per non-blank row, a ``Prompt`` (messages ending with a user or tool
-        turn; ``source`` is ``"path:line"``) or a ``Reject(source, reason)``. Bad rows never raise.
+        turn, in SpecForge's role order; ``source`` is ``"path:line"``; ``notes`` say what the role
+        normalisation changed) or a ``Reject(source, reason)``. Bad rows never raise.
 
     Raises:
         DatasetError: at call time for an unknown format name, a bad ``fields`` mapping, or a file
@@ -129,8 +132,8 @@ def row_to_prompt(row: Any, source: str, format: str, fields: Mapping[str, str] 
             return Reject(source, f"unrecognised row format: {wrong}")
         return Reject(source, f"unrecognised row format: keys [{keys}]; expected one of: {EXPECTED_KEYS}")
     try:
-        conv = ADAPTERS[name](view)
-        return Prompt.make(cut_prompt(conv), conv.tools, source)
+        conv, notes = normalise_conversation(ADAPTERS[name](view))
+        return Prompt.make(cut_prompt(conv), conv.tools, source, notes)
     except MissingField as e:
         column = (fields or {}).get(e.name, e.name)
         mapped = f" (mapped to {e.name!r})" if column != e.name else ""

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.datasets.glaive import parse_call, parse_glaive
+from engine.datasets.roles import normalise, specforge_parse
 from engine.prompts import ROLES
 
 #: Canonical field names a ``fields`` mapping may rename (canonical name -> source column).
@@ -72,11 +73,20 @@ class Conversation:
         tools: OpenAI-shape tool definitions.
         offset: how many messages were added in front of the row's own turn list (e.g. a system
             message from a separate ``system`` field); used to number messages in reasons.
+        numbers: after :func:`normalise_conversation`, each message's 1-based number in the row's own
+            turn list (None for an added message); None before (numbers follow from ``offset``).
     """
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] = field(default_factory=list)
     offset: int = 0
+    numbers: list[int | None] | None = None
+
+    def label(self, i: int) -> str:
+        """How reasons name message ``i`` (0-based in :attr:`messages`): ``"message N"`` (1-based in
+        the row's own turn list) or ``"the 'system' field"`` for a message the adapter added."""
+        n = self.numbers[i] if self.numbers is not None else (i - self.offset + 1 if i >= self.offset else None)
+        return "the 'system' field" if n is None else f"message {n}"
 
 
 # ----------------------------------------------------------------------------- field helpers
@@ -409,23 +419,34 @@ def detect_format(row: dict) -> str | None:
 # ----------------------------------------------------------------------------- the prompt rule
 
 
+def normalise_conversation(conv: Conversation) -> tuple[Conversation, list[str]]:
+    """Normalise a conversation's role order with the one rule of :mod:`engine.datasets.roles`
+    (leading non-user turns: system ones merged into one system turn, others dropped; consecutive
+    same-role user/assistant/system turns merged). Returns the new conversation and one note per change."""
+    numbers = [i - conv.offset + 1 if i >= conv.offset else None for i in range(len(conv.messages))]
+    messages, numbers, notes = normalise(conv.messages, numbers)
+    return Conversation(messages, conv.tools, conv.offset, numbers), notes
+
+
 def cut_prompt(conv: Conversation) -> list[dict[str, Any]]:
     """Apply the multi-turn rule and validate; return the prompt messages.
+
+    The prompt followed by the generated assistant turn must keep every turn under SpecForge's role
+    rules (:func:`engine.datasets.roles.specforge_parse`), else the row is rejected: SpecForge would
+    cut the conversation before the generated turn (apply :func:`normalise_conversation` first).
 
     Raises:
         AdapterError: ``"empty conversation"``; ``"message N: null content"`` / ``"missing field
             'content'"`` / ``"content is a T, expected a string"`` (null or missing content is fine on
             an assistant message with ``tool_calls``); ``"no user turn"``; ``"roles out of order:
-            prompt ends with a R turn"``; ``"message N: final user turn is empty"``.
+            prompt ends with a R turn"``; ``"message N: final user turn is empty"``; ``"message N:
+            roles out of SpecForge's order: ..."``.
     """
     messages = conv.messages
     if not messages:
         raise AdapterError("empty conversation")
     last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=len(messages))
     prompt = messages[:last]
-
-    def number(i: int) -> int:
-        return i - conv.offset + 1
 
     for i, m in enumerate(prompt):
         content = m.get("content", _MISSING)
@@ -434,16 +455,22 @@ def cut_prompt(conv: Conversation) -> list[dict[str, Any]]:
         if m["role"] == "assistant" and m.get("tool_calls") and (content is None or content is _MISSING):
             continue
         if content is None:
-            raise AdapterError(f"message {number(i)}: null content")
+            raise AdapterError(f"{conv.label(i)}: null content")
         if content is _MISSING:
-            raise AdapterError(f"message {number(i)}: missing field 'content'")
-        raise AdapterError(f"message {number(i)}: content is {_kind(content)}, expected a string")
+            raise AdapterError(f"{conv.label(i)}: missing field 'content'")
+        raise AdapterError(f"{conv.label(i)}: content is {_kind(content)}, expected a string")
     if not any(m["role"] == "user" for m in prompt):
         raise AdapterError("no user turn" + (" before the last assistant turn" if last < len(messages) else ""))
     end = prompt[-1]
     if end["role"] not in ("user", "tool"):
-        where = f"message {number(len(prompt) - 1)}"
-        raise AdapterError(f"roles out of order: prompt ends with a {end['role']} turn ({where})")
+        raise AdapterError(f"roles out of order: prompt ends with a {end['role']} turn ({conv.label(len(prompt) - 1)})")
     if end["role"] == "user" and not end["content"].strip():
-        raise AdapterError(f"message {number(len(prompt) - 1)}: final user turn is empty")
+        raise AdapterError(f"{conv.label(len(prompt) - 1)}: final user turn is empty")
+    cut = specforge_parse([*prompt, {"role": "assistant", "content": ""}])
+    if cut.dropped:
+        raise AdapterError(f"{conv.label(cut.dropped[0])}: roles out of SpecForge's order: a {prompt[cut.dropped[0]]['role']} "
+                           f"turn before the first user turn (SpecForge's parser drops it)")
+    if cut.truncated_at is not None:
+        raise AdapterError(f"{conv.label(cut.truncated_at)}: roles out of SpecForge's order: {cut.reason} "
+                           f"(SpecForge's parser would cut the conversation there, before the generated turn)")
     return prompt

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from engine import runlock
 from engine.extract.disk import check_job_fits, fmt_bytes
 from engine.extract.job import ExtractError, ExtractJob, resolve_job
 from engine.extract.plan import project
@@ -71,13 +72,23 @@ def run_extract(cfg: Any, *, data: Path | None = None, gpus: list[int] | None = 
                 free_bytes: int | None = None, progress_s: float = 5.0, say: Callable[[str], None] = print) -> int:
     """Run the whole extraction job of ``cfg``; returns the exit code (0 done, 1 error/failed, 130 interrupted).
 
+    Outside torchrun the launcher holds ``OUT_DIR/extract.lock`` (:mod:`engine.runlock`) for the whole
+    job: a second ``datagen extract`` on the same output directory is refused before it touches it.
+
     Raises:
         ExtractError: bad settings, missing input or model, not enough disk (nothing started).
+        engine.runlock.DirectoryInUse: another live ``datagen extract`` writes the same output directory.
     """
     tr = torchrun_env()
     job = resolve_job(cfg, data=data, gpus=gpus, workers=None if tr else workers, free_bytes=free_bytes)
-    if tr is not None:
+    if tr is not None:  # the ranks share one output directory on purpose (shards.py serialises their commits)
         return _run_torchrun(job.with_(workers=tr[1]), *tr, say=say)
+    Path(job.out_dir).mkdir(parents=True, exist_ok=True)
+    with runlock.acquire(Path(job.out_dir), runlock.EXTRACT_LOCK, "extract output directory"):
+        return _run_locked(cfg, job, progress_s, say)
+
+
+def _run_locked(cfg: Any, job: ExtractJob, progress_s: float, say: Callable[[str], None]) -> int:
     info = prepare(job, say)
     run_dir = Path(cfg.run.dir)
     if run_dir.is_dir():

@@ -145,12 +145,21 @@ def read_workers(out_dir: str | Path) -> list[dict[str, Any]]:
     return out
 
 
+def _holder(out_dir: str | Path) -> dict[str, Any] | None:
+    """Who holds ``out_dir/extract.lock`` (the live ``datagen extract`` launcher), or None."""
+    from engine.runlock import EXTRACT_LOCK, holder
+
+    h = holder(Path(out_dir), EXTRACT_LOCK)
+    return h.as_dict() if h is not None else None
+
+
 def collect(out_dir: str | Path) -> dict[str, Any]:
     """The job-wide extraction status of ``out_dir`` (JSON-able), for ``datagen status --json``.
 
     Returns:
         ``{"out_dir", "state", "reason", "workers": [...], "samples_total", "samples_done",
-        "tokens_total", "tokens_done", "tokens_per_s", "bytes_written", "eta_s", "manifest_samples"}``;
+        "tokens_total", "tokens_done", "tokens_per_s", "bytes_written", "eta_s", "manifest_samples", "lock"}``
+        (``lock``: the live launcher holding ``out_dir/extract.lock``, :meth:`engine.runlock.Holder.as_dict`, or null);
         ``state`` is ``not_started`` when no worker has reported, ``failed`` if any worker failed
         and none is active, else ``loading``/``running``/``paused`` (any worker) or ``done`` (all).
     """
@@ -182,6 +191,7 @@ def collect(out_dir: str | Path) -> dict[str, Any]:
         "tokens_per_s": round(tps, 1), "bytes_written": sum(int(w.get("bytes_written", 0)) for w in ws),
         "eta_s": eta,
         "manifest_samples": manifest_samples,
+        "lock": _holder(out_dir),
     }
 
 

@@ -9,7 +9,8 @@ temporary name in the same directory and renamed (atomic).
 - ``specforge`` (``DIR/<dataset>.jsonl``): ``{"id": "<dataset>:<key>", "conversations": [prompt
   messages..., {"role": "assistant", "content", "reasoning_content", "tool_calls"}]}`` plus
   ``"tools"`` when the prompt declared any; tool calls in native form (``functions.NAME:IDX``),
-  arguments verbatim.
+  arguments verbatim. A row SpecForge's parser would not train on whole (a prompt stored before
+  ingest normalised role order, ``engine.datasets.roles``) is left out and reported.
 - ``openai`` (``DIR/<dataset>.jsonl``): ``{"id", "messages": [..., {"role": "assistant", "content",
   "reasoning_content", "tool_calls"?}], "tools"?}``: the assistant turn in OpenAI shape
   (``content`` null when the turn is only tool calls; ``tool_calls`` only when there are some).
@@ -26,9 +27,10 @@ from __future__ import annotations
 import collections
 import json
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from engine.config import TokenizerSection
+from engine.datasets.roles import specforge_problem
 from engine.export import NothingToExport
 from engine.tokens import vstore
 from engine.tokens.reconstruct import count_tool_calls, native_tool_calls
@@ -108,7 +110,8 @@ def _rows(conn, dataset: str, include_invalid: bool) -> Iterator[tuple]:
         last = batch[-1][0]
 
 
-def _json_lines(conn, dataset: str, fmt: str, include_invalid: bool, id_format: str) -> Iterator[str]:
+def _json_lines(conn, dataset: str, fmt: str, include_invalid: bool, id_format: str,
+                on_left_out: Callable[[str, str], None] | None = None) -> Iterator[str]:
     for pid, key, ok, pl, cl, blob, prov, fin, msgs, tools, reasoning, content, tcs in _rows(conn, dataset, include_invalid):
         msgs, tools = json.loads(msgs), json.loads(tools)
         calls, _ = native_tool_calls(json.loads(tcs), count_tool_calls(msgs), id_format)
@@ -116,6 +119,11 @@ def _json_lines(conn, dataset: str, fmt: str, include_invalid: bool, id_format: 
         if fmt == "specforge":
             turn = {"role": "assistant", "content": content, "reasoning_content": reasoning, "tool_calls": calls}
             doc: dict[str, Any] = {"id": rid, "conversations": msgs + [turn]}
+            problem = specforge_problem(doc["conversations"])
+            if problem is not None:  # a prompt stored before ingest normalised role order: SpecForge would
+                if on_left_out is not None:  # not train on the generated turn as it was generated
+                    on_left_out(rid, problem)
+                continue
         else:
             turn = {"role": "assistant", "content": content if (content or not calls) else None,
                     "reasoning_content": reasoning}
@@ -137,7 +145,8 @@ def _token_records(conn, dataset: str, include_invalid: bool) -> Iterator[TokenR
 
 
 def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: TokenizerSection | None = None,
-                     include_invalid: bool = False, workers: int | None = None) -> dict[str, int]:
+                     include_invalid: bool = False, workers: int | None = None, validate: bool = True,
+                     on_left_out: Callable[[str, str], None] | None = None) -> dict[str, int]:
     """Export every dataset in ``fmt`` (one of :data:`FORMATS`); returns ``{dataset: rows}``.
 
     Args:
@@ -145,6 +154,10 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
         fmt: ``specforge`` | ``openai`` | ``tokens``.
         tokenizer: settings to validate unvalidated results with (default: the run's stored ones).
         include_invalid: export invalid records too.
+        validate: validate unvalidated results first (False: leave them out, write nothing to the store).
+        on_left_out: called ``(row id, reason)`` for each ``specforge`` row left out because SpecForge's
+            parser would drop or cut turns of it (a prompt stored before ingest normalised role order;
+            docs/specforge-roles.md).
 
     Raises:
         engine.export.NothingToExport: no record qualifies (nothing is written).
@@ -156,7 +169,8 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}")
     section = tokenizer or section_for_run(run_dir)
-    ensure_validated(run_dir, section, workers=workers)
+    if validate:
+        ensure_validated(run_dir, section, workers=workers)
     id_format = section.tool_id_format if section is not None else TokenizerSection(path="-").tool_id_format
     conn = vstore.connect(run_dir)
     try:
@@ -168,7 +182,7 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
                 out[name] = write_parquet(Path(out_dir) / f"{name}.parquet", _token_records(conn, name, include_invalid))
             else:
                 out[name] = write_lines(Path(out_dir) / f"{name}.jsonl",
-                                                _json_lines(conn, name, fmt, include_invalid, id_format))
+                                        _json_lines(conn, name, fmt, include_invalid, id_format, on_left_out))
         return out
     finally:
         conn.close()
