@@ -197,7 +197,7 @@ class SSEParser:
     # -- internals -------------------------------------------------------------------------------------------
 
     def _decode_into(self, payload: bytes, out: list[Any]) -> None:
-        if not payload.strip():
+        if not payload or payload.isspace():
             self.empty_events += 1
             return
         obj = decode_payload(payload)
