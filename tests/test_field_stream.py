@@ -271,3 +271,26 @@ def test_case11_rate_limit_inside_a_200_stream_is_a_rate_limit(tmp_path):
     assert rows(run, "SELECT outcome, error_class, status, COUNT(*) FROM attempts GROUP BY 1, 2, 3") == [
         ("error", "rate_limit", 429, n), ("ok", None, None, n)]
     assert len(srv.requests) == 2 * n
+
+
+def test_unknown_tool_never_reaches_a_training_export_without_a_tokenizer(tmp_path):
+    # Training exports always validate first: without a [tokenizer] they refuse; validated later with one,
+    # the undeclared call fails unknown_tool and nothing is exported.
+    def respond(req, n):
+        return stream(chunk(tcd(index=0, id="a", name="get_wether", arguments='{"city": "Rome"}')),
+                      chunk({}, finish="tool_calls",
+                            usage=usage(10, true_count("", "", [("get_wether", '{"city": "Rome"}')]))))
+
+    prompts = [{"messages": [{"role": "user", "content": "Weather in Rome?"}], "tools": [WEATHER]}]
+    with CaseServer(respond) as srv:
+        cfg = case_config(tmp_path, srv.base_url, prompts)
+        assert run_case(cfg).returncode == 0
+    run = tmp_path / "run"
+    r = cli("export", str(run), "--format", "openai", "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and "not validated" in r.stderr and not (tmp_path / "o" / "d.jsonl").exists()
+    with_tok = case_config(tmp_path, srv.base_url, None, tokenizer=kimi_dir())
+    assert cli("validate", str(run), "--config", str(with_tok)).returncode in (0, 1)
+    assert [json.loads(x) for (x,) in rows(run, "SELECT reasons FROM validations")] == [["unknown_tool"]]
+    r = cli("export", str(run), "--format", "openai", "--out", str(tmp_path / "o"))
+    assert r.returncode == 1 and "unknown_tool" in r.stdout + r.stderr
+    assert not (tmp_path / "o" / "d.jsonl").exists()
