@@ -712,3 +712,41 @@ async def test_progress_reused_across_attempts_is_reset(srv):
     assert comp.generation_id == "gen-second"
     assert progress.generation_id == "gen-second" and progress.tokens_received == 1
     assert progress.cost_usd == pytest.approx(0.0000376)
+
+
+async def test_stream_bom_cr_split_and_unterminated_done_over_the_wire(srv):
+    # A BOM split over two reads, CR line endings with the CR and LF of a CRLF in different HTTP chunks, an
+    # `event:` line, and a final [DONE] without its blank line (discarded: the finish already arrived).
+    body = json.dumps(chunk({"content": "Four."})).encode()
+    fin = json.dumps(chunk({}, finish="stop", usage=USAGE)).encode()
+    srv.push(head(200), ch(b"\xef\xbb"), Sleep(0.02), ch(b"\xbf: hi\r"), Sleep(0.02), ch(b"\n\r\nevent: message\r"),
+             ch(b"data: " + body + b"\r"), Sleep(0.02), ch(b"\r"), ch(b"data: " + fin + b"\r\n\r\ndata: [DONE]"), END)
+    async with make_client(srv) as c:
+        comp = await c.complete(REQ)
+    assert comp.content == "Four." and comp.finish_reason == "stop" and comp.usage_reported
+
+
+async def test_stream_finish_in_an_unterminated_event_is_a_disconnect(srv):
+    fin = json.dumps(chunk({}, finish="stop", usage=USAGE)).encode()
+    srv.push(*stream_script([chunk({"content": "Four."}, finish=""), b"data: " + fin + b"\n"], done=False))
+    async with make_client(srv) as c:
+        with pytest.raises(RequestError) as ei:
+            await c.complete(REQ)
+    assert ei.value.error_class is ErrorClass.DISCONNECT and "unterminated event" in ei.value.message
+    assert 'finish_reason ""' in ei.value.message
+
+
+async def test_request_body_asks_for_usage_only_when_streaming(srv):
+    srv.push(*stream_script([chunk({"content": "a"}, finish="stop")]))
+    body = json.dumps({"id": "g", "choices": [{"finish_reason": "stop", "message": {"content": "a"}}]}).encode()
+    srv.push(head(200, chunked=False, length=len(body), ctype="application/json"), body)
+    srv.push(*stream_script([chunk({"content": "a"}, finish="stop")]))
+    async with make_client(srv) as c:
+        await c.complete(REQ)
+    async with make_client(srv, stream=False) as c:
+        await c.complete(REQ)
+    async with make_client(srv, stream_usage=False) as c:
+        await c.complete(REQ)
+    sent = [json.loads(r["body"]) for r in srv.requests]
+    assert [b.get("stream_options") for b in sent] == [{"include_usage": True}, None, None]
+    assert [b["stream"] for b in sent] == [True, False, True]
