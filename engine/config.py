@@ -128,6 +128,9 @@ class ProviderSection(_Strict):
         api_key_env: NAME of the environment variable holding the key (never the key itself).
         api_key_file: optional path of a file holding the key (used when the variable is unset).
         stream: stream responses with SSE (default) or not.
+        stream_usage: with ``stream``, ask for usage in the stream (``stream_options: {"include_usage":
+            true}``; default true). vLLM, SGLang and OpenAI send no usage in a stream without it; OpenRouter
+            accepts it. Set false only for a server that refuses ``stream_options``.
     """
 
     kind: Literal["openrouter", "openai", "simulated"] = "simulated"
@@ -136,6 +139,7 @@ class ProviderSection(_Strict):
     api_key_env: str = "OPENROUTER_API_KEY"
     api_key_file: Path | None = None
     stream: bool = True
+    stream_usage: bool = True
     timeouts: TimeoutsSection = Field(default_factory=TimeoutsSection)
     routing: RoutingSection = Field(default_factory=RoutingSection)
     sim: SimSection = Field(default_factory=SimSection)

@@ -268,7 +268,8 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
         t = cfg.provider.timeouts
         total_conc = sum(c.concurrency for c in cfg.classes.values())
         client = ChatClient(
-            base_url, api_key, stream=cfg.provider.stream, connect_timeout_s=t.connect_s,
+            base_url, api_key, stream=cfg.provider.stream, stream_usage=cfg.provider.stream_usage,
+            connect_timeout_s=t.connect_s,
             stall_timeout_s=t.stall_s, total_timeout_s=t.total_s, max_connections=max(total_conc, 16),
         )
         writer = StoreWriter(store, cfg.run.commit_interval_s)

@@ -36,8 +36,9 @@ SEED = int(os.environ.get("CHAOS_SEED", "20260"))
 FAULTS = "429:0.05,502:0.05,midstream:0.04,disconnect:0.04,stall:0.02"
 #: run.commit_interval_s; 1.0 is the default, so the figures are those of a default run.
 COMMIT_INTERVAL_S = float(os.environ.get("CHAOS_COMMIT_S", "1.0"))
-#: Error class the engine gives each injected fault.
-FAULT_CLASS = {"429": "rate_limit", "502": "server", "midstream": "midstream", "disconnect": "disconnect",
+#: Error class the engine gives each injected fault. The simulator's mid-stream error chunk carries code 502 or
+#: "server_error": an in-stream error with a code is classed as that HTTP status would be (issue 11).
+FAULT_CLASS = {"429": "rate_limit", "502": "server", "midstream": "server", "disconnect": "disconnect",
                "stall": "stall"}
 #: Prompts per planned kill: enough that the run cannot finish before the last kill.
 PROMPTS_PER_KILL = 80

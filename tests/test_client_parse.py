@@ -87,10 +87,12 @@ def test_sse_multiline_event_and_fields_ignored():
     assert out == [{"a": [1, 2]}]
 
 
-def test_sse_flush_dispatches_unterminated_event_and_missing_blank_lines():
+def test_sse_flush_discards_unterminated_event_and_missing_blank_lines():
+    # HTML standard: "If the file ends in the middle of an event, before the final empty line, the
+    # incomplete event is not dispatched."
     p = SSEParser()
     assert p.feed(b'data: {"a": 1}') == []
-    assert p.flush() == [{"a": 1}]
+    assert p.flush() == [] and p.discarded
     # two chunks without the blank line between them (seen from sloppy servers): recovered one by one
     assert SSEParser().feed(b'data: {"a": 1}\ndata: {"b": 2}\n\n') == [{"a": 1}, {"b": 2}]
 
@@ -215,23 +217,30 @@ def test_tool_call_deltas_assembled_by_index_verbatim():
     assert c.ttft_s is not None
 
 
-@pytest.mark.parametrize("code", [502, "server_error"])
-def test_midstream_error_top_level_form(code):
+@pytest.mark.parametrize("code,cls,status", [(502, ErrorClass.SERVER, 502), ("server_error", ErrorClass.SERVER, 500),
+                                             (None, ErrorClass.MIDSTREAM, 200),
+                                             ("E_PROVIDER_42", ErrorClass.MIDSTREAM, 200)])
+def test_midstream_error_top_level_form(code, cls, status):
+    # A coded error chunk is classed like the HTTP status its code stands for; only a code-less one (or a
+    # code that is no HTTP status and no known name) stays MIDSTREAM.
     acc = StreamAccumulator()
     acc.feed(chunk({"content": "x" * 9}))
     err = {"code": code, "message": "Provider disconnected",
            "metadata": {"error_type": "provider_unavailable", "provider_name": "Nebius", "raw": "upstream 502"}}
+    if code is None:
+        del err["code"]
     with pytest.raises(RequestError) as ei:
         acc.feed(chunk({}, finish="error", error=err))
     e = ei.value
-    assert e.error_class is ErrorClass.MIDSTREAM and e.retryable
+    assert e.error_class is cls and e.retryable and e.status == status
     assert e.tokens_received == 3  # ceil(9 / 4)
     assert e.provider == "Nebius"
     assert e.generation_id == "gen-1"
-    assert "Provider disconnected" in e.message and f"code={code}" in e.message and "upstream 502" in e.message
+    assert "Provider disconnected" in e.message and "upstream 502" in e.message
+    assert code is None or f"code={code}" in e.message
 
 
-@pytest.mark.parametrize("code", [500, "internal"])
+@pytest.mark.parametrize("code", [500, "internal", "E_UNKNOWN"])
 def test_midstream_error_old_form_inside_choice(code):
     acc = StreamAccumulator()
     acc.feed(chunk({"reasoning": "abcd"}))
@@ -239,7 +248,7 @@ def test_midstream_error_old_form_inside_choice(code):
     c["choices"][0]["error"] = {"code": code, "message": "boom"}
     with pytest.raises(RequestError) as ei:
         acc.feed(c)
-    assert ei.value.error_class is ErrorClass.MIDSTREAM
+    assert ei.value.error_class is (ErrorClass.MIDSTREAM if code == "E_UNKNOWN" else ErrorClass.SERVER)
     assert ei.value.tokens_received == 1
     assert ei.value.provider == "Chutes"  # from the chunk when the error names none
     assert "boom" in ei.value.message
@@ -251,6 +260,7 @@ def test_estimate_tokens_and_progress():
     acc = StreamAccumulator(progress=p, generation_id="gen-hdr")
     acc.feed(chunk({"content": "hello"}))
     assert p.tokens_received == 2 and p.generation_id == "gen-hdr" and p.provider == "Chutes"
+    acc.feed(chunk({}, finish="stop"))
     assert acc.completion().generation_id == "gen-hdr"  # header id wins over chunk id
 
 
@@ -309,14 +319,18 @@ def test_nonstream_200_with_top_level_error():
     with pytest.raises(RequestError) as ei:
         parse_completion_body("\n" + json.dumps(body))
     e = ei.value
-    assert e.error_class is ErrorClass.MIDSTREAM and e.status == 200
+    assert e.error_class is ErrorClass.SERVER and e.status == 502  # as an HTTP 502 would be
     assert e.provider == "Groq" and e.generation_id == "gen-9" and "Upstream error" in e.message
+    del body["error"]["code"]
+    with pytest.raises(RequestError) as ei:
+        parse_completion_body(json.dumps(body))
+    assert ei.value.error_class is ErrorClass.MIDSTREAM and ei.value.status == 200
 
 
 def test_nonstream_200_with_choice_error():
     body = json.loads(json.dumps(BODY))
     body["choices"][0]["finish_reason"] = "error"
-    body["choices"][0]["error"] = {"code": "server_error", "message": "model crashed"}
+    body["choices"][0]["error"] = {"message": "model crashed"}
     with pytest.raises(RequestError) as ei:
         parse_completion_body(json.dumps(body))
     assert ei.value.error_class is ErrorClass.MIDSTREAM and "model crashed" in ei.value.message

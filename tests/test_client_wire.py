@@ -335,11 +335,14 @@ async def test_stream_tool_call_assembly(srv):
     ]
 
 
-@pytest.mark.parametrize("code", [502, "server_error"])
+@pytest.mark.parametrize("code,cls,status", [(502, ErrorClass.SERVER, 502), ("server_error", ErrorClass.SERVER, 500),
+                                             (None, ErrorClass.MIDSTREAM, 200)])
 @pytest.mark.parametrize("form", ["top", "choice"])
-async def test_stream_midstream_error(srv, code, form):
+async def test_stream_midstream_error(srv, code, cls, status, form):
     err = {"code": code, "message": "Provider returned error",
            "metadata": {"error_type": "provider_unavailable", "provider_name": "Nebius", "raw": "upstream died"}}
+    if code is None:
+        del err["code"]
     if form == "top":
         bad = chunk({}, finish="error", error=err)
     else:
@@ -350,9 +353,10 @@ async def test_stream_midstream_error(srv, code, form):
         with pytest.raises(RequestError) as ei:
             await c.complete(REQ)
     e = ei.value
-    assert e.error_class is ErrorClass.MIDSTREAM and e.retryable and e.status == 200
+    assert e.error_class is cls and e.retryable and e.status == status
     assert e.tokens_received == 10 and e.provider == "Nebius" and e.generation_id == "gen-body-1"
-    assert "Provider returned error" in e.message and f"code={code}" in e.message and "upstream died" in e.message
+    assert "Provider returned error" in e.message and "upstream died" in e.message
+    assert code is None or f"code={code}" in e.message
     assert_no_key(e)
 
 
@@ -400,14 +404,14 @@ async def test_nonstream_200_with_top_level_error(srv):
     async with make_client(srv, stream=False) as c:
         with pytest.raises(RequestError) as ei:
             await c.complete(REQ)
-    assert ei.value.error_class is ErrorClass.MIDSTREAM and ei.value.provider == "Groq"
+    assert ei.value.error_class is ErrorClass.SERVER and ei.value.status == 502 and ei.value.provider == "Groq"
     assert "Upstream error from Groq" in ei.value.message and ei.value.generation_id == "gen-e"
 
 
 async def test_nonstream_200_with_choice_error(srv):
     b = nonstream_body()
     b["choices"][0]["finish_reason"] = "error"
-    b["choices"][0]["error"] = {"code": "server_error", "message": "generation failed"}
+    b["choices"][0]["error"] = {"message": "generation failed"}  # code-less: MIDSTREAM
     body = json.dumps(b).encode()
     srv.push(head(200, chunked=False, length=len(body), ctype="application/json"), body)
     async with make_client(srv, stream=False) as c:
@@ -515,14 +519,15 @@ async def test_finish_then_reset_before_done_returns_completion(srv):
 
 
 async def test_done_without_finish(srv):
+    # [DONE] without a finish_reason: the text may be cut, so it is a (retried) disconnect, never a result.
     srv.push(*stream_script([chunk({"content": "text"})]))
     srv.push(*stream_script([]))
     async with make_client(srv) as c:
-        comp = await c.complete(REQ)
-        assert comp.content == "text" and comp.finish_reason == "unknown"
-        with pytest.raises(RequestError) as ei:
-            await c.complete(REQ)
-    assert ei.value.error_class is ErrorClass.PROTOCOL
+        for _ in range(2):
+            with pytest.raises(RequestError) as ei:
+                await c.complete(REQ)
+            assert ei.value.error_class is ErrorClass.DISCONNECT and ei.value.retryable
+            assert "[DONE]" in ei.value.message
 
 
 async def test_undecodable_chunk_is_protocol(srv):
@@ -707,3 +712,41 @@ async def test_progress_reused_across_attempts_is_reset(srv):
     assert comp.generation_id == "gen-second"
     assert progress.generation_id == "gen-second" and progress.tokens_received == 1
     assert progress.cost_usd == pytest.approx(0.0000376)
+
+
+async def test_stream_bom_cr_split_and_unterminated_done_over_the_wire(srv):
+    # A BOM split over two reads, CR line endings with the CR and LF of a CRLF in different HTTP chunks, an
+    # `event:` line, and a final [DONE] without its blank line (discarded: the finish already arrived).
+    body = json.dumps(chunk({"content": "Four."})).encode()
+    fin = json.dumps(chunk({}, finish="stop", usage=USAGE)).encode()
+    srv.push(head(200), ch(b"\xef\xbb"), Sleep(0.02), ch(b"\xbf: hi\r"), Sleep(0.02), ch(b"\n\r\nevent: message\r"),
+             ch(b"data: " + body + b"\r"), Sleep(0.02), ch(b"\r"), ch(b"data: " + fin + b"\r\n\r\ndata: [DONE]"), END)
+    async with make_client(srv) as c:
+        comp = await c.complete(REQ)
+    assert comp.content == "Four." and comp.finish_reason == "stop" and comp.usage_reported
+
+
+async def test_stream_finish_in_an_unterminated_event_is_a_disconnect(srv):
+    fin = json.dumps(chunk({}, finish="stop", usage=USAGE)).encode()
+    srv.push(*stream_script([chunk({"content": "Four."}, finish=""), b"data: " + fin + b"\n"], done=False))
+    async with make_client(srv) as c:
+        with pytest.raises(RequestError) as ei:
+            await c.complete(REQ)
+    assert ei.value.error_class is ErrorClass.DISCONNECT and "unterminated event" in ei.value.message
+    assert 'finish_reason ""' in ei.value.message
+
+
+async def test_request_body_asks_for_usage_only_when_streaming(srv):
+    srv.push(*stream_script([chunk({"content": "a"}, finish="stop")]))
+    body = json.dumps({"id": "g", "choices": [{"finish_reason": "stop", "message": {"content": "a"}}]}).encode()
+    srv.push(head(200, chunked=False, length=len(body), ctype="application/json"), body)
+    srv.push(*stream_script([chunk({"content": "a"}, finish="stop")]))
+    async with make_client(srv) as c:
+        await c.complete(REQ)
+    async with make_client(srv, stream=False) as c:
+        await c.complete(REQ)
+    async with make_client(srv, stream_usage=False) as c:
+        await c.complete(REQ)
+    sent = [json.loads(r["body"]) for r in srv.requests]
+    assert [b.get("stream_options") for b in sent] == [{"include_usage": True}, None, None]
+    assert [b["stream"] for b in sent] == [True, False, True]

@@ -6,12 +6,17 @@ Wire facts (``shared/reference/openrouter.md``):
   ``reasoning_details[*].text``; OpenRouter sends ``reasoning`` AND ``reasoning_details`` with the same text in one
   chunk, so per chunk the FIRST present spelling is taken (``reasoning`` > ``reasoning_content`` > details),
   never their sum;
-* tool calls stream as fragments keyed by ``index`` (first fragment: ``id``, ``type``, ``function.name``; later
-  ones: ``function.arguments`` pieces, concatenated verbatim);
+* tool calls stream as fragments keyed by ``index`` and ``id`` (:mod:`engine.client.toolcalls` has the
+  assembly rules: a new ``id`` at an index holding another id starts a new call);
+* only a non-empty ``finish_reason`` finishes the choice: ``""`` and ``null`` (SGLang, Ollama send ``""`` on
+  every intermediate chunk) never do; the first non-empty one is kept verbatim, known or not
+  (:data:`~engine.client.types.KNOWN_FINISH_REASONS`; :attr:`Completion.finish_known` flags the others);
 * ``finish_reason`` may be repeated by a second chunk carrying ``usage``, or usage may come in a final chunk with
   ``choices: []``: usage is read from whichever chunk has it, the finish is counted once;
 * a mid-stream error is a chunk with top-level ``error`` and ``choices[0].finish_reason == "error"``, or (older
-  form) ``choices[0].error``; ``code`` is an int or a string.
+  form) ``choices[0].error``; ``code`` is an int or a string. An error whose code stands for an HTTP status is
+  classified like that HTTP error (:func:`~engine.client.errors.classify_error_object`: an in-stream 429 is a
+  ``RATE_LIMIT``); a code-less one is ``MIDSTREAM``.
 
 ``tokens_received`` is an ESTIMATE of completion tokens streamed so far: characters of reasoning + content +
 tool-call arguments received, divided by 4 and rounded up. Use it as a lower-bound-style estimate of what an aborted
@@ -25,16 +30,19 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .errors import describe_error_object, get_header, truncate
+from .errors import classify_error_object, get_header, truncate
+from .toolcalls import ToolCallAssembler
 from .types import Completion, ErrorClass, RequestError, ToolCall, Usage
 
 __all__ = [
     "StreamAccumulator",
     "StreamProgress",
     "estimate_tokens",
+    "finish_value",
     "parse_completion_body",
     "parse_usage",
     "reasoning_text",
+    "usage_present",
 ]
 
 
@@ -146,9 +154,30 @@ def parse_usage(u: Any) -> Usage:
     )
 
 
-def _tool_id(tid: Any, index: int) -> str:
-    # A missing id is synthesised so downstream multi-turn formatting always has one.
-    return str(tid) if tid else f"call_{index}"
+def usage_present(u: Any) -> bool:
+    """True when ``u`` is a usage object: a dict with a numeric ``prompt_tokens``, ``completion_tokens`` or
+    ``total_tokens`` (``null``, ``{}`` or a usage without token counts is no usage)."""
+    if not isinstance(u, dict):
+        return False
+    for k in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        v = u.get(k)
+        if v is not None and not isinstance(v, bool):
+            try:
+                float(v)
+            except (TypeError, ValueError):
+                continue
+            return True
+    return False
+
+
+def finish_value(fr: Any) -> str | None:
+    """A chunk's ``finish_reason`` as the finish it announces: None for null, ``""``, whitespace or ``false``
+    (not finished), else the value verbatim (a non-string is kept as its ``str``)."""
+    if fr is None or fr is False:
+        return None
+    if type(fr) is str:
+        return fr if fr.strip() else None
+    return str(fr)
 
 
 class StreamAccumulator:
@@ -177,6 +206,7 @@ class StreamAccumulator:
         "_tools",
         "finish_reason",
         "native_finish_reason",
+        "empty_finishes",
         "usage_raw",
         "provider",
         "model",
@@ -198,10 +228,11 @@ class StreamAccumulator:
         self._t_start = clock() if t_start is None else t_start
         self._content: list[str] = []
         self._reasoning: list[str] = []
-        # index -> [id, type, name, [argument pieces]]
-        self._tools: dict[int, list[Any]] = {}
+        self._tools = ToolCallAssembler()
         self.finish_reason: str | None = None
         self.native_finish_reason: str | None = None
+        self.empty_finishes = 0
+        """Chunks whose ``finish_reason`` was present but empty (``""``): they never finish the choice."""
         self.usage_raw: dict[str, Any] | None = None
         self.provider = ""
         self.model = ""
@@ -215,7 +246,7 @@ class StreamAccumulator:
 
     @property
     def finished(self) -> bool:
-        """True once a (non-error) ``finish_reason`` was seen: the generated text is complete."""
+        """True once a non-empty (non-error) ``finish_reason`` was seen: the generated text is complete."""
         return self.finish_reason is not None
 
     @property
@@ -234,8 +265,9 @@ class StreamAccumulator:
         """Consume one parsed chunk.
 
         Raises:
-            RequestError: ``MIDSTREAM`` for an error chunk (either form); ``PROTOCOL`` when the chunk is not an
-                object.
+            RequestError: for an error chunk (either form): classified by its code like the HTTP status
+                (:func:`~engine.client.errors.classify_error_object`), ``MIDSTREAM`` when it has none;
+                ``PROTOCOL`` when the chunk is not an object.
         """
         if type(chunk) is not dict:
             raise self.error(ErrorClass.PROTOCOL, f"stream chunk is not a JSON object: {truncate(repr(chunk), 200)}")
@@ -248,7 +280,7 @@ class StreamAccumulator:
         if err is not None:
             raise self._midstream(err)
         usage = chunk.get("usage")
-        if usage:
+        if usage and usage_present(usage):
             self.usage_raw = usage
             cost = usage.get("cost") if isinstance(usage, dict) else None
             if cost is not None:
@@ -266,15 +298,16 @@ class StreamAccumulator:
         if delta:
             self._delta(delta)
         fr = choice.get("finish_reason")
+        if fr == "error" or choice.get("error") is not None:
+            raise self._midstream(choice.get("error") or {"message": "finish_reason=error with no error object"})
         if fr is not None:
-            if fr == "error" or choice.get("error") is not None:
-                raise self._midstream(choice.get("error") or {"message": "finish_reason=error with no error object"})
-            if self.finish_reason is None:
-                self.finish_reason = str(fr)
+            fin = finish_value(fr)
+            if fin is None:
+                self.empty_finishes += 1
+            elif self.finish_reason is None:
+                self.finish_reason = fin
                 nfr = choice.get("native_finish_reason")
                 self.native_finish_reason = str(nfr) if nfr is not None else None
-        elif choice.get("error") is not None:
-            raise self._midstream(choice["error"])
 
     def _meta(self, chunk: dict[str, Any]) -> None:
         gid = chunk.get("id")
@@ -315,70 +348,33 @@ class StreamAccumulator:
                 self.ttft_s = self._clock() - self._t_start
 
     def _tool_deltas(self, tcs: Any) -> int:
-        got = 0
-        if not isinstance(tcs, list):
-            return 0
-        tools = self._tools
-        for tc in tcs:
-            if not isinstance(tc, dict):
-                continue
-            idx = tc.get("index")
-            tid = tc.get("id")
-            if not isinstance(idx, int):
-                # Some providers omit index: a fragment with a new id opens a new call, otherwise it continues
-                # the most recent one.
-                if tid and not any(t[0] == tid for t in tools.values()):
-                    idx = len(tools)
-                elif tid:
-                    idx = next(i for i, t in tools.items() if t[0] == tid)
-                else:
-                    idx = max(tools) if tools else 0
-            slot = tools.get(idx)
-            if slot is None:
-                slot = tools[idx] = ["", "function", "", []]
-            if tid and not slot[0]:
-                slot[0] = str(tid)
-            ttype = tc.get("type")
-            if ttype and slot[1] != ttype:
-                slot[1] = str(ttype)
-            fn = tc.get("function")
-            if isinstance(fn, dict):
-                name = fn.get("name")
-                if name and not slot[2]:
-                    slot[2] = str(name)
-                    got += len(slot[2])
-                args = fn.get("arguments")
-                if args:
-                    if not isinstance(args, str):  # a provider sending an object: keep it as JSON text
-                        args = json.dumps(args, ensure_ascii=False)
-                    slot[3].append(args)
-                    got += len(args)
-        return got
+        return self._tools.feed(tcs)
 
     # -- results ----------------------------------------------------------------------------------------------
 
     def tool_calls(self) -> tuple[ToolCall, ...]:
-        """The assembled tool calls in index order."""
-        return tuple(
-            ToolCall(id=_tool_id(t[0], i), name=t[2], arguments="".join(t[3]), type=t[1])
-            for i, t in sorted(self._tools.items())
-        )
+        """The assembled tool calls in start order (see :mod:`engine.client.toolcalls`)."""
+        return self._tools.calls()
 
-    def completion(self, *, latency_s: float | None = None, finish_reason_default: str = "unknown") -> Completion:
-        """The assembled :class:`Completion`.
+    def completion(self, *, latency_s: float | None = None) -> Completion:
+        """The assembled :class:`Completion` of a FINISHED choice.
 
         Args:
             latency_s: seconds from send to end; defaults to ``clock() - t_start``.
-            finish_reason_default: used when no ``finish_reason`` arrived (a stream that ended with ``[DONE]`` but
-                no finish); the caller decides whether that is acceptable.
+
+        Raises:
+            RuntimeError: no non-empty ``finish_reason`` arrived (:attr:`finished` is False): an unfinished
+                stream is never a completion (the client raises ``DISCONNECT`` instead).
         """
+        if self.finish_reason is None:
+            raise RuntimeError("completion() of an unfinished choice (no finish_reason arrived)")
         if latency_s is None:
             latency_s = self._clock() - self._t_start
         return Completion(
             reasoning="".join(self._reasoning),
             content="".join(self._content),
             tool_calls=self.tool_calls(),
-            finish_reason=self.finish_reason if self.finish_reason is not None else finish_reason_default,
+            finish_reason=self.finish_reason,
             native_finish_reason=self.native_finish_reason,
             usage=parse_usage(self.usage_raw),
             provider=self.provider,
@@ -386,7 +382,7 @@ class StreamAccumulator:
             generation_id=self.generation_id,
             latency_s=latency_s,
             ttft_s=self.ttft_s,
-            usage_reported=bool(self.usage_raw),
+            usage_reported=usage_present(self.usage_raw),
         )
 
     def error(self, error_class: ErrorClass, message: str, *, status: int = 0) -> RequestError:
@@ -402,12 +398,15 @@ class StreamAccumulator:
         )
 
     def _midstream(self, err: Any) -> RequestError:
-        message, _meta, provider = describe_error_object(err)
+        """The error for an error object inside a 200 response: classified by its code
+        (:func:`~engine.client.errors.classify_error_object`), carrying what this stream received so far."""
+        e = classify_error_object(err, generation_id=self.generation_id)
+        provider = e.provider
         if provider and not self.provider:
             self.provider = self.progress.provider = provider
-        e = self.error(ErrorClass.MIDSTREAM, message, status=200)
-        if provider:
-            e.provider = provider
+        e.provider = provider or self.provider
+        e.tokens_received = self.tokens_received
+        e.partial_cost_usd = self.progress.cost_usd
         return e
 
 
@@ -422,7 +421,9 @@ def parse_completion_body(
 
     Leading whitespace padding (keep-alive newlines/spaces sent before the JSON) is stripped. A 200 body that
     carries an error (top-level ``error`` with null content, or ``choices[0].finish_reason == "error"`` with
-    ``choices[0].error``) raises ``RequestError(MIDSTREAM)``; an unparseable or empty body raises ``PROTOCOL``.
+    ``choices[0].error``) raises the error its code stands for, like an HTTP error with that status
+    (``MIDSTREAM`` when code-less; :func:`~engine.client.errors.classify_error_object`); an unparseable or
+    empty body, and a choice without a non-empty ``finish_reason`` (not finished), raise ``PROTOCOL``.
 
     Args:
         text: the response body.
@@ -451,7 +452,7 @@ def parse_completion_body(
         raise RequestError(ErrorClass.PROTOCOL, "response body is not a JSON object", status=200, generation_id=gid)
     acc = StreamAccumulator(t_start=0.0, progress=progress, clock=lambda: latency_s, generation_id=gid)
     acc._meta(body)
-    if body.get("usage"):
+    if usage_present(body.get("usage")):
         acc.usage_raw = body["usage"]
         acc.progress.cost_usd = parse_usage(body["usage"]).cost_usd
     choices = body.get("choices")
@@ -479,7 +480,10 @@ def parse_completion_body(
         raise acc._midstream(choice.get("error") or {"message": "finish_reason=error with no error object"})
     if not choice:
         raise acc.error(ErrorClass.PROTOCOL, "response body has no choices")
-    acc.finish_reason = str(fr) if fr is not None else None
+    acc.finish_reason = finish_value(fr)
+    if acc.finish_reason is None:
+        raise acc.error(ErrorClass.PROTOCOL, f"response body's choice has no finish_reason ({fr!r}): not finished",
+                        status=200)
     nfr = choice.get("native_finish_reason")
     acc.native_finish_reason = str(nfr) if nfr is not None else None
     acc.ttft_s = latency_s if acc.progress.chars_received else None

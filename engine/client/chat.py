@@ -11,12 +11,18 @@ cannot connect / connect timeout                       ``CONNECT``
 no bytes for ``stall_timeout_s`` (httpx read timeout)  ``STALL`` (carries ``tokens_received``)
 whole request over ``total_timeout_s``                 ``TIMEOUT`` (carries ``tokens_received``)
 reset / peer closed before ``[DONE]`` and finish       ``DISCONNECT`` (carries ``tokens_received``)
-error chunk in a 200 stream / 200 body with an error   ``MIDSTREAM``
+stream ended (``[DONE]`` or not) without a finish      ``DISCONNECT`` (retried; ``""``/null never finish)
+error chunk in a 200 stream / 200 body with an error   the class of the HTTP status its ``code`` stands
+                                                       for (429 ``RATE_LIMIT``, 402 ``CREDITS``, ...);
+                                                       ``MIDSTREAM`` when code-less
 undecodable chunk / body                               ``PROTOCOL``
+200 body whose choice has no finish_reason             ``PROTOCOL``
 =====================================================  ==============================================
 
-A stream whose ``finish_reason`` arrived is returned as a :class:`Completion` even if the connection then breaks
-before ``[DONE]``: the text is complete (usage may then be missing: ``usage.cost_usd is None``).
+A stream whose non-empty ``finish_reason`` arrived is returned as a :class:`Completion` even if the connection
+then breaks before ``[DONE]``: the text is complete (usage may then be missing: ``usage_reported`` False).
+Streamed requests ask for usage with ``stream_options: {"include_usage": true}`` unless ``stream_usage=False``
+(vLLM, SGLang and OpenAI send no usage in a stream without it; OpenRouter accepts it).
 
 The API key is never put into a message, repr or log: messages are built from response data and exception class
 names only, and every raised message is additionally scrubbed of the key.
@@ -142,6 +148,9 @@ class ChatClient:
         trust_env: honour ``HTTPS_PROXY``/``NO_PROXY`` and ``SSL_CERT_FILE``/``SSL_CERT_DIR`` from the environment.
         drain_timeout_s: after ``[DONE]``, how long to wait for the end of the HTTP body so the connection can be
             reused (s).
+        stream_usage: with ``stream``, send ``stream_options: {"include_usage": true}`` (merged into any
+            ``stream_options`` the request body already has). Never sent on non-streamed requests (servers
+            refuse ``stream_options`` without ``stream``).
     """
 
     def __init__(
@@ -160,6 +169,7 @@ class ChatClient:
         trust_env: bool = True,
         drain_timeout_s: float = 2.0,
         pool_shard_size: int = 32,
+        stream_usage: bool = True,
     ) -> None:
         try:
             url = httpx.URL(base_url)
@@ -178,6 +188,7 @@ class ChatClient:
         self._base = str(url).rstrip("/")
         self._chat_url = self._base + "/chat/completions"
         self._stream = stream
+        self._stream_usage = bool(stream_usage)
         self._stall = float(stall_timeout_s)
         self._total = float(total_timeout_s)
         self._drain = float(drain_timeout_s)
@@ -250,7 +261,11 @@ class ChatClient:
             progress = StreamProgress()
         else:
             progress.reset()  # one progress object may be reused across attempts: it describes THIS attempt
-        body = json.dumps(req.to_body(self._stream), ensure_ascii=False, separators=(",", ":")).encode()
+        fields = req.to_body(self._stream)
+        if self._stream and self._stream_usage:
+            opts = fields.get("stream_options")
+            fields["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
+        body = json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode()
         t0 = time.monotonic()
         try:
             async with asyncio.timeout(self._total):
@@ -412,11 +427,7 @@ class ChatClient:
                 if done:
                     break
             else:
-                for ev in parser.flush():
-                    if ev is DONE:
-                        done = True
-                        break
-                    feed(ev)
+                parser.flush()  # an unterminated last event is discarded, never dispatched (SSE standard)
         except RequestError:
             raise
         except SSEDecodeError as e:
@@ -427,11 +438,16 @@ class ChatClient:
                 raise self._transport_error(e, progress, "reading the stream") from None
             # The finish arrived, so the text is complete; only [DONE] (and maybe usage) was lost.
         if not acc.finished:
-            if done and acc.received_anything:
-                return acc.completion(finish_reason_default="unknown")
-            if done:
-                raise acc.error(ErrorClass.PROTOCOL, "stream ended with [DONE] but carried no output and no finish")
-            raise acc.error(ErrorClass.DISCONNECT, "stream ended before [DONE] without a finish_reason", status=200)
+            # Only a non-empty finish_reason finishes a choice: whatever else arrived ([DONE], text, usage,
+            # finish_reason ""), the generation may have been cut, so it is never stored; it is retried.
+            seen = [f"{acc.chunks} chunk(s)", f"~{acc.tokens_received} tokens"]
+            if acc.empty_finishes:
+                seen.append(f'{acc.empty_finishes} with finish_reason ""')
+            if parser.discarded:
+                seen.append("an unterminated event discarded at the end")
+            end = "[DONE]" if done else "the end of the body"
+            raise acc.error(ErrorClass.DISCONNECT,
+                            f"stream ended ({end}) without a finish_reason after {', '.join(seen)}", status=200)
         completion = acc.completion()
         if done:
             # Read to the end of the HTTP body (usually already buffered) so the connection goes back to the pool

@@ -41,6 +41,12 @@ class ToolCall:
         return {"id": self.id, "type": self.type, "function": {"name": self.name, "arguments": self.arguments}}
 
 
+#: ``finish_reason`` values with a known meaning (OpenAI / OpenRouter's normalised set). Any other non-empty
+#: value still finishes the choice, is kept verbatim and is flagged (:attr:`Completion.finish_known` False;
+#: validation fails the record with ``unknown_finish``): whether the text is complete is then unknown.
+KNOWN_FINISH_REASONS: frozenset[str] = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
+
+
 @dataclass(frozen=True, slots=True)
 class Completion:
     """A finished generation.
@@ -49,8 +55,9 @@ class Completion:
         reasoning: the reasoning text (``reasoning`` / ``reasoning_content`` / ``reasoning_details``).
         content: the answer text ("" when the model produced none).
         tool_calls: assembled tool calls, in index order.
-        finish_reason: ``stop`` | ``length`` | ``tool_calls`` | ``content_filter`` | ... (never ``error``:
-            errors raise :class:`RequestError`).
+        finish_reason: ``stop`` | ``length`` | ``tool_calls`` | ``content_filter`` | ``function_call``, or
+            another non-empty value kept verbatim (see :attr:`finish_known`); never empty (an unfinished stream
+            raises ``DISCONNECT``) and never ``error`` (errors raise :class:`RequestError`).
         native_finish_reason: the provider's own finish reason, when given.
         usage: billed usage (see :class:`Usage`); zeros when the provider sent none.
         provider: provider display name from the response's ``provider`` field ("" if absent).
@@ -76,6 +83,11 @@ class Completion:
     ttft_s: float | None
     usage_reported: bool = True
 
+    @property
+    def finish_known(self) -> bool:
+        """Whether :attr:`finish_reason` is one of :data:`KNOWN_FINISH_REASONS` (False: kept verbatim, flagged)."""
+        return self.finish_reason in KNOWN_FINISH_REASONS
+
 
 class ErrorClass(str, enum.Enum):
     """How a failed request is classified; the value is the label counted in ``status`` ``errors``."""
@@ -83,7 +95,7 @@ class ErrorClass(str, enum.Enum):
     RATE_LIMIT = "rate_limit"  # 429
     SERVER = "server"  # 500 502 503 529 and other 5xx
     TIMEOUT = "timeout"  # 408 524, total-time limit
-    MIDSTREAM = "midstream"  # error chunk inside a 200 stream, or 200 body carrying an error
+    MIDSTREAM = "midstream"  # code-less error chunk inside a 200 stream / 200 body (a coded one: its status's class)
     DISCONNECT = "disconnect"  # connection reset / closed before [DONE]
     STALL = "stall"  # no bytes for the stall timeout
     CONNECT = "connect"  # could not connect

@@ -247,6 +247,18 @@ class SimApp:
         stream = body.get("stream") is True
         key = prompt_key(messages, tools)
         log = {"key": key, "stream": stream}
+        stream_options = body.get("stream_options")
+        if stream_options is not None:
+            # OpenAI / vLLM rules: an object, include_usage a boolean, only together with stream.
+            if not isinstance(stream_options, dict) or not isinstance(stream_options.get("include_usage", False), bool):
+                await self._refuse(conn, seq, 400, error_body(400, "stream_options: expected an object "
+                                                                   "{\"include_usage\": boolean}"), **log)
+                return
+            if not stream:
+                await self._refuse(conn, seq, 400, error_body(400, "stream_options: only allowed when stream is true"),
+                                   **log)
+                return
+        include_usage = not cfg.usage_on_request or bool((stream_options or {}).get("include_usage"))
         forced = req.headers.get("x-sim-fault")
         if forced is not None and forced != "none" and forced not in FAULT_KINDS:
             await self._refuse(conn, seq, 400, error_body(400, f"X-Sim-Fault: unknown fault kind {forced!r}"), **log)
@@ -301,7 +313,7 @@ class SimApp:
         job = ChatJob(
             cfg=cfg, ledger=self.ledger, conn=conn, seq=seq, gid=f"gen-{created}-{secrets.token_hex(10)}",
             created=created, model=self.served_model, provider=provider, key=key, plan=plan, stream=stream,
-            fault=fault, fault_index=fault_index,
+            fault=fault, fault_index=fault_index, include_usage=include_usage,
         )
         await job.run()
 

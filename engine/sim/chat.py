@@ -51,6 +51,7 @@ class ChatJob:
         stream: bool,
         fault: str | None,
         fault_index: int,
+        include_usage: bool = True,
     ) -> None:
         self.cfg = cfg
         self.ledger = ledger
@@ -65,6 +66,7 @@ class ChatJob:
         self.stream = stream
         self.fault = fault
         self.fault_index = fault_index
+        self.include_usage = include_usage
         self.rng = random.Random(f"sim-fault-shape:{cfg.seed}:{seq}")
         self.cut_fraction = self.rng.uniform(0.2, 0.8)
         self.sent_tokens = 0
@@ -282,7 +284,9 @@ class ChatJob:
         else:
             fr = self.plan.finish_reason
             usage = self._usage()
-            if self.seq % 2 == 1:  # form (a): finish chunk, then choices: [] + usage
+            if not self.include_usage:  # vLLM-like server, usage not asked for: none in the stream
+                tail = cb.finish(fr)
+            elif self.seq % 2 == 1:  # form (a): finish chunk, then choices: [] + usage
                 tail = cb.finish(fr) + cb.usage_only(usage)
             else:  # form (b): finish chunk, then finish repeated with usage attached
                 tail = cb.finish(fr) + cb.finish(fr, usage)

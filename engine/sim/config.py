@@ -83,6 +83,9 @@ class SimConfig:
             the connection (ends earlier when the client disconnects or the server stops).
         credit_precheck: refuse (402) a request whose ``max_tokens`` the remaining credits cannot
             pay for, as OpenRouter does. Only matters when ``credits_usd`` is set.
+        usage_on_request: behave like vLLM / SGLang / OpenAI: a stream carries ``usage`` only when
+            the request asks with ``stream_options: {"include_usage": true}`` (default False:
+            OpenRouter sends usage in every stream).
     """
 
     host: str = "127.0.0.1"
@@ -104,6 +107,7 @@ class SimConfig:
     log_path: str | None = None
     stall_s: float = 3600.0
     credit_precheck: bool = True
+    usage_on_request: bool = False
 
     def __post_init__(self) -> None:
         validate_faults(self.faults)
@@ -191,6 +195,8 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
         help="comma-separated providers whose dropped streams stop billing",
     )
     g.add_argument("--log", default=None, help="append one JSON line per finished chat request to this file")
+    g.add_argument("--usage-on-request", action="store_true",
+                   help="vLLM-like: usage in a stream only when stream_options.include_usage is true")
 
 
 def sim_config_from_args(args: Any) -> SimConfig:
@@ -211,4 +217,5 @@ def sim_config_from_args(args: Any) -> SimConfig:
         providers=_names(getattr(args, "providers", ",".join(d.providers))),
         cancellable_providers=_names(getattr(args, "cancellable", ",".join(d.cancellable_providers))),
         log_path=getattr(args, "log", None),
+        usage_on_request=bool(getattr(args, "usage_on_request", False)),
     )

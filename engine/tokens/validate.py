@@ -7,6 +7,7 @@ are left out of exports unless asked. The checks (eagle3-data.md, "checks that p
 |---|---|
 | ``render_error`` | the chat template failed on the prompt or the full conversation |
 | ``truncated`` | ``finish_reason == "length"`` (cut by ``max_tokens``) |
+| ``unknown_finish`` | ``finish_reason`` is not one of ``stop``, ``length``, ``tool_calls``, ``content_filter``, ``function_call`` (kept verbatim; whether the text is complete is unknown) |
 | ``empty`` | no content and no tool calls |
 | ``think_end_count`` | not exactly one ``think_end`` id (thinking mode) / any (thinking off) |
 | ``think_start`` | a ``think_start`` id in the completion |
@@ -17,6 +18,7 @@ are left out of exports unless asked. The checks (eagle3-data.md, "checks that p
 | ``reasoning_unexpected`` | thinking off, but reasoning text came back |
 | ``special_text`` | another special token's text inside a generated piece |
 | ``bad_tool_args`` | a tool call's ``arguments`` is not valid JSON |
+| ``unknown_tool`` | a tool call names a function that is not one of the request's declared ``tools`` (e.g. two calls glued into one by a misassembled stream) |
 | ``tool_layout`` | tool calls, but the tool-call markers are not configured/resolved |
 | ``prefix_unstable`` | the rendered prompt is not a prefix of the rendered full conversation |
 | ``method_disagree`` | method A ids != method B ids |
@@ -27,26 +29,27 @@ Notes (kept, not failures): ``tool_id_rebuilt`` (the provider returned non-nativ
 ``no_usage`` (no billed completion tokens to compare with).
 
 Checks the cut explains (``think_end_count``, ``end_of_turn``, ``method_disagree``, ``billing_diff``)
-are skipped on truncated records. Every reason but ``truncated``, ``empty`` and ``billing_diff`` is a
-"structural error" (:data:`NON_STRUCTURAL`, :func:`structural`).
+are skipped on truncated records. Every reason but ``truncated``, ``unknown_finish``, ``empty`` and
+``billing_diff`` is a "structural error" (:data:`NON_STRUCTURAL`, :func:`structural`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.client.types import KNOWN_FINISH_REASONS
 from engine.tokens.reconstruct import Reconstruction, Record
 
 #: Every failure reason, in report order.
 REASONS: tuple[str, ...] = (
-    "render_error", "truncated", "empty", "think_end_count", "think_start", "end_of_turn", "roundtrip",
-    "reasoning_leak", "reasoning_missing", "reasoning_unexpected", "special_text", "bad_tool_args",
-    "tool_layout", "prefix_unstable", "method_disagree", "billing_diff", "zero_supervised",
+    "render_error", "truncated", "unknown_finish", "empty", "think_end_count", "think_start", "end_of_turn",
+    "roundtrip", "reasoning_leak", "reasoning_missing", "reasoning_unexpected", "special_text", "bad_tool_args",
+    "unknown_tool", "tool_layout", "prefix_unstable", "method_disagree", "billing_diff", "zero_supervised",
 )
 #: Reasons that are not about the token structure (the rest are "structural errors"): a cut or empty
 #: completion, and a rebuilt length that disagrees with the provider's billed count (``billing_diff``:
 #: the ids can be perfectly formed while the vocabulary or the provider's count differs).
-NON_STRUCTURAL: frozenset[str] = frozenset({"truncated", "empty", "billing_diff"})
+NON_STRUCTURAL: frozenset[str] = frozenset({"truncated", "unknown_finish", "empty", "billing_diff"})
 _THINK_MARKERS = ("think_start", "think_end")
 
 
@@ -70,6 +73,31 @@ class Verdict:
     completion_len: int = 0
     billing_diff: int | None = None
     prompt_diff: int | None = None
+
+
+def declared_tool_names(tools: list) -> set[str]:
+    """Function names declared by OpenAI-shape ``tools`` (``{"type": "function", "function": {"name"}}``; a bare
+    ``{"name": ...}`` schema counts too)."""
+    names: set[str] = set()
+    for t in tools or ():
+        if not isinstance(t, dict):
+            continue
+        fn = t.get("function") if isinstance(t.get("function"), dict) else t
+        name = fn.get("name")
+        if isinstance(name, str) and name:
+            names.add(name)
+    return names
+
+
+def unknown_tool_calls(tool_calls: list, tools: list) -> list[int]:
+    """Indexes of the OpenAI-shape ``tool_calls`` whose function name is not declared in ``tools``."""
+    declared = declared_tool_names(tools)
+    bad: list[int] = []
+    for i, tc in enumerate(tool_calls or ()):
+        fn = tc.get("function") if isinstance(tc, dict) and isinstance(tc.get("function"), dict) else {}
+        if fn.get("name") not in declared:
+            bad.append(i)
+    return bad
 
 
 def billing_tolerance(completion_len: int, tokens: int, pct: float) -> float:
@@ -99,6 +127,8 @@ def check(rec: Reconstruction, r: Record, *, thinking: bool, ids: dict[str, int]
         failed.add("tool_layout")
     if rec.truncated:
         failed.add("truncated")
+    if r.finish_reason not in KNOWN_FINISH_REASONS:
+        failed.add("unknown_finish")
     if not r.content.strip() and not r.tool_calls:
         failed.add("empty")
     te, ts, eot = ids.get("think_end"), ids.get("think_start"), ids.get("end_of_turn")
@@ -121,6 +151,8 @@ def check(rec: Reconstruction, r: Record, *, thinking: bool, ids: dict[str, int]
         failed.add("reasoning_unexpected")
     if rec.bad_args:
         failed.add("bad_tool_args")
+    if unknown_tool_calls(r.tool_calls, r.tools):
+        failed.add("unknown_tool")
     if rec.prefix_stable is False:
         failed.add("prefix_unstable")
     if rec.agree is False and not rec.truncated:
@@ -144,5 +176,6 @@ def check(rec: Reconstruction, r: Record, *, thinking: bool, ids: dict[str, int]
 
 
 def structural(reasons: list[str]) -> list[str]:
-    """The reasons of ``reasons`` that are structural errors (all but truncated, empty, billing_diff)."""
+    """The reasons of ``reasons`` that are structural errors (all but truncated, unknown_finish, empty,
+    billing_diff)."""
     return [x for x in reasons if x not in NON_STRUCTURAL]
