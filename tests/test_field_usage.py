@@ -32,9 +32,6 @@ from engine.usage import (COUNTED, ESTIMATED, GENERATION, REPORTED, SOURCES, acc
                           count_with_tokenizer, estimate_usage, from_generation, usage_usable)
 from fixtures_tokens import kimi_dir
 
-HAS_STREAM_USAGE = "stream_usage" in ProviderSection.model_fields
-NEEDS_I11A = pytest.mark.xfail(not HAS_STREAM_USAGE, reason="needs i11a stream_options", strict=False)
-
 P_IN, P_OUT = 0.6e-6, 2.5e-6  # casesrv.case_config's [pricing], USD per token
 R, C = ("Rivers " * 20).strip(), ("Water runs " * 12).strip()  # case 04's texts
 PROMPTS = [{"messages": [{"role": "user", "content": f"Write a short poem number {i} about rivers."}]}
@@ -383,7 +380,6 @@ def test_case04_no_usage_estimated_without_tokenizer_and_budget_trips(tmp_path):
     assert got and all(r == (1, "[]", '["no_usage"]', 0, None) for r in got), got
 
 
-@NEEDS_I11A
 def test_case04_stream_usage_false_still_counts(tmp_path):
     """``[provider] stream_usage = false``: the vLLM server sends no usage; the tokens are counted and
     the budget trips all the same."""
@@ -401,7 +397,6 @@ def test_case04_stream_usage_false_still_counts(tmp_path):
     assert_budget_tripped(status_json(tmp_path), true_count(R, C), COUNTED)
 
 
-@NEEDS_I11A
 def test_case04_request_asks_for_usage_and_stores_it_as_reported(tmp_path):
     srv, doc = budget_case(tmp_path, vllm, tokenizer=True)
     assert srv.requests and all((r.get("stream_options") or {}).get("include_usage") is True for r in srv.requests)
