@@ -147,8 +147,8 @@ class FailureMixin:
         for name, n in by_ds.items():
             if self.telemetry.anomaly is not None:  # type: ignore[attr-defined]
                 self.telemetry.anomaly.reset(name)  # type: ignore[attr-defined]  # measured afresh
-            self.event("info", "retry_failed", name, f"{n} failed prompt(s) returned to pending"  # type: ignore[attr-defined]
-                       f"{' (' + reason + ')' if reason else ''} by retry-failed")
+            self.event("info", "retry_failed", name, f"{n} failed prompt(s){' (' + reason + ')' if reason else ''} "  # type: ignore[attr-defined]
+                       f"of {name} returned to pending by retry-failed")
         self.notify()  # type: ignore[attr-defined]
         return len(back)
 

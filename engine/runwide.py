@@ -10,8 +10,8 @@ nothing about that dataset's prompts). The conditions:
 
 - ``credits``: HTTP 402 (or a 403 saying the key's limit is exceeded): out of credits.
 - ``auth``: HTTP 401: the key is rejected.
-- ``route``: HTTP 404 on chat completions, or any 4xx whose message says no endpoint/provider can
-  serve the request (OpenRouter's "No endpoints found", "No endpoints found matching your data
+- ``route``: HTTP 404 on chat completions, or any error (a 4xx, an error chunk in a 200 stream)
+  whose message says no endpoint/provider can serve the request (OpenRouter's "No endpoints found", "No endpoints found matching your data
   policy", "No allowed providers are available"): a routing outage or a routing/model setting.
 - ``config``: the same 4xx rejection (same error class, same message) of the first
   :data:`CONFIG_STREAK` distinct prompts of this engine process, with no success in between: a
@@ -84,11 +84,10 @@ def condition_of(error_class: str, status: int, message: str) -> Condition | Non
         kind = "auth"
     elif error_class == ErrorClass.ROUTE.value:
         kind = "route"
-    elif (400 <= status < 500 and status not in (408, 429)) or is_rejection(error_class, status):
-        if any(p in low for p in ROUTE_PHRASES):
-            kind = "route"
-        elif status == 403 and any(p in low for p in CREDIT_PHRASES):
-            kind = "credits"
+    elif any(p in low for p in ROUTE_PHRASES):  # whatever the status: an error chunk in a 200 stream too
+        kind = "route"
+    elif status == 403 and any(p in low for p in CREDIT_PHRASES):
+        kind = "credits"
     if kind is None:
         return None
     return Condition(kind, f"{_WHAT[kind]} ({_status_text(error_class, status)}): {message}")
