@@ -347,3 +347,49 @@ def test_retry_failed_on_a_live_run_sends_the_failed_prompts_again(tmp_path):
         assert states(run_dir) == {"done": 40}
         assert [last_user(b) for b in srv.requests].count("Give me fun fact number 0.") == 2
         assert events(run_dir, "retry_failed") == ["1 failed prompt(s) of d returned to pending by retry-failed"]
+
+
+# ---- a rejected key ---------------------------------------------------------------------------
+def rejected_key(req, n):
+    return error_reply(401, "User not found.")
+
+
+def test_401_headless_pauses_then_ends_with_exit_2_and_fails_nothing(tmp_path):
+    with CaseServer(rejected_key) as srv:
+        cfg = case_config(tmp_path, srv.base_url, prompts(20), kind="openrouter")
+        run_dir = tmp_path / "run"
+        r = run_case(cfg)
+        out = r.stdout + r.stderr
+        assert r.returncode == 2, out
+        assert "API key rejected (HTTP 401): User not found. [code=401]. Check the key in $CASE_KEY." in out
+        assert states(run_dir) == {"pending": 20}
+        assert len(srv.requests) <= 4
+        assert dataset_row(run_dir) == ("active", "")
+        assert run_case(cfg, "--exit-on-pause").returncode == 2  # the same code with --exit-on-pause
+
+
+async def test_401_in_the_dashboard_pauses_the_run_and_waits(tmp_path, monkeypatch):
+    from engine.config import load_config
+    from tui.app import DashboardApp
+
+    monkeypatch.setenv("CASE_KEY", "case-key-123")
+    with CaseServer(rejected_key) as srv:
+        cfg = load_config(case_config(tmp_path, srv.base_url, prompts(8), kind="openrouter"))
+        app = DashboardApp(cfg)
+        async with app.run_test(size=(160, 48)) as pilot:
+            end = time.monotonic() + 20
+            while not (app.host.scheduler is not None and app.host.scheduler.state == "paused"):
+                assert time.monotonic() < end, "the run did not pause"
+                await pilot.pause(0.05)
+            sched = app.host.scheduler
+            assert sched.pause_kind == "auth" and "User not found." in sched.state_reason
+            await pilot.pause(1.0)  # it waits: no stop, no exit
+            assert app.is_running and sched.state == "paused"
+            snap = sched.snapshot()
+            assert snap.dataset("d").failed == 0 and snap.dataset("d").pending == 8
+            await pilot.press("q")
+            end = time.monotonic() + 20
+            while app.is_running:
+                assert time.monotonic() < end, "the app did not quit"
+                await pilot.pause(0.05)
+    assert states(tmp_path / "run") == {"pending": 8}
