@@ -20,9 +20,13 @@ class RetryFailedAction:
         """Retry the selected (or named) dataset's failed prompts: pick all of them or those of one
         error class (Escape cancels); they return to pending and are requested (billed) again."""
         name = name or self.selected_dataset  # type: ignore[attr-defined]
-        if not name or self._no_engine():
+        if not name or self._no_engine():  # type: ignore[attr-defined]
             return
-        d = self._dataset(name)
+        if getattr(self, "engine_finished", False):
+            self.notify(f"the run has ended: `datagen ctl RUN_DIR retry-failed {name}`, then run it again",  # type: ignore[attr-defined]
+                        severity="warning", markup=False)
+            return
+        d = self._dataset(name)  # type: ignore[attr-defined]
         if d is not None and d.failed == 0:
             self.notify(f"{name} has no failed prompts", severity="warning")  # type: ignore[attr-defined]
             return
@@ -35,7 +39,7 @@ class RetryFailedAction:
             try:
                 counts = await ctl.failed_counts(name)
             except Exception as e:  # noqa: BLE001 - store errors: say so, change nothing
-                self.toast(str(e), severity="error", timeout=6)
+                self.toast(str(e), severity="error", timeout=6)  # type: ignore[attr-defined]
                 return
             total = sum(counts.values())
             if not total:
@@ -46,7 +50,7 @@ class RetryFailedAction:
 
             def picked(choice: str | None) -> None:
                 if choice:
-                    self._run_command(partial(ctl.retry_failed, name, None if choice == "*" else choice))
+                    self._run_command(partial(ctl.retry_failed, name, None if choice == "*" else choice))  # type: ignore[attr-defined]
 
             self.push_screen(PickScreen(f"Retry failed prompts of {name}? They return to pending and are "  # type: ignore[attr-defined]
                                         f"requested (and billed) again", options), picked)
