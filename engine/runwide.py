@@ -11,8 +11,9 @@ nothing about that dataset's prompts). The conditions:
 - ``credits``: HTTP 402 (or a 403 saying the key's limit is exceeded): out of credits.
 - ``auth``: HTTP 401: the key is rejected.
 - ``route``: HTTP 404 on chat completions, or any error (a 4xx, an error chunk in a 200 stream)
-  whose message says no endpoint/provider can serve the request (OpenRouter's "No endpoints found", "No endpoints found matching your data
-  policy", "No allowed providers are available"): a routing outage or a routing/model setting.
+  whose message says no endpoint or provider can serve the request (OpenRouter's "No endpoints
+  found", "No endpoints found matching your data policy", "No allowed providers are available"):
+  a routing outage, or a routing or model setting.
 - ``config``: the same 4xx rejection (same error class, same message) of the first
   :data:`CONFIG_STREAK` distinct prompts of this engine process, with no success in between: a
   setting every request carries is refused (e.g. a ``reasoning`` setting the endpoint does not
@@ -65,7 +66,7 @@ class Condition:
 
 
 def _status_text(error_class: str, status: int) -> str:
-    return f"HTTP {status}" if status else error_class
+    return f"HTTP {status}" if 400 <= status < 600 else error_class  # an error chunk in a 200: its class
 
 
 def condition_of(error_class: str, status: int, message: str) -> Condition | None:
