@@ -114,8 +114,11 @@ def _apply_offline(conn: sqlite3.Connection, verb: str, dataset: str | None, arg
                              f"{' with reason ' + arg if arg else ''}", True)
         conn.execute("INSERT INTO events(ts, level, kind, dataset, message) VALUES(?,?,?,?,?)",
                      (now, "info", "retry_failed", dataset, f"{what} returned to pending by retry-failed"))
+        held = [(d, st) for d, st in conn.execute("SELECT name, state FROM datasets ORDER BY position")
+                if st in ("paused", "skipped") and (dataset is None or d == dataset)]
+        note = "".join(f"; {d} is {st}: `datagen ctl RUN_DIR resume {d}` too" for d, st in held)
         return CtlResult(f"{what} returned to pending: saved, the engine is not running; the next `datagen run` "
-                         f"sends them", True)
+                         f"sends them{note}", True)
     if dataset is not None and verb in ("pause", "resume", "skip") and dataset not in names:
         return CtlResult(f"error: unknown dataset {dataset!r}; expected one of: {', '.join(names)}", False)
     if verb in ("pause", "resume", "skip") and dataset:
