@@ -393,3 +393,49 @@ async def test_401_in_the_dashboard_pauses_the_run_and_waits(tmp_path, monkeypat
                 assert time.monotonic() < end, "the app did not quit"
                 await pilot.pause(0.05)
     assert states(tmp_path / "run") == {"pending": 8}
+
+
+# ---- resuming past a config-mistake pause (in process, real store) -----------------------------
+async def test_resume_after_a_config_mistake_pause_fails_those_prompts_one_by_one(tmp_path):
+    import asyncio
+
+    from engine.client.retry import RetryPolicy
+    from engine.client.types import RequestError
+    from engine.controller import Controller
+    from engine.scheduler import Scheduler
+    from engine.writer import StoreWriter
+    from helpers import make_config, seeded_store
+
+    calls: list[str] = []
+
+    async def complete(req, progress=None):
+        calls.append(req.messages[-1]["content"])
+        raise RequestError(ErrorClass.BAD_REQUEST, REASONING_REFUSED, status=400)
+
+    cfg = make_config(tmp_path, datasets=[{"name": "a", "path": "a.jsonl"}],
+                      classes={"short": {"max_tokens": 10, "concurrency": 1}})
+    store = await seeded_store(cfg, {"a": 6})
+    writer = StoreWriter(store, 0.05)
+    sched = Scheduler(cfg, store, writer, complete, policy=RetryPolicy(max_attempts=2, base_s=0.001, max_s=0.002))
+    writer._live = sched.live
+    await sched.load()
+    stop = asyncio.Event()
+    wt = asyncio.create_task(writer.run(stop))
+    rt = asyncio.create_task(sched.run())
+    for _ in range(200):
+        await asyncio.sleep(0.02)
+        if sched.state == "paused":
+            break
+    assert sched.pause_kind == "config" and REASONING_REFUSED in sched.state_reason
+    assert calls == ["a prompt 0", "a prompt 1", "a prompt 2"]  # concurrency 1: exactly the streak
+    snap = sched.snapshot().dataset("a")
+    assert (snap.failed, snap.pending) == (0, 6)
+    await asyncio.sleep(0.2)
+    assert states(cfg.run.dir) == {"pending": 6}
+    await Controller(sched).resume()  # "not the config": the rejection is each prompt's own
+    assert await asyncio.wait_for(rt, 10) == 0 and sched.state == "completed"
+    stop.set()
+    await wt
+    assert states(cfg.run.dir) == {"failed": 6}
+    assert len(calls) == 9  # the streak's three prompts once more, then the other three; no second pause
+    await store.close()
