@@ -331,11 +331,19 @@ def _cmd_ctl(args: argparse.Namespace) -> int:
             print(f"error: usage: datagen ctl RUN_DIR {args.verb} NAME", file=sys.stderr)
             return 1
         dataset, arg = None, args.dataset
+    elif args.verb == "retry-failed":
+        if args.value is not None:
+            print("error: usage: datagen ctl RUN_DIR retry-failed [DATASET] [--reason CLASS]", file=sys.stderr)
+            return 1
+        arg = args.reason
     elif args.verb == "skip":
         if args.dataset is None:
             print("error: usage: datagen ctl RUN_DIR skip DATASET [--abort]", file=sys.stderr)
             return 1
         arg = "abort" if args.abort else None
+    if args.reason is not None and args.verb != "retry-failed":
+        print("error: --reason goes with retry-failed", file=sys.stderr)
+        return 1
     try:
         if args.verb == "abort" or (args.verb == "skip" and args.abort):
             doc = collect_status(Path(args.run_dir))
@@ -411,18 +419,22 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(func=_cmd_status)
 
     c = sub.add_parser("ctl", help="control a run from another shell: pause|resume|skip|abort [DATASET], "
-                       "concurrency CLASS N, exclude-provider|include-provider NAME; exits 1 when not applied",
+                       "concurrency CLASS N, exclude-provider|include-provider NAME, retry-failed [DATASET] "
+                       "[--reason CLASS]; exits 1 when not applied",
                        description="Exit status: 0 applied by the live engine, or saved for the next start "
-                       "(pause/resume/skip DATASET, exclude/include-provider); 1 refused or not applied (no engine "
-                       "running for abort, concurrency and a run-wide pause/resume; not confirmed within 10 s).")
+                       "(pause/resume/skip DATASET, exclude/include-provider, retry-failed); 1 refused or not applied "
+                       "(no engine running for abort, concurrency and a run-wide pause/resume; not confirmed within "
+                       "10 s).")
     c.add_argument("run_dir")
     c.add_argument("verb", choices=["pause", "resume", "skip", "abort", "concurrency", "exclude-provider",
-                                    "include-provider"])
+                                    "include-provider", "retry-failed"])
     c.add_argument("dataset", nargs="?", help="dataset (or CLASS for concurrency, NAME for the provider verbs)")
     c.add_argument("value", nargs="?", help="N for concurrency")
     c.add_argument("--yes", action="store_true", help="confirm abort without asking")
     c.add_argument("--abort", action="store_true", help="with skip: cancel the dataset's in-flight requests too")
     c.add_argument("--force", action="store_true", help="with exclude-provider: a name this run has not seen yet")
+    c.add_argument("--reason", metavar="CLASS", help="with retry-failed: only prompts that failed with this error "
+                   "class (bad_request, forbidden, server, timeout, ...; `datagen status` lists them)")
     c.set_defaults(func=_cmd_ctl)
 
     xt = sub.add_parser("extract", help="run the target model over the token records and save EAGLE-3 hidden states")

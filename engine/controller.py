@@ -97,6 +97,40 @@ class Controller:
         n = self._s.abort(self._ds(dataset) if dataset else None)
         return f"{n} in-flight request(s) aborted"
 
+    async def failed_counts(self, dataset: str | None = None) -> dict[str, int]:
+        """Failed prompts of ``dataset`` (None: all) by error class, from the store (queued
+        failures committed first), e.g. ``{"bad_request": 3, "server": 1}``."""
+        if dataset is not None:
+            self._ds(dataset)
+        self._s.release_held_failures()
+        await self._s.writer.flush()
+        return await self._s.store.failed_counts(dataset)
+
+    async def retry_failed(self, dataset: str | None = None, reason: str | None = None) -> str:
+        """Return the failed prompts of ``dataset`` (None: every dataset) that failed with error
+        class ``reason`` (None: any) to pending; the run dispatches them again. Datasets stay in
+        their state: a paused one is resumed separately.
+
+        Raises:
+            ValueError: unknown dataset.
+        """
+        n = await self._s.retry_failed(self._ds(dataset) if dataset else None, reason)
+        what = f"{n} failed prompt(s){' (' + reason + ')' if reason else ''}"
+        where = f" of {dataset}" if dataset else ""
+        if n == 0:
+            return f"no failed prompts{where}{' with reason ' + reason if reason else ''}"
+        notes = []
+        if self._s.state in ("completed", "stopped", "stopping"):
+            notes.append("the run has ended: they are requested at the next `datagen run`")
+        else:
+            if self._s.run_paused:
+                notes.append("the run is paused: resume it to send them")
+            held = [d for d in ([dataset] if dataset else self._s.datasets)
+                    if self._s.datasets[d].control != "active" and self._s.datasets[d].pending_total]
+            if held:
+                notes.append(f"{', '.join(held)} {'is' if len(held) == 1 else 'are'} not active: resume to send them")
+        return f"{what}{where} returned to pending" + (f"; {'; '.join(notes)}" if notes else "")
+
     def concurrency_bounds(self, cls: str) -> tuple[int, int]:
         """``(1, cap)``: the concurrency range class ``cls`` accepts (see :func:`engine.limiter.concurrency_cap`).
 

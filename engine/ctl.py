@@ -11,6 +11,10 @@ Provider names are checked before anything is queued: ``exclude-provider`` takes
 run has seen (results and attempts in the store), one named in ``[provider.routing]`` (``order``,
 ``only``, ``ignore``) or one already excluded; spelling is matched case-insensitively.
 ``include-provider`` takes an excluded one.
+
+``retry-failed [DATASET] [--reason CLASS]`` returns failed prompts to pending (all, one dataset's,
+or those that failed with one error class): applied by the live engine, which sends them again, or
+with no engine running written to the store at once, so the next ``datagen run`` sends them.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Iterable
 from engine.status import StatusError, collect_status
 from engine.store import db_path
 
-VERBS = ("pause", "resume", "skip", "abort", "concurrency", "exclude-provider", "include-provider")
+VERBS = ("pause", "resume", "skip", "abort", "concurrency", "exclude-provider", "include-provider", "retry-failed")
 """Every ``ctl`` verb."""
 
 
@@ -85,9 +89,36 @@ def _set_excluded(conn: sqlite3.Connection, excl: list[str]) -> None:
                  (json.dumps(excl),))
 
 
+def retry_failed_offline(conn: sqlite3.Connection, dataset: str | None, reason: str | None) -> int:
+    """Return failed prompts (of ``dataset`` / with error class ``reason``; None: any) to pending in
+    the store of ``conn`` (the caller holds the transaction); returns how many."""
+    where, args = "state='failed'", []
+    if dataset is not None:
+        where += " AND dataset=?"
+        args.append(dataset)
+    if reason is not None:
+        where += " AND error_class=?"
+        args.append(reason)
+    return conn.execute(f"UPDATE prompts SET state='pending', error_class=NULL, error=NULL WHERE {where}",
+                        args).rowcount
+
+
 def _apply_offline(conn: sqlite3.Connection, verb: str, dataset: str | None, arg: str | None) -> CtlResult:
     now = time.time()
     names = [n for (n,) in conn.execute("SELECT name FROM datasets ORDER BY position")]
+    if verb == "retry-failed":
+        n = retry_failed_offline(conn, dataset, arg)
+        what = f"{n} failed prompt(s){' (' + arg + ')' if arg else ''}{' of ' + dataset if dataset else ''}"
+        if not n:
+            return CtlResult(f"no failed prompts{' of ' + dataset if dataset else ''}"
+                             f"{' with reason ' + arg if arg else ''}", True)
+        conn.execute("INSERT INTO events(ts, level, kind, dataset, message) VALUES(?,?,?,?,?)",
+                     (now, "info", "retry_failed", dataset, f"{what} returned to pending by retry-failed"))
+        held = [(d, st) for d, st in conn.execute("SELECT name, state FROM datasets ORDER BY position")
+                if st in ("paused", "skipped") and (dataset is None or d == dataset)]
+        note = "".join(f"; {d} is {st}: `datagen ctl RUN_DIR resume {d}` too" for d, st in held)
+        return CtlResult(f"{what} returned to pending: saved, the engine is not running; the next `datagen run` "
+                         f"sends them{note}", True)
     if dataset is not None and verb in ("pause", "resume", "skip") and dataset not in names:
         return CtlResult(f"error: unknown dataset {dataset!r}; expected one of: {', '.join(names)}", False)
     if verb in ("pause", "resume", "skip") and dataset:
@@ -120,7 +151,21 @@ def _apply_offline(conn: sqlite3.Connection, verb: str, dataset: str | None, arg
 
 def _check(conn: sqlite3.Connection, verb: str, dataset: str | None, arg: str | None, force: bool,
            alive: bool) -> tuple[str | None, CtlResult | None]:
-    """Validate provider names and concurrency before queueing: ``(arg to send, refusal or None)``."""
+    """Validate provider names, concurrency and retry-failed before queueing: ``(arg to send,
+    refusal or None)``."""
+    if verb == "retry-failed":
+        names = [n for (n,) in conn.execute("SELECT name FROM datasets ORDER BY position")]
+        if dataset is not None and dataset not in names:
+            return arg, CtlResult(f"error: unknown dataset {dataset!r}; expected one of: {', '.join(names)}", False)
+        if arg is not None:
+            from engine.client.types import ErrorClass
+
+            known = sorted({c.value for c in ErrorClass} | {c for (c,) in conn.execute(
+                "SELECT DISTINCT error_class FROM prompts WHERE state='failed' AND error_class IS NOT NULL")})
+            if arg not in known:
+                return arg, CtlResult(f"error: unknown --reason {arg!r}; expected an error class: {', '.join(known)}",
+                                      False)
+        return arg, None
     if verb == "exclude-provider":
         known, _ = known_providers(conn)
         if force:
@@ -168,7 +213,8 @@ def send(run_dir: Path, verb: str, dataset: str | None = None, arg: str | None =
     Args:
         run_dir: the run directory.
         verb: one of :data:`VERBS`; dataset: DATASET (or CLASS for ``concurrency``); arg: N for
-            ``concurrency``, NAME for the provider verbs, ``"abort"`` for ``skip --abort``.
+            ``concurrency``, NAME for the provider verbs, ``"abort"`` for ``skip --abort``, the error
+            class (``--reason``) for ``retry-failed``.
         wait_s: seconds to wait for the live engine to apply it.
         force: ``exclude-provider`` of a name this run has not seen.
 

@@ -1,7 +1,8 @@
 """``datagen run``: wire config, store, ingest, provider, scheduler, writer and reporter together.
 
-Exit codes: 0 completed (or drained on request), 1 configuration/data error, 2 stopped by a fatal
-provider error (401), 3 whole run paused by a guard with ``--exit-on-pause``, 130 interrupted.
+Exit codes: 0 completed (or drained on request), 1 configuration/data error, 2 the key was rejected
+(401: the run pauses; headless, or with ``--exit-on-pause``, it then ends), 3 whole run paused by a
+guard with ``--exit-on-pause``, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -406,8 +407,16 @@ def guard_pause_reason(sched: Scheduler) -> str | None:
     return None
 
 
-async def run_job(job: Job, *, exit_on_pause: bool = False, out: TextIO = sys.stdout) -> int:
-    """Run a prepared job to its end: writer, supervisor and scheduler; closes the job. Returns the exit code."""
+async def run_job(job: Job, *, exit_on_pause: bool = False, stop_on_auth: bool = False,
+                  out: TextIO = sys.stdout) -> int:
+    """Run a prepared job to its end: writer, supervisor and scheduler; closes the job. Returns the exit code.
+
+    Args:
+        exit_on_pause: end the run (drained) when a guard pauses it: exit 2 when the pause is a
+            rejected key (401), else 3.
+        stop_on_auth: end the run with exit 2 when a 401 pauses it (headless: the key comes from
+            this process's environment, so nothing can fix it while the run waits).
+    """
     sched = job.scheduler
     job.writer_task = asyncio.create_task(job.writer.run(job.writer_stop))
     job.supervisor_task = asyncio.create_task(job.supervisor.run())
@@ -416,15 +425,20 @@ async def run_job(job: Job, *, exit_on_pause: bool = False, out: TextIO = sys.st
         while True:
             await asyncio.sleep(0.5)
             reason = guard_pause_reason(sched)
-            if reason:
-                try:
-                    print(f"run paused by a guard: {reason}; exiting (--exit-on-pause)", file=out, flush=True)
-                except (OSError, ValueError):
-                    log.warning("run paused by a guard: %s; exiting (--exit-on-pause)", reason)
-                sched.stop(f"exit on pause: {reason}", exit_code=3, abort=False)
-                return
+            if not reason:
+                continue
+            auth = sched.run_paused and sched.pause_kind == "auth"
+            if not (exit_on_pause or (stop_on_auth and auth)):
+                continue
+            why = "--exit-on-pause" if exit_on_pause else "the key comes from this process's environment"
+            try:
+                print(f"run paused by a guard: {reason}; exiting ({why})", file=out, flush=True)
+            except (OSError, ValueError):
+                log.warning("run paused by a guard: %s; exiting (%s)", reason, why)
+            sched.stop(reason if auth else f"exit on pause: {reason}", exit_code=2 if auth else 3, abort=False)
+            return
 
-    watch = asyncio.create_task(pause_watch()) if exit_on_pause else None
+    watch = asyncio.create_task(pause_watch()) if exit_on_pause or stop_on_auth else None
     try:
         code = await sched.run()
         await job.supervisor.poll_credits()  # final reading: reconcile spend with the provider's usage
@@ -554,7 +568,7 @@ async def run_headless(
     if on_ready:
         on_ready(job)
     try:
-        code = await run_job(job, exit_on_pause=exit_on_pause, out=out)
+        code = await run_job(job, exit_on_pause=exit_on_pause, stop_on_auth=True, out=out)
     finally:
         rep.cancel()
         note.cancel()

@@ -13,9 +13,11 @@ How work flows:
   attempt and the result or failure on the :class:`~engine.writer.StoreWriter`, and releases its
   slot. A prompt stays ``pending`` in the store until its result is committed, so a crash only
   ever re-requests prompts whose result was not stored.
-- 401 stops the run (every in-flight request is cancelled and returns to pending); 402 pauses the
-  whole run (no retry loop); 400/403 fail the prompt with the reason; transient errors are retried
-  with backoff up to ``run.max_attempts`` and then fail the prompt with the last reason.
+- Errors of the account, the route or the config (401, 402, 404 "No endpoints found", the same 4xx
+  on the first few prompts) pause the whole run with the reason and leave the prompt pending
+  (:mod:`engine.failures`, rules in :mod:`engine.runwide`); other 400/403 fail the prompt with the
+  reason; transient errors are retried with backoff up to ``run.max_attempts`` and then fail the
+  prompt with the last reason.
 
 All mutable state lives on the event loop; :meth:`Scheduler.snapshot` returns an immutable copy.
 """
@@ -35,11 +37,13 @@ from engine.client.accumulate import StreamProgress
 from engine.client.retry import RetryPolicy, call_with_retries
 from engine.client.types import ChatRequest, Completion, ErrorClass, RequestError
 from engine.config import Config
+from engine.failures import FailureMixin
 from engine.inflight import InFlightCost, LengthModel, abort_line, stream_cost
 from engine.limiter import AdjustableLimiter
 from engine.observe import build_snapshot, live_row
 from engine.snapshot import RunSnapshot
 from engine.rates import RateWindow
+from engine.runwide import Condition, ConfigMistakeDetector
 from engine.spend import SpendControl
 from engine.store import PendingPrompt, Store
 from engine.telemetry import Telemetry
@@ -107,7 +111,7 @@ class DatasetRuntime:
         return "running" if self.started else "pending"
 
 
-class Scheduler:
+class Scheduler(FailureMixin):
     """Runs one generation job over a prepared store.
 
     Args:
@@ -156,6 +160,8 @@ class Scheduler:
         self.get_json: Callable[..., Any] | None = None
         self._trueups: set[asyncio.Task] = set()
         self.pause_kind = ""
+        self.config_check: ConfigMistakeDetector = ConfigMistakeDetector()
+        self.run_condition: Condition | None = None
         self._begun: set[int] = set()
         #: token reconstruction service (``submit(prompt_id, dataset, key, messages, tools, completion)``) or None.
         self.recon: Any = None
@@ -488,7 +494,8 @@ class Scheduler:
                     p.id, rt.name, attempts, started[0], now, "error", err.error_class.value, err.status or None,
                     err.message, err.provider or None, err.generation_id or None, err.tokens_received, usd or None,
                 )
-                self._anomaly(rt, self.telemetry.on_error(rt.name, err.provider, err.error_class.value, err.message))
+                self._anomaly(rt, self.telemetry.on_error(rt.name, err.provider, err.error_class.value, err.message,
+                                                          guard=self.run_wide(err) is None))
 
         try:
             c: Completion = await call_with_retries(one_attempt, self.policy, on_attempt=on_attempt)
@@ -549,6 +556,7 @@ class Scheduler:
         self.rate.add(now)
         last = p.messages[-1].get("content") if p.messages else ""
         self._anomaly(rt, self.telemetry.on_success(rt.name, p.key, last if isinstance(last, str) else "", c, now))
+        self._write_failures(self.config_check.on_success())  # a success: held 4xx are the prompts' own
         self._unblock(rt)
         self._check_finished()
 
@@ -565,26 +573,6 @@ class Scheduler:
             PendingPrompt(p.id, p.dataset, p.key, p.cls, p.messages, p.tools, attempts)
         )
         self.notify()
-        self._check_finished()
-
-    def _on_failure(self, rt: DatasetRuntime, p: PendingPrompt, e: RequestError, attempts: int) -> None:
-        ec = e.error_class
-        if ec == ErrorClass.CREDITS:
-            self.writer.set_attempts(p.id, attempts)
-            self._return_to_pending(rt, p, attempts)
-            if not self.run_paused:
-                self.pause_all(f"out of credits (HTTP 402): {e.message}", kind="credits")
-            return
-        if ec == ErrorClass.AUTH:
-            self.writer.set_attempts(p.id, attempts)
-            self._return_to_pending(rt, p, attempts)
-            if not self._stopping:
-                self.stop(f"API key rejected (HTTP 401): {e.message}. Check the key in ${self.cfg.provider.api_key_env}.",
-                          exit_code=2)
-            return
-        rt.in_flight -= 1
-        rt.failed += 1
-        self.writer.add_failure(p.id, ec.value, str(e), attempts)
         self._check_finished()
 
     def _check_finished(self) -> None:
@@ -613,6 +601,7 @@ class Scheduler:
         """Resume dispatching (datasets paused individually stay paused)."""
         self.run_paused = False
         self.pause_kind = ""
+        self.on_resume()
         self.state, self.state_reason = "running", ""
         self.event("info", "resume", None, "run resumed")
         self.notify()
@@ -773,6 +762,7 @@ class Scheduler:
                 await asyncio.wait(tasks, timeout=10)  # bounded: a request ignoring cancellation cannot hang exit
             if self._ender is not None:
                 self._ender.cancel()
+            self.release_held_failures()
             if self._trueups:  # late costs of failed/aborted attempts (/generation), bounded wait
                 await asyncio.wait(list(self._trueups), timeout=15)
         if self.state == "stopping":

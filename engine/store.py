@@ -388,3 +388,42 @@ class Store:
     async def mark_command(self, cid: int, now: float, result: str) -> None:
         """Record that command ``cid`` was applied with ``result``."""
         await self.conn.execute("UPDATE commands SET done_at=?, result=? WHERE id=?", (now, result, cid))
+
+    # ---- retry-failed -----------------------------------------------------------------------
+    async def failed_counts(self, dataset: str | None = None) -> dict[str, int]:
+        """Failed prompts of ``dataset`` (None: all) by error class, most first: ``{class: n}``."""
+        cur = await self.conn.execute(
+            "SELECT COALESCE(error_class, 'other'), COUNT(*) FROM prompts WHERE state='failed' "
+            + ("AND dataset=? " if dataset is not None else "") + "GROUP BY 1 ORDER BY 2 DESC, 1",
+            (dataset,) if dataset is not None else ())
+        return {c: n for c, n in await cur.fetchall()}
+
+    async def retry_failed(self, dataset: str | None = None, error_class: str | None = None) -> list[PendingPrompt]:
+        """Return failed prompts to ``pending`` and return them, by id (``datagen ctl retry-failed``).
+
+        Args:
+            dataset: only this dataset's prompts (None: every dataset).
+            error_class: only prompts that failed with this error class (``bad_request``,
+                ``server``...; None: any).
+
+        Their attempt counters are kept (``max_attempts`` applies per dispatch, not per prompt);
+        the reason of the failure is cleared (the attempts table keeps every attempt's error).
+        """
+        where, args = "state='failed'", []
+        if dataset is not None:
+            where += " AND dataset=?"
+            args.append(dataset)
+        if error_class is not None:
+            where += " AND error_class=?"
+            args.append(error_class)
+        cur = await self.conn.execute(
+            f"SELECT id, dataset, key, class, messages, tools, attempts, est_prompt_tokens FROM prompts "
+            f"WHERE {where} ORDER BY id", args)
+        rows = await cur.fetchall()
+        # One statement per row, each conditional on the row still being failed: safe beside the
+        # writer's batched transactions on the same connection.
+        await self.conn.executemany(
+            "UPDATE prompts SET state='pending', error_class=NULL, error=NULL WHERE id=? AND state='failed'",
+            [(r[0],) for r in rows])
+        return [PendingPrompt(id=i, dataset=d, key=k, cls=c, messages=json.loads(m), tools=json.loads(t),
+                              attempts=a, est_prompt_tokens=e) for i, d, k, c, m, t, a, e in rows]

@@ -105,6 +105,8 @@ class Supervisor:
             if not arg:
                 raise ValueError("include-provider needs a provider name")
             return await self.ctl.include_provider(arg)
+        if verb == "retry-failed":
+            return await self.ctl.retry_failed(dataset, arg or None)
         raise ValueError(f"unknown command {verb!r}")
 
     def guards(self) -> None:

@@ -13,6 +13,7 @@ import time
 
 from engine.client.types import Completion
 from engine.rates import RateWindow
+from engine.runwide import RUN_WIDE_CLASSES
 from engine.snapshot import SampleSnapshot
 from engine.stats import AnomalyGuard, ProviderStats
 
@@ -69,16 +70,21 @@ class Telemetry:
         self._notice_seq += 1
         self.notices.append((self._notice_seq, text))
 
-    def on_error(self, dataset: str, provider: str | None, error_class: str, message: str) -> str | None:
+    def on_error(self, dataset: str, provider: str | None, error_class: str, message: str,
+                 guard: bool = True) -> str | None:
         """Record a failed attempt; returns an anomaly-guard pause reason for ``dataset``, or None.
 
         Rate limits (429) and connect failures cost nothing and say little about the provider's
         output (a burst of 2,000 connects on a busy loop times some out): they are counted by class
-        but do not feed the anomaly guard.
+        but do not feed the anomaly guard. Neither do errors of the account, the route or the
+        config (``credits``, ``auth``, ``route``, see :mod:`engine.runwide`), nor any attempt the
+        caller says is run-wide (``guard=False``): they pause the whole run with their own reason
+        and say nothing about the dataset's prompts.
         """
         self.providers.record_error(provider or None, error_class)
         self.latest_errors[error_class] = message[:300]
-        if self.anomaly is None or error_class in ("rate_limit", "connect"):
+        if (self.anomaly is None or not guard or error_class in ("rate_limit", "connect")
+                or error_class in RUN_WIDE_CLASSES):
             return None
         return self.anomaly.record(dataset, True)
 

@@ -355,7 +355,7 @@ def err_body(code, message, **meta):
     "status,cls",
     [
         (400, ErrorClass.BAD_REQUEST), (401, ErrorClass.AUTH), (402, ErrorClass.CREDITS),
-        (403, ErrorClass.FORBIDDEN), (404, ErrorClass.OTHER), (408, ErrorClass.TIMEOUT),
+        (403, ErrorClass.FORBIDDEN), (404, ErrorClass.ROUTE), (408, ErrorClass.TIMEOUT),
         (409, ErrorClass.OTHER), (429, ErrorClass.RATE_LIMIT), (500, ErrorClass.SERVER),
         (502, ErrorClass.SERVER), (503, ErrorClass.SERVER), (504, ErrorClass.SERVER),
         (524, ErrorClass.TIMEOUT), (529, ErrorClass.SERVER), (599, ErrorClass.SERVER),

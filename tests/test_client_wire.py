@@ -426,7 +426,7 @@ async def test_nonstream_200_with_choice_error(srv):
 @pytest.mark.parametrize(
     "status,cls",
     [(400, ErrorClass.BAD_REQUEST), (401, ErrorClass.AUTH), (402, ErrorClass.CREDITS), (403, ErrorClass.FORBIDDEN),
-     (404, ErrorClass.OTHER), (408, ErrorClass.TIMEOUT), (500, ErrorClass.SERVER), (502, ErrorClass.SERVER),
+     (404, ErrorClass.ROUTE), (408, ErrorClass.TIMEOUT), (500, ErrorClass.SERVER), (502, ErrorClass.SERVER),
      (503, ErrorClass.SERVER), (524, ErrorClass.TIMEOUT), (529, ErrorClass.SERVER)],
 )
 async def test_http_error_statuses(srv, status, cls):

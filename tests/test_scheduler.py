@@ -148,12 +148,26 @@ async def test_402_pauses_everything_without_retry_loop(tmp_path):
     await store.close()
 
 
-async def test_401_stops_run_and_keeps_prompts_pending(tmp_path):
+async def test_401_pauses_the_run_and_keeps_prompts_pending(tmp_path):
     fake = Fake(script={"a prompt 0": [RequestError(ErrorClass.AUTH, "invalid key", status=401)]})
     cfg, store, writer, sched = await build(tmp_path, {"a": 1}, fake)
-    assert await run_all(sched, writer) == 2
-    assert sched.state == "stopped" and "401" in sched.state_reason
+    stop = asyncio.Event()
+    wt = asyncio.create_task(writer.run(stop))
+    rt = asyncio.create_task(sched.run())
+    for _ in range(200):
+        await asyncio.sleep(0.02)
+        if sched.state == "paused":
+            break
+    assert sched.state == "paused" and sched.pause_kind == "auth"
+    assert sched.state_reason.startswith("API key rejected (HTTP 401): invalid key. Check the key in $")
+    await asyncio.sleep(0.2)
     assert db(cfg).execute("SELECT state FROM prompts").fetchall() == [("pending",)]
+    assert fake.calls == ["a prompt 0"]
+    await Controller(sched).resume()  # e.g. the key was re-enabled on the provider's side
+    assert await asyncio.wait_for(rt, 10) == 0 and sched.state == "completed"
+    stop.set()
+    await wt
+    assert db(cfg).execute("SELECT state FROM prompts").fetchall() == [("done",)]
     await store.close()
 
 

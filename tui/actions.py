@@ -17,6 +17,7 @@ from textual.notifications import Notification
 from tui.detail import DetailScreen, detail_text
 from tui.fmt import money
 from tui.modals import ConfirmScreen, HelpScreen, PickScreen, QuitScreen
+from tui.retry import RetryFailedAction
 
 if TYPE_CHECKING:
     from engine.snapshot import DatasetSnapshot
@@ -29,6 +30,7 @@ HELP = [
     ("a", "abort in-flight requests now (confirm, shows the dollars in flight)"),
     ("+ / -", "raise / lower the concurrency of the selected dataset's request class by ~10% (1 to 4x configured)"),
     ("x", "exclude a provider, or include an excluded one again (pick from the providers seen so far)"),
+    ("f", "retry the selected dataset's failed prompts: pick all or one error class; they return to pending"),
     ("↑ ↓", "select a dataset (the sample pane follows the selection)"),
     ("i", "details of the selected dataset: full reason, errors by class, log lines, current limits"),
     ("?", "this help"),
@@ -39,7 +41,7 @@ HELP = [
 
 DASHBOARD_ACTIONS = frozenset({
     "pause_selected", "resume_selected", "skip_selected", "pause_all", "resume_all", "abort", "concurrency_up",
-    "concurrency_down", "exclude_provider", "details", "help", "quit",
+    "concurrency_down", "exclude_provider", "retry_failed", "details", "help", "quit",
 })
 """The actions bound to dashboard keys."""
 
@@ -57,7 +59,7 @@ def concurrency_step(current: int, direction: int, cap: int | None = None) -> in
     return min(new, cap) if cap else new
 
 
-class ActionsMixin:
+class ActionsMixin(RetryFailedAction):
     """Actions of :class:`tui.app.DashboardApp` (mixed into the App; uses its attributes)."""
 
     # ---- helpers ----------------------------------------------------------------------------
@@ -345,6 +347,8 @@ class DashboardCommands(Provider):
             ("Raise concurrency", app.action_concurrency_up, "+: of the selected dataset's class"),
             ("Lower concurrency", app.action_concurrency_down, "-: of the selected dataset's class"),
             ("Exclude a provider", app.action_exclude_provider, "x: stop routing to a provider"),
+            ("Retry failed prompts of the selected dataset", app.action_retry_failed,
+             "f: failed prompts return to pending"),
             ("Details of the selected dataset", app.action_details, "i: full reason, errors, log lines, limits"),
             ("Help: keys", app.action_help, "?"),
             ("Quit", app.action_quit, "q: drain or abort, then exit"),
@@ -355,6 +359,9 @@ class DashboardCommands(Provider):
             out.append((f"Resume dataset {d.name}", partial(app.action_resume_selected, d.name), d.state))
             out.append((f"Skip dataset {d.name}", partial(app.action_skip_selected, d.name), d.state))
             out.append((f"Details of dataset {d.name}", partial(app.action_details, d.name), d.state))
+            if d.failed:
+                out.append((f"Retry failed prompts of dataset {d.name}", partial(app.action_retry_failed, d.name),
+                            f"{d.failed:,} failed"))
         return out
 
     async def discover(self) -> Hits:

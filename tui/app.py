@@ -76,6 +76,7 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
         Binding("plus", "concurrency_up", "Conc+", id="dashboard.concurrency_up"),
         Binding("minus", "concurrency_down", "Conc-", id="dashboard.concurrency_down"),
         Binding("x", "exclude_provider", "Exclude", id="dashboard.exclude_provider"),
+        Binding("f", "retry_failed", "Retry failed", id="dashboard.retry_failed", show=False),  # in ? and ctrl+p
         Binding("i", "details", "Details", id="dashboard.details", show=False),  # hinted on the table
         Binding("question_mark", "help", "Help", id="dashboard.help"),
         Binding("q", "quit", "Quit", id="dashboard.quit"),

@@ -69,6 +69,8 @@ def class_for_status(status: int) -> ErrorClass:
         return ErrorClass.CREDITS
     if status == 403:
         return ErrorClass.FORBIDDEN
+    if status == 404:  # OpenRouter: "No endpoints found [matching your data policy]" / unknown model
+        return ErrorClass.ROUTE
     if status in (408, 524):
         return ErrorClass.TIMEOUT
     if status == 429:

@@ -104,6 +104,7 @@ class ErrorClass(str, enum.Enum):
     FORBIDDEN = "forbidden"  # 403 moderation / permission: fail the prompt
     AUTH = "auth"  # 401: stop the run
     CREDITS = "credits"  # 402: pause everything
+    ROUTE = "route"  # 404 "No endpoints found" (routing, model id, data policy): pause everything
     OTHER = "other"  # any other 4xx: fail the prompt
 
     @property
@@ -113,8 +114,9 @@ class ErrorClass(str, enum.Enum):
 
     @property
     def fatal(self) -> bool:
-        """True for classes that stop (401) or pause (402) the whole run rather than one prompt."""
-        return self in (ErrorClass.AUTH, ErrorClass.CREDITS)
+        """True for conditions of the account or the route (401, 402, 404) that pause the whole run
+        rather than fail one prompt (see :mod:`engine.runwide`)."""
+        return self in (ErrorClass.AUTH, ErrorClass.CREDITS, ErrorClass.ROUTE)
 
 
 _RETRYABLE = frozenset(
