@@ -249,7 +249,7 @@ def test_code_less_error_stays_midstream():
 
 
 @pytest.mark.parametrize("status,cls,fatal", [(402, ErrorClass.CREDITS, True), (401, ErrorClass.AUTH, True),
-                                              (400, ErrorClass.BAD_REQUEST, False), (404, ErrorClass.OTHER, False)])
+                                              (400, ErrorClass.BAD_REQUEST, False), (404, ErrorClass.ROUTE, True)])
 def test_account_and_request_errors_in_stream_are_not_retried_as_midstream(status, cls, fatal):
     acc = StreamAccumulator()
     with pytest.raises(RequestError) as ei:
