@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Iterable
 
 from engine.status import StatusError, collect_status
-from engine.store import db_path
+from engine.store import db_path, failed_filter
 
 VERBS = ("pause", "resume", "skip", "abort", "concurrency", "exclude-provider", "include-provider", "retry-failed")
 """Every ``ctl`` verb."""
@@ -92,13 +92,7 @@ def _set_excluded(conn: sqlite3.Connection, excl: list[str]) -> None:
 def retry_failed_offline(conn: sqlite3.Connection, dataset: str | None, reason: str | None) -> int:
     """Return failed prompts (of ``dataset`` / with error class ``reason``; None: any) to pending in
     the store of ``conn`` (the caller holds the transaction); returns how many."""
-    where, args = "state='failed'", []
-    if dataset is not None:
-        where += " AND dataset=?"
-        args.append(dataset)
-    if reason is not None:
-        where += " AND error_class=?"
-        args.append(reason)
+    where, args = failed_filter(dataset, reason)
     return conn.execute(f"UPDATE prompts SET state='pending', error_class=NULL, error=NULL WHERE {where}",
                         args).rowcount
 

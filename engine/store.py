@@ -107,6 +107,19 @@ def migrate(conn: sqlite3.Connection) -> None:
         conn.execute(stmt)
 
 
+
+def failed_filter(dataset: str | None, error_class: str | None) -> tuple[str, list[str]]:
+    """SQL ``WHERE`` clause and its arguments selecting the failed prompts of ``dataset`` that failed
+    with ``error_class`` (None: any), for ``retry-failed`` (live and offline)."""
+    where, args = "state='failed'", []
+    if dataset is not None:
+        where += " AND dataset=?"
+        args.append(dataset)
+    if error_class is not None:
+        where += " AND error_class=?"
+        args.append(error_class)
+    return where, args
+
 class StoreError(Exception):
     """The store cannot be opened or used (wrong schema version, not a run directory...)."""
 
@@ -409,13 +422,7 @@ class Store:
         Their attempt counters are kept (``max_attempts`` applies per dispatch, not per prompt);
         the reason of the failure is cleared (the attempts table keeps every attempt's error).
         """
-        where, args = "state='failed'", []
-        if dataset is not None:
-            where += " AND dataset=?"
-            args.append(dataset)
-        if error_class is not None:
-            where += " AND error_class=?"
-            args.append(error_class)
+        where, args = failed_filter(dataset, error_class)
         cur = await self.conn.execute(
             f"SELECT id, dataset, key, class, messages, tools, attempts, est_prompt_tokens FROM prompts "
             f"WHERE {where} ORDER BY id", args)

@@ -89,3 +89,24 @@ def write_hf_dir(d: Path, template: str = HF_TEMPLATE) -> Path:
 def hf_dir() -> Path:
     """The HF-family fixture directory (built once per process)."""
     return write_hf_dir(_root() / "hf")
+
+
+#: Kimi-K2.5's pre-tokenizer split regex, written out again here (not imported from the engine) so
+#: the tests count tokens independently of the code under test.
+KIMI_PAT = "|".join([r"""[\p{Han}]+""", r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""", r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""", r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+"""])
+
+
+@functools.cache
+def kimi_encoding():
+    """A tiktoken ``Encoding`` over :func:`kimi_dir` built from the files alone (independent of
+    ``engine.tokens``): ``kimi_encoding().encode(text, allowed_special="all")`` counts tokens."""
+    import json
+
+    import tiktoken
+    from tiktoken.load import load_tiktoken_bpe
+
+    d = kimi_dir()
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    specials = {v["content"]: int(k) for k, v in cfg["added_tokens_decoder"].items()}
+    return tiktoken.Encoding("kimi-fixture", pat_str=KIMI_PAT,
+                             mergeable_ranks=load_tiktoken_bpe(str(d / "tiktoken.model")), special_tokens=specials)

@@ -4,7 +4,6 @@ the raw and training exports, validation with a real Kimi-layout tokenizer, and 
 
 from __future__ import annotations
 
-import functools
 import json
 import sqlite3
 import subprocess
@@ -12,25 +11,9 @@ import sys
 from pathlib import Path
 
 from casesrv import DONE, CaseServer, Reply, case_config, chunk, last_user, run_case, sse, stream, usage
-from fixtures_tokens import kimi_dir
+from fixtures_tokens import kimi_dir, kimi_encoding as _enc
 
 PY = sys.executable
-
-# Kimi's pre-tokenizer pattern: the billing counter below is independent of the project's reconstruction code.
-PAT = "|".join([r"""[\p{Han}]+""", r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""", r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""", r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+"""])
-
-
-@functools.cache
-def _enc():
-    import tiktoken
-    from tiktoken.load import load_tiktoken_bpe
-
-    d = kimi_dir()
-    cfg = json.loads((d / "tokenizer_config.json").read_text())
-    specials = {v["content"]: int(k) for k, v in cfg["added_tokens_decoder"].items()}
-    return tiktoken.Encoding("t", pat_str=PAT, mergeable_ranks=load_tiktoken_bpe(str(d / "tiktoken.model")),
-                             special_tokens=specials)
-
 
 def true_count(reasoning: str = "", content: str = "", calls=(), finished: bool = True) -> int:
     """Completion tokens an honest provider bills: reasoning + </think> + content + native call markup + im_end."""

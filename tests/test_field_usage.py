@@ -30,7 +30,7 @@ from engine.client.types import Completion, ToolCall, Usage
 from engine.config import ProviderSection, TokenizerSection
 from engine.usage import (COUNTED, ESTIMATED, GENERATION, REPORTED, SOURCES, account, correction,
                           count_with_tokenizer, estimate_usage, from_generation, usage_usable)
-from fixtures_tokens import kimi_dir
+from fixtures_tokens import kimi_dir, kimi_encoding as _enc
 
 P_IN, P_OUT = 0.6e-6, 2.5e-6  # casesrv.case_config's [pricing], USD per token
 R, C = ("Rivers " * 20).strip(), ("Water runs " * 12).strip()  # case 04's texts
@@ -38,23 +38,7 @@ PROMPTS = [{"messages": [{"role": "user", "content": f"Write a short poem number
            for i in range(12)]
 
 
-# ---- an independent count (tiktoken over the fixture's files, as the field cases' truecount.py) -------------
-_PAT = "|".join([r"""[\p{Han}]+""", r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-                 r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
-                 r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+"""])
-
-
-@functools.cache
-def _enc():
-    import tiktoken
-    from tiktoken.load import load_tiktoken_bpe
-
-    d = kimi_dir()
-    cfg = json.loads((d / "tokenizer_config.json").read_text())
-    specials = {v["content"]: int(k) for k, v in cfg["added_tokens_decoder"].items()}
-    return tiktoken.Encoding("check", pat_str=_PAT, mergeable_ranks=load_tiktoken_bpe(str(d / "tiktoken.model")),
-                             special_tokens=specials)
-
+# ---- an independent count (tiktoken over the fixture's files: fixtures_tokens.kimi_encoding) -------------
 
 def true_count(reasoning: str = "", content: str = "", calls: tuple = (), finished: bool = True) -> int:
     """Completion tokens as an honest provider bills them (Kimi layout), counted independently."""
