@@ -31,6 +31,11 @@ message), i.e. up to one token per character, where prompt tokens count (``budge
 dollar caps)."""
 
 
+UCB_Z = 1.645
+"""z of the one-sided 95% upper confidence bound on the reserved percentile (see
+:meth:`CompletionEstimator._q`)."""
+
+
 class BudgetExceeded(Exception):
     """A reservation was requested that the budget cannot hold (callers check first)."""
 
@@ -141,6 +146,16 @@ class CompletionEstimator:
         self._cache = None
         self._curve = None
 
+    def _q(self) -> float:
+        """The percentile reserved: ``percentile`` raised to a one-sided 95% upper confidence bound
+        over the ``n`` lengths observed, ``p + 1.645 * sqrt(p * (1 - p) / n)`` (normal approximation of
+        the binomial order-statistic bound), capped at 1: with 50 observations p90 becomes p97, with
+        2,000 p91. Few observations make a noisy percentile; a reservation below the true one is
+        what overshoots a budget."""
+        p = self.percentile
+        n = max(1, self._recent.count)
+        return min(1.0, p + UCB_Z * math.sqrt(p * (1.0 - p) / n))
+
     def _ready(self) -> bool:
         """Calibrated, and (once censoring is in use) censored lengths were set after calibration:
         the first completions are the short ones, and in-flight lengths from before they finished
@@ -164,10 +179,10 @@ class CompletionEstimator:
             return self.max_tokens
         if self._cache is None:
             if self._censored:
-                q = km_quantile(self._recent._sorted, self._censored, self.percentile)
+                q = km_quantile(self._recent._sorted, self._censored, self._q())
                 q = self.max_tokens if q is None else q
             else:
-                q = self._recent.quantile(self.percentile)
+                q = self._recent.quantile(self._q())
             assert q is not None
             self._cache = max(1, min(self.max_tokens, int(math.ceil(q))))
             self._since_cache = 0
@@ -181,7 +196,7 @@ class CompletionEstimator:
             return self.max_tokens
         if self._curve is None:
             self._curve = SurvivalCurve(self._recent._sorted, self._censored)
-        q = self._curve.conditional_quantile(received, self.percentile)
+        q = self._curve.conditional_quantile(received, self._q())
         return self.max_tokens if q is None else ceil_tokens(q, self.max_tokens)
 
     def mean(self) -> float | None:

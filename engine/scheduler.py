@@ -378,6 +378,7 @@ class Scheduler:
         progress = StreamProgress()
         spent = [0, 0.0]  # tokens, USD of failed attempts of this request
         rt.streams[p.id] = (p.cls, progress, p.est_prompt_tokens)
+        self.spend.track(rt.name, res, progress)
         try:
             await self._attempts(rt, p, lim, res, req, progress, spent)
         finally:
@@ -407,6 +408,7 @@ class Scheduler:
             by_cls[cls].append(prog.tokens_received)
         for cls, vals in by_cls.items():
             self.spend.budgets[rt.name].estimators[cls].set_censored(vals)
+        self.spend.refresh(rt.name)
 
     async def _attempts(self, rt: DatasetRuntime, p: PendingPrompt, lim: AdjustableLimiter, res: Any,
                         req: ChatRequest, progress: StreamProgress, spent: list) -> None:

@@ -63,7 +63,7 @@ class SpendControl:
             d.name: DatasetBudgets(
                 max_tokens, token_budget=d.token_budget, max_cost_usd=d.max_cost_usd, run_cost=self.run_cost,
                 counts_total=d.budget_counts == "total", calibrate_after=s.calibrate_after,
-                percentile=s.reserve_percentile,
+                percentile=s.reserve_percentile, hard_cap=s.hard_cap,
             )
             for d in cfg.datasets
         }
@@ -121,6 +121,17 @@ class SpendControl:
                 self.run_cost.limit is not None and self.run_cost.used >= self.run_cost.limit)
             return None if over else _Naive(cls)
         return b.try_reserve(cls, est_prompt_tokens, self.prices() if self.has_cost_cap else None)
+
+    def track(self, dataset: str, r: Reservations | _Naive, progress: Any) -> None:
+        """Follow the stream of an open reservation (``progress.tokens_received``: completion tokens
+        so far), so its reservation grows with its progress (:meth:`DatasetBudgets.track`)."""
+        if not isinstance(r, _Naive):
+            self.budgets[dataset].track(r, progress)
+
+    def refresh(self, dataset: str) -> None:
+        """Recompute the overrun of the dataset's tracked streams (after the censored lengths were
+        set): :meth:`DatasetBudgets.refresh`."""
+        self.budgets[dataset].refresh()
 
     def settle(self, dataset: str, r: Reservations | _Naive, prompt_tokens: int, completion_tokens: int,
                cost_usd: float | None) -> None:
