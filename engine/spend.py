@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from engine.budget import Budget, DatasetBudgets, Reservations
 from engine.config import Config
+from engine.inflight import AbortBilling
 from engine.prices import PriceObserver, Prices
 from engine.projection import DatasetProjection, project_dataset
 
@@ -81,6 +82,8 @@ class SpendControl:
         self._spent_at_reading = 0.0
         self.spent_since_start = 0.0  # USD accounted by this process (results + partial spend)
         self.lost_usd: dict[str, float] = {d.name: 0.0 for d in cfg.datasets}
+        #: what providers billed for streams this engine aborted (the abort estimate learns from it)
+        self.aborts = AbortBilling()
 
     # ---- prices -----------------------------------------------------------------------------
     @property
