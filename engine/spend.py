@@ -4,8 +4,11 @@ Pure bookkeeping (no I/O, no clocks read): the scheduler calls :meth:`SpendContr
 dispatching a request, :meth:`settle` when it completes and :meth:`release` when it fails or is
 aborted; the supervisor feeds credits readings. Reservations follow ``engine.budget``: the class
 ``max_tokens`` until a dataset+class has ``spend.calibrate_after`` completions, then the observed
-``spend.reserve_percentile``, so ``used + reserved`` bounds what can still be spent and a budget is
-overshot by at most the in-flight tail that runs past its percentile.
+``spend.reserve_percentile`` (see :class:`engine.budget.CompletionEstimator`), growing with each
+stream's progress once :meth:`SpendControl.track` follows it, so ``used + reserved`` bounds what can
+still be spent and a budget is overshot by at most the in-flight tail that runs past its percentile
+(``spend.hard_cap``: ``max_tokens`` is reserved, never overshot). :attr:`SpendControl.aborts` learns
+what providers bill for aborted streams.
 """
 
 from __future__ import annotations
