@@ -399,7 +399,7 @@ class Scheduler:
 
     def update_censored(self) -> None:
         """Give each dataset+class estimator the tokens streamed so far by its in-flight requests
-        (right-censored lengths, see :meth:`engine.budget.CompletionEstimator.set_censored`)."""
+        (right-censored lengths, see :meth:`engine.estimator.CompletionEstimator.set_censored`)."""
         for rt in self.datasets.values():
             self._censor(rt)
 
