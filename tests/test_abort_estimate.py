@@ -21,6 +21,7 @@ import pytest
 from engine.config import parse_config
 from engine.inflight import AbortBilling, InFlightCost, abort_basis
 from engine.runner import run_headless
+from engine.status import collect_status
 
 
 # ---- pure ------------------------------------------------------------------------------------
@@ -108,6 +109,7 @@ async def test_abort_estimate_follows_each_providers_observed_billing(tmp_path, 
                 await asyncio.sleep(0.05)
             await asyncio.sleep(1.0)  # new streams under way
             holder["obs"] = s.spend.aborts.observations()
+            holder["status"] = collect_status(tmp_path / "run")  # `datagen status --json`'s document, live
             snap = s.snapshot()
             holder["cost"] = s.in_flight_cost()
             holder["basis"] = snap.abort_cost_basis
@@ -137,6 +139,9 @@ async def test_abort_estimate_follows_each_providers_observed_billing(tmp_path, 
     # keeps billing; under 1 here: the client counts received tokens as characters / 4 (an estimate)
     assert obs["SimC"][1] is not None and obs["SimC"][1] >= 0.3
     assert holder["basis"].startswith("from the billing of ")
+    st = holder["status"]
+    assert st["abort_cost_basis"].startswith("from the billing of ")
+    assert st["abort_cost_usd"] == pytest.approx(c.abort_usd, rel=0.5)  # the live row, up to a second old
     assert c.abort_observed >= 0.8 * c.streams
     assert len(rows) >= 20 and sum(cost is not None for _p, cost in rows) >= 0.8 * len(rows)  # bills landed
     assert abs(c.abort_usd - billed) <= 0.25 * billed, (c.abort_usd, billed)  # stated tolerance: 25%
