@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.estimator import UCB_Z, CompletionEstimator, km_quantile  # noqa: F401 - re-exported
-from engine.overrun import OverrunTracker
+from engine.overrun import OVERRUN_PERCENTILE, OverrunTracker
 
 from engine.prices import Prices  # noqa: F401 - re-exported: callers price reservations with it
 
@@ -196,7 +196,7 @@ class DatasetBudgets:
 
     Without ``hard_cap``, the reservation of a stream still running grows with its progress
     (:mod:`engine.overrun`): after :meth:`track` and each :meth:`refresh`, a stream whose
-    conditional percentile exceeds what it reserved holds the difference too.
+    conditional upper quartile exceeds what it reserved holds the difference too.
     """
 
     def __init__(self, max_tokens: Mapping[str, int], *, token_budget: int | None = None,
@@ -315,7 +315,7 @@ class DatasetBudgets:
         estimator (call after :meth:`CompletionEstimator.set_censored`). Returns it (tokens)."""
         if not len(self.overrun):
             return 0
-        return self.overrun.refresh(lambda cls, got: self.estimators[cls].conditional(got))
+        return self.overrun.refresh(lambda cls, got: self.estimators[cls].conditional(got, OVERRUN_PERCENTILE))
 
     def budget_met(self, cls_next: str, prices: Prices | None = None, est_prompt_tokens: int = 0) -> bool:
         """True when this dataset can never dispatch another request of ``cls_next``: a budget's

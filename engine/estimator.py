@@ -160,15 +160,19 @@ class CompletionEstimator:
             self._since_cache = 0
         return self._cache
 
-    def conditional(self, received: float) -> int:
+    def conditional(self, received: float, q: float) -> int:
         """Tokens a stream that has streamed ``received`` tokens will end within, with probability
-        ``percentile`` (the conditional Kaplan-Meier percentile, see :mod:`engine.survival`), clamped to
-        ``[1, max_tokens]``; ``max_tokens`` while uncalibrated or when unknown."""
+        ``q`` (0 < q <= 1; the conditional Kaplan-Meier quantile, see :mod:`engine.survival`), clamped
+        to ``[1, max_tokens]``; ``max_tokens`` while uncalibrated or when unknown.
+
+        Raises:
+            ValueError: ``q`` outside ``(0, 1]`` (once calibrated).
+        """
         if not self._ready():
             return self.max_tokens
         if self._curve is None:
             self._curve = SurvivalCurve(self._recent._sorted, self._censored)
-        q = self._curve.conditional_quantile(received, self._q())
+        q = self._curve.conditional_quantile(received, q)
         return self.max_tokens if q is None else ceil_tokens(q, self.max_tokens)
 
     def mean(self) -> float | None:

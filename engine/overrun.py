@@ -5,7 +5,7 @@ has already streamed more than most completions will, on average, run well past 
 reservation (completion lengths are long-tailed: the tokens still to come do not shrink as a
 stream grows), and a budget closed on fixed reservations is overshot by those streams. The
 :class:`OverrunTracker` keeps, per open reservation, the *overrun*: how far the stream's
-conditional percentile (``P(final length <= x | streamed r so far) = percentile``, from the
+conditional quantile (``P(final length <= x | streamed r so far) =`` :data:`OVERRUN_PERCENTILE`, from the
 :class:`engine.survival.SurvivalCurve`) exceeds what it reserved. :class:`engine.budget.DatasetBudgets`
 counts the sum of overruns as reserved when it decides whether a new request fits.
 
@@ -17,6 +17,14 @@ from __future__ import annotations
 
 import math
 from typing import Any, Callable
+
+OVERRUN_PERCENTILE = 0.75
+"""A stream overruns by how far its conditional upper quartile (``P(final <= x | streamed r) = 0.75``)
+exceeds its reservation. Chosen on the pure sweep of ``tests/test_budget.py`` (500 and 2,000
+streams, budgets 0.1-2x concurrency x mean, 20 seeds): the conditional median overshot 1.036x; the
+upper quartile stayed within 1.012x; the reservation's own p90 also held but cost 10-30% of the
+prompts per second of the budget-bound phase (each in-flight stream's p90 summed is far above the
+p90 of their sum)."""
 
 
 class OverrunTracker:

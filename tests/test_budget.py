@@ -439,6 +439,18 @@ def test_reservation_grows_with_stream_progress():
     assert db2.overrun.total == 0 and len(db2.overrun) == 0
 
 
+def test_overrun_is_the_conditional_upper_quartile_above_the_reservation():
+    db = DatasetBudgets({"short": 1000}, token_budget=10_000, calibrate_after=100)
+    _calibrated(db, range(1, 101))  # S(k) = (100 - k) / 100, no censoring in use
+    progs = [_Prog(r) for r in (50, 80, 90)]
+    for p in progs:
+        db.track(db.try_reserve("short", 0, None), p)  # each reserved 95
+    # given > 50: S = 0.5, quartile where S <= 0.125 -> 88 (< 95); > 80: S <= 0.05 -> 95; > 90: S <= 0.025 -> 98
+    assert db.refresh() == 98 - 95
+    progs[0].tokens_received = 99  # given > 99: only 100 is left
+    assert db.refresh() == (100 - 95) + (98 - 95)
+
+
 def test_overrun_counts_against_cost_caps_at_the_completion_price():
     db = DatasetBudgets({"short": 1000}, max_cost_usd=0.0004, calibrate_after=100)
     _calibrated(db, range(1, 101))
@@ -457,7 +469,7 @@ def test_calibration_waits_for_censoring_taken_after_the_calibrating_completion(
     est.set_censored([0.0, 0.0])  # censoring in use, set before any completion
     for x in (10, 20, 30):
         est.observe(x)
-    assert est.calibrated and est.expected() == 8000 and est.conditional(0) == 8000
+    assert est.calibrated and est.expected() == 8000 and est.conditional(0, 0.9) == 8000
     est.set_censored([5000.0, 6000.0])  # fresh: two streams far past the three short ones
     assert est.expected() == 8000  # the p90 lies beyond every event: unknown -> max_tokens
     est2 = CompletionEstimator(max_tokens=8000, calibrate_after=3)
