@@ -176,7 +176,7 @@ class AbortBilling:
 
     def note(self, generation_id: str, provider: str, cost: InFlightCost) -> None:
         """Remember an aborted stream (its figures at abort time) until its bill is known."""
-        if not generation_id:
+        if not generation_id or cost.expected_usd <= 0.0:  # no id to true up, or no price known
             return
         if len(self._pending) >= self.MAX_PENDING:  # true-ups never came: forget the oldest
             self._pending.pop(next(iter(self._pending)))

@@ -620,23 +620,24 @@ class Scheduler:
         was generated so far, what they cost when completed, and what an abort now is estimated to
         bill (each provider's observed billing of aborted streams). Zero dollars while no price is known."""
         total = InFlightCost()
-        for _rt, _prog, c in self._stream_costs(dataset):
+        for _prog, c in self._stream_costs(dataset):
             total = total + c
         return total
 
-    def _stream_costs(self, dataset: str | None = None) -> list[tuple[DatasetRuntime, Any, InFlightCost]]:
+    def _stream_costs(self, dataset: str | None = None) -> list[tuple[Any, InFlightCost]]:
+        """``(progress, InFlightCost)`` per stream in flight (of ``dataset`` or all)."""
         prices = self.spend.prices()
-        out: list[tuple[DatasetRuntime, Any, InFlightCost]] = []
+        out: list[tuple[Any, InFlightCost]] = []
         for rt in self.datasets.values():
             if (dataset is not None and rt.name != dataset) or not rt.streams:
                 continue
             if prices is None:
-                out += [(rt, prog, InFlightCost(1)) for _c, prog, _p in rt.streams.values()]
+                out += [(prog, InFlightCost(1)) for _c, prog, _p in rt.streams.values()]
                 continue
-            out += [(rt, prog, c) for prog, c in streams_cost(
+            out += streams_cost(
                 rt.streams.values(), lambda cls, rt=rt: self.spend.observed_lengths(rt.name, cls),
                 lambda cls: self.cfg.classes[cls].max_tokens, prices.prompt_usd_per_token,
-                prices.completion_usd_per_token, self.spend.aborts.share_for)]
+                prices.completion_usd_per_token, self.spend.aborts.share_for)
         return out
 
     def abort(self, dataset: str | None = None) -> int:
@@ -648,7 +649,7 @@ class Scheduler:
         cancellation."""
         costs = self._stream_costs(dataset)
         cost = InFlightCost()
-        for _rt, prog, c in costs:
+        for prog, c in costs:
             cost = cost + c
             self.spend.aborts.note(prog.generation_id, prog.provider, c)  # its bill teaches the abort estimate
         n = 0
