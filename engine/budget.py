@@ -31,6 +31,11 @@ message), i.e. up to one token per character, where prompt tokens count (``budge
 dollar caps)."""
 
 
+END_SPAN = 50
+"""Near the end of a budget (less than ``END_SPAN x max_tokens`` left: one stream could pass it by
+2%), a stream's hold grows at the reservation percentile instead of :data:`OVERRUN_PERCENTILE`."""
+
+
 class BudgetExceeded(Exception):
     """A reservation was requested that the budget cannot hold (callers check first)."""
 
@@ -310,12 +315,28 @@ class DatasetBudgets:
         if not self.hard_cap and self.tokens.is_open(r.tokens):
             self.overrun.track(r.tokens.rid, r.cls, r.expected_completion_tokens, progress)
 
-    def refresh(self) -> int:
+    def refresh(self, prices: Prices | None = None) -> int:
         """Recompute the overrun of the tracked streams from their progress and each class's
-        estimator (call after :meth:`CompletionEstimator.set_censored`). Returns it (tokens)."""
+        estimator (call after :meth:`CompletionEstimator.set_censored`). Returns it (tokens).
+
+        The conditional quantile is :data:`OVERRUN_PERCENTILE`, or the class's reservation
+        percentile near the end of a budget: when what is left of it is under :data:`END_SPAN` x
+        the class's ``max_tokens`` (in dollars at ``prices``' completion price, for the cost caps),
+        one stream running to ``max_tokens`` could pass it by more than ``1 / END_SPAN`` of it."""
         if not len(self.overrun):
             return 0
-        return self.overrun.refresh(lambda cls, got: self.estimators[cls].conditional(got, OVERRUN_PERCENTILE))
+        level = {cls: (est.reservation_percentile() if self._near_end(est.max_tokens, prices) else OVERRUN_PERCENTILE)
+                 for cls, est in self.estimators.items()}
+        return self.overrun.refresh(lambda cls, got: self.estimators[cls].conditional(got, level[cls]))
+
+    def _near_end(self, max_tokens: int, prices: Prices | None) -> bool:
+        t = self.tokens
+        if t.limit is not None and t.limit - t.used < END_SPAN * max_tokens:
+            return True
+        if prices is None:
+            return False
+        span = END_SPAN * max_tokens * prices.completion_usd_per_token
+        return any(b.limit is not None and b.limit - b.used < span for b in (self.cost, self.run_cost))
 
     def budget_met(self, cls_next: str, prices: Prices | None = None, est_prompt_tokens: int = 0) -> bool:
         """True when this dataset can never dispatch another request of ``cls_next``: a budget's

@@ -118,6 +118,11 @@ class CompletionEstimator:
         self._cache = None
         self._curve = None
 
+    def reservation_percentile(self) -> float:
+        """The percentile reserved now (``percentile`` raised to its upper confidence bound, see
+        :meth:`_q`; 0 < q <= 1)."""
+        return self._q()
+
     def _q(self) -> float:
         """The percentile reserved: ``percentile`` raised to a one-sided 95% upper confidence bound
         over the ``n`` lengths observed, ``p + 1.645 * sqrt(p * (1 - p) / n)`` (normal approximation of

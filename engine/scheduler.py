@@ -185,6 +185,7 @@ class Scheduler:
     async def load(self) -> None:
         """Load counters and persisted control states from the store."""
         rows = await self.store.datasets()
+        self.spend.seed_aborts(await self.store.aborted_bills())  # what providers billed for aborted streams
         counts = await self.store.state_counts()
         usage = await self.store.usage_totals()
         errors = await self.store.error_counts()
@@ -637,7 +638,7 @@ class Scheduler:
             out += streams_cost(
                 rt.streams.values(), lambda cls, rt=rt: self.spend.observed_lengths(rt.name, cls),
                 lambda cls: self.cfg.classes[cls].max_tokens, prices.prompt_usd_per_token,
-                prices.completion_usd_per_token, self.spend.aborts.share_for)
+                prices.completion_usd_per_token, self.spend.abort_share)
         return out
 
     def abort(self, dataset: str | None = None) -> int:

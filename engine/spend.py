@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from engine.budget import Budget, DatasetBudgets, Reservations
 from engine.config import Config
-from engine.inflight import AbortBilling
+from engine.inflight import AbortBilling, InFlightCost, LengthModel, stream_cost
 from engine.prices import PriceObserver, Prices
 from engine.projection import DatasetProjection, project_dataset
 
@@ -87,6 +87,7 @@ class SpendControl:
         self.lost_usd: dict[str, float] = {d.name: 0.0 for d in cfg.datasets}
         #: what providers billed for streams this engine aborted (the abort estimate learns from it)
         self.aborts = AbortBilling()
+        self._abort_rows: list[tuple[str, str, str, int, int, float]] = []
 
     # ---- prices -----------------------------------------------------------------------------
     @property
@@ -113,6 +114,29 @@ class SpendControl:
                 for v in values:
                     est.observe(v)
 
+    def seed_aborts(self, rows: list[tuple[str, str, str, int, int, float]]) -> None:
+        """Bills of streams earlier processes aborted, ``(dataset, class, provider, prompt tokens,
+        tokens received, billed USD)`` (:meth:`engine.store.Store.aborted_bills`); priced into
+        :attr:`aborts` once a price is known (:meth:`abort_share`)."""
+        self._abort_rows = list(rows)
+
+    def abort_share(self, provider: str) -> float | None:
+        """The observed share of a dropped stream's rest that ``provider`` bills
+        (:meth:`engine.inflight.AbortBilling.share_for`), the bills of earlier processes included:
+        those are priced at the current prices, with the expected length from the completions
+        observed now (no censoring); rows of datasets or classes no longer configured are ignored."""
+        if self._abort_rows:
+            p = self.prices()
+            if p is not None:
+                rows, self._abort_rows = self._abort_rows, []
+                for ds, cls, prov, prompt, got, billed in rows:
+                    if ds not in self.budgets or cls not in self.cfg.classes:
+                        continue
+                    model = LengthModel(self.observed_lengths(ds, cls), [], self.cfg.classes[cls].max_tokens)
+                    self.aborts.add(prov, *_priced(stream_cost(prompt, got, model, p.prompt_usd_per_token,
+                                                               p.completion_usd_per_token)), billed)
+        return self.aborts.share_for(provider)
+
     # ---- reservation lifecycle ------------------------------------------------------------
     def reserve(self, dataset: str, cls: str, est_prompt_tokens: int) -> Reservations | _Naive | None:
         """Reserve a request's expected tokens/dollars; None when a budget refuses (nothing reserved).
@@ -137,7 +161,7 @@ class SpendControl:
     def refresh(self, dataset: str) -> None:
         """Recompute the overrun of the dataset's tracked streams (after the censored lengths were
         set): :meth:`DatasetBudgets.refresh`."""
-        self.budgets[dataset].refresh()
+        self.budgets[dataset].refresh(self.prices() if self.has_cost_cap else None)
 
     def settle(self, dataset: str, r: Reservations | _Naive, prompt_tokens: int, completion_tokens: int,
                cost_usd: float | None) -> None:
@@ -258,6 +282,10 @@ class SpendControl:
             fallback_mean_tokens=fallback_mean_tokens,
             prompt_usd_per_request=(p.prompt_usd_per_token * mean_prompt_tokens) if p else 0.0,
         )
+
+
+def _priced(c: InFlightCost) -> tuple[float, float]:
+    return c.generated_usd, c.expected_usd
 
 
 def _weighted_max_tokens(estimators: Mapping[str, Any], pending_by_class: Mapping[str, int] | None) -> float:

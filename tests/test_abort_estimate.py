@@ -148,3 +148,53 @@ async def test_abort_estimate_follows_each_providers_observed_billing(tmp_path, 
     assert c.generated_usd < billed  # what was generated under-states the bill
     if "SimA" in providers:
         assert c.expected_usd > 1.3 * billed  # the old figure (billed in full) over-states this mix
+
+
+async def test_abort_estimate_after_a_restart_uses_the_earlier_processes_bills(tmp_path):
+    """The bills of aborted streams are in the store (attempts ``aborted`` with their true-up cost): a
+    restarted engine's first abort estimate already follows them instead of assuming billed in full."""
+    cfg = _cfg(tmp_path, ["SimA", "SimC"], ["SimA"])
+    first: dict = {}
+
+    def teach(job):
+        async def go():
+            s = job.scheduler
+            while not s.datasets or s.snapshot().dataset("a").done < 40:
+                await asyncio.sleep(0.05)
+            first["n"] = s.in_flight_cost().streams
+            s.stop("teach", abort=True)  # the run waits for the true-ups before it exits
+
+        first["t"] = asyncio.get_running_loop().create_task(go())
+
+    await run_headless(cfg, io.StringIO(), install_signals=False, on_ready=teach)
+    db = sqlite3.connect(tmp_path / "run" / "store.sqlite")
+    (billed_rows,) = db.execute("SELECT COUNT(*) FROM attempts WHERE outcome = 'aborted' AND cost_usd IS NOT NULL "
+                                "AND generation_id IS NOT NULL").fetchone()
+    db.close()
+    assert billed_rows >= 0.8 * first["n"] >= 20
+    second: dict = {}
+
+    def measure(job):
+        async def go():
+            s = job.scheduler
+            while not s.datasets or s.snapshot().dataset("a").in_flight < 40:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.5)
+            second["cost"] = s.in_flight_cost()
+            second["basis"] = s.snapshot().abort_cost_basis
+            second["obs"] = s.spend.aborts.observations()
+            second["billed0"] = job.sim.ledger.billed_usd
+            second["job"] = job
+            s.stop("measure", abort=True)
+
+        second["t"] = asyncio.get_running_loop().create_task(go())
+
+    await run_headless(cfg, io.StringIO(), install_signals=False, on_ready=measure)
+    c: InFlightCost = second["cost"]
+    billed = second["job"].sim.ledger.billed_usd - second["billed0"]
+    print(f"\nrestarted: {billed_rows} earlier bills, shares {second['obs']}; est. abort ${c.abort_usd:.4f} "
+          f"(in full ${c.expected_usd:.4f}) billed ${billed:.4f}\nbasis: {second['basis']}")
+    assert second["basis"].startswith("from the billing of ")
+    assert second["obs"]["SimA"][1] <= 0.1
+    assert abs(c.abort_usd - billed) <= 0.25 * billed, (c.abort_usd, billed)
+    assert c.expected_usd > 1.3 * billed

@@ -440,7 +440,7 @@ def test_reservation_grows_with_stream_progress():
 
 
 def test_overrun_is_the_conditional_upper_quartile_above_the_reservation():
-    db = DatasetBudgets({"short": 1000}, token_budget=10_000, calibrate_after=100)
+    db = DatasetBudgets({"short": 1000}, token_budget=100_000, calibrate_after=100)  # 100,000 >= 50 x 1,000
     _calibrated(db, range(1, 101))  # S(k) = (100 - k) / 100, no censoring in use
     progs = [_Prog(r) for r in (50, 80, 90)]
     for p in progs:
@@ -449,6 +449,21 @@ def test_overrun_is_the_conditional_upper_quartile_above_the_reservation():
     assert db.refresh() == 98 - 95
     progs[0].tokens_received = 99  # given > 99: only 100 is left
     assert db.refresh() == (100 - 95) + (98 - 95)
+
+
+def test_near_the_end_of_a_budget_the_overrun_uses_the_reservation_percentile():
+    db = DatasetBudgets({"short": 1000}, token_budget=10_000, calibrate_after=100)  # < 50 x max_tokens left
+    _calibrated(db, range(1, 101))
+    for r in (50, 80, 90):
+        db.track(db.try_reserve("short", 0, None), _Prog(r))
+    # level 0.94935 (p90's upper bound over 100): given > 50 S <= 0.0253 -> 98; > 80: 0.0101 -> 99; > 90 -> 100
+    assert db.refresh() == (98 - 95) + (99 - 95) + (100 - 95)
+    far = DatasetBudgets({"short": 1000}, max_cost_usd=1.0, calibrate_after=100)
+    _calibrated(far, range(1, 101))
+    far.track(far.try_reserve("short", 0, P), _Prog(90))
+    assert far.refresh(P) == 98 - 95  # $1 left >> 50 x 1,000 x $2e-6 = $0.10: the upper quartile
+    far.cost.add_used(0.95)
+    assert far.refresh(P) == 100 - 95  # $0.05 left: near the end
 
 
 def test_overrun_counts_against_cost_caps_at_the_completion_price():
