@@ -45,6 +45,10 @@ MIN_ABORT_OBSERVATIONS = 5
 PRIOR_SHARE = 1.0
 """Share of the rest of a stream billed when it is aborted, before any observation: billed in full."""
 
+KEPT_BILLING = 1.25
+"""A stream an earlier process aborted counts as billed beyond what it generated (its provider kept
+generating) when its bill exceeds this multiple of the generated estimate."""
+
 MAX_SHARE = 3.0
 """Cap of an observed share (a provider billing far above the length model is capped at 3x it)."""
 
@@ -173,6 +177,7 @@ class AbortBilling:
         self.min_observations = max(1, int(min_observations))
         self._pending: dict[str, tuple[str, float, float]] = {}
         self._by_provider: dict[str, _Billed] = {}
+        self._earlier: dict[str, list[int]] = {}  # provider -> [streams, billed beyond generated]
 
     def note(self, generation_id: str, provider: str, cost: InFlightCost) -> None:
         """Remember an aborted stream (its figures at abort time) until its bill is known."""
@@ -198,25 +203,51 @@ class AbortBilling:
         b.expected += expected_usd
         b.billed += billed_usd
 
+    def add_earlier(self, provider: str, generated_usd: float, billed_usd: float) -> None:
+        """Record the bill of a stream an earlier process aborted, whose expected cost at abort time is
+        not known: it counts as billed beyond what was generated when ``billed_usd`` exceeds
+        :data:`KEPT_BILLING` x ``generated_usd`` (USD)."""
+        k = self._earlier.setdefault(provider or "", [0, 0])
+        k[0] += 1
+        k[1] += int(billed_usd > KEPT_BILLING * generated_usd)
+
     def share_for(self, provider: str) -> float | None:
         """The observed share of the rest billed for ``provider`` (the pooled share of every
-        provider when ``provider`` is ``""``); None: too few observations (use the prior)."""
+        provider when ``provider`` is ``""``): from this process's aborts when it has
+        ``min_observations`` of them, else the fraction of earlier processes' aborted streams that
+        were billed beyond what was generated; None: too few observations (use the prior)."""
         if provider:
             b = self._by_provider.get(provider)
+            k = self._earlier.get(provider)
         else:
             b = _Billed()
+            k = [0, 0]
             for x in self._by_provider.values():
                 b.n += x.n
                 b.generated += x.generated
                 b.expected += x.expected
                 b.billed += x.billed
-        if b is None or b.n < self.min_observations:
-            return None
-        return b.share()
+            for n, kept in self._earlier.values():
+                k[0] += n
+                k[1] += kept
+        if b is not None and b.n >= self.min_observations:
+            return b.share()
+        if k is not None and k[0] >= self.min_observations:
+            return k[1] / k[0]
+        return None
 
     def observations(self) -> dict[str, tuple[int, float | None]]:
-        """Provider -> (billed aborted streams, share of the rest billed or None), for display."""
-        return {p: (b.n, b.share()) for p, b in sorted(self._by_provider.items())}
+        """Provider -> (billed aborted streams, share of the rest billed or None) as :meth:`share_for`
+        uses them, for display."""
+        out = {}
+        for p in sorted(set(self._by_provider) | set(self._earlier)):
+            b = self._by_provider.get(p)
+            if b is not None and b.n >= self.min_observations:
+                out[p] = (b.n, b.share())
+            else:
+                n = self._earlier.get(p, [0, 0])[0] + (b.n if b is not None else 0)
+                out[p] = (n, self.share_for(p) if p else None)
+        return out
 
 
 def abort_basis(cost: InFlightCost, billing: AbortBilling) -> str:

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 from engine.budget import Budget, DatasetBudgets, Reservations
 from engine.config import Config
-from engine.inflight import AbortBilling, InFlightCost, LengthModel, stream_cost
+from engine.inflight import AbortBilling
 from engine.prices import PriceObserver, Prices
 from engine.projection import DatasetProjection, project_dataset
 
@@ -123,18 +123,15 @@ class SpendControl:
     def abort_share(self, provider: str) -> float | None:
         """The observed share of a dropped stream's rest that ``provider`` bills
         (:meth:`engine.inflight.AbortBilling.share_for`), the bills of earlier processes included:
-        those are priced at the current prices, with the expected length from the completions
-        observed now (no censoring); rows of datasets or classes no longer configured are ignored."""
+        those are compared with what they had generated at the current prices (rows of datasets no
+        longer configured are ignored)."""
         if self._abort_rows:
             p = self.prices()
             if p is not None:
                 rows, self._abort_rows = self._abort_rows, []
-                for ds, cls, prov, prompt, got, billed in rows:
-                    if ds not in self.budgets or cls not in self.cfg.classes:
-                        continue
-                    model = LengthModel(self.observed_lengths(ds, cls), [], self.cfg.classes[cls].max_tokens)
-                    self.aborts.add(prov, *_priced(stream_cost(prompt, got, model, p.prompt_usd_per_token,
-                                                               p.completion_usd_per_token)), billed)
+                for ds, _cls, prov, prompt, got, billed in rows:
+                    if ds in self.budgets:
+                        self.aborts.add_earlier(prov, p.cost(prompt, got), billed)
         return self.aborts.share_for(provider)
 
     # ---- reservation lifecycle ------------------------------------------------------------
@@ -282,10 +279,6 @@ class SpendControl:
             fallback_mean_tokens=fallback_mean_tokens,
             prompt_usd_per_request=(p.prompt_usd_per_token * mean_prompt_tokens) if p else 0.0,
         )
-
-
-def _priced(c: InFlightCost) -> tuple[float, float]:
-    return c.generated_usd, c.expected_usd
 
 
 def _weighted_max_tokens(estimators: Mapping[str, Any], pending_by_class: Mapping[str, int] | None) -> float:

@@ -47,6 +47,19 @@ def test_abort_billing_share_per_provider_pooled_and_prior():
     assert b.observations()["SimA"] == (2, pytest.approx(0.025))
 
 
+def test_abort_billing_from_earlier_processes_counts_streams_billed_beyond_what_they_generated():
+    b = AbortBilling(min_observations=3)
+    for generated, billed in ((0.010, 0.010), (0.010, 0.0124), (0.010, 0.030), (0.002, 0.020)):
+        b.add_earlier("SimC", generated, billed)  # kept billing: > 1.25 x generated (2 of 4)
+    assert b.share_for("SimC") == pytest.approx(0.5)
+    assert b.share_for("") == pytest.approx(0.5)  # pooled
+    for _ in range(3):
+        b.add("SimC", 0.01, 0.03, 0.03)  # this process's own aborts take over once there are enough
+    assert b.share_for("SimC") == pytest.approx(1.0)
+    b.add_earlier("SimA", 0.01, 0.01)
+    assert b.share_for("SimA") is None  # 1 < 3
+
+
 def test_abort_basis_says_estimate_and_its_source():
     b = AbortBilling(min_observations=1)
     assert abort_basis(InFlightCost(3, 0.1, 0.5, 0.5, 0), b) == \
