@@ -540,3 +540,17 @@ def test_sweep_40_seeds(tokens_per_s):
     assert max(worst.values()) <= 1.02, worst
     hard = _sweep(range(40), hard_cap=True, tokens_per_s=tokens_per_s)
     assert max(hard.values()) <= 1.0, hard
+
+
+def test_spend_hard_cap_config_reaches_the_budgets_and_bad_values_name_the_key(tmp_path):
+    from engine.config import ConfigError
+    from engine.spend import SpendControl
+    from helpers import make_config
+
+    sc = SpendControl(make_config(tmp_path, [{"name": "a", "path": "a.jsonl", "token_budget": 5000}],
+                                  spend={"hard_cap": True}))
+    r = sc.reserve("a", "short", 10)
+    assert r is not None and r.expected_completion_tokens == 1000 and sc.budgets["a"].hard_cap
+    assert not SpendControl(make_config(tmp_path)).budgets["a"].hard_cap  # default off
+    with pytest.raises(ConfigError, match=r"spend\.hard_cap: Input should be a valid boolean"):
+        make_config(tmp_path, spend={"hard_cap": "maybe"})
