@@ -279,6 +279,12 @@ class SpendSection(_Strict):
     reservation: Literal["expected", "none"] = "expected"
     hard_cap: bool = False
 
+    @model_validator(mode="after")
+    def _hard_cap_reserves(self) -> "SpendSection":
+        if self.hard_cap and self.reservation == "none":
+            raise ValueError('hard_cap = true needs reservation = "expected" ("none" reserves nothing)')
+        return self
+
 
 class ExtractSection(_Strict):
     """``[extract]``: hidden-state extraction for EAGLE-3 (``datagen extract CONFIG``). All optional.

@@ -554,3 +554,5 @@ def test_spend_hard_cap_config_reaches_the_budgets_and_bad_values_name_the_key(t
     assert not SpendControl(make_config(tmp_path)).budgets["a"].hard_cap  # default off
     with pytest.raises(ConfigError, match=r"spend\.hard_cap: Input should be a valid boolean"):
         make_config(tmp_path, spend={"hard_cap": "maybe"})
+    with pytest.raises(ConfigError, match=r'spend: hard_cap = true needs reservation = "expected"'):
+        make_config(tmp_path, spend={"hard_cap": True, "reservation": "none"})
