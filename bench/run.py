@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-ALL = ("B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8")
+ALL = ("B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9")
 
 
 def main(argv=None) -> int:
@@ -71,6 +71,10 @@ def main(argv=None) -> int:
         from bench import b5_budget
 
         step("B5 budget", lambda: b5_budget.run(reps, 1))
+    if "B9" in only:
+        from bench import b9_hard_cap
+
+        step("B9 hard_cap", lambda: b9_hard_cap.run(reps))
     hold_ids = [x for x in ("B2", "B3", "B7") if x in only]
     if hold_ids:
         from bench import b2_loop_lag, b3_memory, b7_dashboard_cpu, hold

@@ -5,7 +5,9 @@ the actual figure on completion (or *releases*, counting what was streamed, when
 ``used + reserved`` bounds what may still be spent and a dispatcher simply stops when a new
 reservation does not fit. The expected completion length comes from a per-(dataset, class)
 :class:`CompletionEstimator`: ``max_tokens`` until calibrated, then a high percentile of recent
-lengths. Unknown prices are ``None``, never ``$0``.
+lengths (raised to its upper confidence bound while few were seen). A stream's hold grows with its
+progress (:mod:`engine.overrun`), and ``hard_cap`` reserves ``max_tokens`` so a budget is never
+exceeded. Unknown prices are ``None``, never ``$0``.
 
 Units: token budgets count tokens, cost budgets count USD; :class:`Budget` is unit-agnostic.
 """
@@ -13,13 +15,25 @@ Units: token budgets count tokens, cost budgets count USD; :class:`Budget` is un
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from engine.stats import QuantileWindow
+from engine.estimator import UCB_Z, CompletionEstimator, km_quantile  # noqa: F401 - re-exported
+from engine.overrun import OVERRUN_PERCENTILE, OverrunTracker
 
 from engine.prices import Prices  # noqa: F401 - re-exported: callers price reservations with it
+
+
+HARD_CAP_PROMPT_FACTOR = 4
+"""``hard_cap`` reserves the prompt at this multiple of its estimate (characters / 4 + 4 per
+message), i.e. up to one token per character, where prompt tokens count (``budget_counts = "total"``,
+dollar caps)."""
+
+
+END_SPAN = 50
+"""Near the end of a budget (less than ``END_SPAN x max_tokens`` left: one stream could pass it by
+2%), a stream's hold grows at the reservation percentile instead of :data:`OVERRUN_PERCENTILE`."""
 
 
 class BudgetExceeded(Exception):
@@ -33,132 +47,6 @@ class NoPriceError(ValueError):
 def fmt_usd(x: float) -> str:
     """``$1,234.57`` (two decimals, thousands separators)."""
     return f"-${-x:,.2f}" if x < 0 else f"${x:,.2f}"
-
-
-def km_quantile(events: list[float], censored: list[float], q: float) -> float | None:
-    """Kaplan-Meier ``q``-quantile of lengths from ``events`` (finished lengths) and ``censored``
-    (lower bounds: lengths of requests still running), both sorted ascending.
-
-    Returns the smallest event length ``t`` with estimated ``P(length <= t) >= q``, or None when the
-    censoring leaves it unknown. Without censored values this equals the nearest-rank quantile.
-    Source: Kaplan & Meier (1958), product-limit estimator; censored values tie-broken after events.
-    """
-    at_risk = len(events) + len(censored)
-    surv = 1.0
-    target = 1.0 - q + 1e-12
-    j = 0
-    i = 0
-    n_e = len(events)
-    while i < n_e:
-        t = events[i]
-        while j < len(censored) and censored[j] < t:
-            at_risk -= 1
-            j += 1
-        d = 0
-        while i < n_e and events[i] == t:
-            d += 1
-            i += 1
-        if at_risk <= 0:
-            break
-        surv *= 1.0 - d / at_risk
-        at_risk -= d
-        if surv <= target:
-            return t
-    return None
-
-
-class CompletionEstimator:
-    """Expected completion length for one (dataset, class).
-
-    ``expected()`` is ``max_tokens`` until ``calibrate_after`` completions were observed, then the
-    nearest-rank ``percentile`` of the last ``window`` observations (``v[ceil(p * n)]`` of the
-    sorted values, see :mod:`engine.stats`), clamped to ``[1, max_tokens]``.
-
-    Short completions finish first, so the first observations under-estimate the distribution
-    (measured: a p90 from the first 92 of 2,000 concurrent streams was 2,267 tokens for a true mean
-    of 2,000, and a budget overshot by 20%). With :meth:`set_censored` the streams still in flight
-    count as right-censored observations at the tokens they have streamed so far, and the quantile
-    is the Kaplan-Meier (product-limit) estimate; when censoring leaves the quantile unknown,
-    ``max_tokens`` is reserved.
-
-    Args:
-        max_tokens: the class's completion cap per request (tokens, >= 1).
-        calibrate_after: observations needed before the percentile is trusted (>= 0).
-        percentile: quantile of recent lengths used as the reservation (0 < p <= 1).
-        window: most recent observations the percentile is taken over (>= 1).
-
-    Raises:
-        ValueError: any argument out of range.
-    """
-
-    def __init__(
-        self, max_tokens: int, calibrate_after: int = 50, percentile: float = 0.90, window: int = 2000
-    ) -> None:
-        if max_tokens < 1 or calibrate_after < 0 or not 0.0 < percentile <= 1.0:
-            raise ValueError("need max_tokens >= 1, calibrate_after >= 0, 0 < percentile <= 1")
-        self.max_tokens = int(max_tokens)
-        self.calibrate_after = int(calibrate_after)
-        self.percentile = float(percentile)
-        self._recent = QuantileWindow(window)
-        self._count = 0
-        self._sum = 0
-        self._censored: list[float] = []
-        self._cache: int | None = None
-        self._since_cache = 0
-
-    def observe(self, completion_tokens: int) -> None:
-        """Record one completed response's completion length (tokens).
-
-        Raises:
-            ValueError: ``completion_tokens < 0``.
-        """
-        if completion_tokens < 0:
-            raise ValueError("completion_tokens must be >= 0")
-        self._recent.add(completion_tokens)
-        self._count += 1
-        self._sum += int(completion_tokens)
-        self._since_cache += 1
-        if self._since_cache >= 16:
-            self._cache = None
-
-    def set_censored(self, tokens_so_far: list[float]) -> None:
-        """Set the lengths streamed so far by the requests in flight (tokens; lower bounds of their
-        final lengths). Call periodically (e.g. every second); an empty list disables censoring."""
-        self._censored = sorted(tokens_so_far)
-        self._cache = None
-
-    @property
-    def calibrated(self) -> bool:
-        """True once at least ``calibrate_after`` completions were observed."""
-        return self._count >= self.calibrate_after
-
-    @property
-    def count(self) -> int:
-        """Completions observed since start."""
-        return self._count
-
-    def expected(self) -> int:
-        """Tokens to reserve for the next request of this class (``1..max_tokens``)."""
-        if not self.calibrated or self._recent.count == 0:
-            return self.max_tokens
-        if self._cache is None:
-            if self._censored:
-                q = km_quantile(self._recent._sorted, self._censored, self.percentile)
-                q = self.max_tokens if q is None else q
-            else:
-                q = self._recent.quantile(self.percentile)
-            assert q is not None
-            self._cache = max(1, min(self.max_tokens, int(math.ceil(q))))
-            self._since_cache = 0
-        return self._cache
-
-    def mean(self) -> float | None:
-        """Mean completion length over ALL observations since start (tokens); None before any."""
-        return self._sum / self._count if self._count else None
-
-    def recent_lengths(self) -> list[float]:
-        """The last ``window`` observed completion lengths, sorted ascending (tokens; a copy)."""
-        return list(self._recent._sorted)
 
 
 @dataclass(frozen=True)
@@ -306,12 +194,20 @@ class DatasetBudgets:
         run_cost: the run-wide cost :class:`Budget` shared by all datasets (None: unlimited).
         counts_total: the token budget counts prompt + completion tokens (default completion only).
         calibrate_after / percentile / window: passed to each :class:`CompletionEstimator`.
+        hard_cap: never exceed a budget: every request reserves its class's ``max_tokens`` (and
+            :data:`HARD_CAP_PROMPT_FACTOR` x the prompt estimate where prompts count, in tokens
+            or dollars), so ``used + reserved <= limit`` bounds the final spend. Fewer requests fit
+            in flight near the end (see ``bench/b9_hard_cap.py`` for the throughput cost).
+
+    Without ``hard_cap``, the reservation of a stream still running grows with its progress
+    (:mod:`engine.overrun`): after :meth:`track` and each :meth:`refresh`, a stream whose
+    conditional upper quartile exceeds what it reserved holds the difference too.
     """
 
     def __init__(self, max_tokens: Mapping[str, int], *, token_budget: int | None = None,
                  max_cost_usd: float | None = None, run_cost: Budget | None = None,
                  counts_total: bool = False, calibrate_after: int = 50, percentile: float = 0.90,
-                 window: int = 2000) -> None:
+                 window: int = 2000, hard_cap: bool = False) -> None:
         self.estimators = {
             cls: CompletionEstimator(mt, calibrate_after, percentile, window)
             for cls, mt in max_tokens.items()
@@ -320,6 +216,8 @@ class DatasetBudgets:
         self.cost = Budget(max_cost_usd)
         self.run_cost = run_cost if run_cost is not None else Budget(None)
         self.counts_total = counts_total
+        self.hard_cap = hard_cap
+        self.overrun = OverrunTracker()
         self._reason = ""
 
     def _estimator(self, cls: str) -> CompletionEstimator:
@@ -331,13 +229,15 @@ class DatasetBudgets:
     def _amounts(self, cls: str, est_prompt_tokens: int, prices: Prices | None) -> tuple[int, int, float]:
         if est_prompt_tokens < 0:
             raise ValueError("est_prompt_tokens must be >= 0")
-        expected = self._estimator(cls).expected()
-        tok = expected + (est_prompt_tokens if self.counts_total else 0)
+        est = self._estimator(cls)
+        expected = est.max_tokens if self.hard_cap else est.expected()
+        prompt = est_prompt_tokens * HARD_CAP_PROMPT_FACTOR if self.hard_cap else est_prompt_tokens
+        tok = expected + (prompt if self.counts_total else 0)
         cost = 0.0
         if self.cost.limit is not None or self.run_cost.limit is not None:
             if prices is None:
                 raise NoPriceError("a cost cap is set but no price is known for this model")
-            cost = prices.cost(est_prompt_tokens, expected)
+            cost = prices.cost(prompt, expected)
         return expected, tok, cost
 
     def try_reserve(self, cls: str, est_prompt_tokens: int, prices: Prices | None) -> Reservations | None:
@@ -345,7 +245,9 @@ class DatasetBudgets:
 
         Token amount: expected completion tokens (+ ``est_prompt_tokens`` when ``counts_total``).
         Cost amount (USD): ``prices.cost(est_prompt_tokens, expected)`` when any cost cap is set,
-        else 0.
+        else 0. (``hard_cap``: ``max_tokens`` and the prompt estimate x :data:`HARD_CAP_PROMPT_FACTOR`.)
+        It fits when each budget holds it on top of ``used + reserved`` and the streams' overrun
+        (:attr:`overrun`; priced at the completion price for dollar budgets).
 
         Returns:
             The :class:`Reservations`, or None (nothing reserved) when any budget refuses.
@@ -356,8 +258,10 @@ class DatasetBudgets:
             ValueError: negative ``est_prompt_tokens``.
         """
         expected, tok, cost = self._amounts(cls, est_prompt_tokens, prices)
-        if not (self.tokens.can_reserve(tok) and self.cost.can_reserve(cost)
-                and self.run_cost.can_reserve(cost)):
+        over_tok = self.overrun.total
+        over_usd = over_tok * prices.completion_usd_per_token if (over_tok and prices is not None) else 0.0
+        if not (self.tokens.can_reserve(tok + over_tok) and self.cost.can_reserve(cost + over_usd)
+                and self.run_cost.can_reserve(cost + over_usd)):
             return None
         return Reservations(cls, est_prompt_tokens, expected, self.tokens.reserve(tok),
                             self.cost.reserve(cost), self.run_cost.reserve(cost))
@@ -383,6 +287,7 @@ class DatasetBudgets:
         if not cost_usd >= 0:
             raise ValueError(f"cost_usd must be >= 0, got {cost_usd!r}")
         self._estimator(r.cls).observe(completion_tokens)
+        self.overrun.close(r.tokens.rid)
         self.tokens.settle(r.tokens, completion_tokens + (prompt_tokens if self.counts_total else 0))
         self.cost.settle(r.cost, cost_usd)
         self.run_cost.settle(r.run_cost, cost_usd)
@@ -398,9 +303,40 @@ class DatasetBudgets:
         self._check_open(r)
         if not (tokens_spent >= 0 and cost_spent >= 0):
             raise ValueError("spent amounts must be >= 0")
+        self.overrun.close(r.tokens.rid)
         self.tokens.release(r.tokens, tokens_spent)
         self.cost.release(r.cost, cost_spent)
         self.run_cost.release(r.run_cost, cost_spent)
+
+    def track(self, r: Reservations, progress: Any) -> None:
+        """Follow the stream of open reservation ``r``: ``progress.tokens_received`` (completion
+        tokens streamed so far) is read at each :meth:`refresh`. Closed by :meth:`settle` /
+        :meth:`release`. Nothing is tracked under ``hard_cap`` (``max_tokens`` is reserved already)."""
+        if not self.hard_cap and self.tokens.is_open(r.tokens):
+            self.overrun.track(r.tokens.rid, r.cls, r.expected_completion_tokens, progress)
+
+    def refresh(self, prices: Prices | None = None) -> int:
+        """Recompute the overrun of the tracked streams from their progress and each class's
+        estimator (call after :meth:`CompletionEstimator.set_censored`). Returns it (tokens).
+
+        The conditional quantile is :data:`OVERRUN_PERCENTILE`, or the class's reservation
+        percentile near the end of a budget: when what is left of it is under :data:`END_SPAN` x
+        the class's ``max_tokens`` (in dollars at ``prices``' completion price, for the cost caps),
+        one stream running to ``max_tokens`` could pass it by more than ``1 / END_SPAN`` of it."""
+        if not len(self.overrun):
+            return 0
+        level = {cls: (est.reservation_percentile() if self._near_end(est.max_tokens, prices) else OVERRUN_PERCENTILE)
+                 for cls, est in self.estimators.items()}
+        return self.overrun.refresh(lambda cls, got: self.estimators[cls].conditional(got, level[cls]))
+
+    def _near_end(self, max_tokens: int, prices: Prices | None) -> bool:
+        t = self.tokens
+        if t.limit is not None and t.limit - t.used < END_SPAN * max_tokens:
+            return True
+        if prices is None:
+            return False
+        span = END_SPAN * max_tokens * prices.completion_usd_per_token
+        return any(b.limit is not None and b.limit - b.used < span for b in (self.cost, self.run_cost))
 
     def budget_met(self, cls_next: str, prices: Prices | None = None, est_prompt_tokens: int = 0) -> bool:
         """True when this dataset can never dispatch another request of ``cls_next``: a budget's
@@ -412,9 +348,11 @@ class DatasetBudgets:
         Raises:
             KeyError: unknown class.
         """
-        expected = self._estimator(cls_next).expected()
-        tok = expected + (est_prompt_tokens if self.counts_total else 0)
-        cost = prices.cost(est_prompt_tokens, expected) if prices is not None else 0.0
+        est = self._estimator(cls_next)
+        expected = est.max_tokens if self.hard_cap else est.expected()
+        prompt = est_prompt_tokens * HARD_CAP_PROMPT_FACTOR if self.hard_cap else est_prompt_tokens
+        tok = expected + (prompt if self.counts_total else 0)
+        cost = prices.cost(prompt, expected) if prices is not None else 0.0
         unit = "prompt+completion tokens" if self.counts_total else "completion tokens"
         self._reason = ""
         t = self.tokens

@@ -266,6 +266,10 @@ class SpendSection(_Strict):
         anomaly_error_rate / anomaly_window: pause a dataset when more than this fraction of its
             last ``anomaly_window`` attempts failed (0 disables).
         reservation: ``expected`` (default) or ``none`` (naive: reserve nothing; for benchmarks).
+        hard_cap: never exceed a token budget or dollar cap: each request reserves its class's
+            ``max_tokens`` (and 4x its prompt estimate where prompts count), so fewer requests are
+            in flight as a budget nears its end. Default false: reserve the observed percentile
+            (overshoot within about 2%).
     """
 
     max_cost_usd: float | None = Field(None, gt=0)
@@ -277,6 +281,13 @@ class SpendSection(_Strict):
     anomaly_error_rate: float = Field(0.20, ge=0, lt=1)
     anomaly_window: int = Field(200, ge=10)
     reservation: Literal["expected", "none"] = "expected"
+    hard_cap: bool = False
+
+    @model_validator(mode="after")
+    def _hard_cap_reserves(self) -> "SpendSection":
+        if self.hard_cap and self.reservation == "none":
+            raise ValueError('hard_cap = true needs reservation = "expected" ("none" reserves nothing)')
+        return self
 
 
 class ExtractSection(_Strict):

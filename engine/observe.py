@@ -13,6 +13,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from engine.inflight import abort_basis
 from engine.limiter import concurrency_cap
 from engine.projection import project_run
 from engine.snapshot import ClassSnapshot, DatasetSnapshot, RunSnapshot
@@ -78,6 +79,8 @@ def live_row(sched: "Scheduler") -> dict[str, Any]:
             "spend_rate_usd_per_h": snap.spend_rate_usd_per_h,
             "projected_total_cost_usd": snap.projected_total_cost_usd,
             "cost_in_flight_usd": snap.cost_in_flight_usd,
+            "abort_cost_usd": snap.abort_cost_usd,
+            "abort_cost_basis": snap.abort_cost_basis,
             "eta_s_run": snap.eta_s,
             "run_projection": {"cost_low_usd": snap.projected_cost_low_usd, "cost_high_usd": snap.projected_cost_high_usd,
                                "eta_s_low": snap.eta_s_low, "eta_s_high": snap.eta_s_high,
@@ -146,13 +149,15 @@ def build_snapshot(sched: "Scheduler") -> RunSnapshot:
     run_proj = project_run(projections, spend_rate, cost, recent_tok_per_s=tel.tok_rate.rate(now),
                            cost_cap=sched.spend.run_cost.limit)
     cr = sched.spend.credits
+    fly = sched.in_flight_cost()
     return RunSnapshot(
         name=sched.cfg.run.name, state=sched.state, state_reason=sched.state_reason, elapsed_s=run_elapsed_s(sched),
         datasets=tuple(dss), classes=classes, in_flight=sum(d.in_flight for d in dss),
         req_per_s=sched.rate.rate(now), cost_usd=cost, errors=dict(errors), writer_queue=sched.writer.queued,
         credits_usd=cr.remaining_usd if cr else None, credits_age_s=(now - cr.at) if cr else None,
         spend_rate_usd_per_h=spend_rate, projected_total_cost_usd=run_proj.projected_cost_usd,
-        max_cost_usd=sched.spend.run_cost.limit, cost_in_flight_usd=sched.cost_in_flight_usd(),
+        max_cost_usd=sched.spend.run_cost.limit, cost_in_flight_usd=fly.expected_usd,
+        abort_cost_usd=fly.abort_usd, abort_cost_basis=abort_basis(fly, sched.spend.aborts),
         eta_s=run_proj.eta_s if progressing else None, tok_per_s=tel.tok_rate.rate(now), loop_lag_ms=tel.loop_lag_ms,
         providers=tel.providers.snapshot(), latest_errors=dict(tel.latest_errors), history=tuple(tel.history),
         events=tuple(list(tel.events)[-50:]), notices=tuple(tel.notices), drain_left_s=sched.drain_left_s(),

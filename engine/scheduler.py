@@ -38,7 +38,7 @@ from engine.client.retry import RetryPolicy, call_with_retries
 from engine.client.types import ChatRequest, Completion, ErrorClass, RequestError
 from engine.config import Config
 from engine.failures import FailureMixin
-from engine.inflight import InFlightCost, LengthModel, abort_line, stream_cost
+from engine.inflight import InFlightCost, abort_basis, abort_line, streams_cost
 from engine.limiter import AdjustableLimiter
 from engine.observe import build_snapshot, live_row
 from engine.snapshot import RunSnapshot
@@ -194,6 +194,7 @@ class Scheduler(FailureMixin):
     async def load(self) -> None:
         """Load counters and persisted control states from the store."""
         rows = await self.store.datasets()
+        self.spend.seed_aborts(await self.store.aborted_bills())  # what providers billed for aborted streams
         counts = await self.store.state_counts()
         usage = await self.store.usage_totals()
         errors = await self.store.error_counts()
@@ -372,6 +373,7 @@ class Scheduler(FailureMixin):
         async def run() -> None:
             cost = await generation_cost(self.get_json, gid)
             if cost:
+                self.spend.aborts.billed(gid, cost)
                 self.spend.add_partial(rt.name, cost)
                 self.telemetry.on_cost(provider, cost, self.clock())
                 rt.cost_usd += cost
@@ -438,6 +440,7 @@ class Scheduler(FailureMixin):
         progress = StreamProgress()
         spent = [0, 0.0]  # tokens, USD of failed attempts of this request
         rt.streams[p.id] = (p.cls, progress, p.est_prompt_tokens)
+        self.spend.track(rt.name, res, progress)
         try:
             await self._attempts(rt, p, lim, res, req, progress, spent)
         finally:
@@ -457,7 +460,7 @@ class Scheduler(FailureMixin):
 
     def update_censored(self) -> None:
         """Give each dataset+class estimator the tokens streamed so far by its in-flight requests
-        (right-censored lengths, see :meth:`engine.budget.CompletionEstimator.set_censored`)."""
+        (right-censored lengths, see :meth:`engine.estimator.CompletionEstimator.set_censored`)."""
         for rt in self.datasets.values():
             self._censor(rt)
 
@@ -467,6 +470,7 @@ class Scheduler(FailureMixin):
             by_cls[cls].append(prog.tokens_received)
         for cls, vals in by_cls.items():
             self.spend.budgets[rt.name].estimators[cls].set_censored(vals)
+        self.spend.refresh(rt.name)
 
     async def _attempts(self, rt: DatasetRuntime, p: PendingPrompt, lim: AdjustableLimiter, res: Any,
                         req: ChatRequest, progress: StreamProgress, spent: list) -> None:
@@ -661,26 +665,28 @@ class Scheduler(FailureMixin):
 
     def in_flight_cost(self, dataset: str | None = None) -> InFlightCost:
         """Dollars of the streams in flight (of ``dataset`` or all), from :mod:`engine.inflight`: what
-        was generated so far and what they cost when completed (or aborted on a provider that keeps
-        generating). Zero dollars while no price is known."""
-        prices = self.spend.prices()
+        was generated so far, what they cost when completed, and what an abort now is estimated to
+        bill (each provider's observed billing of aborted streams). Zero dollars while no price is known."""
         total = InFlightCost()
-        if prices is None:
-            return InFlightCost(sum(len(rt.streams) for rt in self.datasets.values()
-                                    if dataset is None or rt.name == dataset))
+        for _prog, c in self._stream_costs(dataset):
+            total = total + c
+        return total
+
+    def _stream_costs(self, dataset: str | None = None) -> list[tuple[Any, InFlightCost]]:
+        """``(progress, InFlightCost)`` per stream in flight (of ``dataset`` or all)."""
+        prices = self.spend.prices()
+        out: list[tuple[Any, InFlightCost]] = []
         for rt in self.datasets.values():
             if (dataset is not None and rt.name != dataset) or not rt.streams:
                 continue
-            streaming: dict[str, list[int]] = {}
-            for cls, prog, _est in rt.streams.values():
-                streaming.setdefault(cls, []).append(prog.tokens_received)
-            models = {cls: LengthModel(self.spend.observed_lengths(rt.name, cls), got, self.cfg.classes[cls].max_tokens)
-                      for cls, got in streaming.items()}
-            for cls, prog, est_prompt in rt.streams.values():
-                m = models[cls]
-                total = total + stream_cost(est_prompt, prog.tokens_received, m,
-                                            prices.prompt_usd_per_token, prices.completion_usd_per_token)
-        return total
+            if prices is None:
+                out += [(prog, InFlightCost(1)) for _c, prog, _p in rt.streams.values()]
+                continue
+            out += streams_cost(
+                rt.streams.values(), lambda cls, rt=rt: self.spend.observed_lengths(rt.name, cls),
+                lambda cls: self.cfg.classes[cls].max_tokens, prices.prompt_usd_per_token,
+                prices.completion_usd_per_token, self.spend.abort_share)
+        return out
 
     def abort(self, dataset: str | None = None) -> int:
         """Cancel in-flight requests (of ``dataset`` or all); they return to pending. Returns the count.
@@ -689,7 +695,11 @@ class Scheduler(FailureMixin):
         streams, the dollars generated so far and what they cost if billed in full. While the run is
         stopping, the run ends within 5 s of an abort of everything even if a request ignores its
         cancellation."""
-        cost = self.in_flight_cost(dataset)
+        costs = self._stream_costs(dataset)
+        cost = InFlightCost()
+        for prog, c in costs:
+            cost = cost + c
+            self.spend.aborts.note(prog.generation_id, prog.provider, c)  # its bill teaches the abort estimate
         n = 0
         for rt in self.datasets.values():
             if dataset is None or rt.name == dataset:
@@ -698,7 +708,7 @@ class Scheduler(FailureMixin):
                         t.cancel()
                         n += 1
         if n:
-            self.event("warning", "abort", dataset, abort_line(n, dataset, cost))
+            self.event("warning", "abort", dataset, abort_line(n, dataset, cost, abort_basis(cost, self.spend.aborts)))
         if dataset is None and self._stopping:
             self._end_soon(5.0)
         return n

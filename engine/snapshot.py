@@ -134,7 +134,9 @@ class RunSnapshot:
         spend_rate_usd_per_h: recent spend rate (USD per hour; None until this engine billed anything
             while requests are in flight); projected_total_cost_usd: projected
             cost of the whole run; max_cost_usd: run-wide cap; cost_in_flight_usd: reserved dollars of
-            in-flight requests (what an abort would save at most); eta_s: run ETA (s; None while
+            in-flight requests (what an abort would save at most); abort_cost_usd: estimated bill of
+            aborting them now (USD, :attr:`engine.inflight.InFlightCost.abort_usd`) and
+            abort_cost_basis: how it was estimated (observed billing or the prior); eta_s: run ETA (s; None while
             the run is paused or stopping: it does not progress);
         projected_cost_low_usd / projected_cost_high_usd, eta_s_low / eta_s_high, calibration: the
             run's projection range while a dataset is calibrating (see :class:`DatasetSnapshot`);
@@ -166,6 +168,8 @@ class RunSnapshot:
     projected_total_cost_usd: float | None = None
     max_cost_usd: float | None = None
     cost_in_flight_usd: float = 0.0
+    abort_cost_usd: float = 0.0
+    abort_cost_basis: str = ""
     eta_s: float | None = None
     tok_per_s: float = 0.0
     loop_lag_ms: float = 0.0

@@ -4,8 +4,11 @@ Pure bookkeeping (no I/O, no clocks read): the scheduler calls :meth:`SpendContr
 dispatching a request, :meth:`settle` when it completes and :meth:`release` when it fails or is
 aborted; the supervisor feeds credits readings. Reservations follow ``engine.budget``: the class
 ``max_tokens`` until a dataset+class has ``spend.calibrate_after`` completions, then the observed
-``spend.reserve_percentile``, so ``used + reserved`` bounds what can still be spent and a budget is
-overshot by at most the in-flight tail that runs past its percentile.
+``spend.reserve_percentile`` (see :class:`engine.budget.CompletionEstimator`), growing with each
+stream's progress once :meth:`SpendControl.track` follows it, so ``used + reserved`` bounds what can
+still be spent and a budget is overshot by at most the in-flight tail that runs past its percentile
+(``spend.hard_cap``: ``max_tokens`` is reserved, never overshot). :attr:`SpendControl.aborts` learns
+what providers bill for aborted streams.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any, Mapping
 
 from engine.budget import Budget, DatasetBudgets, Reservations
 from engine.config import Config
+from engine.inflight import AbortBilling
 from engine.prices import PriceObserver, Prices
 from engine.projection import DatasetProjection, project_dataset
 
@@ -63,7 +67,7 @@ class SpendControl:
             d.name: DatasetBudgets(
                 max_tokens, token_budget=d.token_budget, max_cost_usd=d.max_cost_usd, run_cost=self.run_cost,
                 counts_total=d.budget_counts == "total", calibrate_after=s.calibrate_after,
-                percentile=s.reserve_percentile,
+                percentile=s.reserve_percentile, hard_cap=s.hard_cap,
             )
             for d in cfg.datasets
         }
@@ -81,6 +85,9 @@ class SpendControl:
         self._spent_at_reading = 0.0
         self.spent_since_start = 0.0  # USD accounted by this process (results + partial spend)
         self.lost_usd: dict[str, float] = {d.name: 0.0 for d in cfg.datasets}
+        #: what providers billed for streams this engine aborted (the abort estimate learns from it)
+        self.aborts = AbortBilling()
+        self._abort_rows: list[tuple[str, str, str, int, int, float]] = []
 
     # ---- prices -----------------------------------------------------------------------------
     @property
@@ -107,6 +114,26 @@ class SpendControl:
                 for v in values:
                     est.observe(v)
 
+    def seed_aborts(self, rows: list[tuple[str, str, str, int, int, float]]) -> None:
+        """Bills of streams earlier processes aborted, ``(dataset, class, provider, prompt tokens,
+        tokens received, billed USD)`` (:meth:`engine.store.Store.aborted_bills`); priced into
+        :attr:`aborts` once a price is known (:meth:`abort_share`)."""
+        self._abort_rows = list(rows)
+
+    def abort_share(self, provider: str) -> float | None:
+        """The observed share of a dropped stream's rest that ``provider`` bills
+        (:meth:`engine.inflight.AbortBilling.share_for`), the bills of earlier processes included:
+        those are compared with what they had generated at the current prices (rows of datasets no
+        longer configured are ignored)."""
+        if self._abort_rows:
+            p = self.prices()
+            if p is not None:
+                rows, self._abort_rows = self._abort_rows, []
+                for ds, _cls, prov, prompt, got, billed in rows:
+                    if ds in self.budgets:
+                        self.aborts.add_earlier(prov, p.cost(prompt, got), billed)
+        return self.aborts.share_for(provider)
+
     # ---- reservation lifecycle ------------------------------------------------------------
     def reserve(self, dataset: str, cls: str, est_prompt_tokens: int) -> Reservations | _Naive | None:
         """Reserve a request's expected tokens/dollars; None when a budget refuses (nothing reserved).
@@ -121,6 +148,17 @@ class SpendControl:
                 self.run_cost.limit is not None and self.run_cost.used >= self.run_cost.limit)
             return None if over else _Naive(cls)
         return b.try_reserve(cls, est_prompt_tokens, self.prices() if self.has_cost_cap else None)
+
+    def track(self, dataset: str, r: Reservations | _Naive, progress: Any) -> None:
+        """Follow the stream of an open reservation (``progress.tokens_received``: completion tokens
+        so far), so its reservation grows with its progress (:meth:`DatasetBudgets.track`)."""
+        if not isinstance(r, _Naive):
+            self.budgets[dataset].track(r, progress)
+
+    def refresh(self, dataset: str) -> None:
+        """Recompute the overrun of the dataset's tracked streams (after the censored lengths were
+        set): :meth:`DatasetBudgets.refresh`."""
+        self.budgets[dataset].refresh(self.prices() if self.has_cost_cap else None)
 
     def settle(self, dataset: str, r: Reservations | _Naive, prompt_tokens: int, completion_tokens: int,
                cost_usd: float | None, *, billed: bool = True) -> None:

@@ -243,6 +243,8 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             "spend_rate_usd_per_h": live.get("spend_rate_usd_per_h", 0.0) if alive else 0.0,
             "projected_total_cost_usd": live.get("projected_total_cost_usd"),
             "cost_in_flight_usd": live.get("cost_in_flight_usd", 0.0) if alive else 0.0,
+            "abort_cost_usd": live.get("abort_cost_usd", 0.0) if alive else 0.0,  # an estimate; basis below
+            "abort_cost_basis": live.get("abort_cost_basis", "") if alive else "",
             "eta_s": live.get("eta_s_run") if alive else None,
             "projected_total_cost_low_usd": run_proj["projected_cost_low_usd"],
             "projected_total_cost_high_usd": run_proj["projected_cost_high_usd"],

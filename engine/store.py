@@ -334,6 +334,16 @@ class Store:
             out.setdefault(cls, []).append(n)
         return {c: v[::-1] for c, v in out.items()}
 
+    async def aborted_bills(self, limit: int = 2000) -> list[tuple[str, str, str, int, int, float]]:
+        """The latest ``limit`` aborted attempts whose bill is known (a generation id and a cost, set by
+        the ``/generation`` true-up): ``(dataset, class, provider, est_prompt_tokens, tokens_received,
+        cost_usd)`` (tokens, USD), newest first."""
+        cur = await self.conn.execute(
+            "SELECT a.dataset, p.class, COALESCE(a.provider, ''), p.est_prompt_tokens, a.tokens_received, a.cost_usd "
+            "FROM attempts a JOIN prompts p ON p.id = a.prompt_id WHERE a.outcome = 'aborted' "
+            "AND a.cost_usd IS NOT NULL AND a.generation_id IS NOT NULL ORDER BY a.id DESC LIMIT ?", (limit,))
+        return [tuple(r) for r in await cur.fetchall()]  # type: ignore[misc]
+
     async def latest_results(self) -> dict[str, dict[str, Any]]:
         """The most recent stored result of each dataset that has one: ``{dataset: {key, reasoning,
         content, tool_names, finish_reason, provider, completion_tokens, prompt_tail}}`` (tool names

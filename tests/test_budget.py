@@ -18,7 +18,7 @@ from engine.prices import PriceObserver, Prices, prices_from_models_endpoint
 # ----------------------------------------------------------------- CompletionEstimator
 
 
-def test_estimator_uses_max_tokens_until_calibrated_then_p90_nearest_rank():
+def test_estimator_uses_max_tokens_until_calibrated_then_p90_upper_bound_nearest_rank():
     est = CompletionEstimator(max_tokens=1000, calibrate_after=100)
     assert est.expected() == 1000 and est.mean() is None and est.count == 0
     for x in range(1, 100):
@@ -27,7 +27,9 @@ def test_estimator_uses_max_tokens_until_calibrated_then_p90_nearest_rank():
     assert est.expected() == 1000
     est.observe(100)
     assert est.calibrated and est.count == 100
-    assert est.expected() == 90  # nearest rank: ceil(0.9 * 100) = 90th of 1..100
+    # p90 raised to its 95% upper confidence bound over n = 100: 0.9 + 1.645 * sqrt(0.09 / 100) = 0.94935;
+    # nearest rank: ceil(0.94935 * 100) = 95th of 1..100
+    assert est.expected() == 95
     assert est.mean() == 50.5
 
 
@@ -47,12 +49,12 @@ def test_estimator_percentile_over_window_mean_over_all():
     est = CompletionEstimator(max_tokens=1000, calibrate_after=10, window=10)
     for x in range(1, 101):
         est.observe(x)
-    assert est.expected() == 99  # window holds 91..100; 9th of 10
+    assert est.expected() == 100  # window holds 91..100; n = 10: 0.9 + 1.645 * 0.0949 > 1 -> the largest
     assert est.mean() == 50.5  # all 100 observations
     median = CompletionEstimator(max_tokens=1000, calibrate_after=4, percentile=0.5)
-    for x in (4, 1, 3, 2):
+    for x in range(1, 101):
         median.observe(x)
-    assert median.expected() == 2
+    assert median.expected() == 59  # 0.5 + 1.645 * sqrt(0.25 / 100) = 0.58225 -> 59th of 1..100
 
 
 def test_estimator_rejects_bad_arguments():
@@ -373,3 +375,184 @@ def test_settle_with_bad_figures_changes_nothing():
     assert db.tokens.used == 0 and db.cost.used == 0 and db.estimators["short"].count == 0
     db.settle(r, 100, 500, None, P)
     assert db.tokens.used == 500 and db.cost.used == pytest.approx(0.0011)
+
+
+# ----------------------------------------------------------------- survival curve, overrun, sweep
+
+from engine.survival import SurvivalCurve  # noqa: E402
+
+from bench.budget_sim import simulate  # noqa: E402
+
+
+def test_survival_curve_and_conditional_quantile_hand_computed():
+    # events 1..10, no censoring: S(t) = (10 - t) / 10
+    c = SurvivalCurve([float(x) for x in range(1, 11)], [])
+    assert c.survival(0) == 1.0 and c.survival(3) == pytest.approx(0.7) and c.survival(10) == pytest.approx(0.0)
+    assert c.conditional_quantile(0, 0.9) == 9  # S <= 0.1 first at 9
+    # given > 5: S(5) = 0.5, target 0.05 -> S(t) <= 0.05 first at 10
+    assert c.conditional_quantile(5, 0.9) == 10
+    assert c.conditional_quantile(5, 0.6) == 8  # target 0.2: S(8) = 0.2
+    assert c.conditional_quantile(10, 0.9) is None  # past every observation: unknown
+    # censoring: events 1, 2; censored 1.5 (at risk 3 -> 2 -> ...) S(1) = 2/3, S(2) = 2/3 * (1 - 1/1) = 0
+    k = SurvivalCurve([1.0, 2.0], [1.5])
+    assert k.survival(1) == pytest.approx(2 / 3) and k.survival(2) == 0.0
+    assert k.conditional_quantile(1, 0.5) == 2
+    with pytest.raises(ValueError):
+        c.conditional_quantile(0, 0.0)
+
+
+class _Prog:
+    def __init__(self, n: float = 0.0) -> None:
+        self.tokens_received = n
+
+
+def _calibrated(db: DatasetBudgets, lengths) -> None:
+    for x in lengths:
+        db.estimators["short"].observe(x)
+
+
+def test_reservation_grows_with_stream_progress():
+    db = DatasetBudgets({"short": 1000}, token_budget=1000, calibrate_after=100)
+    _calibrated(db, range(1, 101))  # p90 upper bound: 95
+    r = db.try_reserve("short", 0, None)
+    assert r is not None and r.expected_completion_tokens == 95
+    prog = _Prog(0)
+    db.track(r, prog)
+    db.estimators["short"].set_censored([0])
+    assert db.refresh() == 0  # at 0 tokens it needs its own percentile: no overrun
+    assert db.tokens.can_reserve(905) and db.try_reserve("short", 0, None) is not None
+    db2 = DatasetBudgets({"short": 1000}, token_budget=195, calibrate_after=100)
+    _calibrated(db2, range(1, 101))
+    r2 = db2.try_reserve("short", 0, None)
+    prog2 = _Prog(0)
+    db2.track(r2, prog2)
+    prog2.tokens_received = 99  # past 99 of the 100 lengths: only 100 is left above it
+    db2.estimators["short"].set_censored([99])
+    assert db2.refresh() == 100 - 95
+    assert db2.overrun.total == 5
+    # the next reservation, with the stream censored at 99: KM S(k) = (101 - k) / 101 <= 0.05065 -> 96
+    assert db2.estimators["short"].expected() == 96
+    assert db2.tokens.can_reserve(96)  # 95 + 96 <= 195 on the fixed reservations alone...
+    assert db2.try_reserve("short", 0, None) is None  # ...but + 5 overrun > 195
+    assert db2.tokens.reserved == 95
+    db2.settle(r2, 0, 100, None, None)
+    assert db2.overrun.total == 0 and len(db2.overrun) == 0
+
+
+def test_overrun_is_the_conditional_upper_quartile_above_the_reservation():
+    db = DatasetBudgets({"short": 1000}, token_budget=100_000, calibrate_after=100)  # 100,000 >= 50 x 1,000
+    _calibrated(db, range(1, 101))  # S(k) = (100 - k) / 100, no censoring in use
+    progs = [_Prog(r) for r in (50, 80, 90)]
+    for p in progs:
+        db.track(db.try_reserve("short", 0, None), p)  # each reserved 95
+    # given > 50: S = 0.5, quartile where S <= 0.125 -> 88 (< 95); > 80: S <= 0.05 -> 95; > 90: S <= 0.025 -> 98
+    assert db.refresh() == 98 - 95
+    progs[0].tokens_received = 99  # given > 99: only 100 is left
+    assert db.refresh() == (100 - 95) + (98 - 95)
+
+
+def test_near_the_end_of_a_budget_the_overrun_uses_the_reservation_percentile():
+    db = DatasetBudgets({"short": 1000}, token_budget=10_000, calibrate_after=100)  # < 50 x max_tokens left
+    _calibrated(db, range(1, 101))
+    for r in (50, 80, 90):
+        db.track(db.try_reserve("short", 0, None), _Prog(r))
+    # level 0.94935 (p90's upper bound over 100): given > 50 S <= 0.0253 -> 98; > 80: 0.0101 -> 99; > 90 -> 100
+    assert db.refresh() == (98 - 95) + (99 - 95) + (100 - 95)
+    far = DatasetBudgets({"short": 1000}, max_cost_usd=1.0, calibrate_after=100)
+    _calibrated(far, range(1, 101))
+    far.track(far.try_reserve("short", 0, P), _Prog(90))
+    assert far.refresh(P) == 98 - 95  # $1 left >> 50 x 1,000 x $2e-6 = $0.10: the upper quartile
+    far.cost.add_used(0.95)
+    assert far.refresh(P) == 100 - 95  # $0.05 left: near the end
+
+
+def test_overrun_counts_against_cost_caps_at_the_completion_price():
+    db = DatasetBudgets({"short": 1000}, max_cost_usd=0.0004, calibrate_after=100)
+    _calibrated(db, range(1, 101))
+    r = db.try_reserve("short", 0, P)  # 95 tokens x $2e-6 = $0.00019
+    assert r is not None and r.cost.amount == pytest.approx(95 * 2e-6)
+    db.track(r, _Prog(99))
+    db.estimators["short"].set_censored([99])
+    assert db.refresh() == 5
+    # used 0 + reserved 0.00019 + overrun 5 x 2e-6 + 0.00019 = 0.00039 <= 0.0004 fits; then a third does not
+    assert db.try_reserve("short", 0, P) is not None
+    assert db.try_reserve("short", 0, P) is None
+
+
+def test_calibration_waits_for_censoring_taken_after_the_calibrating_completion():
+    est = CompletionEstimator(max_tokens=8000, calibrate_after=3)
+    est.set_censored([0.0, 0.0])  # censoring in use, set before any completion
+    for x in (10, 20, 30):
+        est.observe(x)
+    assert est.calibrated and est.expected() == 8000 and est.conditional(0, 0.9) == 8000
+    est.set_censored([5000.0, 6000.0])  # fresh: two streams far past the three short ones
+    assert est.expected() == 8000  # the p90 lies beyond every event: unknown -> max_tokens
+    est2 = CompletionEstimator(max_tokens=8000, calibrate_after=3)
+    for x in (10, 20, 30):
+        est2.observe(x)
+    assert est2.expected() == 30  # no censoring in use: calibrated on the count alone
+
+
+def test_hard_cap_reserves_max_tokens_and_4x_prompt():
+    db = DatasetBudgets({"short": 1000}, token_budget=2500, max_cost_usd=1.0, calibrate_after=2, hard_cap=True,
+                        counts_total=True)
+    _calibrated(db, (10, 10, 10))
+    r = db.try_reserve("short", 100, P)
+    assert r is not None and r.expected_completion_tokens == 1000 and r.tokens.amount == 1400
+    assert r.cost.amount == pytest.approx(400e-6 + 1000 * 2e-6)
+    assert db.try_reserve("short", 100, P) is None  # 1400 + 1400 > 2500
+    assert db.budget_met("short", P, 100) is False  # 0 used + 1400 fits an empty budget
+    db.track(r, _Prog(900))
+    assert db.refresh() == 0  # nothing is tracked under hard_cap
+
+
+# (concurrency, budget): budgets below and above concurrency x mean (500 x 2,000 = 1M; 2,000 x 2,000 = 4M)
+SWEEP = [(500, 100_000), (500, 200_000), (500, 500_000), (500, 2_000_000),
+         (2000, 400_000), (2000, 800_000), (2000, 2_000_000), (2000, 8_000_000)]
+
+
+def _sweep(seeds, hard_cap=False, tokens_per_s=4000.0):
+    worst = {}
+    for conc, budget in SWEEP:
+        worst[(conc, budget)] = max(simulate(concurrency=conc, budget=budget, seed=s, hard_cap=hard_cap,
+                                             tokens_per_s=tokens_per_s).ratio for s in seeds)
+    return worst
+
+
+def test_sweep_overshoot_at_most_2_percent_on_every_seed():
+    """Measured before the progress-aware reservation: up to 1.34x (2,000 streams, 2M budget), 1.08x at
+    500 streams and a 200,000 budget; after: at most 1.015x over 40 seeds."""
+    worst = _sweep(range(4))
+    print("\n" + "  ".join(f"{c}/{b:,}: {r:.4f}" for (c, b), r in worst.items()))
+    assert max(worst.values()) <= 1.02, worst
+
+
+def test_sweep_hard_cap_never_exceeds():
+    worst = _sweep(range(3), hard_cap=True)
+    assert max(worst.values()) <= 1.0, worst
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tokens_per_s", [4000.0, 100.0])
+def test_sweep_40_seeds(tokens_per_s):
+    worst = _sweep(range(40), tokens_per_s=tokens_per_s)
+    print("\n" + "  ".join(f"{c}/{b:,}: {r:.4f}" for (c, b), r in worst.items()))
+    assert max(worst.values()) <= 1.02, worst
+    hard = _sweep(range(40), hard_cap=True, tokens_per_s=tokens_per_s)
+    assert max(hard.values()) <= 1.0, hard
+
+
+def test_spend_hard_cap_config_reaches_the_budgets_and_bad_values_name_the_key(tmp_path):
+    from engine.config import ConfigError
+    from engine.spend import SpendControl
+    from helpers import make_config
+
+    sc = SpendControl(make_config(tmp_path, [{"name": "a", "path": "a.jsonl", "token_budget": 5000}],
+                                  spend={"hard_cap": True}))
+    r = sc.reserve("a", "short", 10)
+    assert r is not None and r.expected_completion_tokens == 1000 and sc.budgets["a"].hard_cap
+    assert not SpendControl(make_config(tmp_path)).budgets["a"].hard_cap  # default off
+    with pytest.raises(ConfigError, match=r"spend\.hard_cap: Input should be a valid boolean"):
+        make_config(tmp_path, spend={"hard_cap": "maybe"})
+    with pytest.raises(ConfigError, match=r'spend: hard_cap = true needs reservation = "expected"'):
+        make_config(tmp_path, spend={"hard_cap": True, "reservation": "none"})

@@ -61,7 +61,11 @@ def test_length_model_counts_streams_in_flight_as_censored():
 def test_stream_cost_and_abort_line():
     m = LengthModel([1000] * 10, [], max_tokens=4000)
     c = stream_cost(500, 200, m, PRICE_IN, PRICE_OUT)
-    assert c == InFlightCost(1, pytest.approx(500 * PRICE_IN + 200 * PRICE_OUT), pytest.approx(500 * PRICE_IN + m.expected_total(200) * PRICE_OUT))
+    gen, exp = 500 * PRICE_IN + 200 * PRICE_OUT, 500 * PRICE_IN + m.expected_total(200) * PRICE_OUT
+    # no observed billing: the abort estimate is the prior, billed in full
+    assert c == InFlightCost(1, pytest.approx(gen), pytest.approx(exp), pytest.approx(exp), 0)
+    half = stream_cost(500, 200, m, PRICE_IN, PRICE_OUT, abort_share=0.5)
+    assert half.abort_usd == pytest.approx(gen + 0.5 * (exp - gen)) and half.abort_observed == 1
     both = c + c
     assert both.streams == 2 and both.expected_usd == pytest.approx(2 * c.expected_usd)
     line = abort_line(2, "b1", InFlightCost(2, 0.094, 0.2266))

@@ -214,3 +214,36 @@ format = "text"
         sim.stop()
     doc = status_json(run_dir)
     assert doc["run"]["state"] == "completed" and doc["datasets"][1]["done"] == 40
+
+
+async def test_hard_cap_never_exceeds_a_token_budget_or_a_dollar_cap(tmp_path):
+    """`[spend] hard_cap = true`: every request reserves max_tokens (and 4x its prompt estimate in dollars),
+    so the budget is never passed, whatever the lengths; default reservations may pass it by ~1-2%."""
+    sim = {"mean_completion_tokens": 2000, "tokens_per_s": 4000, "latency_ms": 50}
+    d = tmp_path / "tokens"
+    d.mkdir()
+    budget = 150_000
+    cfg = sim_config(d, [{"name": "b", "path": str(prompts_file(d, 800)), "format": "text", "token_budget": budget}],
+                     sim=sim, spend={"hard_cap": True, "anomaly_error_rate": 0})
+    code, out = await _run(cfg)
+    assert code == 0, out
+    used = completion_tokens(d / "run")
+    doc = status_json(d / "run")
+    print(f"\nhard_cap: budget {budget:,}, used {used:,} ({used / budget:.4f}x)")
+    assert budget - 8000 <= used <= budget  # stops when one more max_tokens no longer fits
+    assert doc["datasets"][0]["state"] == "budget_met"
+    d = tmp_path / "dollars"
+    d.mkdir()
+    cap = 0.25
+    data = {"run": {"name": "spend", "dir": str(d / "run"), "commit_interval_s": 0.2, "progress_interval_s": 1},
+            "provider": {"kind": "simulated", "sim": {"seed": 1, **sim}, "timeouts": {"stall_s": 30}},
+            "classes": {"short": {"max_tokens": 8000, "concurrency": 500}},
+            "pricing": {"prompt_usd_per_m": 0.40, "completion_usd_per_m": 1.90},
+            "spend": {"hard_cap": True, "max_cost_usd": cap, "anomaly_error_rate": 0},
+            "datasets": [{"name": "b", "path": str(prompts_file(d, 800)), "format": "text"}]}
+    code, out = await _run(parse_config(data, d / "config.toml"))
+    assert code == 0, out
+    doc = status_json(d / "run")
+    cost = doc["totals"]["cost_usd"]
+    print(f"hard_cap: dollar cap ${cap}, spent ${cost:.4f} ({cost / cap:.4f}x)")
+    assert cap - 8000 * 1.9e-6 - 0.001 <= cost <= cap

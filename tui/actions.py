@@ -15,8 +15,7 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.notifications import Notification
 
 from tui.detail import DetailScreen, detail_text
-from tui.fmt import money
-from tui.modals import ConfirmScreen, HelpScreen, PickScreen, QuitScreen
+from tui.modals import ConfirmScreen, HelpScreen, PickScreen, QuitScreen, abort_body, quit_body
 from tui.retry import RetryFailedAction
 
 if TYPE_CHECKING:
@@ -231,8 +230,7 @@ class ActionsMixin(RetryFailedAction):
         if snap.in_flight == 0:
             self.notify("nothing in flight")  # type: ignore[attr-defined]
             return
-        body = (f"{snap.in_flight:,} requests in flight, est. {money(snap.cost_in_flight_usd)} when they finish.\n"
-                "Their prompts return to pending; tokens already streamed are still billed.")
+        body = abort_body(snap)
 
         def answered(yes: bool | None) -> None:
             if yes:
@@ -326,9 +324,7 @@ class ActionsMixin(RetryFailedAction):
         if self.engine_finished or snap is None or snap.in_flight == 0:  # type: ignore[attr-defined]
             self.begin_quit("drain")  # type: ignore[attr-defined]
             return
-        body = (f"{snap.in_flight:,} requests in flight (est. {money(snap.cost_in_flight_usd)} when they finish).\n"
-                "Drain: stop dispatching, let them finish and store them, then exit.\n"
-                "Abort: cancel them now (prompts return to pending; streamed tokens are billed).")
+        body = quit_body(snap)
         self.push_screen(QuitScreen(body), lambda choice: choice and self.begin_quit(choice))  # type: ignore[attr-defined]
 
 

@@ -13,6 +13,8 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Footer, Label, OptionList, Static
 
+from tui.fmt import money
+
 def modal_css(name: str) -> str:
     """:data:`MODAL_CSS` for the screen class ``name``: Textual scopes a widget's ``DEFAULT_CSS`` to
     it (a ``ModalScreen ...`` rule in ``QuitScreen.DEFAULT_CSS`` reads ``QuitScreen ModalScreen ...``
@@ -38,6 +40,28 @@ ARROWS = [
     Binding("right", "app.focus_next", "Next", show=False, id="modal.right"),
 ]
 """Left/Right move the focus between a dialog's buttons (like Shift-Tab/Tab)."""
+
+
+def abort_estimate(snap) -> str:  # noqa: ANN001 - engine.snapshot.RunSnapshot
+    """``"Abort now: est. $4.52 billed (from the billing of 40 aborted stream(s): ...)"``: the
+    estimated bill of aborting the streams in flight, labelled as an estimate with its basis."""
+    return f"Abort now: est. {money(snap.abort_cost_usd)} billed ({snap.abort_cost_basis or 'estimate'})."
+
+
+def quit_body(snap) -> str:  # noqa: ANN001 - engine.snapshot.RunSnapshot
+    """The quit dialog's text: streams in flight, what they cost when they finish, what an abort
+    is estimated to bill, and what drain and abort do."""
+    return (f"{snap.in_flight:,} requests in flight (est. {money(snap.cost_in_flight_usd)} when they finish).\n"
+            f"{abort_estimate(snap)}\n"
+            "Drain: stop dispatching, let them finish and store them, then exit.\n"
+            "Abort: cancel them now (prompts return to pending; streamed tokens are billed).")
+
+
+def abort_body(snap) -> str:  # noqa: ANN001 - engine.snapshot.RunSnapshot
+    """The abort confirmation's text (see :func:`quit_body`)."""
+    return (f"{snap.in_flight:,} requests in flight, est. {money(snap.cost_in_flight_usd)} when they finish.\n"
+            f"{abort_estimate(snap)}\n"
+            "Their prompts return to pending; tokens already streamed are still billed.")
 
 
 class ConfirmScreen(ModalScreen[bool]):
