@@ -28,7 +28,8 @@ demo: venv $(DEMO_TOKENIZER)/tokenizer_config.json
 	$(BIN)/datagen export runs/demo --format tokens --out out/demo-tokens
 
 test: venv
-	$(BIN)/python -m pytest -q -x -n 2 -m "not slow" --durations=10
+	$(BIN)/python -m pytest -q -x -n 2 -m "not slow and not serial" --durations=10
+	$(BIN)/python -m pytest -q -x -m "serial and not slow"
 
 # Measurements that take minutes (dashboard CPU and key latency under 2,000 streams): printed, never asserted on time.
 slow: venv

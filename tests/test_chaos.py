@@ -229,6 +229,7 @@ def test_kill9_chaos_exactly_once(tmp_path):
           f"attempts ${fault_billed - fault_accounted:.5f} (billed ${fault_billed:.5f}, estimated ${fault_accounted:.5f})")
 
 
+@pytest.mark.serial
 def test_a_kill_loses_almost_nothing_with_default_commit_interval(tmp_path):
     """Three kills in steady state, each 0.6 s after a commit was seen, with the default commit
     interval: the completions lost must stay under a quarter of a second's worth (a commit window of
