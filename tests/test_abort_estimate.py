@@ -23,6 +23,9 @@ from engine.inflight import AbortBilling, InFlightCost, abort_basis
 from engine.runner import run_headless
 from engine.status import collect_status
 
+# Real-time billing by the simulator (true-ups within the exit wait): run alone, not beside a parallel worker.
+pytestmark = pytest.mark.serial
+
 
 # ---- pure ------------------------------------------------------------------------------------
 def test_abort_billing_share_per_provider_pooled_and_prior():

@@ -135,6 +135,7 @@ def _abort_figures(log: str):
     return int(m[1]), float(m[2]), float(m[3])
 
 
+@pytest.mark.serial  # the true-ups must land within the run's exit wait: real time, not CPU-starved
 async def test_abort_estimate_brackets_the_bill_that_lands_even_after_a_restart(tmp_path):
     """Before the fix the line said `est. $X already generated` only (X about 40% of the bill), the header
     used spend per result (polluted by lost spend after a restart) and the two disagreed."""
