@@ -159,6 +159,9 @@ class Scheduler(FailureMixin):
         #: ``get_json(path, params)`` of the provider, for late costs of failed attempts (None: estimate).
         self.get_json: Callable[..., Any] | None = None
         self._trueups: set[asyncio.Task] = set()
+        #: abort estimates (USD) of aborted streams that had no generation id yet (keyed by the id() of
+        #: their StreamProgress): no true-up can reach them, so the estimate is what gets accounted.
+        self._unidentified_aborts: dict[int, float] = {}
         self.pause_kind = ""
         self.config_check: ConfigMistakeDetector = ConfigMistakeDetector()
         self.run_condition: Condition | None = None
@@ -504,8 +507,11 @@ class Scheduler(FailureMixin):
         try:
             c: Completion = await call_with_retries(one_attempt, self.policy, on_attempt=on_attempt)
         except asyncio.CancelledError:
-            # Aborted: back to pending; what was streamed is counted as spent (a lower bound).
+            # Aborted: back to pending; what was streamed is counted as spent (a lower bound). A stream
+            # cut before its generation id arrived can never be trued up, yet providers that keep
+            # generating bill it: its abort estimate (labelled so in the abort line) is accounted.
             tok, usd = self._partial_spend(rt, progress, p.est_prompt_tokens, progress.provider)
+            usd = max(usd, self._unidentified_aborts.pop(id(progress), 0.0))
             self.telemetry.on_cost(progress.provider, usd, self.clock())
             self.writer.add_attempt(p.id, rt.name, attempts, started[0], time.time(), "aborted",
                                     provider=progress.provider or None, generation_id=progress.generation_id or None,
@@ -700,6 +706,8 @@ class Scheduler(FailureMixin):
         for prog, c in costs:
             cost = cost + c
             self.spend.aborts.note(prog.generation_id, prog.provider, c)  # its bill teaches the abort estimate
+            if not prog.generation_id:
+                self._unidentified_aborts[id(prog)] = c.abort_usd
         n = 0
         for rt in self.datasets.values():
             if dataset is None or rt.name == dataset:
