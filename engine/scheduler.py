@@ -160,7 +160,7 @@ class Scheduler(FailureMixin):
         self.get_json: Callable[..., Any] | None = None
         self._trueups: set[asyncio.Task] = set()
         #: abort estimates (USD) of aborted streams that had no generation id yet (keyed by the id() of
-        #: their StreamProgress): no true-up can reach them, so the estimate is what gets accounted.
+        #: their StreamProgress), from observed abort billing: no true-up can reach them.
         self._unidentified_aborts: dict[int, float] = {}
         self.pause_kind = ""
         self.config_check: ConfigMistakeDetector = ConfigMistakeDetector()
@@ -509,7 +509,8 @@ class Scheduler(FailureMixin):
         except asyncio.CancelledError:
             # Aborted: back to pending; what was streamed is counted as spent (a lower bound). A stream
             # cut before its generation id arrived can never be trued up, yet providers that keep
-            # generating bill it: its abort estimate (labelled so in the abort line) is accounted.
+            # generating bill it: once aborted streams' bills were observed, its abort estimate (from
+            # that share, labelled so in the abort line) is accounted; before, what it generated.
             tok, usd = self._partial_spend(rt, progress, p.est_prompt_tokens, progress.provider)
             usd = max(usd, self._unidentified_aborts.pop(id(progress), 0.0))
             self.telemetry.on_cost(progress.provider, usd, self.clock())
@@ -706,7 +707,7 @@ class Scheduler(FailureMixin):
         for prog, c in costs:
             cost = cost + c
             self.spend.aborts.note(prog.generation_id, prog.provider, c)  # its bill teaches the abort estimate
-            if not prog.generation_id:
+            if not prog.generation_id and c.abort_observed:  # a learned share; before any bill: the lower bound
                 self._unidentified_aborts[id(prog)] = c.abort_usd
         n = 0
         for rt in self.datasets.values():

@@ -167,7 +167,6 @@ async def test_abort_estimate_brackets_the_bill_that_lands_even_after_a_restart(
         print(f"  {len(ident)} trued up: accounted ${ident_acc:.4f} of ${ident_bill:.4f}; "
               f"{len(unident)} without an id: estimated ${sum(c or 0 for c in unident):.4f}")
         assert ident_acc == pytest.approx(ident_bill, rel=1e-6)
-        assert all(c is not None and c > 0 for c in unident), unident  # never silently $0
         assert abs(accounted - landed) <= 0.02 * landed + 0.01 * len(unident), (accounted, landed, len(unident))
         # providers add up to the run's spend, aborted attempts included (D)
         prov = sum(p["cost_usd"] for p in doc["providers"])
