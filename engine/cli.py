@@ -352,6 +352,8 @@ def _cmd_ctl(args: argparse.Namespace) -> int:
             usd = (live.get("cost_in_flight_usd") or 0.0) if dataset is None else sum(
                 d.get("cost_in_flight_usd", 0.0) for d in doc["datasets"] if d["name"] == dataset)
             print(f"{n} request(s) in flight, about ${usd:.4f} in flight (streamed tokens are billed anyway)")
+            if dataset is None and doc.get("abort_cost_basis"):
+                print(f"est. bill of an abort now ${doc.get('abort_cost_usd') or 0.0:.4f} ({doc['abort_cost_basis']})")
             if not args.yes:
                 if not sys.stdin.isatty():
                     print("error: abort cancels paid streams; confirm with --yes", file=sys.stderr)

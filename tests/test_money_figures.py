@@ -202,6 +202,12 @@ async def test_ctl_skip_abort_shows_only_that_datasets_streams_and_dollars(tmp_p
                                                      stderr=asyncio.subprocess.PIPE)
             out, err = await p.communicate()
             holder["out"], holder["rc"] = out.decode() + err.decode(), p.returncode
+            holder["abort_usd"] = s.in_flight_cost().abort_usd
+            p = await asyncio.create_subprocess_exec(PY, "-m", "engine.cli", "ctl", str(tmp_path / "run"), "abort",
+                                                     "--yes", stdout=asyncio.subprocess.PIPE,
+                                                     stderr=asyncio.subprocess.PIPE)
+            out, err = await p.communicate()
+            holder["out_all"] = out.decode() + err.decode()
             s.stop("test done", abort=True)
 
         holder["t"] = asyncio.get_running_loop().create_task(go())
@@ -215,6 +221,11 @@ async def test_ctl_skip_abort_shows_only_that_datasets_streams_and_dollars(tmp_p
     print(f"run-wide ${holder['run_usd']:.4f}, dataset a ${holder['a_usd']:.4f} in flight")
     assert usd == pytest.approx(holder["a_usd"], rel=0.3)  # a's share (streams move on meanwhile) ...
     assert usd < 0.8 * holder["run_usd"]                   # ... not the run's
+    # a run-wide abort also states what the abort is estimated to bill, and on what basis
+    m = re.search(r"est\. bill of an abort now \$([0-9.]+) \((assumes dropped streams are billed in full[^)]*)\)",
+                  holder["out_all"])
+    assert m, holder["out_all"]
+    assert float(m.group(1)) == pytest.approx(holder["abort_usd"], rel=0.5)  # the live row, up to a second old
 
 
 def test_spend_projection_is_priced_per_token_not_from_lost_spend(tmp_path):
