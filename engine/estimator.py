@@ -27,28 +27,7 @@ def km_quantile(events: list[float], censored: list[float], q: float) -> float |
     censoring leaves it unknown. Without censored values this equals the nearest-rank quantile.
     Source: Kaplan & Meier (1958), product-limit estimator; censored values tie-broken after events.
     """
-    at_risk = len(events) + len(censored)
-    surv = 1.0
-    target = 1.0 - q + 1e-12
-    j = 0
-    i = 0
-    n_e = len(events)
-    while i < n_e:
-        t = events[i]
-        while j < len(censored) and censored[j] < t:
-            at_risk -= 1
-            j += 1
-        d = 0
-        while i < n_e and events[i] == t:
-            d += 1
-            i += 1
-        if at_risk <= 0:
-            break
-        surv *= 1.0 - d / at_risk
-        at_risk -= d
-        if surv <= target:
-            return t
-    return None
+    return SurvivalCurve(events, censored).conditional_quantile(-math.inf, q)
 
 
 class CompletionEstimator:

@@ -110,3 +110,19 @@ def kimi_encoding():
     specials = {v["content"]: int(k) for k, v in cfg["added_tokens_decoder"].items()}
     return tiktoken.Encoding("kimi-fixture", pat_str=KIMI_PAT,
                              mergeable_ranks=load_tiktoken_bpe(str(d / "tiktoken.model")), special_tokens=specials)
+
+
+def true_count(reasoning: str = "", content: str = "", calls: tuple = (), finished: bool = True) -> int:
+    """Completion tokens as an honest provider bills them in Kimi-K2.5's layout (reasoning, ``</think>``,
+    content, native tool-call markup, ``<|im_end|>`` when finished), counted with :func:`kimi_encoding`.
+    ``calls``: ``(name, arguments)`` pairs; call ids are ``functions.NAME:INDEX``."""
+    text = reasoning + "</think>" + content
+    if calls:
+        text += "<|tool_calls_section_begin|>"
+        for i, (name, args) in enumerate(calls):
+            text += (f"<|tool_call_begin|>functions.{name}:{i}<|tool_call_argument_begin|>{args}"
+                     "<|tool_call_end|>")
+        text += "<|tool_calls_section_end|>"
+    if finished:
+        text += "<|im_end|>"
+    return len(kimi_encoding().encode(text, allowed_special="all"))

@@ -11,22 +11,10 @@ import sys
 from pathlib import Path
 
 from casesrv import DONE, CaseServer, Reply, case_config, chunk, last_user, run_case, sse, stream, usage
-from fixtures_tokens import kimi_dir, kimi_encoding as _enc
+from fixtures_tokens import kimi_dir, kimi_encoding as _enc, true_count
 
 PY = sys.executable
 
-def true_count(reasoning: str = "", content: str = "", calls=(), finished: bool = True) -> int:
-    """Completion tokens an honest provider bills: reasoning + </think> + content + native call markup + im_end."""
-    text = reasoning + "</think>" + content
-    if calls:
-        text += "<|tool_calls_section_begin|>"
-        for i, (name, args) in enumerate(calls):
-            text += (f"<|tool_call_begin|>functions.{name}:{i}<|tool_call_argument_begin|>{args}"
-                     "<|tool_call_end|>")
-        text += "<|tool_calls_section_end|>"
-    if finished:
-        text += "<|im_end|>"
-    return len(_enc().encode(text, allowed_special="all"))
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -30,7 +30,7 @@ from engine.client.types import Completion, ToolCall, Usage
 from engine.config import ProviderSection, TokenizerSection
 from engine.usage import (COUNTED, ESTIMATED, GENERATION, REPORTED, SOURCES, account, correction,
                           count_with_tokenizer, estimate_usage, from_generation, usage_usable)
-from fixtures_tokens import kimi_dir, kimi_encoding as _enc
+from fixtures_tokens import kimi_dir, kimi_encoding as _enc, true_count
 
 P_IN, P_OUT = 0.6e-6, 2.5e-6  # casesrv.case_config's [pricing], USD per token
 R, C = ("Rivers " * 20).strip(), ("Water runs " * 12).strip()  # case 04's texts
@@ -40,18 +40,6 @@ PROMPTS = [{"messages": [{"role": "user", "content": f"Write a short poem number
 
 # ---- an independent count (tiktoken over the fixture's files: fixtures_tokens.kimi_encoding) -------------
 
-def true_count(reasoning: str = "", content: str = "", calls: tuple = (), finished: bool = True) -> int:
-    """Completion tokens as an honest provider bills them (Kimi layout), counted independently."""
-    text = reasoning + "</think>" + content
-    if calls:
-        text += "<|tool_calls_section_begin|>"
-        for i, (name, args) in enumerate(calls):
-            text += (f"<|tool_call_begin|>functions.{name}:{i}<|tool_call_argument_begin|>{args}"
-                     "<|tool_call_end|>")
-        text += "<|tool_calls_section_end|>"
-    if finished:
-        text += "<|im_end|>"
-    return len(_enc().encode(text, allowed_special="all"))
 
 
 def est(chars: int) -> int:
