@@ -75,8 +75,8 @@ class DirectoryInUse(Exception):
         else:
             where = "" if holder.host == socket.gethostname() else f" on {holder.host}"
             who = f"pid {holder.pid}{where} since {holder.since_text()} ({holder.command})"
-        live_run = holder is not None and holder.command.startswith("datagen run ")
-        hint = f" (e.g. `datagen ctl {directory} abort`)" if live_run else ""
+        # `ctl abort` would not end a run (its prompts return to pending): SIGTERM drains and exits.
+        hint = f" (Ctrl-C in its terminal, or `kill -TERM {holder.pid}`: it drains and exits)" if holder else ""
         super().__init__(f"{what} in use by {who}: {directory}; nothing was sent or written. "
                          f"One live process per directory: wait for it to end, or stop it{hint}")
 

@@ -111,6 +111,8 @@ def test_second_run_on_a_live_directory_exits_1_at_once_and_sends_nothing(tmp_pa
                 assert time.monotonic() - t0 < 30  # at once (generous: a loaded machine)
                 assert f"error: run directory in use by pid {first.pid} since " in second.stderr
                 assert "datagen run" in second.stderr and str(run_dir) in second.stderr
+                # the hint ends the run (SIGTERM drains and exits), not `ctl abort` (prompts go back to pending)
+                assert f"kill -TERM {first.pid}" in second.stderr and "ctl" not in second.stderr
             assert len(b.requests) == 0 and len(a.requests) == 4  # the second runs sent nothing
             db = sqlite3.connect(run_dir / "store.sqlite")
             assert [n for (n,) in db.execute("SELECT name FROM datasets")] == ["d"]  # the store untouched
