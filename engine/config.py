@@ -264,7 +264,8 @@ class SpendSection(_Strict):
         calibrate_after: completions of a dataset+class before reservations use the observed
             percentile instead of ``max_tokens``; reserve_percentile: that percentile (0.5-1).
         anomaly_error_rate / anomaly_window: pause a dataset when more than this fraction of its
-            last ``anomaly_window`` attempts failed (0 disables).
+            last ``anomaly_window`` attempts failed, counted in dispatch order once resolved (0 disables;
+            see :mod:`engine.anomaly`).
         reservation: ``expected`` (default) or ``none`` (naive: reserve nothing; for benchmarks).
         hard_cap: never exceed a token budget or dollar cap: each request reserves its class's
             ``max_tokens`` (and 4x its prompt estimate where prompts count), so fewer requests are

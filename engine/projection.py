@@ -43,7 +43,7 @@ class DatasetProjection:
         observed / calibrate_after: completions behind the mean, and how many calibration needs.
         tokens_to_come_low / _high: the range of tokens still expected (tokens); equal to
             ``tokens_to_come`` once calibrated; ``_low`` is None when no mean is known at all.
-        cost_low_usd / cost_high_usd: projected final cost range (USD); None where unknown. The high
+        cost_low_usd / cost_high_usd: projected final cost range (USD), low <= high; None where unknown. The high
             end is at most ``cost_so_far + (prompts_left + in_flight) * (prompt_usd_per_request +
             max_tokens * cost_per_completion_token)``: every remaining prompt completed once at
             ``max_tokens`` (retried attempts that fail part-way are not included).
@@ -142,6 +142,10 @@ def project_dataset(
         high = tokens(float(max_tokens))
         cost_low = cost_of(low, low_per) if low_per is not None else None
         cost_high = cost_of(high, float(max_tokens))
+        if cost_low is not None and cost_high is not None and cost_low > cost_high:
+            # a token budget that binds caps both ends at the same tokens: the low end's shorter
+            # completions then mean more requests, so more prompt cost. The range is [min, max].
+            cost_low, cost_high = cost_high, cost_low
     return DatasetProjection(
         tokens_to_come=to_come,
         projected_final_tokens=used_tokens + to_come,
@@ -293,7 +297,7 @@ def range_text(
     n, need = calibration
     if low is None or high is None:
         return f"calibrating ({n}/{need})"
-    lo, hi = fmt(low), fmt(high)
+    lo, hi = fmt(min(low, high)), fmt(max(low, high))  # never "$0.0638–$0.0632"
     text = lo if lo == hi else f"{lo}–{hi}"
     return text if short else f"{text} (calibrating {n}/{need})"
 

@@ -479,13 +479,17 @@ class Scheduler(FailureMixin):
                         req: ChatRequest, progress: StreamProgress, spent: list) -> None:
         attempts = p.attempts
         started = [time.time()]
+        seq = [0]  # the attempt's dispatch sequence number for the anomaly guard (engine.anomaly)
 
         async def one_attempt() -> Completion:
             nonlocal attempts
             attempts += 1
             started[0] = time.time()
             progress.chars_received = 0
-            return await self._complete(req, progress=progress)
+            seq[0] = self.telemetry.dispatched(rt.name)
+            c = await self._complete(req, progress=progress)
+            self._anomaly(rt, self.telemetry.attempt_ok(rt.name, seq[0]))
+            return c
 
         def on_attempt(n: int, err: BaseException | None, wait_s: float | None) -> None:
             now = time.time()
@@ -502,7 +506,7 @@ class Scheduler(FailureMixin):
                     err.message, err.provider or None, err.generation_id or None, err.tokens_received, usd or None,
                 )
                 self._anomaly(rt, self.telemetry.on_error(rt.name, err.provider, err.error_class.value, err.message,
-                                                          guard=self.run_wide(err) is None))
+                                                          guard=self.run_wide(err) is None, seq=seq[0]))
 
         try:
             c: Completion = await call_with_retries(one_attempt, self.policy, on_attempt=on_attempt)
@@ -511,6 +515,7 @@ class Scheduler(FailureMixin):
             # cut before its generation id arrived can never be trued up, yet providers that keep
             # generating bill it: once aborted streams' bills were observed, its abort estimate (from
             # that share, labelled so in the abort line) is accounted; before, what it generated.
+            self.telemetry.attempt_over(rt.name, seq[0])
             tok, usd = self._partial_spend(rt, progress, p.est_prompt_tokens, progress.provider)
             usd = max(usd, self._unidentified_aborts.pop(id(progress), 0.0))
             self.telemetry.on_cost(progress.provider, usd, self.clock())
@@ -532,6 +537,7 @@ class Scheduler(FailureMixin):
             self._on_failure(rt, p, e, attempts)
             return
         except Exception as e:  # noqa: BLE001 - a bug must cost one prompt, not the run
+            self.telemetry.attempt_over(rt.name, seq[0])
             lim.release()
             self.spend.release(rt.name, res, spent[0], spent[1])
             self._unblock(rt)
@@ -566,7 +572,8 @@ class Scheduler(FailureMixin):
         rt.tok_rate.add(now, u.completion_tokens)
         self.rate.add(now)
         last = p.messages[-1].get("content") if p.messages else ""
-        self._anomaly(rt, self.telemetry.on_success(rt.name, p.key, last if isinstance(last, str) else "", c, now))
+        self._anomaly(rt, self.telemetry.on_success(rt.name, p.key, last if isinstance(last, str) else "", c, now,
+                                                    seq=seq[0]))
         self._write_failures(self.config_check.on_success())  # a success: held 4xx are the prompts' own
         self._unblock(rt)
         self._check_finished()

@@ -1,4 +1,5 @@
-"""Windowed statistics: quantiles, error rates, an error-rate guard and per-provider figures.
+"""Windowed statistics: quantiles, error rates, per-provider figures (the error-rate guard is
+:mod:`engine.anomaly`).
 
 Pure logic: no I/O, no clocks (durations are passed in, in seconds). Every window keeps the last
 ``size`` values so a figure shown as "p95 latency" always means "over the last N requests"; the
@@ -135,64 +136,6 @@ class ErrorRateWindow:
     def full(self) -> bool:
         """True once ``size`` outcomes are held."""
         return len(self._fifo) == self.size
-
-
-class AnomalyGuard:
-    """Fires once per key when the recent error rate is abnormal.
-
-    Args:
-        threshold: error fraction that must be *exceeded* (0.2 = 20%).
-        window: outcomes per key the rate is measured over.
-        min_requests: outcomes that must be in the window before the guard may fire.
-
-    Raises:
-        ValueError: threshold outside ``[0, 1)``, ``window < 1`` or ``min_requests`` outside
-            ``[1, window]``.
-    """
-
-    def __init__(self, threshold: float = 0.2, window: int = 200, min_requests: int = 50) -> None:
-        if not 0.0 <= threshold < 1.0:
-            raise ValueError("threshold must be in [0, 1)")
-        if window < 1:
-            raise ValueError("window must be >= 1")
-        if not 1 <= min_requests <= window:
-            raise ValueError("min_requests must be in [1, window]")
-        self.threshold = threshold
-        self.window = window
-        self.min_requests = min_requests
-        self._windows: dict[str, ErrorRateWindow] = {}
-        self._fired: set[str] = set()
-
-    def record(self, key: str, is_error: bool) -> str | None:
-        """Record one outcome for ``key`` (e.g. a dataset name).
-
-        Returns:
-            A reason such as ``"error rate 34% over the last 200 requests exceeds 20%"`` the first
-            time the rate over the window (holding >= ``min_requests`` outcomes) exceeds the
-            threshold; None otherwise, including every later call until :meth:`reset`.
-        """
-        w = self._windows.get(key)
-        if w is None:
-            w = self._windows[key] = ErrorRateWindow(self.window)
-        w.add(is_error)
-        if key in self._fired or w.count < self.min_requests or w.rate <= self.threshold:
-            return None
-        self._fired.add(key)
-        limit = f"{self.threshold:.0%}"
-        shown = f"{w.rate:.0%}"
-        if shown == limit:  # 20.2% must not read "20% exceeds 20%"
-            shown = f"{w.rate:.1%}"
-        return f"error rate {shown} over the last {w.count} requests exceeds {limit}"
-
-    def rate(self, key: str) -> float:
-        """Current windowed error fraction for ``key`` (0.0 when nothing recorded)."""
-        w = self._windows.get(key)
-        return w.rate if w is not None else 0.0
-
-    def reset(self, key: str) -> None:
-        """Re-arm the guard for ``key`` and forget its window (a resumed run is measured afresh)."""
-        self._fired.discard(key)
-        self._windows.pop(key, None)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from engine.client.types import Completion
 from engine.rates import RateWindow
 from engine.runwide import RUN_WIDE_CLASSES
 from engine.snapshot import SampleSnapshot
-from engine.stats import AnomalyGuard, ProviderStats
+from engine.anomaly import AnomalyGuard
+from engine.stats import ProviderStats
 
 #: Samples kept for the throughput sparklines (one every ``HISTORY_EVERY_S``).
 HISTORY_LEN = 120
@@ -70,9 +71,27 @@ class Telemetry:
         self._notice_seq += 1
         self.notices.append((self._notice_seq, text))
 
+    def dispatched(self, dataset: str) -> int:
+        """Note that an attempt of ``dataset`` was sent; returns its dispatch sequence number, to be
+        passed to :meth:`on_error` / :meth:`on_success` / :meth:`attempt_over` (0 with the guard off).
+        The anomaly guard judges attempts in dispatch order (:mod:`engine.anomaly`)."""
+        return self.anomaly.dispatch(dataset) if self.anomaly is not None else 0
+
+    def attempt_ok(self, dataset: str, seq: int) -> str | None:
+        """Count attempt ``seq`` of ``dataset`` as a success as soon as its response is complete
+        (before accounting, which may await); returns an anomaly-guard pause reason, or None."""
+        return self.anomaly.resolve(dataset, seq, False) if self.anomaly is not None else None
+
+    def attempt_over(self, dataset: str, seq: int) -> None:
+        """Close attempt ``seq`` of ``dataset`` without counting it (aborted, internal error); a no-op
+        when :meth:`on_error` or :meth:`on_success` already resolved it."""
+        if self.anomaly is not None:
+            self.anomaly.resolve(dataset, seq, None)
+
     def on_error(self, dataset: str, provider: str | None, error_class: str, message: str,
-                 guard: bool = True) -> str | None:
-        """Record a failed attempt; returns an anomaly-guard pause reason for ``dataset``, or None.
+                 guard: bool = True, seq: int | None = None) -> str | None:
+        """Record a failed attempt (dispatch sequence number ``seq`` from :meth:`dispatched`; None:
+        one with nothing else in flight); returns an anomaly-guard pause reason for ``dataset``, or None.
 
         Rate limits (429) and connect failures cost nothing and say little about the provider's
         output (a burst of 2,000 connects on a busy loop times some out): they are counted by class
@@ -83,20 +102,27 @@ class Telemetry:
         """
         self.providers.record_error(provider or None, error_class)
         self.latest_errors[error_class] = message[:300]
-        if (self.anomaly is None or not guard or error_class in ("rate_limit", "connect")
-                or error_class in RUN_WIDE_CLASSES):
+        if self.anomaly is None:
             return None
-        return self.anomaly.record(dataset, True)
+        counts = not (not guard or error_class in ("rate_limit", "connect") or error_class in RUN_WIDE_CLASSES)
+        if seq is None:
+            return self.anomaly.record(dataset, True) if counts else None
+        return self.anomaly.resolve(dataset, seq, True if counts else None)
 
-    def on_success(self, dataset: str, key: str, prompt_tail: str, c: Completion, now: float) -> str | None:
-        """Record a completed request (monotonic ``now`` in seconds); returns an anomaly-guard pause
-        reason for ``dataset``, or None (the window can first hold enough outcomes on a success,
-        with the error rate already above the threshold)."""
+    def on_success(self, dataset: str, key: str, prompt_tail: str, c: Completion, now: float,
+                   seq: int | None = None) -> str | None:
+        """Record a completed request (monotonic ``now`` in seconds; dispatch sequence number ``seq``
+        as in :meth:`on_error`); returns an anomaly-guard pause reason for ``dataset``, or None (the
+        window can first hold enough attempts on a success, with the error rate already above the
+        threshold)."""
         u = c.usage
         stream_s = (c.latency_s - c.ttft_s) if c.ttft_s is not None else None
         self.providers.record_success(c.provider or None, c.latency_s, c.ttft_s, u.completion_tokens, u.cost_usd,
                                       stream_s)
-        reason = self.anomaly.record(dataset, False) if self.anomaly else None
+        reason = None
+        if self.anomaly is not None:
+            reason = (self.anomaly.record(dataset, False) if seq is None
+                      else self.anomaly.resolve(dataset, seq, False))
         self.samples[dataset] = (key, prompt_tail, c)
         self.req_rate.add(now)
         self.tok_rate.add(now, u.completion_tokens)

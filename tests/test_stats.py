@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.stats import AnomalyGuard, ErrorRateWindow, ProviderStats, QuantileWindow
+from engine.anomaly import AnomalyGuard
+from engine.stats import ErrorRateWindow, ProviderStats, QuantileWindow
 
 
 def test_quantile_window_nearest_rank_and_eviction():
@@ -53,22 +54,22 @@ def test_anomaly_guard_fires_once_per_key_until_reset():
     outcomes = [False] * 132 + [True] * 68
     got = [g.record("ds", e) for e in outcomes]
     assert got[:-1] == [None] * 199  # fewer than min_requests seen
-    assert got[-1] == "error rate 34% over the last 200 requests exceeds 20%"
+    assert got[-1] == "error rate 34% over the last 200 attempts in dispatch order exceeds 20%"
     assert g.record("ds", True) is None  # quiet after firing
     assert g.record("other", True) is None  # keys are independent
     g.reset("ds")
     assert g.rate("ds") == 0.0
     got = [g.record("ds", True) for _ in range(200)]
-    assert got[-1] == "error rate 100% over the last 200 requests exceeds 20%"
+    assert got[-1] == "error rate 100% over the last 200 attempts in dispatch order exceeds 20%"
 
 
 def test_anomaly_guard_threshold_is_exclusive_and_rounding_is_honest():
     g = AnomalyGuard(threshold=0.2, window=10, min_requests=5)
     assert [g.record("k", e) for e in (True, False, False, False, False)] == [None] * 5  # 20%
-    assert g.record("k", True) == "error rate 33% over the last 6 requests exceeds 20%"
+    assert g.record("k", True) == "error rate 33% over the last 6 attempts in dispatch order exceeds 20%"
     h = AnomalyGuard(threshold=0.2, window=1000, min_requests=1000)
     res = [h.record("k", e) for e in [True] * 201 + [False] * 799]
-    assert res[-1] == "error rate 20.1% over the last 1000 requests exceeds 20%"
+    assert res[-1] == "error rate 20.1% over the last 1000 attempts in dispatch order exceeds 20%"
     with pytest.raises(ValueError):
         AnomalyGuard(min_requests=300, window=200)
 

@@ -130,4 +130,4 @@ def test_anomaly_guard_firing_on_a_success_is_not_lost():
     assert [tel.on_error("ds", "SimA", "server", "502") for _ in range(9)] == [None] * 9
     c = Completion(reasoning="", content="x", tool_calls=(), finish_reason="stop", native_finish_reason=None,
                    usage=Usage(1, 1, 0, 0.0), provider="SimA", model="m", generation_id="g", latency_s=1.0, ttft_s=0.1)
-    assert tel.on_success("ds", "k", "", c, 0.0) == "error rate 90% over the last 10 requests exceeds 20%"
+    assert tel.on_success("ds", "k", "", c, 0.0) == "error rate 90% over the last 10 attempts in dispatch order exceeds 20%"
