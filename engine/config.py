@@ -258,8 +258,9 @@ class SpendSection(_Strict):
         max_cost_usd: run-wide dollar cap (USD), reserved at dispatch like token budgets.
         on_budget: ``drain`` (in-flight requests finish and are kept) or ``abort`` (cancelled now)
             when a dataset's budget is met.
-        credits_floor_usd: pause everything when provider credits minus the dollars reserved in
-            flight fall below this (USD).
+        credits_floor_usd: checked before each dispatch: a request is sent only while provider credits
+            left minus the dollars reserved in flight minus its own expected cost stay >= this (USD);
+            else it waits for in-flight requests, or the run pauses (:mod:`engine.creditsfloor`).
         credits_poll_s: seconds between reads of ``/key`` (fallback ``/credits``).
         calibrate_after: completions of a dataset+class before reservations use the observed
             percentile instead of ``max_tokens``; reserve_percentile: that percentile (0.5-1).

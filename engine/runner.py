@@ -298,6 +298,7 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
         # (e.g. a rehearsal against `datagen sim`); a server with neither is probed once and left unknown.
         sup = Supervisor(sched, ctl, client.get_json)
         ctl.credits_check = sup.poll_credits
+        await sup.poll_credits()  # credits known before the first dispatch: the floor is checked at each one
         recon = await start_reconstruction(cfg, sched, out)
         # Long-lived start-up objects (config, tokenizer, imports) leave the GC's young generations,
         # and collections run less often: full collections stalled the loop 170-230 ms under load.

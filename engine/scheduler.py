@@ -37,6 +37,7 @@ from engine.client.accumulate import StreamProgress
 from engine.client.retry import RetryPolicy, call_with_retries
 from engine.client.types import ChatRequest, Completion, ErrorClass, RequestError
 from engine.config import Config
+from engine.creditsfloor import CreditsFloorReached
 from engine.failures import FailureMixin
 from engine.inflight import InFlightCost, abort_basis, abort_line, streams_cost
 from engine.limiter import AdjustableLimiter
@@ -150,6 +151,7 @@ class Scheduler(FailureMixin):
         self._wall0 = time.time()
         self._changed: dict[str, asyncio.Event] = {}
         self._stopping = False
+        self._credits_wait = False  # dispatch waits for in-flight credit holds (engine.creditsfloor)
         self._done = asyncio.Event()
         self.rate = RateWindow(60)
         self.on_event: Callable[[str, str, str | None, str], None] | None = None
@@ -255,6 +257,10 @@ class Scheduler(FailureMixin):
     def _pick(self, cls: str) -> DatasetRuntime | None:
         if self.run_paused or self._stopping:
             return None
+        if self._credits_wait:  # run-wide: until a request in flight settles and frees its credits hold
+            if any(rt.in_flight for rt in self.datasets.values()):
+                return None
+            self._credits_wait = False
         for rt in self.datasets.values():
             if rt.control == "active" and rt.pending.get(cls, 0) > 0 and cls not in rt.blocked:
                 return rt
@@ -312,6 +318,11 @@ class Scheduler(FailureMixin):
                 self._censor(rt)
             try:
                 res = self.spend.reserve(rt.name, cls, p.est_prompt_tokens)
+            except CreditsFloorReached as e:  # checked before dispatch: the request stays pending
+                rt.requeue[cls].appendleft(p)
+                lim.release()
+                self.pause_all(str(e), kind="credits")
+                continue
             except Exception as e:  # noqa: BLE001 - e.g. a dollar cap with no price: pause, never spend blind
                 rt.requeue[cls].appendleft(p)
                 lim.release()
@@ -320,6 +331,9 @@ class Scheduler(FailureMixin):
             if res is None:
                 rt.requeue[cls].appendleft(p)
                 lim.release()
+                if self.spend.credits_waiting:  # credits left above the floor are held in flight: wait for them
+                    self._credits_wait = True
+                    continue
                 reason = self.spend.budget_met(rt.name, cls, p.est_prompt_tokens)
                 if reason:
                     await self._budget_met(rt, reason)
@@ -351,8 +365,9 @@ class Scheduler(FailureMixin):
             self.abort(rt.name)
 
     def _unblock(self, rt: DatasetRuntime) -> None:
-        if rt.blocked:
+        if rt.blocked or self._credits_wait:
             rt.blocked.clear()
+            self._credits_wait = False
             self.notify()
 
     def _partial_spend(self, rt: DatasetRuntime, err_or_progress: Any, est_prompt_tokens: int,
@@ -596,7 +611,7 @@ class Scheduler(FailureMixin):
     def _check_finished(self) -> None:
         if all(rt.finished for rt in self.datasets.values()) and not any(rt.in_flight for rt in self.datasets.values()):
             if not self._stopping:
-                self.state = "completed"
+                self.state, self.state_reason = "completed", ""  # a guard's pause reason no longer holds
             self._done.set()
         elif self._stopping and not any(rt.in_flight for rt in self.datasets.values()):
             self._done.set()

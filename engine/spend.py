@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from engine.budget import Budget, DatasetBudgets, Reservations
 from engine.config import Config
+from engine.creditsfloor import CreditsFloorReached, CreditsHolds  # noqa: F401 - re-exported
 from engine.inflight import AbortBilling
 from engine.prices import PriceObserver, Prices
 from engine.projection import DatasetProjection, project_dataset
@@ -83,6 +84,9 @@ class SpendControl:
         self.credits: CreditsReading | None = None
         self.usage_at_start: float | None = None
         self._spent_at_reading = 0.0
+        #: dollars held against the credits left above ``spend.credits_floor_usd`` (checked at dispatch)
+        self.credit_holds = CreditsHolds(s.credits_floor_usd)
+        self.credits_waiting = False  # the last reserve() was refused for credits held in flight
         self.spent_since_start = 0.0  # USD accounted by this process (results + partial spend)
         self.lost_usd: dict[str, float] = {d.name: 0.0 for d in cfg.datasets}
         #: what providers billed for streams this engine aborted (the abort estimate learns from it)
@@ -136,18 +140,36 @@ class SpendControl:
 
     # ---- reservation lifecycle ------------------------------------------------------------
     def reserve(self, dataset: str, cls: str, est_prompt_tokens: int) -> Reservations | _Naive | None:
-        """Reserve a request's expected tokens/dollars; None when a budget refuses (nothing reserved).
+        """Reserve a request's expected tokens/dollars; None when a budget refuses or the credits
+        held by requests in flight leave no room for it now (nothing reserved; see
+        :attr:`credits_waiting`).
+
+        Once credits were read, the request's expected cost (its class's completion estimate and
+        ``est_prompt_tokens`` at :meth:`prices`; 0 while no price is known) is also held against the
+        credits left above ``spend.credits_floor_usd`` (:class:`engine.creditsfloor.CreditsHolds`).
 
         Raises:
             engine.budget.NoPriceError: a dollar cap is set and no price is known.
+            engine.creditsfloor.CreditsFloorReached: the request would take credits below the floor
+                (nothing reserved; the message is the pause reason).
         """
         b = self.budgets[dataset]
+        est = b.estimators[cls]
+        expected = est.max_tokens if b.hard_cap else est.expected()
+        usd = self.estimate_cost(est_prompt_tokens, expected)
+        self.credits_waiting = not self.credit_holds.check(usd, self.spent_since_start)
+        if self.credits_waiting:
+            return None
         if self.naive:
             over = (b.tokens.limit is not None and b.tokens.used >= b.tokens.limit) or (
                 b.cost.limit is not None and b.cost.used >= b.cost.limit) or (
                 self.run_cost.limit is not None and self.run_cost.used >= self.run_cost.limit)
-            return None if over else _Naive(cls)
-        return b.try_reserve(cls, est_prompt_tokens, self.prices() if self.has_cost_cap else None)
+            r: Reservations | _Naive | None = None if over else _Naive(cls)
+        else:
+            r = b.try_reserve(cls, est_prompt_tokens, self.prices() if self.has_cost_cap else None)
+        if r is not None:
+            self.credit_holds.hold(id(r), usd)
+        return r
 
     def track(self, dataset: str, r: Reservations | _Naive, progress: Any) -> None:
         """Follow the stream of an open reservation (``progress.tokens_received``: completion tokens
@@ -167,6 +189,7 @@ class SpendControl:
         not teach the price observer."""
         if billed:
             self.observer.observe(prompt_tokens, completion_tokens, cost_usd)
+        self.credit_holds.close(id(r))
         b = self.budgets[dataset]
         if isinstance(r, _Naive):
             b.estimators[r.cls].observe(completion_tokens)
@@ -180,6 +203,7 @@ class SpendControl:
 
     def release(self, dataset: str, r: Reservations | _Naive, tokens_spent: int = 0, cost_spent: float = 0.0) -> None:
         """Release a failed/aborted request's reservation, counting what it spent (a lower bound)."""
+        self.credit_holds.close(id(r))
         b = self.budgets[dataset]
         if isinstance(r, _Naive):
             b.tokens.add_used(tokens_spent)
@@ -252,6 +276,7 @@ class SpendControl:
             self.usage_at_start = reading.usage_usd - self.spent_since_start
         self.credits = reading
         self._spent_at_reading = self.spent_since_start
+        self.credit_holds.on_reading(reading.remaining_usd, self.spent_since_start)
 
     def drift_usd(self) -> float | None:
         """Provider-reported usage since start minus our accounted spend since start, both as of the

@@ -168,7 +168,7 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             pending = pend - in_flight - skipped
             if alive and dname in live.get("datasets", {}):
                 state = live["datasets"][dname]
-            elif control in ("skipped", "paused", "budget_met"):
+            elif control in ("skipped", "budget_met") or (control == "paused" and pend):  # paused, nothing left: done
                 state = control
             elif pend == 0:
                 state = "done"

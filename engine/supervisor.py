@@ -3,8 +3,8 @@
 - every ``TICK_S`` (1 s): apply control commands queued by ``datagen ctl`` (the store's
   ``commands`` table), measure event-loop lag, sample throughput history, run the calibration gate
   (pause a dataset whose projected cost exceeds its cap after its first 1% / 50 completions) and
-  the credits floor (pause everything when credits minus the dollars in flight fall below
-  ``spend.credits_floor_usd``);
+  the credits floor as a backstop (pause everything when credits minus the dollars in flight fall
+  below ``spend.credits_floor_usd``; dispatch itself checks the floor first, :mod:`engine.creditsfloor`);
 - every ``spend.credits_poll_s``: read credits from ``/key`` (fallback ``/credits``).
 """
 
