@@ -89,7 +89,10 @@ def test_ctl_without_an_engine_fails_unless_it_is_saved_for_the_next_start(finis
     assert r.returncode == 1 and "run-wide pause is not saved" in r.stderr
     r = datagen("ctl", run, "pause", "glaive")
     assert r.returncode == 0 and "saved, the engine is not running; applies at the next start" in r.stdout
-    assert status(finished_run)["datasets"][0]["state"] == "paused"
+    db = sqlite3.connect(finished_run / "store.sqlite")
+    assert db.execute("SELECT state FROM datasets WHERE name = 'glaive'").fetchone() == ("paused",)  # saved
+    db.close()
+    assert status(finished_run)["datasets"][0]["state"] == "done"  # ... but nothing is left to pause: done
     r = datagen("ctl", run, "resume", "glaive")
     assert r.returncode == 0 and "applies at the next start" in r.stdout
     r = datagen("ctl", run, "pause", "nope")
