@@ -6,6 +6,8 @@ a true rate well above it must."""
 
 from __future__ import annotations
 
+import pytest
+
 import sqlite3
 import subprocess
 import sys
@@ -73,6 +75,7 @@ def test_fast_500s_under_the_threshold_do_not_pause(tmp_path):
     assert "run completed" in out
 
 
+@pytest.mark.slow  # ~30 s; the firing side is also covered by tests/test_anomaly.py and test_tui_notices.py
 def test_fast_500s_over_the_threshold_pause(tmp_path):
     # concurrency 20: dispatch is staged, so resolved dispatch cohorts exist while prompts remain
     r = run(write_config(tmp_path, "500:0.45", concurrency=20))
