@@ -274,6 +274,7 @@ def test_dashboard_ctrl_c_after_drain_then_quit_aborts_at_once(tmp_path):
     tmux = Tmux()
     try:
         pid, rc = _dashboard(tmp_path, tmux, cfg, 0)
+        wait(lambda: re.search(r"in flight [1-9]", tmux.screen()), 10, "requests in flight", show=tmux.screen)
         tmux("send-keys", "-t", "dash", "q")
         wait(lambda: "Drain, then quit" in tmux.screen(), 10, "the quit dialog", show=tmux.screen)
         tmux("send-keys", "-t", "dash", "d")

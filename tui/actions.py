@@ -319,7 +319,9 @@ class ActionsMixin(RetryFailedAction):
         self.push_screen(HelpScreen(HELP))  # type: ignore[attr-defined]
 
     def action_quit(self) -> None:
-        """Quit: at once when nothing is in flight or the run has ended; else ask drain/abort."""
+        """Quit: at once when nothing is in flight or the run has ended; else ask drain/abort. Decides on
+        a snapshot pulled now, not the last one shown (which may be up to a poll interval old)."""
+        self.request_poll()  # type: ignore[attr-defined]
         snap = self.snapshot  # type: ignore[attr-defined]
         if self.engine_finished or snap is None or snap.in_flight == 0:  # type: ignore[attr-defined]
             self.begin_quit("drain")  # type: ignore[attr-defined]
