@@ -86,14 +86,14 @@ def test_b1_glaive_content():
     call = second.messages[2]
     assert call["content"] == ""
     assert call["tool_calls"] == [
-        {"id": "call_1", "type": "function", "function": {"name": "get_news_headlines", "arguments": '{"country": "United States"}'}}
+        {"id": "functions.get_news_headlines:0", "type": "function", "function": {"name": "get_news_headlines", "arguments": '{"country": "United States"}'}}
     ]
-    assert second.messages[3]["tool_call_id"] == "call_1"
+    assert second.messages[3]["tool_call_id"] == "functions.get_news_headlines:0"
     assert second.messages[3]["content"].startswith('{"headlines": ["Biden announces')
     assert second.messages[4]["content"].endswith("collects first Mars rock sample")  # <|endoftext|> stripped
-    assert second.messages[6]["tool_calls"][0]["id"] == "call_2"
+    assert second.messages[6]["tool_calls"][0]["id"] == "functions.get_news_headlines:1"
     assert json.loads(second.messages[6]["tool_calls"][0]["function"]["arguments"]) == {"country": "France"}
-    assert second.messages[7]["tool_call_id"] == "call_2"
+    assert second.messages[7]["tool_call_id"] == "functions.get_news_headlines:1"
     assert [t["function"]["name"] for t in prompts[2].tools] == ["generate_password", "create_task"]
     args = prompts[3].messages[4]["tool_calls"][0]["function"]["arguments"]
     assert json.loads(args) == {"length": 12, "include_numbers": True, "include_special_characters": True}
@@ -390,7 +390,7 @@ def test_glaive_edge_cases(tmp_path):
         {"role": "user", "content": "Hi\n\n\nline two"}]
     assert p2.tools == [{"type": "function", "function": {"name": "say", "parameters": {}}}]
     assert p2.messages[2]["tool_calls"][0]["function"]["arguments"] == '{"text": "I\'m here"}'
-    assert p2.messages[3] == {"role": "tool", "content": '{"ok": true}', "tool_call_id": "call_1"}
+    assert p2.messages[3] == {"role": "tool", "content": '{"ok": true}', "tool_call_id": "functions.say:0"}
     assert p3.messages == [{"role": "user", "content": "a"}]
     assert [(r.source.rsplit(":", 1)[1], r.reason) for r in rejects] == [
         ("4", "glaive: message 2: unparseable <functioncall> payload: '{garbage'"),
@@ -425,8 +425,8 @@ def test_sharegpt_roles_tools_and_errors(tmp_path):
     prompts, rejects = load(write_jsonl(tmp_path / "s.jsonl", rows), "sharegpt")
     (p,) = prompts
     assert roles(p) == "uat" and p.tools[0]["function"]["name"] == "lookup"
-    assert p.messages[1]["tool_calls"] == [{"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}]
-    assert p.messages[2] == {"role": "tool", "content": "found", "tool_call_id": "call_1"}
+    assert p.messages[1]["tool_calls"] == [{"id": "functions.lookup:0", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}]
+    assert p.messages[2] == {"role": "tool", "content": "found", "tool_call_id": "functions.lookup:0"}
     assert [r.reason for r in rejects] == [
         "sharegpt: message 1: unknown role 'narrator'",
         "sharegpt: message 1: missing field 'value'",

@@ -33,8 +33,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.datasets.glaive import parse_call, parse_glaive
+from engine.datasets.glaive import parse_glaive
 from engine.datasets.roles import normalise, specforge_parse
+from engine.datasets.sharegpt import sharegpt_messages
+from engine.datasets.swe_agent import swe_agent_messages
 from engine.prompts import ROLES
 
 #: Canonical field names a ``fields`` mapping may rename (canonical name -> source column).
@@ -42,14 +44,6 @@ FIELD_KEYS = frozenset({"messages", "conversations", "system", "prompt", "instru
 
 _MISSING = object()
 _OPENAI_KEYS = ("name", "tool_calls", "tool_call_id")
-_SHAREGPT_ROLES = {
-    "human": "user", "user": "user",
-    "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant", "bing": "assistant",
-    "bard": "assistant", "model": "assistant",
-    "system": "system",
-    "tool": "tool", "function": "tool", "observation": "tool",
-    "function_call": "assistant",
-}
 
 
 class AdapterError(ValueError):
@@ -73,8 +67,9 @@ class Conversation:
         tools: OpenAI-shape tool definitions.
         offset: how many messages were added in front of the row's own turn list (e.g. a system
             message from a separate ``system`` field); used to number messages in reasons.
-        numbers: after :func:`normalise_conversation`, each message's 1-based number in the row's own
-            turn list (None for an added message); None before (numbers follow from ``offset``).
+        numbers: each message's 1-based number in the row's own turn list (None for an added
+            message); set by :func:`normalise_conversation`, or by an adapter whose messages are not
+            one per turn (a split ShareGPT observation); None: numbers follow from ``offset``.
     """
 
     messages: list[dict[str, Any]]
@@ -208,40 +203,17 @@ def adapt_openai(row: Mapping[str, Any]) -> Conversation:
 def adapt_sharegpt(row: Mapping[str, Any]) -> Conversation:
     """``{"conversations": [{from, value}], "system"?, "tools"?}``; also ``{role, content}`` turns.
 
-    ``from``: human/user -> user; gpt/assistant/chatgpt/bing/bard/model -> assistant; system;
-    tool/function/observation -> tool; function_call -> assistant with ``tool_calls`` (value is a
-    ``{"name", "arguments"}`` payload; the next tool turn gets its ``tool_call_id``).
+    Speakers, ``function_call`` turns (one call or a list of parallel calls, native ids) and how
+    observations pair with calls (first in, first out): :mod:`engine.datasets.sharegpt`,
+    ``docs/dataset-rows.md``.
     """
     messages = _system(row)
     offset = len(messages)
-    calls = 0
-    pending: str | None = None
-    for n, turn in enumerate(_list(row, "conversations"), 1):
-        if not isinstance(turn, dict):
-            raise AdapterError(f"message {n}: {_kind(turn)}, expected an object")
-        speaker = turn.get("from", turn.get("role", _MISSING))
-        if speaker is _MISSING:
-            raise AdapterError(f"message {n}: missing field 'from'")
-        role = _SHAREGPT_ROLES.get(speaker.lower()) if isinstance(speaker, str) else None
-        if role is None:
-            raise AdapterError(f"message {n}: unknown role {speaker!r}")
-        value = turn.get("value", turn.get("content", _MISSING))
-        if value is _MISSING:
-            raise AdapterError(f"message {n}: missing field 'value'")
-        msg: dict[str, Any] = {"role": role, "content": value}
-        if speaker.lower() == "function_call" and isinstance(value, str):
-            try:
-                name, arguments = parse_call(value)
-            except ValueError as e:
-                raise AdapterError(f"message {n}: {e}") from None
-            calls += 1
-            pending = f"call_{calls}"
-            call = {"id": pending, "type": "function", "function": {"name": name, "arguments": arguments}}
-            msg = {"role": "assistant", "content": "", "tool_calls": [call]}
-        elif role == "tool" and pending is not None:
-            msg["tool_call_id"] = pending
-        messages.append(msg)
-    return Conversation(messages, _tools(row), offset)
+    try:
+        turns, numbers = sharegpt_messages(_list(row, "conversations"))
+    except ValueError as e:
+        raise AdapterError(str(e)) from None
+    return Conversation([*messages, *turns], _tools(row), offset, [None] * offset + numbers)
 
 
 def adapt_instruction(row: Mapping[str, Any]) -> Conversation:
@@ -295,41 +267,13 @@ def adapt_glaive(row: Mapping[str, Any]) -> Conversation:
 def adapt_swe_agent(row: Mapping[str, Any]) -> Conversation:
     """SWE-agent ``.traj`` ``{"history": [...], "trajectory", "info", ...}``; tools are not stored.
 
-    Keeps ``role``, ``content``, ``tool_calls`` and ``tool_call_ids`` (first id, as ``tool_call_id``);
-    drops agent-internal keys (``agent``, ``message_type``, ``thought``, ``action``, ``is_demo``...).
-    Demonstration messages are kept: they are part of the prompt the agent saw.
+    ``tool_calls``/``tool_call_ids`` read from JSON or their Python repr, checked, paired:
+    :mod:`engine.datasets.swe_agent`, ``docs/dataset-rows.md``.
     """
-    messages = []
-    for n, m in enumerate(_list(row, "history"), 1):
-        if not isinstance(m, dict):
-            raise AdapterError(f"message {n}: {_kind(m)}, expected an object")
-        role = m.get("role", _MISSING)
-        if role is _MISSING:
-            raise AdapterError(f"message {n}: missing field 'role'")
-        if role not in ROLES:
-            raise AdapterError(f"message {n}: unknown role {role!r}")
-        msg = {"role": role}
-        if "content" in m:
-            msg["content"] = m["content"]
-        if m.get("tool_calls"):
-            msg["tool_calls"] = m["tool_calls"]
-        call_id = _first_call_id(m.get("tool_call_ids"))
-        if role == "tool" and call_id:
-            msg["tool_call_id"] = call_id
-        messages.append(msg)
-    return Conversation(messages)
-
-
-def _first_call_id(ids: Any) -> str | None:
-    """``tool_call_ids`` is a list of ids (sometimes its Python repr, ``"['call_x']"``)."""
-    if isinstance(ids, str):
-        text = ids.strip()
-        if not text.startswith("["):
-            return text or None
-        ids = [part.strip().strip("'\"") for part in text.strip("[]").split(",")]
-    if isinstance(ids, list) and ids and isinstance(ids[0], str) and ids[0]:
-        return ids[0]
-    return None
+    try:
+        return Conversation(swe_agent_messages(_list(row, "history")))
+    except ValueError as e:
+        raise AdapterError(str(e)) from None
 
 
 def adapt_ultrachat(row: Mapping[str, Any]) -> Conversation:
@@ -423,7 +367,8 @@ def normalise_conversation(conv: Conversation) -> tuple[Conversation, list[str]]
     """Normalise a conversation's role order with the one rule of :mod:`engine.datasets.roles`
     (leading non-user turns: system ones merged into one system turn, others dropped; consecutive
     same-role user/assistant/system turns merged). Returns the new conversation and one note per change."""
-    numbers = [i - conv.offset + 1 if i >= conv.offset else None for i in range(len(conv.messages))]
+    numbers = conv.numbers if conv.numbers is not None else [
+        i - conv.offset + 1 if i >= conv.offset else None for i in range(len(conv.messages))]
     messages, numbers, notes = normalise(conv.messages, numbers)
     return Conversation(messages, conv.tools, conv.offset, numbers), notes
 

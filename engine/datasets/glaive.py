@@ -11,9 +11,10 @@ A glaive row is two flat strings:
   ``ASSISTANT: <functioncall> {"name": "f", "arguments": '{"a": 1}'}``: the arguments are a
   *single-quoted* JSON string, so the payload is not JSON.
 
-Tool calls get deterministic ids ``call_1``, ``call_2``, ... in order of appearance (so prompt keys
-are stable), and each ``FUNCTION RESPONSE`` becomes a ``tool`` message answering the latest call.
-:func:`parse_call` is shared with ShareGPT ``function_call`` turns.
+Tool calls get the model's native ids ``functions.{name}:{index}`` (index: calls before it, 0-based;
+:mod:`engine.datasets.tool_calls`, the same scheme as ShareGPT ``function_call`` turns), and each
+``FUNCTION RESPONSE`` becomes a ``tool`` message answering the latest call (glaive makes one call per
+turn). :func:`parse_call` also reads ShareGPT ``function_call`` values written in glaive's shape.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ import ast
 import json
 import re
 from typing import Any
+
+from engine.datasets.tool_calls import arguments_json, make_call
+
+__all__ = ["arguments_json", "parse_call", "parse_glaive", "parse_system", "split_chat"]
 
 _SYSTEM_PREFIX = "SYSTEM:"
 _FUNCTIONS_MARKER = "Use them if required -"
@@ -121,13 +126,10 @@ def parse_glaive(system: str | None, chat: str) -> tuple[list[dict[str, Any]], l
                 name, arguments = parse_call(payload)
             except ValueError as e:
                 raise ValueError(f"message {k + 1}: {e}") from None
+            call = make_call(name, arguments, calls)
             calls += 1
-            pending = f"call_{calls}"
-            msg = {
-                "role": "assistant",
-                "content": before.strip(),
-                "tool_calls": [{"id": pending, "type": "function", "function": {"name": name, "arguments": arguments}}],
-            }
+            pending = call["id"]
+            msg = {"role": "assistant", "content": before.strip(), "tool_calls": [call]}
         elif role == "tool" and pending is not None:
             msg["tool_call_id"] = pending
         messages.append(msg)
@@ -164,17 +166,3 @@ def parse_call(payload: str) -> tuple[str, str]:
             name = m.group(1)
         return name, arguments_json(m.group(2))
     raise ValueError(f"unparseable {_CALL_TAG} payload: {payload[:60]!r}")
-
-
-def arguments_json(arguments: Any) -> str:
-    """Return tool-call arguments as a JSON string: objects are serialised, JSON text kept verbatim,
-    text with ``\\'`` escapes unescaped if that makes it JSON, anything else kept raw."""
-    if not isinstance(arguments, str):
-        return json.dumps(arguments, ensure_ascii=False)
-    for candidate in (arguments, arguments.replace("\\'", "'")):
-        try:
-            json.loads(candidate)
-        except (ValueError, RecursionError):
-            continue
-        return candidate
-    return arguments

@@ -7,6 +7,9 @@ to (usually a dict), or a :class:`~engine.prompts.Reject` for a row that could n
 
 Sources: ``"{path}:{n}"`` with ``n`` the 1-based line number (JSONL), element index + 1 (JSON array)
 or row index + 1 (Parquet). ``path`` is written as the caller passed it.
+
+Parquet rows come without null-valued object keys at any depth (Arrow's struct union adds them;
+:mod:`engine.datasets.arrow_nulls`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from engine.datasets.arrow_nulls import drop_nulls
 from engine.prompts import Reject
 
 #: A parsed row: its ``"path:line"`` source and the parsed JSON value (or Parquet row dict).
@@ -210,12 +214,15 @@ def _iter_parquet(p: Path, shown: str) -> Iterator[Record | Reject]:
 
 
 def _parquet_rows(pf: Any, shown: str, arrow_error: type[Exception]) -> Iterator[Record]:
+    """Yield each row as its JSON object: without the null fields of Arrow's struct union
+    (:func:`engine.datasets.arrow_nulls.drop_nulls`; a field that was ``null`` in the source cannot be
+    told from an absent one, and drops too)."""
     n = 0
     try:
         for batch in pf.iter_batches(batch_size=_PARQUET_BATCH_ROWS):
             for row in batch.to_pylist():
                 n += 1
-                yield f"{shown}:{n}", row
+                yield f"{shown}:{n}", drop_nulls(row)
     except (arrow_error, OSError) as e:
         raise DatasetError(f"{shown}: Parquet read failed after row {n} ({e})") from e
 

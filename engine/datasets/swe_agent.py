@@ -1,0 +1,172 @@
+"""SWE-agent trajectory ``history`` -> OpenAI messages; ``tool_calls``/``tool_call_ids`` parsed and checked.
+
+SWE-agent's ``.traj`` files (and datasets built from them, e.g. SWE-smith trajectories) store a
+message's ``tool_calls`` and ``tool_call_ids`` either as JSON values or, after a round trip through
+``str()``, as their Python repr: ``"[{'function': {'arguments': '{...}', 'name': 'open'}, 'id':
+'call_abc123', 'type': 'function'}]"`` and ``"['call_abc123']"``. Rules (``docs/dataset-rows.md``,
+section "SWE-agent"):
+
+* Such a string is read as JSON, else as a Python literal (:func:`ast.literal_eval`, which evaluates
+  literals only, never code). ``null``, ``""``, ``"None"`` and ``[]`` mean no calls.
+* ``tool_calls`` must then be a list of calls ``{"id": str, "type": "function", "function": {"name":
+  str, "arguments": str}}`` (``type`` may be absent; ``arguments`` given as an object is written as
+  JSON text). Only those keys are kept; the row's own ids are kept. Anything else rejects the row:
+  ``"message N: tool_calls is not a list of calls: ..."``.
+* A ``tool`` message answers ``tool_call_ids``' single id. SWE-agent writes one observation per call,
+  so a message listing several ids (one text for several calls, which no tool message can carry)
+  rejects the row: ``"message N: one tool message answers K calls ..."``. A ``tool`` message without
+  ids answers the oldest call not yet answered (:class:`engine.datasets.tool_calls.CallQueue`).
+* Agent-internal keys (``agent``, ``message_type``, ``thought``, ``action``, ``is_demo``...) are
+  dropped; demonstration messages are kept (they are part of the prompt the agent saw).
+
+Functions here are pure (no I/O); errors are ``ValueError`` with the row-relative reason.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from typing import Any
+
+from engine.datasets.tool_calls import CallQueue
+from engine.prompts import ROLES
+
+_MISSING = object()
+_NONE_TEXTS = frozenset({"", "none", "null", "[]"})
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else f"a {type(value).__name__}"
+
+
+def read_literal(value: Any) -> Any:
+    """A field that may hold its value as JSON text or as a Python repr: the parsed value.
+
+    Non-strings are returned as they are; a string is parsed as JSON, else with
+    :func:`ast.literal_eval` (literals only). ``""``, ``"None"``, ``"null"`` and ``"[]"`` give None.
+
+    Raises:
+        ValueError: the string is neither JSON nor a Python literal (the parser's reason).
+    """
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.lower() in _NONE_TEXTS:
+        return None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        pass
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as e:
+        detail = e.msg if isinstance(e, SyntaxError) and e.msg else str(e) or type(e).__name__
+        raise ValueError(f"neither JSON nor a Python literal ({detail}): {text[:60]!r}") from None
+
+
+def parse_tool_calls(value: Any) -> list[dict[str, Any]]:
+    """A message's ``tool_calls`` field -> OpenAI-shape calls (empty list for none).
+
+    Raises:
+        ValueError: ``"tool_calls is not a list of calls: ..."`` with what was wrong.
+    """
+    try:
+        calls = read_literal(value)
+    except ValueError as e:
+        raise ValueError(f"tool_calls is not a list of calls: {e}") from None
+    if calls is None or calls == []:
+        return []
+    if not isinstance(calls, list):
+        raise ValueError(f"tool_calls is not a list of calls: {_kind(calls)}")
+    return [_call(k, c) for k, c in enumerate(calls, 1)]
+
+
+def _call(k: int, call: Any) -> dict[str, Any]:
+    bad = f"tool_calls is not a list of calls: call {k}"
+    if not isinstance(call, dict):
+        raise ValueError(f"{bad} is {_kind(call)}, expected an object")
+    cid = call.get("id")
+    if not isinstance(cid, str) or not cid:
+        raise ValueError(f"{bad} has no 'id' (a non-empty string)")
+    kind = call.get("type", "function")
+    if kind != "function":
+        raise ValueError(f"{bad} has type {kind!r}, expected 'function'")
+    fn = call.get("function")
+    if not isinstance(fn, dict):
+        raise ValueError(f"{bad}: 'function' is {_kind(fn)}, expected an object {{name, arguments}}")
+    name = fn.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{bad}: function name is {_kind(name) if name != '' else 'empty'}, expected a non-empty string")
+    args = fn.get("arguments", _MISSING)
+    if args is _MISSING or args is None:
+        raise ValueError(f"{bad} ({name}): missing 'arguments'")
+    if isinstance(args, dict):
+        args = json.dumps(args, ensure_ascii=False)
+    elif not isinstance(args, str):
+        raise ValueError(f"{bad} ({name}): 'arguments' is {_kind(args)}, expected a JSON string")
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def parse_call_ids(value: Any) -> list[str]:
+    """A message's ``tool_call_ids`` (a list of ids, its repr, or one bare id) -> the ids.
+
+    Raises:
+        ValueError: ``"tool_call_ids is not a list of ids: ..."``.
+    """
+    if isinstance(value, str) and value.strip() and not value.strip().startswith(("[", "(")):
+        text = value.strip()
+        return [] if text.lower() in _NONE_TEXTS else [text]  # one bare id
+    try:
+        ids = read_literal(value)
+    except ValueError as e:
+        raise ValueError(f"tool_call_ids is not a list of ids: {e}") from None
+    if ids is None:
+        return []
+    if not isinstance(ids, (list, tuple)) or not all(isinstance(i, str) and i for i in ids):
+        raise ValueError(f"tool_call_ids is not a list of ids: {str(ids)[:60]!r}")
+    return list(ids)
+
+
+def swe_agent_messages(history: list[Any]) -> list[dict[str, Any]]:
+    """Turn a trajectory's ``history`` into OpenAI messages (one per history entry, in order).
+
+    Returns:
+        messages with ``role``, ``content`` (when present), ``tool_calls`` (assistant) and
+        ``tool_call_id`` (tool).
+
+    Raises:
+        ValueError: ``"message N: ..."``: not an object, missing or unknown role, ``tool_calls`` not a
+            list of calls, ``tool_call_ids`` not a list of ids or listing several ids.
+    """
+    queue = CallQueue()
+    messages = []
+    for n, m in enumerate(history, 1):
+        if not isinstance(m, dict):
+            raise ValueError(f"message {n}: {_kind(m)}, expected an object")
+        role = m.get("role", _MISSING)
+        if role is _MISSING:
+            raise ValueError(f"message {n}: missing field 'role'")
+        if role not in ROLES:
+            raise ValueError(f"message {n}: unknown role {role!r}")
+        msg: dict[str, Any] = {"role": role}
+        if "content" in m:
+            msg["content"] = m["content"]
+        try:
+            calls = parse_tool_calls(m.get("tool_calls"))
+            ids = parse_call_ids(m.get("tool_call_ids")) if role == "tool" else []
+        except ValueError as e:
+            raise ValueError(f"message {n}: {e}") from None
+        if calls:
+            msg["tool_calls"] = calls
+            queue.add(calls)
+        if role == "tool":
+            if len(ids) > 1:
+                raise ValueError(f"message {n}: one tool message answers {len(ids)} calls (tool_call_ids {ids}); "
+                                 f"expected one observation per call")
+            call_id = queue.take(ids[0] if ids else None)
+            if call_id is not None:
+                msg["tool_call_id"] = call_id
+        elif role == "user":
+            queue.clear()
+        messages.append(msg)
+    return messages
