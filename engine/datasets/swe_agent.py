@@ -16,6 +16,8 @@ section "SWE-agent"):
   so a message listing several ids (one text for several calls, which no tool message can carry)
   rejects the row: ``"message N: one tool message answers K calls ..."``. A ``tool`` message without
   ids answers the oldest call not yet answered (:class:`engine.datasets.tool_calls.CallQueue`).
+* The final history entry, when it is an assistant turn, is the turn the prompt is cut before: its
+  ``tool_calls`` are parsed when they can be, and dropped (not an error) when they cannot.
 * Agent-internal keys (``agent``, ``message_type``, ``thought``, ``action``, ``is_demo``...) are
   dropped; demonstration messages are kept (they are part of the prompt the agent saw).
 
@@ -136,7 +138,8 @@ def swe_agent_messages(history: list[Any]) -> list[dict[str, Any]]:
 
     Raises:
         ValueError: ``"message N: ..."``: not an object, missing or unknown role, ``tool_calls`` not a
-            list of calls, ``tool_call_ids`` not a list of ids or listing several ids.
+            list of calls (except on a final assistant entry), ``tool_call_ids`` not a list of ids or
+            listing several ids.
     """
     queue = CallQueue()
     messages = []
@@ -155,7 +158,9 @@ def swe_agent_messages(history: list[Any]) -> list[dict[str, Any]]:
             calls = parse_tool_calls(m.get("tool_calls"))
             ids = parse_call_ids(m.get("tool_call_ids")) if role == "tool" else []
         except ValueError as e:
-            raise ValueError(f"message {n}: {e}") from None
+            if not (n == len(history) and role == "assistant"):
+                raise ValueError(f"message {n}: {e}") from None
+            calls, ids = [], []  # the final assistant turn is cut from the prompt: its calls cannot spoil it
         if calls:
             msg["tool_calls"] = calls
             queue.add(calls)
