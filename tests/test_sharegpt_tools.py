@@ -5,7 +5,6 @@ Rules: docs/dataset-rows.md, section "ShareGPT"."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -49,7 +48,7 @@ def prompt_of(turns: list, **extra) -> Prompt:
 
 
 def pairs(p: Prompt) -> list[tuple[str, str]]:
-    """(call id, content) of each tool message, and the ids of every call before it."""
+    """(tool_call_id, content) of each tool message, in order."""
     return [(m["tool_call_id"], m["content"]) for m in p.messages if m["role"] == "tool"]
 
 
