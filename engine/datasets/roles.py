@@ -8,8 +8,8 @@ generated turn. Every prompt is therefore normalised at ingest (:func:`normalise
 against a transcription of those rules (:func:`specforge_parse`); a prompt the rule cannot repair is
 rejected with the reason.
 
-The normalisation rule (applied to the whole conversation, before the prompt is cut before its last
-assistant turn):
+The normalisation rule (applied to the whole conversation, before the prompt rule of
+``docs/prompt-construction.md`` cuts a final assistant turn):
 
 1. **Head**: the turns before the first ``user`` turn: its ``system`` turns become ONE leading system
    turn (contents joined with :data:`SEPARATOR`); its other turns (an assistant greeting, a tool
