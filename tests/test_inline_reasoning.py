@@ -150,6 +150,22 @@ def test_agent_loop_reasoning_fields_are_kept(tmp_path):
     assert p.messages[1] == {**A("a\n\nb"), "reasoning_content": "r1\n\nr2"}
 
 
+def test_kimi_template_renders_kept_reasoning_only_in_the_trailing_tool_call_chain(tmp_path):
+    from engine.config import TokenizerSection
+    from engine.tokens.template import render
+
+    tok = load_tokenizer(TokenizerSection(path=str(kimi_dir())))
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    row = {"messages": [U("q"), A("<think>old model's thought</think>\n\nearlier answer"), U("now look it up"),
+                        {"role": "assistant", "content": "<think>plan the call</think>", "tool_calls": [CALL]},
+                        {"role": "tool", "content": "result", "tool_call_id": "c1"}], "tools": tools}
+    (p,) = prompts(tmp_path, [row], "openai")
+    text = render(tok, p.messages, p.tools, add_generation_prompt=True)
+    assert "<|im_assistant|>assistant<|im_middle|><think></think>earlier answer<|im_end|>" in text
+    assert "old model's thought" not in text
+    assert "<|im_assistant|>assistant<|im_middle|><think>plan the call</think><|tool_calls_section_begin|>" in text
+
+
 def test_rows_whose_kept_turn_is_reasoning_only_are_rejected(tmp_path):
     rows = [{"messages": [U("q"), A("<think>cut off mid-thought"), U("q2")]},
             {"messages": [U("q"), A("<|begin_of_thought|>t<|end_of_thought|>"), U("q2")]},
