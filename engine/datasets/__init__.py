@@ -7,8 +7,8 @@ Public API::
     detect_format(row) -> str | None
     DatasetError                              # whole-file problems
 
-File formats live in :mod:`engine.datasets.readers`, row formats and the multi-turn prompt rule in
-:mod:`engine.datasets.adapters` (glaive's text format in :mod:`engine.datasets.glaive`); this module
+File formats live in :mod:`engine.datasets.readers`, row formats in :mod:`engine.datasets.adapters` (glaive's
+text format in :mod:`engine.datasets.glaive`), the prompt rule in :mod:`engine.datasets.rule`; this module
 ties them together (:func:`row_to_prompt`: rename fields, pick the adapter, normalise the role order (one rule for every
 format, :mod:`engine.datasets.roles`), apply the one prompt rule and move earlier turns' reasoning out of their
 content (:mod:`engine.datasets.reasoning`; both in ``docs/prompt-construction.md``), build the Prompt).
@@ -26,12 +26,11 @@ from engine.datasets.adapters import (
     FIELD_KEYS,
     AdapterError,
     MissingField,
-    cut_prompt,
     detect_format,
-    normalise_conversation,
     wrong_signature_type,
 )
 from engine.datasets.readers import DatasetError, Record, open_records
+from engine.datasets.rule import cut_prompt, normalise_conversation
 from engine.prompts import Prompt, Reject
 
 __all__ = ["FORMATS", "DatasetError", "detect_format", "iter_prompts", "row_to_prompt"]
