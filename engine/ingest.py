@@ -17,7 +17,7 @@ from pathlib import Path
 
 from engine.config import Config, DatasetSection
 from engine.datasets import Reject, iter_prompts
-from engine.prompts import Prompt
+from engine.prompts import Became, Prompt
 from engine.store import Store
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,10 @@ class IngestReport:
         rejected: rows rejected (bad rows + duplicates); examples: the first few rejects as text;
         normalised: prompts whose turns ingest brought into SpecForge's role order (merged or dropped
         turns, :mod:`engine.datasets.roles`); normalised_examples: the first few as ``"path:line: what"``.
+        whole: prompts that are their row's whole conversation (it ended on a user or tool turn);
+        cut: prompts cut before their row's final assistant turn; reasoning_moved: prompts with an
+        earlier assistant turn whose inline reasoning moved to ``reasoning_content``
+        (``docs/prompt-construction.md``). All three count this ingest's stored rows (0 when skipped).
     """
 
     dataset: str
@@ -49,6 +53,16 @@ class IngestReport:
     examples: list[str] = field(default_factory=list)
     normalised: int = 0
     normalised_examples: list[str] = field(default_factory=list)
+    whole: int = 0
+    cut: int = 0
+    reasoning_moved: int = 0
+
+    def became_summary(self) -> str:
+        """One line: ``"N prompt(s) whole (ended on a user or tool turn), M cut before the final
+        assistant turn, K with inline reasoning moved to reasoning_content (docs/prompt-construction.md)"``."""
+        return (f"{self.whole} prompt(s) whole (ended on a user or tool turn), {self.cut} cut before the final "
+                f"assistant turn, {self.reasoning_moved} with inline reasoning moved to reasoning_content "
+                f"(docs/prompt-construction.md)")
 
 
 def estimate_prompt_tokens(p: Prompt) -> int:
@@ -63,10 +77,12 @@ def fingerprint(d: DatasetSection) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
-def _read(d: DatasetSection, cfg: Config) -> tuple[list[tuple], list[tuple[str, str]], list[tuple[str, str]]]:
+def _read(d: DatasetSection, cfg: Config) -> tuple[list[tuple], list[tuple[str, str]], list[tuple[str, str]],
+                                                   list[tuple[str, Became]]]:
     rows: list[tuple] = []
     rejects: list[tuple[str, str]] = []
     normalised: list[tuple[str, str]] = []
+    became: list[tuple[str, Became]] = []
     seen: dict[str, str] = {}
     for item in iter_prompts(d.path, d.format, d.fields or None):
         if isinstance(item, Reject):
@@ -80,12 +96,14 @@ def _read(d: DatasetSection, cfg: Config) -> tuple[list[tuple], list[tuple[str, 
         seen[item.key] = item.source
         if item.notes:
             normalised.append((item.source, "; ".join(item.notes)))
+        if item.became is not None:
+            became.append((item.source, item.became))
         est = estimate_prompt_tokens(item)
         rows.append(
             (item.key, item.source, cfg.class_for(d.name, est), est,
              json.dumps(item.messages, ensure_ascii=False), json.dumps(item.tools, ensure_ascii=False))
         )
-    return rows, rejects, normalised
+    return rows, rejects, normalised, became
 
 
 async def ingest_all(cfg: Config, store: Store) -> list[IngestReport]:
@@ -104,14 +122,16 @@ async def ingest_all(cfg: Config, store: Store) -> list[IngestReport]:
             await store.reclassify(d.name, lambda est, _n=d.name: cfg.class_for(_n, est))
             reports.append(IngestReport(d.name, True, prev["prompts"], rejected=prev["rejected"]))
             continue
-        new_rows, rejects, normalised = await asyncio.to_thread(_read, d, cfg)
+        new_rows, rejects, normalised, became = await asyncio.to_thread(_read, d, cfg)
         inserted = 0
         for i in range(0, len(new_rows), _BATCH):
             inserted += await store.ingest_batch(d.name, new_rows[i : i + _BATCH])
         await store.replace_rejects(d.name, rejects)
         n = await store.finish_ingest(d.name, fp, len(rejects))
         rep = IngestReport(d.name, False, n, inserted, len(rejects), [f"{s}: {r}" for s, r in rejects[:5]],
-                           len(normalised), [f"{s}: {r}" for s, r in normalised[:5]])
+                           len(normalised), [f"{s}: {r}" for s, r in normalised[:5]],
+                           whole=sum(not b.cut for _, b in became), cut=sum(b.cut for _, b in became),
+                           reasoning_moved=sum(bool(b.reasoning) for _, b in became))
         for s, r in rejects[:20]:
             log.warning("[%s] rejected %s: %s", d.name, s, r)
         if normalised:
@@ -119,5 +139,8 @@ async def ingest_all(cfg: Config, store: Store) -> list[IngestReport]:
                      d.name, len(normalised))
         for s, r in normalised[:20]:
             log.info("[%s] normalised %s: %s", d.name, s, r)
+        log.info("[%s] %s", d.name, rep.became_summary())
+        for s, b in became[:20]:
+            log.info("[%s] prompt %s: %s", d.name, s, b.describe())
         reports.append(rep)
     return reports

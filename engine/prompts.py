@@ -33,6 +33,38 @@ def prompt_key(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | Non
 
 
 @dataclass(frozen=True, slots=True)
+class Became:
+    """What the prompt rule made of one row (``docs/prompt-construction.md``).
+
+    Attributes:
+        ended_on: role of the conversation's final turn after role normalisation: ``"user"`` or
+            ``"tool"`` (the whole conversation is the prompt) or ``"assistant"`` (cut before it).
+        cut_at: when ``ended_on`` is ``"assistant"``, how reasons name the cut turn (``"message 4"``);
+            ``""`` otherwise.
+        reasoning: one text per assistant turn kept in the prompt whose inline reasoning was moved into
+            ``reasoning_content``, e.g. ``"message 2 (<think>)"``; empty when none.
+    """
+
+    ended_on: str
+    cut_at: str = ""
+    reasoning: tuple[str, ...] = ()
+
+    @property
+    def cut(self) -> bool:
+        """True when the row's final assistant turn was cut (its answer replaced by the generated one)."""
+        return self.ended_on == "assistant"
+
+    def describe(self) -> str:
+        """One line for logs, e.g. ``"cut before the final assistant turn (message 4); inline reasoning
+        moved to reasoning_content: message 2 (<think>)"``."""
+        text = (f"cut before the final assistant turn ({self.cut_at})" if self.cut
+                else f"whole conversation (ends on a {self.ended_on} turn)")
+        if self.reasoning:
+            text += "; inline reasoning moved to reasoning_content: " + ", ".join(self.reasoning)
+        return text
+
+
+@dataclass(frozen=True, slots=True)
 class Prompt:
     """One prompt ready to send.
 
@@ -45,6 +77,8 @@ class Prompt:
         notes: what ingest changed to bring the row's turns into SpecForge's role order (one text per
             change, e.g. ``"merged messages 2-3 (assistant)"``; see ``engine.datasets.roles``); empty
             when nothing changed. Not part of the key or of equality.
+        became: what the prompt rule made of the row (whole conversation or cut, reasoning moved), or
+            None when not built from a dataset row. Not part of the key or of equality.
     """
 
     messages: list[dict[str, Any]]
@@ -52,14 +86,15 @@ class Prompt:
     key: str = ""
     source: str = ""
     notes: tuple[str, ...] = field(default=(), compare=False)
+    became: Became | None = field(default=None, compare=False)
 
     @staticmethod
     def make(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, source: str,
-             notes: tuple[str, ...] | list[str] = ()) -> "Prompt":
+             notes: tuple[str, ...] | list[str] = (), became: Became | None = None) -> "Prompt":
         """Build a prompt and compute its key."""
         tools = list(tools or [])
         return Prompt(messages=messages, tools=tools, key=prompt_key(messages, tools), source=source,
-                      notes=tuple(notes))
+                      notes=tuple(notes), became=became)
 
     def char_count(self) -> int:
         """Characters of text in the prompt (message contents + tool JSON), for token estimates."""

@@ -136,11 +136,16 @@ def test_b7_sharegpt_multiturn_cut():
 def test_b8_swe_agent_history():
     prompts, _ = load(SAMPLES / "b8_swe_agent_trajectories.jsonl")
     # row 2's demonstration and its task are two user turns in a row: merged into one (SpecForge's role order)
-    assert [len(p.messages) for p in prompts] == [8, 24, 22, 28, 10]
+    # rows 1 and 3 end on a tool turn (the last action's output): the whole trajectory is the prompt (the one
+    # prompt rule, docs/prompt-construction.md); rows 2, 4, 5 end on an assistant turn, cut before it
+    assert [len(p.messages) for p in prompts] == [10, 24, 24, 28, 10]
+    assert [(p.became.ended_on, p.became.cut) for p in prompts] == [
+        ("tool", False), ("assistant", True), ("tool", False), ("assistant", True), ("assistant", True)]
     assert [p.notes for p in prompts] == [(), ("merged messages 2-3 (user)",), (), (), ()]
     assert all(p.tools == [] for p in prompts)
     first = prompts[0]
-    assert roles(first) == "suatatat"
+    assert roles(first) == "suatatatat"
+    assert first.messages[-1]["content"].startswith("8.2\n(Open file: /SWE-agent__test-repo/tests/missing_colon.py)")
     for call, result in zip(first.messages[2::2], first.messages[3::2]):
         assert result["tool_call_id"] == call["tool_calls"][0]["id"]
     assert first.messages[2]["tool_calls"][0]["function"] == {"arguments": '{"file_name":"missing_colon.py"}', "name": "find_file"}

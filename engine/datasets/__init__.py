@@ -7,10 +7,11 @@ Public API::
     detect_format(row) -> str | None
     DatasetError                              # whole-file problems
 
-File formats live in :mod:`engine.datasets.readers`, row formats and the multi-turn prompt rule in
-:mod:`engine.datasets.adapters` (glaive's text format in :mod:`engine.datasets.glaive`); this module
+File formats live in :mod:`engine.datasets.readers`, row formats in :mod:`engine.datasets.adapters` (glaive's
+text format in :mod:`engine.datasets.glaive`), the prompt rule in :mod:`engine.datasets.rule`; this module
 ties them together (:func:`row_to_prompt`: rename fields, pick the adapter, normalise the role order (one rule for every
-format, :mod:`engine.datasets.roles`), cut, build the Prompt).
+format, :mod:`engine.datasets.roles`), apply the one prompt rule and move earlier turns' reasoning out of their
+content (:mod:`engine.datasets.reasoning`; both in ``docs/prompt-construction.md``), build the Prompt).
 """
 
 from __future__ import annotations
@@ -25,12 +26,11 @@ from engine.datasets.adapters import (
     FIELD_KEYS,
     AdapterError,
     MissingField,
-    cut_prompt,
     detect_format,
-    normalise_conversation,
     wrong_signature_type,
 )
 from engine.datasets.readers import DatasetError, Record, open_records
+from engine.datasets.rule import cut_prompt, normalise_conversation
 from engine.prompts import Prompt, Reject
 
 __all__ = ["FORMATS", "DatasetError", "detect_format", "iter_prompts", "row_to_prompt"]
@@ -58,7 +58,8 @@ def iter_prompts(
     Returns:
         an iterator yielding, per non-blank row, a ``Prompt`` (messages ending with a user or tool
         turn, in SpecForge's role order; ``source`` is ``"path:line"``; ``notes`` say what the role
-        normalisation changed) or a ``Reject(source, reason)``. Bad rows never raise.
+        normalisation changed; ``became`` what the prompt rule made of the row) or a
+        ``Reject(source, reason)``. Bad rows never raise.
 
     Raises:
         DatasetError: at call time for an unknown format name, a bad ``fields`` mapping, or a file
@@ -133,7 +134,8 @@ def row_to_prompt(row: Any, source: str, format: str, fields: Mapping[str, str] 
         return Reject(source, f"unrecognised row format: keys [{keys}]; expected one of: {EXPECTED_KEYS}")
     try:
         conv, notes = normalise_conversation(ADAPTERS[name](view))
-        return Prompt.make(cut_prompt(conv), conv.tools, source, notes)
+        messages, became = cut_prompt(conv)
+        return Prompt.make(messages, conv.tools, source, notes, became)
     except MissingField as e:
         column = (fields or {}).get(e.name, e.name)
         mapped = f" (mapped to {e.name!r})" if column != e.name else ""

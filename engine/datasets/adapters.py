@@ -1,10 +1,13 @@
 """Adapters: one parsed dataset row (a dict) -> one prompt, for each supported row format.
 
 Each adapter turns a row into a :class:`Conversation` (the whole conversation in OpenAI message
-shape, plus tools) or raises :class:`AdapterError` with a precise reason. :func:`cut_prompt` then
-applies the multi-turn rule shared by all formats: the prompt is the conversation up to, not
-including, its LAST assistant turn (the whole conversation if it has no assistant turn), and it
-must end with a ``user`` or ``tool`` turn. ``engine.datasets.row_to_prompt`` runs both.
+shape, the row's own answer included when it has one, plus tools) or raises :class:`AdapterError`
+with a precise reason. After the role normalisation (``engine.datasets.rule.normalise_conversation``),
+``engine.datasets.rule.cut_prompt`` applies the ONE prompt rule shared by all formats (``docs/prompt-construction.md``):
+a conversation ending on a ``user`` or ``tool`` turn IS the prompt, whole; one ending on an
+``assistant`` turn is cut just before that final turn; any other conversation is rejected. Then the
+reasoning of every assistant turn kept in the prompt is moved out of ``content`` into
+``reasoning_content`` (:mod:`engine.datasets.reasoning`). ``engine.datasets.row_to_prompt`` runs all.
 
 Formats (see ``shared/datasets/SOURCES.md`` for the datasets):
 
@@ -13,9 +16,10 @@ Formats (see ``shared/datasets/SOURCES.md`` for the datasets):
                     B6 ultrachat_200k, any OpenAI-shape chat data.
 ``sharegpt``        ``conversations: [{from, value}]`` (+ ``system``, ``tools``): B7 ShareGPT,
                     B5 OpenThoughts-114k / OpenThoughts3.
-``instruction``     ``instruction`` (+ ``input``, + ``system``): B3 Magicoder Evol-Instruct, Alpaca.
-``oss_instruct``    ``problem`` as the user turn: B3 Magicoder OSS-Instruct.
-``opencodeinstruct`` ``input`` as the user turn: B2 nvidia/OpenCodeInstruct.
+``instruction``     ``instruction`` (+ ``input``, + ``system``) (+ ``response``/``output``): B3 Magicoder
+                    Evol-Instruct, Alpaca.
+``oss_instruct``    ``problem`` as the user turn (+ ``solution``): B3 Magicoder OSS-Instruct.
+``opencodeinstruct`` ``input`` as the user turn (+ ``output``): B2 nvidia/OpenCodeInstruct.
 ``glaive``          ``system`` + ``chat`` flat strings: B1 glaive-function-calling-v2.
 ``swe_agent``       ``history: [{role, content, tool_calls, tool_call_ids, ...}]``: B8 ``.traj``.
 ``ultrachat``       ``data: [str, ...]`` alternating user/assistant: B6 stingning/ultrachat.
@@ -34,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.datasets.glaive import parse_glaive
-from engine.datasets.roles import normalise, specforge_parse
+from engine.datasets.reasoning import REASONING_FIELDS
 from engine.datasets.sharegpt import sharegpt_messages
 from engine.datasets.swe_agent import swe_agent_messages
 from engine.prompts import ROLES
@@ -68,8 +72,8 @@ class Conversation:
         offset: how many messages were added in front of the row's own turn list (e.g. a system
             message from a separate ``system`` field); used to number messages in reasons.
         numbers: each message's 1-based number in the row's own turn list (None for an added
-            message); set by :func:`normalise_conversation`, or by an adapter whose messages are not
-            one per turn (a split ShareGPT observation); None: numbers follow from ``offset``.
+            message); set by ``engine.datasets.rule.normalise_conversation``, or by an adapter whose
+            messages are not one per turn (a split ShareGPT observation); None: numbers follow from ``offset``.
     """
 
     messages: list[dict[str, Any]]
@@ -177,9 +181,11 @@ def _kind(value: Any) -> str:
 
 
 def adapt_openai(row: Mapping[str, Any]) -> Conversation:
-    """``{"messages": [{role, content, name?, tool_calls?, tool_call_id?}], "tools"?}``.
+    """``{"messages": [{role, content, name?, tool_calls?, tool_call_id?, reasoning_content?}], "tools"?}``.
 
     Only the OpenAI message keys are kept; keys with null values (as Parquet structs produce) drop.
+    An assistant turn's reasoning field (``reasoning_content``, or OpenRouter's ``reasoning``) is kept
+    (``engine.datasets.rule.cut_prompt`` stores it as ``reasoning_content``; ``docs/prompt-construction.md``).
     """
     messages = []
     for n, m in enumerate(_list(row, "messages"), 1):
@@ -193,7 +199,7 @@ def adapt_openai(row: Mapping[str, Any]) -> Conversation:
         msg = {"role": role}
         if "content" in m:
             msg["content"] = m["content"]
-        for key in _OPENAI_KEYS:
+        for key in _OPENAI_KEYS + (REASONING_FIELDS if role == "assistant" else ()):
             if m.get(key) not in (None, [], ""):
                 msg[key] = m[key]
         messages.append(msg)
@@ -221,8 +227,9 @@ def adapt_instruction(row: Mapping[str, Any]) -> Conversation:
 
     The user turn is the instruction, a blank line, then the input (if non-empty); Alpaca-style
     ``history: [[query, answer], ...]`` pairs come before it as user/assistant turns, and the
-    answer (``response`` or ``output``, ``""`` if absent) closes the conversation, so the cut
-    before the last assistant turn always lands just after the instruction.
+    answer (``response`` or ``output``), when the row has one, closes the conversation: the prompt
+    rule cuts it (``docs/prompt-construction.md``); without one the conversation ends on the
+    instruction and is the prompt whole. Either way the prompt ends on the instruction.
     """
     text = _string(row, "instruction")
     extra = row.get("input")
@@ -236,19 +243,29 @@ def adapt_instruction(row: Mapping[str, Any]) -> Conversation:
         if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
             raise AdapterError(f"history entry {n}: expected a [query, answer] pair")
         messages += [{"role": "user", "content": pair[0]}, {"role": "assistant", "content": pair[1]}]
-    answer = row.get("response", row.get("output", ""))
-    messages += [{"role": "user", "content": text}, {"role": "assistant", "content": answer}]
+    messages += [{"role": "user", "content": text}, *_answer(row, "response", "output")]
     return Conversation(messages, offset=offset)
 
 
+def _answer(row: Mapping[str, Any], *names: str) -> list[dict[str, Any]]:
+    """The row's own answer (the first of ``names`` present and not null) as a final assistant turn;
+    none when the row has no answer. The prompt rule cuts it, so its value is never sent."""
+    for name in names:
+        if row.get(name) is not None:
+            return [{"role": "assistant", "content": row[name]}]
+    return []
+
+
 def adapt_oss_instruct(row: Mapping[str, Any]) -> Conversation:
-    """Magicoder OSS-Instruct ``{"problem", "solution", "seed", ...}``: ``problem`` is the user turn."""
-    return Conversation([{"role": "user", "content": _string(row, "problem")}])
+    """Magicoder OSS-Instruct ``{"problem", "solution", "seed", ...}``: ``problem`` is the user turn,
+    ``solution`` (when present) the answer the prompt rule cuts."""
+    return Conversation([{"role": "user", "content": _string(row, "problem")}, *_answer(row, "solution")])
 
 
 def adapt_opencodeinstruct(row: Mapping[str, Any]) -> Conversation:
-    """nvidia/OpenCodeInstruct ``{"id", "input", "output", ...}``: ``input`` is the user turn."""
-    return Conversation([{"role": "user", "content": _string(row, "input")}])
+    """nvidia/OpenCodeInstruct ``{"id", "input", "output", ...}``: ``input`` is the user turn,
+    ``output`` (when present) the answer the prompt rule cuts."""
+    return Conversation([{"role": "user", "content": _string(row, "input")}, *_answer(row, "output")])
 
 
 def adapt_glaive(row: Mapping[str, Any]) -> Conversation:
@@ -277,7 +294,10 @@ def adapt_swe_agent(row: Mapping[str, Any]) -> Conversation:
 
 
 def adapt_ultrachat(row: Mapping[str, Any]) -> Conversation:
-    """stingning/ultrachat ``{"id", "data": [str, ...]}``: user, assistant, user, ... by position."""
+    """stingning/ultrachat ``{"id", "data": [str, ...]}``: user, assistant, user, ... by position.
+
+    Even length: ends on an assistant turn, which the prompt rule cuts; odd length: ends on a user
+    turn and is the prompt whole (``docs/prompt-construction.md``)."""
     return Conversation(
         [{"role": "user" if n % 2 == 0 else "assistant", "content": text} for n, text in enumerate(_list(row, "data"))]
     )
@@ -358,64 +378,3 @@ def detect_format(row: dict) -> str | None:
         if key in row and fits(row[key]):
             return name
     return None
-
-
-# ----------------------------------------------------------------------------- the prompt rule
-
-
-def normalise_conversation(conv: Conversation) -> tuple[Conversation, list[str]]:
-    """Normalise a conversation's role order with the one rule of :mod:`engine.datasets.roles`
-    (leading non-user turns: system ones merged into one system turn, others dropped; consecutive
-    same-role user/assistant/system turns merged). Returns the new conversation and one note per change."""
-    numbers = conv.numbers if conv.numbers is not None else [
-        i - conv.offset + 1 if i >= conv.offset else None for i in range(len(conv.messages))]
-    messages, numbers, notes = normalise(conv.messages, numbers)
-    return Conversation(messages, conv.tools, conv.offset, numbers), notes
-
-
-def cut_prompt(conv: Conversation) -> list[dict[str, Any]]:
-    """Apply the multi-turn rule and validate; return the prompt messages.
-
-    The prompt followed by the generated assistant turn must keep every turn under SpecForge's role
-    rules (:func:`engine.datasets.roles.specforge_parse`), else the row is rejected: SpecForge would
-    cut the conversation before the generated turn (apply :func:`normalise_conversation` first).
-
-    Raises:
-        AdapterError: ``"empty conversation"``; ``"message N: null content"`` / ``"missing field
-            'content'"`` / ``"content is a T, expected a string"`` (null or missing content is fine on
-            an assistant message with ``tool_calls``); ``"no user turn"``; ``"roles out of order:
-            prompt ends with a R turn"``; ``"message N: final user turn is empty"``; ``"message N:
-            roles out of SpecForge's order: ..."``.
-    """
-    messages = conv.messages
-    if not messages:
-        raise AdapterError("empty conversation")
-    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=len(messages))
-    prompt = messages[:last]
-
-    for i, m in enumerate(prompt):
-        content = m.get("content", _MISSING)
-        if isinstance(content, str):
-            continue
-        if m["role"] == "assistant" and m.get("tool_calls") and (content is None or content is _MISSING):
-            continue
-        if content is None:
-            raise AdapterError(f"{conv.label(i)}: null content")
-        if content is _MISSING:
-            raise AdapterError(f"{conv.label(i)}: missing field 'content'")
-        raise AdapterError(f"{conv.label(i)}: content is {_kind(content)}, expected a string")
-    if not any(m["role"] == "user" for m in prompt):
-        raise AdapterError("no user turn" + (" before the last assistant turn" if last < len(messages) else ""))
-    end = prompt[-1]
-    if end["role"] not in ("user", "tool"):
-        raise AdapterError(f"roles out of order: prompt ends with a {end['role']} turn ({conv.label(len(prompt) - 1)})")
-    if end["role"] == "user" and not end["content"].strip():
-        raise AdapterError(f"{conv.label(len(prompt) - 1)}: final user turn is empty")
-    cut = specforge_parse([*prompt, {"role": "assistant", "content": ""}])
-    if cut.dropped:
-        raise AdapterError(f"{conv.label(cut.dropped[0])}: roles out of SpecForge's order: a {prompt[cut.dropped[0]]['role']} "
-                           f"turn before the first user turn (SpecForge's parser drops it)")
-    if cut.truncated_at is not None:
-        raise AdapterError(f"{conv.label(cut.truncated_at)}: roles out of SpecForge's order: {cut.reason} "
-                           f"(SpecForge's parser would cut the conversation there, before the generated turn)")
-    return prompt

@@ -100,12 +100,14 @@ def split_chat(chat: str) -> list[tuple[str, str]]:
 def parse_glaive(system: str | None, chat: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
     """Turn a glaive row into ``(messages, tools, offset)``; ``offset`` is 1 when a system message leads.
 
-    The whole conversation is returned (the caller cuts it before the last assistant turn); that
-    last assistant turn is kept as plain text, so a malformed call there cannot spoil the row.
+    The whole conversation is returned (the caller applies the prompt rule,
+    ``docs/prompt-construction.md``: a final assistant turn is cut, a conversation ending on a function
+    response is kept whole); the final assistant turn(s) (the trailing run the rule cuts) are kept as
+    plain text, so a malformed call there cannot spoil the row.
 
     Raises:
         ValueError: bad function schema, text before the first turn, or an unparseable
-            ``<functioncall>`` before the last assistant turn (message number 1-based in ``chat``).
+            ``<functioncall>`` in an assistant turn the prompt keeps (message number 1-based in ``chat``).
     """
     messages: list[dict[str, Any]] = []
     tools: list[dict[str, Any]] = []
@@ -115,12 +117,14 @@ def parse_glaive(system: str | None, chat: str) -> tuple[list[dict[str, Any]], l
             messages.append({"role": "system", "content": text})
     offset = len(messages)
     turns = split_chat(chat)
-    last_assistant = max((k for k, (role, _) in enumerate(turns) if role == "assistant"), default=-1)
+    final_run = len(turns)  # the trailing run of assistant turns: cut by the prompt rule, never parsed
+    while final_run > 0 and turns[final_run - 1][0] == "assistant":
+        final_run -= 1
     calls = 0
     pending: str | None = None
     for k, (role, text) in enumerate(turns):
         msg: dict[str, Any] = {"role": role, "content": text}
-        if role == "assistant" and k != last_assistant and _CALL_TAG in text:
+        if role == "assistant" and k < final_run and _CALL_TAG in text:
             before, _, payload = text.partition(_CALL_TAG)
             try:
                 name, arguments = parse_call(payload)

@@ -8,8 +8,8 @@ generated turn. Every prompt is therefore normalised at ingest (:func:`normalise
 against a transcription of those rules (:func:`specforge_parse`); a prompt the rule cannot repair is
 rejected with the reason.
 
-The normalisation rule (applied to the whole conversation, before the prompt is cut before its last
-assistant turn):
+The normalisation rule (applied to the whole conversation, before the prompt rule of
+``docs/prompt-construction.md`` cuts a final assistant turn):
 
 1. **Head**: the turns before the first ``user`` turn: its ``system`` turns become ONE leading system
    turn (contents joined with :data:`SEPARATOR`); its other turns (an assistant greeting, a tool
@@ -17,7 +17,8 @@ assistant turn):
    turn before the first user turn: dropping them here keeps the prompt sent = the prompt trained.
 2. **Runs**: consecutive turns of the same role ``user``, ``assistant`` or ``system`` merge into one
    (string contents joined with :data:`SEPARATOR`, empty parts skipped; an assistant's
-   ``tool_calls`` concatenated in order). ``tool`` turns never merge (each answers its own call).
+   ``tool_calls`` concatenated in order, its reasoning fields (``reasoning_content`` or ``reasoning``)
+   joined into one ``reasoning_content``). ``tool`` turns never merge (each answers its own call).
    A turn whose content is neither a string nor null (content parts) does not merge.
 
 Functions here are pure (no I/O).
@@ -122,6 +123,12 @@ def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         out["tool_calls"] = calls
     for key, value in b.items():
         out.setdefault(key, value)
+    reasoning = [m.get("reasoning_content") or m.get("reasoning") for m in (a, b)]
+    fields = [m.get(k) for m in (a, b) for k in ("reasoning_content", "reasoning")]
+    if any(reasoning) and all(isinstance(v, str) or v is None for v in fields):
+        # both turns' reasoning fields, joined (one would be lost); docs/prompt-construction.md
+        out.pop("reasoning", None)
+        out["reasoning_content"] = SEPARATOR.join(r for r in reasoning if r)
     return out
 
 
