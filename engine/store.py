@@ -267,7 +267,8 @@ class Store:
     # ---- ingest -----------------------------------------------------------------------------
     async def ingest_batch(self, dataset: str, rows: Iterable[tuple[str, str, str, int, str, str, str | None]]) -> int:
         """Insert prompts ``(key, source, class, est_prompt_tokens, messages_json, tools_json, special_text)``
-        (``special_text``: None, or the special-token texts found in the messages).
+        (``special_text``: None, or the special-token texts found in the messages; a 6-tuple without
+        it stores None).
 
         Existing (dataset, key) rows are left untouched (their state and results are kept).
         Returns the number of rows inserted.
@@ -280,7 +281,7 @@ class Store:
         await self.conn.executemany(
             "INSERT OR IGNORE INTO prompts(dataset, key, source, class, est_prompt_tokens, messages, tools, special_text) "
             "VALUES(?,?,?,?,?,?,?,?)",
-            [(dataset, *r) for r in rows],
+            [(dataset, *r) if len(r) == 7 else (dataset, *r, None) for r in rows],
         )
         await self.conn.execute("COMMIT")
         return self.conn.total_changes - before
