@@ -97,9 +97,9 @@ class ReconstructionService:
         run_dir: the run directory (its ``store.sqlite`` must exist: create the store first).
         on_verdict: optional ``(dataset, ok, reasons)`` callback, called on the event loop.
         commit_interval_s: upper bound on seconds between commits of verdict rows.
-        checked: ``(tokenizer, start-up description)`` already loaded from ``section`` and passed by
-            :func:`~engine.tokens.startup.startup_check` (the run loads it before ingest, which renders
-            every prompt with it); None: :meth:`start` loads and checks it.
+        checked: ``(tokenizer, start-up description)``: the tokenizer already loaded from ``section``
+            that passed :func:`~engine.tokens.startup.startup_check` (the run loads it before ingest,
+            which renders every prompt with it); None: :meth:`start` loads and checks it.
     """
 
     def __init__(self, section: TokenizerSection, run_dir: Path, *,
