@@ -40,3 +40,27 @@ def write_lines(path: Path, lines) -> int:
             f.write("\n")
             n += 1
     return n
+
+
+_NOTHING = object()
+
+
+def write_unless_empty(path: Path, items, write) -> int:
+    """Write ``items`` to ``path`` with ``write(path, items) -> count`` only when there is at least one.
+
+    An empty iterable writes no file and REMOVES an older file at ``path`` (an earlier export's file
+    must not survive beside a new export; a 0-row file breaks loaders that read a whole directory,
+    e.g. ``datasets.load_dataset("parquet", data_dir=...)``). Returns the count written (0: no file).
+    """
+    it = iter(items)
+    first = next(it, _NOTHING)
+    if first is _NOTHING:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return 0
+
+    def chained():
+        yield first
+        yield from it
+
+    return write(path, chained())

@@ -201,9 +201,11 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
             section = section_for_run(Path(args.run_dir), args.config)
         role_left_out: list[tuple[str, str]] = []
+        empty: list[tuple[str, str]] = []
         written = export(Path(args.run_dir), out, args.format, tokenizer=section,
                          include_invalid=args.include_invalid, validate=lock is not None or live is None,
-                         on_left_out=lambda rid, why: role_left_out.append((rid, why)))
+                         on_left_out=lambda rid, why: role_left_out.append((rid, why)),
+                         on_empty=lambda ds, why: empty.append((ds, why)))
     except NothingToExport as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
@@ -220,6 +222,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     unit = "rows" if args.format == "tokens" else "lines"
     for path, n in written.items():
         print(f"{path}: {n} {unit}")
+    for ds, why in empty:  # no 0-row file: it would break loaders reading the whole directory
+        print(f"dataset {ds}: no file written ({why})")
     if args.format != "raw" and not args.include_invalid:
         _say_left_out(Path(args.run_dir), live)
     if role_left_out:

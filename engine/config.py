@@ -372,6 +372,9 @@ class TokenizerSection(_Strict):
             ``failure_window`` validated records passes this is reported to the anomaly guard
             (0 disables).
         workers / executor: reconstruction pool off the event loop (``process`` or ``thread``).
+        prompt_special_text: ``keep`` (default: a special token's text typed in a prompt message is
+            sent as is, becomes that special id, and the prompt is flagged ``special_text_in_prompt``)
+            or ``reject`` (such prompts are rejected at ingest); :mod:`engine.tokens.promptcheck`.
     """
 
     path: str
@@ -396,6 +399,7 @@ class TokenizerSection(_Strict):
     failure_window: int = Field(200, ge=10)
     workers: int = Field(1, ge=1, le=64)
     executor: Literal["process", "thread"] = "process"
+    prompt_special_text: Literal["keep", "reject"] = "keep"
 
     @field_validator("path")
     @classmethod

@@ -12,6 +12,11 @@ from: ``reported`` | ``generation`` | ``counted`` | ``estimated``, see :mod:`eng
 
 When no record qualifies (no result stored, or every result invalid and ``include_invalid`` not
 set) nothing is written and :class:`NothingToExport` says why (``datagen export`` exits 1).
+
+A dataset with nothing to export while others have some gets NO file, in every format (a 0-row
+Parquet file makes ``datasets.load_dataset("parquet", data_dir=...)`` fail for the whole
+directory; JSONL follows the same rule), and an older export's file of that dataset in the output
+directory is removed; ``on_empty(dataset, why)`` is told, and ``datagen export`` prints it.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine.atomic import write_lines
+from engine.atomic import write_lines, write_unless_empty
 from engine.status import connect_ro
 from engine.store import table_columns
 
@@ -29,8 +34,10 @@ class NothingToExport(Exception):
     stored, invalid and unvalidated results, the failed checks) and what to do."""
 
 
-def export_raw(run_dir: Path, out_dir: Path) -> dict[str, int]:
-    """Export every dataset's results as JSONL; returns ``{dataset: lines written}``.
+def export_raw(run_dir: Path, out_dir: Path, on_empty=None) -> dict[str, int]:
+    """Export every dataset's results as JSONL; returns ``{dataset: lines written}`` for the files
+    written. A dataset without a result gets no file (an older one is removed) and
+    ``on_empty(dataset, why)`` is called.
 
     Raises:
         engine.status.StatusError: no store in ``run_dir``.
@@ -66,7 +73,13 @@ def export_raw(run_dir: Path, out_dir: Path) -> dict[str, int]:
                         "usage_source": src, "cost_usd": cost, "provider": prov, "model": model, "generation_id": gid,
                     }, ensure_ascii=False)
 
-            written[name] = write_lines(Path(out_dir) / f"{name}.jsonl", lines())
+            n = write_unless_empty(Path(out_dir) / f"{name}.jsonl", lines(), write_lines)
+            if n:
+                written[name] = n
+            elif on_empty is not None:
+                counts = dict(conn.execute("SELECT state, COUNT(*) FROM prompts WHERE dataset=? GROUP BY state", (name,)))
+                on_empty(name, "no completed result (" + (", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
+                                                          or "no prompt") + ")")
         return written
     finally:
         conn.close()
@@ -77,8 +90,8 @@ FORMATS = ("raw", "specforge", "openai", "tokens")
 
 
 def export(run_dir: Path, out_dir: Path, fmt: str = "raw", *, tokenizer=None, include_invalid: bool = False,
-           validate: bool = True, on_left_out=None) -> dict[str, Path | int]:
-    """Export a run in ``fmt``; returns ``{output file: rows written}``.
+           validate: bool = True, on_left_out=None, on_empty=None) -> dict[str, Path | int]:
+    """Export a run in ``fmt``; returns ``{output file: rows written}`` (files written only).
 
     Args:
         run_dir / out_dir: run directory and output directory.
@@ -90,6 +103,7 @@ def export(run_dir: Path, out_dir: Path, fmt: str = "raw", *, tokenizer=None, in
             another process holds the run directory (a live run validates them itself): they are left out.
         on_left_out: ``specforge`` only: called ``(row id, reason)`` per row left out because SpecForge's
             parser would drop or cut turns of it (see :func:`engine.tokens.exports.export_validated`).
+        on_empty: called ``(dataset, why)`` per dataset with nothing to export: it gets no file.
 
     Raises:
         NothingToExport: no record qualifies (nothing is written).
@@ -97,10 +111,10 @@ def export(run_dir: Path, out_dir: Path, fmt: str = "raw", *, tokenizer=None, in
         engine.tokens.exports.ExportError, engine.tokens.tokenizer.TokenizerError (others).
     """
     if fmt == "raw":
-        return {Path(out_dir) / f"{n}.jsonl": c for n, c in export_raw(run_dir, out_dir).items()}
+        return {Path(out_dir) / f"{n}.jsonl": c for n, c in export_raw(run_dir, out_dir, on_empty).items()}
     from engine.tokens.exports import export_validated
 
     written = export_validated(run_dir, out_dir, fmt, tokenizer=tokenizer, include_invalid=include_invalid,
-                               validate=validate, on_left_out=on_left_out)
+                               validate=validate, on_left_out=on_left_out, on_empty=on_empty)
     ext = ".parquet" if fmt == "tokens" else ".jsonl"
     return {Path(out_dir) / f"{n}{ext}": c for n, c in written.items()}

@@ -4,6 +4,11 @@ A dataset is re-read only when its fingerprint (path, size, mtime, format, field
 ``max_prompts``) changed since the last ingest, so resuming a run with 80,000 stored prompts does
 not re-parse the files. Rows keep their first key: re-ingesting never touches stored results.
 Reading and parsing run in a worker thread (off the event loop).
+
+With a ``[tokenizer]``, each prompt is also rendered and encoded there, through the code validation
+uses (:mod:`engine.tokens.promptcheck`): an unrenderable prompt is rejected before any request, the
+special-token texts typed in its messages are stored with it (``special_text_in_prompt``; rejected
+under ``prompt_special_text = "reject"``), and its class is picked by its real token count.
 """
 
 from __future__ import annotations
@@ -14,11 +19,15 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.config import Config, DatasetSection
 from engine.datasets import Reject, iter_prompts
 from engine.prompts import Became, Prompt
 from engine.store import Store
+
+if TYPE_CHECKING:
+    from engine.tokens.promptcheck import PromptChecker
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +86,8 @@ def fingerprint(d: DatasetSection) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
-def _read(d: DatasetSection, cfg: Config) -> tuple[list[tuple], list[tuple[str, str]], list[tuple[str, str]],
-                                                   list[tuple[str, Became]]]:
+def _read(d: DatasetSection, cfg: Config, checker: "PromptChecker | None" = None
+          ) -> tuple[list[tuple], list[tuple[str, str]], list[tuple[str, str]], list[tuple[str, Became]]]:
     rows: list[tuple] = []
     rejects: list[tuple[str, str]] = []
     normalised: list[tuple[str, str]] = []
@@ -93,21 +102,31 @@ def _read(d: DatasetSection, cfg: Config) -> tuple[list[tuple], list[tuple[str, 
             continue
         if d.max_prompts is not None and len(rows) >= d.max_prompts:
             break
+        est, special = estimate_prompt_tokens(item), None
+        if checker is not None:
+            verdict = checker.check(item.messages, item.tools)
+            why = checker.reject_reason(verdict)
+            if why is not None:
+                rejects.append((item.source, why))
+                continue
+            est, special = verdict.tokens or est, verdict.special_summary()
         seen[item.key] = item.source
         if item.notes:
             normalised.append((item.source, "; ".join(item.notes)))
         if item.became is not None:
             became.append((item.source, item.became))
-        est = estimate_prompt_tokens(item)
         rows.append(
             (item.key, item.source, cfg.class_for(d.name, est), est,
-             json.dumps(item.messages, ensure_ascii=False), json.dumps(item.tools, ensure_ascii=False))
+             json.dumps(item.messages, ensure_ascii=False), json.dumps(item.tools, ensure_ascii=False), special)
         )
     return rows, rejects, normalised, became
 
 
-async def ingest_all(cfg: Config, store: Store) -> list[IngestReport]:
+async def ingest_all(cfg: Config, store: Store, checker: "PromptChecker | None" = None) -> list[IngestReport]:
     """Register and (re)ingest every configured dataset; returns one report per dataset, in order.
+
+    ``checker`` (given when ``[tokenizer]`` is configured) renders every prompt read: unrenderable
+    ones (and, under ``prompt_special_text = "reject"``, ones with special-token text) are rejected.
 
     Raises:
         engine.datasets.DatasetError: a whole file cannot be read (named in the message).
@@ -122,7 +141,7 @@ async def ingest_all(cfg: Config, store: Store) -> list[IngestReport]:
             await store.reclassify(d.name, lambda est, _n=d.name: cfg.class_for(_n, est))
             reports.append(IngestReport(d.name, True, prev["prompts"], rejected=prev["rejected"]))
             continue
-        new_rows, rejects, normalised, became = await asyncio.to_thread(_read, d, cfg)
+        new_rows, rejects, normalised, became = await asyncio.to_thread(_read, d, cfg, checker)
         inserted = 0
         for i in range(0, len(new_rows), _BATCH):
             inserted += await store.ingest_batch(d.name, new_rows[i : i + _BATCH])
@@ -134,6 +153,11 @@ async def ingest_all(cfg: Config, store: Store) -> list[IngestReport]:
                            reasoning_moved=sum(bool(b.reasoning) for _, b in became))
         for s, r in rejects[:20]:
             log.warning("[%s] rejected %s: %s", d.name, s, r)
+        flagged = [(r[1], r[6]) for r in new_rows if r[6]]
+        if flagged:  # special_text_in_prompt: kept (prompt_special_text = "keep"), sent as special ids
+            log.warning("[%s] %d prompt(s) with special-token text in their messages (kept: it is sent as special "
+                        "ids; [tokenizer] prompt_special_text = \"reject\" rejects them), e.g. %s: %s",
+                        d.name, len(flagged), *flagged[0])
         if normalised:
             log.info("[%s] %d prompt(s) brought into SpecForge's role order at ingest (docs/specforge-roles.md)",
                      d.name, len(normalised))

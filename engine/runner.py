@@ -235,6 +235,7 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
     api_key = resolve_api_key(cfg.provider)
     if api_key is None and cfg.provider.kind == "openai":
         await probe_keyless_server(cfg.provider)
+    checked = await load_checked_tokenizer(cfg)  # before the store: a refused tokenizer leaves nothing behind
     make_run_dir(cfg.run.dir)
     lock = runlock.acquire(cfg.run.dir)  # shared with `datagen run`'s own hold; refused if another process has it
     try:
@@ -246,7 +247,12 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
         prev = await store.get_meta("run_name")
         if prev is None:
             await store.set_meta("run_name", cfg.run.name)
-        for rep in await ingest_all(cfg, store):
+        checker = None
+        if checked is not None:
+            from engine.tokens.promptcheck import PromptChecker
+
+            checker = PromptChecker(checked[0], cfg.tokenizer.prompt_special_text)  # type: ignore[union-attr]
+        for rep in await ingest_all(cfg, store, checker):
             if rep.skipped_unchanged:
                 print(f"[{rep.dataset}] {rep.prompts} prompts (already ingested), {rep.rejected} rejected rows", file=out)
             else:
@@ -300,7 +306,7 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
         sup = Supervisor(sched, ctl, client.get_json)
         ctl.credits_check = sup.poll_credits
         await sup.poll_credits()  # credits known before the first dispatch: the floor is checked at each one
-        recon = await start_reconstruction(cfg, sched, out)
+        recon = await start_reconstruction(cfg, sched, out, checked)
         # Long-lived start-up objects (config, tokenizer, imports) leave the GC's young generations,
         # and collections run less often: full collections stalled the loop 170-230 ms under load.
         gc.collect()
@@ -317,8 +323,31 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
         raise
 
 
-async def start_reconstruction(cfg: Config, sched: Scheduler, out: TextIO):
+async def load_checked_tokenizer(cfg: Config):
+    """Load ``[tokenizer]`` and run its start-up check, off the loop; None without a ``[tokenizer]``.
+
+    Returns:
+        ``(engine.tokens.tokenizer.Tokenizer, start-up description)``: ingest renders every prompt
+        with it, and the reconstruction service validates with the same object.
+
+    Raises:
+        engine.tokens.tokenizer.TokenizerError: the tokenizer cannot be loaded, or the start-up check
+            refused it (generation is refused).
+    """
+    if cfg.tokenizer is None:
+        return None
+    from engine.tokens.startup import startup_check
+    from engine.tokens.tokenizer import load_tokenizer
+
+    tok = await asyncio.to_thread(load_tokenizer, cfg.tokenizer)
+    return tok, await asyncio.to_thread(startup_check, tok)
+
+
+async def start_reconstruction(cfg: Config, sched: Scheduler, out: TextIO, checked=None):
     """Start token reconstruction of results as they arrive, when ``[tokenizer]`` is configured.
+
+    ``checked``: the ``(tokenizer, start-up description)`` of :func:`load_checked_tokenizer` (None:
+    the service loads and checks the tokenizer itself).
 
     Validation failures feed the anomaly guard: a dataset whose failure rate passes
     ``tokenizer.max_failure_rate`` is paused with the reason.
@@ -342,7 +371,7 @@ async def start_reconstruction(cfg: Config, sched: Scheduler, out: TextIO):
             asyncio.get_running_loop().create_task(
                 sched.set_dataset_control(dataset, "paused", f"anomaly guard (validation): {reason}", guard=True))
 
-    recon = ReconstructionService(cfg.tokenizer, cfg.run.dir, on_verdict=on_verdict)
+    recon = ReconstructionService(cfg.tokenizer, cfg.run.dir, on_verdict=on_verdict, checked=checked)
     print(format_startup(await recon.start()), file=out)
     sched.recon = recon
     return recon

@@ -4,6 +4,8 @@ Committed rows give done/failed/tokens/cost/errors; the live engine's ``runtime`
 in the same transaction as every commit) gives in-flight counts and the run state. A run whose
 engine is gone (no such pid, or no heartbeat for :data:`STALE_S`) has nothing in flight.
 Invariant of every dataset entry: ``done + failed + skipped + pending + in_flight == prompts``.
+``special_text_in_prompt`` (per dataset and in ``totals``) counts prompts flagged at ingest for
+special-token text typed in their messages (:mod:`engine.tokens.promptcheck`; 0 without ``[tokenizer]``).
 ``usage_sources`` (per dataset and in ``totals``) counts the stored results by where their tokens
 and cost come from: ``reported`` | ``generation`` | ``counted`` | ``estimated`` (:mod:`engine.usage`).
 
@@ -151,6 +153,7 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         else:
             for d, n in conn.execute("SELECT dataset, COUNT(*) FROM results GROUP BY 1"):
                 sources[d] = {"reported": n}
+        special = special_text_counts(conn)
         lost = {d: c or 0.0 for d, c in conn.execute(
             "SELECT dataset, SUM(cost_usd) FROM attempts WHERE outcome!='ok' AND cost_usd IS NOT NULL GROUP BY dataset")}
         errors: dict[str, dict[str, int]] = {}
@@ -185,6 +188,7 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
                 "cost_usd": round(cost + lost_d, 8), "lost_cost_usd": round(lost_d, 8),
                 "token_budget": budget, "errors": errors.get(dname, {}),
                 "usage_sources": _sources(sources.get(dname, {})),
+                "special_text_in_prompt": special.get(dname, 0),
                 "reserved_tokens": int(live.get("reserved_tokens", {}).get(dname, 0)) if alive else 0,
                 "cost_in_flight_usd": float(live.get("cost_in_flight", {}).get(dname, 0.0)) if alive and in_flight else 0.0,
                 "projected_cost_usd": live.get("projected_cost_usd", {}).get(dname) if live else None,
@@ -205,7 +209,7 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             reason = reason if rstate not in ("running",) else "engine not running"
         totals: dict[str, Any] = {}
         for k in ("prompts", "rejected", "done", "failed", "skipped", "pending", "in_flight",
-                  "prompt_tokens", "completion_tokens", "reasoning_tokens"):
+                  "prompt_tokens", "completion_tokens", "reasoning_tokens", "special_text_in_prompt"):
             totals[k] = sum(d[k] for d in datasets)
         totals["cost_usd"] = round(sum(d["cost_usd"] for d in datasets), 8)
         totals["lost_cost_usd"] = round(sum(d["lost_cost_usd"] for d in datasets), 8)
@@ -265,6 +269,15 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     doc["lock"] = h.as_dict() if h is not None else None
     doc.update(status_fields(Path(run_dir)))  # "extract" (per worker) and "gpus" (NVML, or why not)
     return doc
+
+
+def special_text_counts(conn: sqlite3.Connection) -> dict[str, int]:
+    """Prompts per dataset flagged ``special_text_in_prompt`` at ingest (special-token text typed in
+    their messages, :mod:`engine.tokens.promptcheck`); ``{}`` for a store without the column."""
+    if "special_text" not in table_columns(conn, ["prompts"])["prompts"]:
+        return {}
+    return {d: n for d, n in conn.execute(
+        "SELECT dataset, COUNT(*) FROM prompts WHERE special_text IS NOT NULL GROUP BY dataset")}
 
 
 def _sources(counts: dict[str, int]) -> dict[str, int]:
@@ -348,6 +361,11 @@ def format_status(doc: dict[str, Any]) -> str:
             f"{d['in_flight']:>5} {d['rejected']:>4} {fmt_count(d['completion_tokens']):>10} {d['cost_usd']:>9.4f} "
             f"{eta_d:>11}  {errs}" + (f"  [{note}]" if note else "")
         )
+    flagged = [(d["name"], d["special_text_in_prompt"]) for d in doc["datasets"] if d.get("special_text_in_prompt")]
+    if flagged:
+        lines.append("special_text_in_prompt: " + ", ".join(f"{name} {n}" for name, n in flagged)
+                     + " prompt(s) with special-token text typed in their messages (sent as special ids; "
+                       "[tokenizer] prompt_special_text = \"reject\" rejects them at ingest)")
     return "\n".join(lines)
 
 

@@ -8,6 +8,8 @@ One file per run, ``RUN_DIR/store.sqlite``. Tables:
 - ``prompts``: one row per unique (dataset, key) with the messages and tools as JSON, the request
   class and ``state`` in ``pending | done | failed``. A prompt stays ``pending`` until its result
   or failure is committed, so a crash only ever re-requests prompts whose result was not stored.
+  ``special_text``: the special-token texts typed in its messages (``special_text_in_prompt``,
+  :mod:`engine.tokens.promptcheck`), NULL when none or not checked (no ``[tokenizer]``).
 - ``results``: exactly one row per completed prompt (PRIMARY KEY prompt_id, UNIQUE dataset+key);
   ``usage_source`` says where its tokens and cost come from (:mod:`engine.usage`: ``reported`` |
   ``generation`` | ``counted`` | ``estimated``). Columns added since schema version 1 are added to
@@ -48,7 +50,7 @@ CREATE TABLE IF NOT EXISTS prompts(
   id INTEGER PRIMARY KEY, dataset TEXT NOT NULL, key TEXT NOT NULL, source TEXT NOT NULL,
   class TEXT NOT NULL, est_prompt_tokens INTEGER NOT NULL, messages TEXT NOT NULL, tools TEXT NOT NULL,
   state TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0,
-  error_class TEXT, error TEXT, UNIQUE(dataset, key));
+  error_class TEXT, error TEXT, special_text TEXT, UNIQUE(dataset, key));
 CREATE INDEX IF NOT EXISTS prompts_dispatch ON prompts(dataset, class, state, id);
 CREATE TABLE IF NOT EXISTS results(
   prompt_id INTEGER PRIMARY KEY, dataset TEXT NOT NULL, key TEXT NOT NULL,
@@ -84,6 +86,7 @@ CREATE TABLE IF NOT EXISTS runtime(
 #: the default (results stored before ``usage_source`` existed count as ``reported``).
 ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("results", "usage_source", "TEXT NOT NULL DEFAULT 'reported'"),
+    ("prompts", "special_text", "TEXT"),
 )
 
 
@@ -262,8 +265,10 @@ class Store:
         )
 
     # ---- ingest -----------------------------------------------------------------------------
-    async def ingest_batch(self, dataset: str, rows: Iterable[tuple[str, str, str, int, str, str]]) -> int:
-        """Insert prompts ``(key, source, class, est_prompt_tokens, messages_json, tools_json)``.
+    async def ingest_batch(self, dataset: str, rows: Iterable[tuple[str, str, str, int, str, str, str | None]]) -> int:
+        """Insert prompts ``(key, source, class, est_prompt_tokens, messages_json, tools_json, special_text)``
+        (``special_text``: None, or the special-token texts found in the messages; a 6-tuple without
+        it stores None).
 
         Existing (dataset, key) rows are left untouched (their state and results are kept).
         Returns the number of rows inserted.
@@ -274,9 +279,9 @@ class Store:
         before = self.conn.total_changes
         await self.conn.execute("BEGIN")
         await self.conn.executemany(
-            "INSERT OR IGNORE INTO prompts(dataset, key, source, class, est_prompt_tokens, messages, tools) "
-            "VALUES(?,?,?,?,?,?,?)",
-            [(dataset, *r) for r in rows],
+            "INSERT OR IGNORE INTO prompts(dataset, key, source, class, est_prompt_tokens, messages, tools, special_text) "
+            "VALUES(?,?,?,?,?,?,?,?)",
+            [(dataset, *r) if len(r) == 7 else (dataset, *r, None) for r in rows],
         )
         await self.conn.execute("COMMIT")
         return self.conn.total_changes - before

@@ -19,7 +19,9 @@ temporary name in the same directory and renamed (atomic).
 
 When no record qualifies, nothing is written and :class:`engine.export.NothingToExport` names the
 counts and the failed checks (``datagen export`` exits 1); a dataset with no qualifying record while
-others have some gets an empty file (so an older export's file never survives beside a new one).
+others have some gets NO file (a 0-row Parquet file makes ``datasets.load_dataset("parquet",
+data_dir=...)`` fail for the whole directory; JSONL files follow the same rule), an older export's
+file of that dataset is removed (it must not survive beside a new export), and ``on_empty`` says why.
 """
 
 from __future__ import annotations
@@ -77,6 +79,30 @@ def left_out(conn) -> tuple[int, int, collections.Counter]:
     (unvalidated,) = conn.execute(
         "SELECT COUNT(*) FROM results WHERE prompt_id NOT IN (SELECT prompt_id FROM validations)").fetchone()
     return invalid, unvalidated, reasons
+
+
+def empty_reason(conn, dataset: str, include_invalid: bool, role_left_out: int = 0) -> str:
+    """Why ``dataset`` has no row in an export: its stored results, invalid ones (with the failed
+    checks), unvalidated ones, and rows left out for SpecForge's role order."""
+    (stored,) = conn.execute("SELECT COUNT(*) FROM results WHERE dataset=?", (dataset,)).fetchone()
+    if not stored:
+        counts = dict(conn.execute("SELECT state, COUNT(*) FROM prompts WHERE dataset=? GROUP BY state", (dataset,)))
+        return "no completed result (" + (", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no prompt") + ")"
+    reasons: collections.Counter = collections.Counter()
+    invalid = 0
+    for (rs,) in conn.execute("SELECT reasons FROM validations WHERE dataset=? AND ok=0", (dataset,)):
+        invalid += 1
+        reasons.update(json.loads(rs))
+    (unvalidated,) = conn.execute("SELECT COUNT(*) FROM results WHERE dataset=? AND prompt_id NOT IN "
+                                  "(SELECT prompt_id FROM validations)", (dataset,)).fetchone()
+    parts = [f"{stored} result(s) stored"]
+    if invalid and not include_invalid:
+        parts.append(f"{invalid} invalid (" + ", ".join(f"{k} {v}" for k, v in reasons.most_common()) + ")")
+    if unvalidated:
+        parts.append(f"{unvalidated} not validated")
+    if role_left_out:
+        parts.append(f"{role_left_out} left out for SpecForge's role order")
+    return f"no {'' if include_invalid else 'valid '}record: " + ", ".join(parts)
 
 
 def _check_something_qualifies(conn, run_dir: Path, include_invalid: bool) -> None:
@@ -146,8 +172,10 @@ def _token_records(conn, dataset: str, include_invalid: bool) -> Iterator[TokenR
 
 def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: TokenizerSection | None = None,
                      include_invalid: bool = False, workers: int | None = None, validate: bool = True,
-                     on_left_out: Callable[[str, str], None] | None = None) -> dict[str, int]:
-    """Export every dataset in ``fmt`` (one of :data:`FORMATS`); returns ``{dataset: rows}``.
+                     on_left_out: Callable[[str, str], None] | None = None,
+                     on_empty: Callable[[str, str], None] | None = None) -> dict[str, int]:
+    """Export every dataset in ``fmt`` (one of :data:`FORMATS`); returns ``{dataset: rows}`` for the
+    files written.
 
     Args:
         run_dir / out_dir: the run directory and the output directory (created).
@@ -158,12 +186,14 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
         on_left_out: called ``(row id, reason)`` for each ``specforge`` row left out because SpecForge's
             parser would drop or cut turns of it (a prompt stored before ingest normalised role order;
             docs/specforge-roles.md).
+        on_empty: called ``(dataset, why)`` for each dataset with no row to export: no file is
+            written for it (see the module docstring).
 
     Raises:
         engine.export.NothingToExport: no record qualifies (nothing is written).
         ExportError, TokenizerError, engine.tokens.vstore.NoStoreError.
     """
-    from engine.atomic import write_lines
+    from engine.atomic import write_lines, write_unless_empty
     from engine.tokens.service import section_for_run
 
     if fmt not in FORMATS:
@@ -178,11 +208,23 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
         names = [n for (n,) in conn.execute("SELECT name FROM datasets ORDER BY position")]
         out: dict[str, int] = {}
         for name in names:
+            dropped: list[str] = []
+
+            def left(rid: str, why: str, _d=dropped) -> None:
+                _d.append(rid)
+                if on_left_out is not None:
+                    on_left_out(rid, why)
+
             if fmt == "tokens":
-                out[name] = write_parquet(Path(out_dir) / f"{name}.parquet", _token_records(conn, name, include_invalid))
+                n = write_unless_empty(Path(out_dir) / f"{name}.parquet", _token_records(conn, name, include_invalid),
+                                       write_parquet)
             else:
-                out[name] = write_lines(Path(out_dir) / f"{name}.jsonl",
-                                        _json_lines(conn, name, fmt, include_invalid, id_format, on_left_out))
+                n = write_unless_empty(Path(out_dir) / f"{name}.jsonl",
+                                       _json_lines(conn, name, fmt, include_invalid, id_format, left), write_lines)
+            if n:
+                out[name] = n
+            elif on_empty is not None:
+                on_empty(name, empty_reason(conn, name, include_invalid, len(dropped)))
         return out
     finally:
         conn.close()

@@ -86,7 +86,9 @@ def summarize(conn: sqlite3.Connection, *, worst: int = 10) -> dict[str, Any]:
     Returns:
         ``{"records", "ok", "invalid", "structural_errors", "checks", "notes", "billing",
         "prompt_diff", "tokens", "supervised_fraction", "zero_supervised", "low_supervised",
-        "unvalidated", "datasets": {name: same}, "providers": {name: same}}``; ``billing`` of the
+        "unvalidated", "special_text_in_prompt", "datasets": {name: same + special_text_in_prompt},
+        "providers": {name: same}}`` (``special_text_in_prompt``: validated records whose prompt was
+        flagged at ingest, :mod:`engine.tokens.promptcheck`); ``billing`` of the
         run also has ``worst`` (list of ``{id, dataset, provider, billing_diff, completion_len,
         billed_completion, reasons}``).
     """
@@ -109,8 +111,22 @@ def summarize(conn: sqlite3.Connection, *, worst: int = 10) -> dict[str, Any]:
         "SELECT COUNT(*) FROM results WHERE prompt_id NOT IN (SELECT prompt_id FROM validations)").fetchone()
     names = [n for n in order if n in per_ds] + sorted(n for n in per_ds if n not in order)
     doc["datasets"] = {n: per_ds[n].doc() for n in names}
+    flagged = _special_text(conn)
+    doc["special_text_in_prompt"] = sum(flagged.values())
+    for n, d in doc["datasets"].items():
+        d["special_text_in_prompt"] = flagged.get(n, 0)
     doc["providers"] = {n: per_prov[n].doc() for n in sorted(per_prov)}
     return doc
+
+
+def _special_text(conn: sqlite3.Connection) -> dict[str, int]:
+    """Validated records per dataset whose prompt was flagged ``special_text_in_prompt`` at ingest
+    (a flag, not a failure: :mod:`engine.tokens.promptcheck`); ``{}`` for a store without the column."""
+    if not any(r[1] == "special_text" for r in conn.execute("PRAGMA table_info(prompts)")):
+        return {}
+    return {d: n for d, n in conn.execute(
+        "SELECT v.dataset, COUNT(*) FROM validations v JOIN prompts p ON p.id = v.prompt_id "
+        "WHERE p.special_text IS NOT NULL GROUP BY v.dataset")}
 
 
 def _f(x: float | None, fmt: str = "{:.2f}") -> str:
@@ -139,9 +155,13 @@ def format_report(doc: dict[str, Any]) -> str:
                      f"of {w['billed_completion']} billed {', '.join(w['reasons'])}")
     lines.append(f"supervised fraction {_f(doc['supervised_fraction'], '{:.3f}')}, zero-supervised rows "
                  f"{doc['zero_supervised']}, under 1% {doc['low_supervised']}")
+    if doc.get("special_text_in_prompt"):
+        lines.append(f"special_text_in_prompt {doc['special_text_in_prompt']}: records whose prompt has special-token "
+                     f"text typed in its messages (sent as special ids; a flag, not a failure)")
     for title, group in (("dataset", doc["datasets"]), ("provider", doc["providers"])):
         for name, d in group.items():
             f = ", ".join(f"{k} {v}" for k, v in d["checks"].items() if v) or "-"
+            flag = f"; special_text_in_prompt {d['special_text_in_prompt']}" if d.get("special_text_in_prompt") else ""
             lines.append(f"  {title} {name}: {d['ok']}/{d['records']} ok; billing mean abs "
-                         f"{_f(d['billing']['mean_abs'])}; supervised {_f(d['supervised_fraction'], '{:.3f}')}; {f}")
+                         f"{_f(d['billing']['mean_abs'])}; supervised {_f(d['supervised_fraction'], '{:.3f}')}; {f}{flag}")
     return "\n".join(lines)

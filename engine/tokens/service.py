@@ -97,17 +97,20 @@ class ReconstructionService:
         run_dir: the run directory (its ``store.sqlite`` must exist: create the store first).
         on_verdict: optional ``(dataset, ok, reasons)`` callback, called on the event loop.
         commit_interval_s: upper bound on seconds between commits of verdict rows.
+        checked: ``(tokenizer, start-up description)``: the tokenizer already loaded from ``section``
+            that passed :func:`~engine.tokens.startup.startup_check` (the run loads it before ingest,
+            which renders every prompt with it); None: :meth:`start` loads and checks it.
     """
 
     def __init__(self, section: TokenizerSection, run_dir: Path, *,
                  on_verdict: Callable[[str, bool, list[str]], None] | None = None,
-                 commit_interval_s: float = 1.0) -> None:
+                 commit_interval_s: float = 1.0, checked: tuple[Tokenizer, dict[str, Any]] | None = None) -> None:
         self.section = section
         self.run_dir = Path(run_dir)
         self.on_verdict = on_verdict
         self.commit_interval_s = commit_interval_s
-        self.tok: Tokenizer | None = None
-        self.info: dict[str, Any] = {}
+        self.tok: Tokenizer | None = checked[0] if checked else None
+        self.info: dict[str, Any] = dict(checked[1]) if checked else {}
         self._pool: cf.Executor | None = None
         self._conn = None
         self._rows: list[tuple] = []
@@ -135,8 +138,9 @@ class ReconstructionService:
             TokenizerError: the check refused (do not start generation).
             engine.tokens.vstore.NoStoreError: no store in ``run_dir``.
         """
-        self.tok = await asyncio.to_thread(load_tokenizer, self.section)
-        self.info = await asyncio.to_thread(startup_check, self.tok)
+        if self.tok is None:
+            self.tok = await asyncio.to_thread(load_tokenizer, self.section)
+            self.info = await asyncio.to_thread(startup_check, self.tok)
         self._conn = await asyncio.to_thread(vstore.connect, self.run_dir)
         await asyncio.to_thread(vstore.set_meta, self._conn, "tokenizer",
                                 {"section": self.section.model_dump(mode="json"), "info": self.info})

@@ -306,7 +306,7 @@ class Tokenizer:
                 except OSError:
                     pass
             h.update(self.chat_template.encode("utf-8"))
-            h.update(json.dumps(self.section.model_dump(mode="json", exclude={"path", "workers", "executor"}),
+            h.update(json.dumps(self.section.model_dump(mode="json", exclude={"path", "workers", "executor", "prompt_special_text"}),
                                 sort_keys=True).encode())
             self._fp = h.hexdigest()[:16]
         return self._fp
