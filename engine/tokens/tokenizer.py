@@ -350,6 +350,7 @@ class Tokenizer:
                 except OSError:
                     pass
             h.update(self.chat_template.encode("utf-8"))
+            h.update(f"chat_preprocess={self.chat_preprocess}".encode())
             h.update(json.dumps(self.section.model_dump(mode="json", exclude={"path", "workers", "executor"}),
                                 sort_keys=True).encode())
             self._fp = h.hexdigest()[:16]
