@@ -76,7 +76,8 @@ def render(tok: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str,
             kwargs["tools_ts_str"] = ts
         elif err is not None and err not in _reported and len(_reported) < 100:
             _reported.add(err)
-            log.warning("tool declarations rendered as JSON: Kimi's TypeScript encoder rejects the schema (%s)", err)
+            log.warning("tool declarations rendered as JSON: Kimi's TypeScript encoder rejects the schema (%s)",
+                        err[:300])
     kwargs.update(tok.template_vars())
     try:
         out = render_jinja_template(conversations=[clean_messages(messages)], tools=tools or None,
