@@ -363,6 +363,10 @@ class TokenizerSection(_Strict):
         tool_id_format: the model's native tool-call id, ``{name}`` and ``{index}`` (calls before it in
             the conversation) filled in; provider ids are rebuilt to it. ``""`` keeps provider ids.
         chat_template: a Jinja file overriding the tokenizer's own chat template.
+        chat_preprocess: the steps the tokenizer's own code applies around its template:
+            ``kimi`` (Kimi-K2.5's: deep-sorted ``tools`` and the TypeScript ``tools_ts_str``,
+            docs/kimi-tokenizer.md), ``none``, or ``auto`` (``kimi`` for a ``tiktoken`` directory and
+            for an ``hf`` directory with Kimi's tokenizer code).
         template_vars: extra variables for the chat template (``thinking``/``enable_thinking`` are
             set from ``thinking`` unless given here).
         billing_tolerance_tokens / billing_tolerance_pct: a record fails ``billing_diff`` when
@@ -392,6 +396,7 @@ class TokenizerSection(_Strict):
     tool_call_end: str = "<|tool_call_end|>"
     tool_id_format: str = "functions.{name}:{index}"
     chat_template: Path | None = None
+    chat_preprocess: Literal["auto", "kimi", "none"] = "auto"
     template_vars: dict[str, Any] = Field(default_factory=dict)
     billing_tolerance_tokens: int = Field(2, ge=0)
     billing_tolerance_pct: float = Field(0.5, ge=0)

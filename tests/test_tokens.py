@@ -151,7 +151,9 @@ def test_tool_calls_rebuilt_in_native_form(kimi):
         f"<|tool_call_argument_begin|>{args}<|tool_call_end|><|tool_calls_section_end|><|im_end|>")
     assert x.agree and x.rendered_ids == x.completion_ids  # tool-call turns keep their reasoning
     prompt = kimi.decode(x.prompt_ids)
-    assert prompt.startswith("<|im_system|>tool_declare<|im_middle|>[{") and "## Return of call_a\n3C" in prompt
+    assert prompt.startswith("<|im_system|>tool_declare<|im_middle|># Tools\n\n## functions\nnamespace functions {\n"
+                             "// Weather of a city\ntype get_weather = (_: {\n  city?: string\n}) => any;\n}\n<|im_end|>")
+    assert "## Return of call_a\n3C" in prompt
     v = check(x, r, thinking=True, ids=kimi.ids)
     assert v.ok and v.notes == ["tool_id_rebuilt", "no_usage"]
     assert native_tool_calls(r.tool_calls, 0, "")[0][0]["id"] == "call_XYZ"  # "" keeps provider ids

@@ -8,7 +8,9 @@ bytes + rank; the first 130,072 ranks, Tekken's own inner vocabulary), so nothin
 - ``tokenizer_config.json``: Kimi-K2.5's special tokens at ``130,072 + Kimi's offsets`` in
   ``added_tokens_decoder`` (so ``<|im_end|>`` is 130,074 here, not Kimi's 163,586: code that
   hard-codes a Kimi id fails), and a chat template following the Kimi-K2.5 layout, including its
-  quirk of blanking the reasoning of the last assistant turn without tool calls.
+  quirk of blanking the reasoning of the last assistant turn without tool calls and its
+  ``tool_declare`` turn: ``tools_ts_str`` (the TypeScript declaration Kimi's tokenizer computes,
+  docs/kimi-tokenizer.md) when set, else the tools as compact JSON.
 
 It has Kimi-K2.5's layout, NOT its vocabulary: token ids of real Kimi completions rebuilt with it are
 wrong (every record fails ``billing_diff``). Use it with the simulator counting usage with the same
@@ -59,7 +61,9 @@ KIMI_TEMPLATE = r"""
 {%- for i in range(messages | length - 1, -1, -1) -%}
 {%- if ns.last_plain == -1 and messages[i].role == 'assistant' and not messages[i].tool_calls -%}{%- set ns.last_plain = i -%}{%- endif -%}
 {%- endfor -%}
-{%- if tools -%}<|im_system|>tool_declare<|im_middle|>{{ tools | tojson(separators=(',', ':')) }}<|im_end|>{%- endif -%}
+{%- if tools -%}<|im_system|>tool_declare<|im_middle|>
+{%- if tools_ts_str -%}{{ tools_ts_str }}{%- else -%}{{ tools | tojson(separators=(',', ':')) }}{%- endif -%}
+<|im_end|>{%- endif -%}
 {%- if not messages or messages[0].role != 'system' -%}<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>{%- endif -%}
 {%- for m in messages -%}
 {{ open(m) }}

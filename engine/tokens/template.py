@@ -6,6 +6,13 @@ aliases), so a template renders here exactly as ``apply_chat_template(tokenize=F
 both tokenizer kinds. The template receives ``messages``, ``tools``, ``add_generation_prompt``,
 the tokenizer's ``bos_token``/``eos_token``... and :meth:`Tokenizer.template_vars`.
 
+When the tokenizer's :attr:`~engine.tokens.tokenizer.Tokenizer.chat_preprocess` is ``kimi``, the
+steps Kimi-K2.5's ``apply_chat_template`` applies before its template are applied first
+(docs/kimi-tokenizer.md section 1): ``tools`` deep-sorted, ``tools_ts_str`` (the TypeScript
+declaration, :mod:`engine.tokens.kimi_tools`) passed when the encoder succeeds, and the template
+variables ``thinking`` / ``preserve_thinking`` defaulting to its keyword defaults unless configured.
+The request sent to the provider keeps the dataset's key order; the provider's tokenizer sorts.
+
 Messages are passed as given (after dropping ``None`` values, as transformers does): the prompt is
 rendered as the provider received it, tool-call ids included. Only the GENERATED turn is normalised
 (native tool-call ids, see :mod:`engine.tokens.reconstruct`).
@@ -18,9 +25,14 @@ tools in a ``tool_declare`` system turn; tool results ``## Return of {id}``.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from engine.tokens.kimi_tools import kimi_tool_vars
 from engine.tokens.tokenizer import Tokenizer, TokenizerError
+
+log = logging.getLogger(__name__)
+_reported: set[str] = set()  # encoder fallbacks already logged (one line per distinct reason)
 
 
 class TemplateError(TokenizerError):
@@ -42,6 +54,10 @@ def render(tok: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str,
         tools: OpenAI-shape tool declarations, or None/[] for none.
         add_generation_prompt: append the assistant generation prompt.
 
+    With ``tok.chat_preprocess == "kimi"``, ``tools`` are deep-sorted and ``tools_ts_str`` is
+    computed first (see the module docstring); an encoder failure falls back to no
+    ``tools_ts_str`` (logged once per reason), as Kimi's tokenizer does.
+
     Returns:
         the rendered text (special tokens as text; encode it with ``tok.encode_chat``).
 
@@ -52,7 +68,16 @@ def render(tok: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str,
         raise TemplateError("the tokenizer has no chat template (set [tokenizer] chat_template)")
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    kwargs = dict(tok.template_tokens)
+    kwargs: dict[str, Any] = dict(tok.template_tokens)
+    if getattr(tok, "chat_preprocess", "none") == "kimi":
+        kwargs["preserve_thinking"] = False  # apply_chat_template's keyword default
+        tools, ts, err = kimi_tool_vars(tools)
+        if ts is not None:
+            kwargs["tools_ts_str"] = ts
+        elif err is not None and err not in _reported and len(_reported) < 100:
+            _reported.add(err)
+            log.warning("tool declarations rendered as JSON: Kimi's TypeScript encoder rejects the schema (%s)",
+                        err[:300])
     kwargs.update(tok.template_vars())
     try:
         out = render_jinja_template(conversations=[clean_messages(messages)], tools=tools or None,

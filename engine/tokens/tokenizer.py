@@ -8,10 +8,12 @@ Two kinds (``[tokenizer] kind``):
   line), ``tokenizer_config.json`` with ``added_tokens_decoder`` (``{"id": {"content": text}}``)
   and a chat template (``chat_template`` in that file or ``chat_template.jinja``), loaded natively
   with the ``tiktoken`` package and the configured split regex (Kimi-K2.5's by default). This is how
-  Kimi-K2.5 ships; its remote code (``tokenization_kimi.py``) is never run. As in that code, the
-  slots ``[n_base, n_base + 256)`` not named in ``added_tokens_decoder`` become
-  ``<|reserved_token_{id}|>``, and text is encoded in runs of at most 25,000 whitespace or
-  non-whitespace characters (tiktoken's stack limit; Meta Llama 3 ``tokenizer.py`` does the same).
+  Kimi-K2.5 ships; its remote code (``tokenization_kimi.py``) is never run. As in that code
+  (docs/kimi-tokenizer.md, sections 3-4): the special tokens are exactly the slots
+  ``[n_base, n_base + 256)``, each named by ``added_tokens_decoder`` or else
+  ``<|reserved_token_{id}|>``; text is cut into chunks of at most 400,000 characters, each chunk into
+  runs of at most 25,000 whitespace or non-whitespace characters (:func:`kimi_pieces`), and every
+  piece is encoded on its own.
 
 ``auto`` picks ``tiktoken`` for a directory with ``tiktoken.model`` and no ``tokenizer.json``.
 
@@ -22,6 +24,11 @@ Two encodings, kept apart on purpose:
   arguments).
 - :meth:`Tokenizer.encode_chat` encodes RENDERED template text: special-token texts become their
   ids, as a serving stack tokenizes the rendered prompt.
+
+The chat pre-render step (``[tokenizer] chat_preprocess``, :attr:`Tokenizer.chat_preprocess`):
+``kimi`` applies Kimi-K2.5's ``apply_chat_template`` steps around the template (deep-sorted tools,
+``tools_ts_str``: :mod:`engine.tokens.kimi_tools`); ``auto`` picks it for every ``tiktoken``
+directory and for an ``hf`` directory that carries Kimi's tokenizer code (:func:`is_kimi_dir`).
 
 No token id is hard-coded: every marker is resolved from its text with :meth:`Tokenizer.token_id`
 (``encode_chat(text)`` must give exactly one id).
@@ -60,6 +67,7 @@ TOOL_MARKERS: tuple[str, ...] = MARKERS[3:]
 
 _RESERVED_SLOTS = 256  # Kimi: reserved special-token slots after the base vocabulary
 _MAX_RUN = 25_000  # longest whitespace / non-whitespace run given to tiktoken in one call
+_MAX_CHUNK = 400_000  # Kimi's TIKTOKEN_MAX_ENCODE_CHARS: characters per chunk before the run split
 
 
 class TokenizerError(Exception):
@@ -95,7 +103,8 @@ def _template_from(d: Path, cfg: dict[str, Any]) -> str:
 
 def _split_runs(text: str, limit: int = _MAX_RUN) -> list[str]:
     """Cut ``text`` so no piece has more than ``limit`` consecutive whitespace or non-whitespace
-    characters (concatenation unchanged)."""
+    characters (concatenation unchanged; whitespace is ``str.isspace``; the count starts at the
+    first character of ``text``)."""
     if len(text) <= limit:
         return [text]
     out: list[str] = []
@@ -112,6 +121,32 @@ def _split_runs(text: str, limit: int = _MAX_RUN) -> list[str]:
             run = 1
     out.append(text[start:])
     return out
+
+
+def kimi_pieces(text: str, chunk: int = _MAX_CHUNK, run: int = _MAX_RUN) -> list[str]:
+    """The pieces Kimi-K2.5's ``TikTokenTokenizer.encode`` gives tiktoken one at a time
+    (docs/kimi-tokenizer.md section 3): ``text`` cut every ``chunk`` characters (from its start),
+    then each chunk cut by :func:`_split_runs` with its run count restarting at the chunk's start.
+    ``""`` -> ``[]``; the concatenation is ``text``."""
+    return [p for i in range(0, len(text), chunk) for p in _split_runs(text[i:i + chunk], run)]
+
+
+def is_kimi_dir(path: str) -> bool:
+    """True for a local tokenizer directory carrying Kimi's tokenizer code: ``tool_declaration_ts.py``
+    or ``tokenization_kimi.py`` present, or ``tokenizer_config.json`` naming ``TikTokenTokenizer``
+    (``tokenizer_class`` or ``auto_map``)."""
+    d = Path(path)
+    if not d.is_dir():
+        return False
+    if (d / "tool_declaration_ts.py").is_file() or (d / "tokenization_kimi.py").is_file():
+        return True
+    try:
+        cfg = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(cfg, dict):
+        return False
+    return "TikTokenTokenizer" in json.dumps([cfg.get("tokenizer_class"), cfg.get("auto_map")])
 
 
 class _Tiktoken:
@@ -137,15 +172,18 @@ class _Tiktoken:
             raise TokenizerError(f"{model}:{n}: expected 'base64-token rank': {e}") from None
         cfg = _read_json(d / "tokenizer_config.json")
         n_base = len(ranks)
-        named: dict[str, int] = {}
+        by_id: dict[int, str] = {}
         for k, v in (cfg.get("added_tokens_decoder") or {}).items():
             text = _token_text(v)
             if text is not None:
-                named[text] = int(k)
-        specials = {f"<|reserved_token_{i}|>": i for i in range(n_base, n_base + _RESERVED_SLOTS)}
-        taken = set(named.values())
-        specials = {t: i for t, i in specials.items() if i not in taken}
-        specials.update(named)
+                try:
+                    by_id[int(k)] = text
+                except ValueError:
+                    raise TokenizerError(f"{d / 'tokenizer_config.json'}: added_tokens_decoder key {k!r} "
+                                         f"is not a token id") from None
+        # exactly Kimi's rule: the 256 slots after the base vocabulary, each named by
+        # added_tokens_decoder or else <|reserved_token_{id}|> (named ids outside them are ignored)
+        specials = {by_id.get(i, f"<|reserved_token_{i}|>"): i for i in range(n_base, n_base + _RESERVED_SLOTS)}
         try:
             self.enc = tiktoken.Encoding(name=f"datagen:{d.name}", pat_str=split_regex or KIMI_SPLIT_REGEX,
                                          mergeable_ranks=ranks, special_tokens=specials)
@@ -164,7 +202,7 @@ class _Tiktoken:
         if len(text) <= _MAX_RUN:
             return enc(text)
         out: list[int] = []
-        for piece in _split_runs(text):
+        for piece in kimi_pieces(text):
             out += enc(piece)
         return out
 
@@ -172,7 +210,7 @@ class _Tiktoken:
         if len(text) <= _MAX_RUN:
             return self.enc.encode(text, allowed_special="all")
         out: list[int] = []
-        for piece in _split_runs(text):
+        for piece in kimi_pieces(text):
             out += self.enc.encode(piece, allowed_special="all")
         return out
 
@@ -225,6 +263,8 @@ class Tokenizer:
         ids: marker name -> resolved id, for every marker that resolved to exactly one id.
         unresolved: marker name -> why it did not resolve (the start-up check refuses these).
         chat_template: the Jinja template (config override, else the tokenizer's own; may be "").
+        chat_preprocess: ``kimi`` (Kimi-K2.5's steps around the template, see
+            :func:`engine.tokens.template.render`) or ``none``; ``auto`` resolved at load.
         thinking: the configured generation mode.
         vocab_size: ids are in ``[0, vocab_size)``.
     """
@@ -242,6 +282,10 @@ class Tokenizer:
             except OSError as e:
                 raise TokenizerError(f"tokenizer.chat_template: cannot read {section.chat_template}: {e}") from None
         self.chat_template: str = tmpl
+        pre = section.chat_preprocess
+        if pre == "auto":
+            pre = "kimi" if self.kind == "tiktoken" or is_kimi_dir(section.path) else "none"
+        self.chat_preprocess: str = pre
         self.markers: dict[str, str] = {m: getattr(section, m) for m in MARKERS if getattr(section, m)}
         self.ids: dict[str, int] = {}
         self.unresolved: dict[str, str] = {}
@@ -306,6 +350,7 @@ class Tokenizer:
                 except OSError:
                     pass
             h.update(self.chat_template.encode("utf-8"))
+            h.update(f"chat_preprocess={self.chat_preprocess}".encode())
             h.update(json.dumps(self.section.model_dump(mode="json", exclude={"path", "workers", "executor", "prompt_special_text"}),
                                 sort_keys=True).encode())
             self._fp = h.hexdigest()[:16]
@@ -315,7 +360,7 @@ class Tokenizer:
         """JSON-able summary: kind, path, vocab size, resolved ids, mode, fingerprint."""
         return {
             "kind": self.kind, "path": self.section.path, "vocab_size": self.vocab_size,
-            "thinking": self.thinking, "fingerprint": self.fingerprint,
+            "thinking": self.thinking, "chat_preprocess": self.chat_preprocess, "fingerprint": self.fingerprint,
             "special_ids": {self.markers[k]: v for k, v in self.ids.items()},
             "markers": dict(self.markers), "unresolved": dict(self.unresolved),
         }
