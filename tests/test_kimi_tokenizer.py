@@ -229,31 +229,64 @@ CHUNK_TEXTS = {
 }
 
 
+def serving_ids(enc, text: str) -> list[int]:
+    """The serving path, stated independently: transformers' ``tokenize`` cuts the text at every
+    special-token text (scanning left to right, the longest text at a position), emits its id, and
+    gives every other segment to Kimi's ``encode`` (:func:`rule_pieces`, ordinary text)."""
+    specials = sorted(enc.special_tokens_set, key=len, reverse=True)
+    out: list[int] = []
+    i = seg = 0
+    while i < len(text):
+        hit = next((t for t in specials if text.startswith(t, i)), None) if text[i] in "<[" else None
+        if hit is None:
+            i += 1
+            continue
+        out += [t for p in rule_pieces(text[seg:i]) for t in enc.encode_ordinary(p)]
+        out.append(enc.encode_single_token(hit))
+        i = seg = i + len(hit)
+    return out + [t for p in rule_pieces(text[seg:]) for t in enc.encode_ordinary(p)]
+
+
 @pytest.mark.parametrize("name", list(CHUNK_TEXTS))
 def test_encode_chunks_exactly_like_kimi(kimi, name):
     text = CHUNK_TEXTS[name]
     enc = kimi.backend.enc
     pieces = rule_pieces(text)
     assert "".join(pieces) == text and kimi_pieces(text) == pieces
-    assert kimi.encode_chat(text) == [i for p in pieces for i in enc.encode(p, allowed_special="all")]
     assert kimi.encode(text) == [i for p in pieces for i in enc.encode_ordinary(p)]
+    assert kimi.encode_chat(text) == serving_ids(enc, text)
+    if "<|" not in text:  # no special text: the serving path is Kimi's plain encode
+        assert kimi.encode_chat(text) == [i for p in pieces for i in enc.encode(p, allowed_special="all")]
+
+
+def test_rendered_prompts_restart_the_counts_after_every_special_token(kimi):
+    """The serving path splits at special-token texts before Kimi's encode: a 30,000-letter run right
+    after ``<|im_middle|>`` is cut at 25,000 letters from the special token, not from the text's start;
+    a special token's text straddling the 400,000th character stays one special id."""
+    enc = kimi.backend.enc
+    mid = TEKKEN_BASE + KIMI_OFFSETS["<|im_middle|>"]
+    text = "ab" * 5 + "<|im_middle|>" + "x" * 30_000
+    ids = kimi.encode_chat(text)
+    assert ids == serving_ids(enc, text) and mid in ids
+    assert ids[ids.index(mid) + 1:] == enc.encode_ordinary("x" * 25_000) + enc.encode_ordinary("x" * 5_000)
+    eot = TEKKEN_BASE + KIMI_OFFSETS["<|im_end|>"]
+    straddle = CHUNK_TEXTS["1,000,001 special text straddles"]
+    assert eot in kimi.encode_chat(straddle) and eot not in kimi.encode(straddle)
 
 
 def test_chunk_boundary_changes_the_tokens(kimi):
-    """The cut at 400,000 is a forced token boundary: a token straddling it is split, a special
-    token's text straddling it is ordinary text; a whitespace run's count restarts there."""
+    """The cut at 400,000 is a forced token boundary of Kimi's plain encode: a token straddling it is
+    split; a whitespace run's count restarts there."""
     enc = kimi.backend.enc
     assert CHUNK_TEXTS["400,001 Hello straddles"][399_998:] == "Hel"
     hello = _word_text(400_003, 399_998, "Hello")
     assert hello[399_998:400_003] == "Hello"
     whole = enc.encode(hello, allowed_special="all")
-    ours = kimi.encode_chat(hello)
+    ours = kimi.encode(hello)
     assert ours != whole and len(ours) > len(whole)
     assert ours[:len(enc.encode(hello[:400_000], allowed_special="all"))] == enc.encode(hello[:400_000], allowed_special="all")
-    eot = TEKKEN_BASE + KIMI_OFFSETS["<|im_end|>"]
     straddle = CHUNK_TEXTS["1,000,001 special text straddles"]
     assert straddle[799_995:800_005] == "<|im_end|>"
-    assert eot not in kimi.encode_chat(straddle) and eot in enc.encode(straddle, allowed_special="all")
     ws = CHUNK_TEXTS["whitespace run across the boundary"]
     # cuts: each 25,000 of the 390,000 a's, the chunk at 400,000; the 30,000 spaces straddling it are
     # 10,000 + 20,000 (counted afresh in the second chunk), so no cut at 415,000

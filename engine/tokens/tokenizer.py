@@ -13,7 +13,9 @@ Two kinds (``[tokenizer] kind``):
   ``[n_base, n_base + 256)``, each named by ``added_tokens_decoder`` or else
   ``<|reserved_token_{id}|>``; text is cut into chunks of at most 400,000 characters, each chunk into
   runs of at most 25,000 whitespace or non-whitespace characters (:func:`kimi_pieces`), and every
-  piece is encoded on its own.
+  piece is encoded on its own. Rendered prompts (:meth:`Tokenizer.encode_chat`) are first split at
+  special-token texts, as the serving path (transformers' ``tokenize``, which vLLM and SGLang call)
+  does, so the chunk and run counts restart after every special token.
 
 ``auto`` picks ``tiktoken`` for a directory with ``tiktoken.model`` and no ``tokenizer.json``.
 
@@ -39,6 +41,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -192,6 +195,10 @@ class _Tiktoken:
         self.vocab_size = max(max(ranks.values(), default=-1), max(specials.values(), default=-1)) + 1
         self.n_base = n_base
         self.special_ids = frozenset(specials.values())
+        self._special_ids = specials
+        # longest text first: at one position the longest special-token text wins, as in
+        # transformers' added-token trie
+        self._special_re = re.compile("|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)))
         self.chat_template = _template_from(d, cfg)
         self.template_tokens = {k: t for k in ("bos_token", "eos_token", "pad_token", "unk_token")
                                 if (t := _token_text(cfg.get(k))) is not None}
@@ -207,12 +214,15 @@ class _Tiktoken:
         return out
 
     def encode_chat(self, text: str) -> list[int]:
-        if len(text) <= _MAX_RUN:
-            return self.enc.encode(text, allowed_special="all")
+        # the serving path (docs/kimi-tokenizer.md section 3): split at special-token texts first,
+        # then each segment through Kimi's encode (chunks and runs counted per segment)
         out: list[int] = []
-        for piece in kimi_pieces(text):
-            out += self.enc.encode(piece, allowed_special="all")
-        return out
+        pos = 0
+        for m in self._special_re.finditer(text):
+            out += self.encode(text[pos:m.start()]) if m.start() > pos else []
+            out.append(self._special_ids[m.group()])
+            pos = m.end()
+        return out + (self.encode(text[pos:]) if pos < len(text) else [])
 
     def decode_bytes(self, ids: Sequence[int]) -> bytes:
         return self.enc.decode_bytes(list(ids))
