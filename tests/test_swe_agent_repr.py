@@ -118,3 +118,26 @@ def test_literal_readers():
     assert parse_call_ids("('a',)") == ["a"] and parse_call_ids("['a', 'b']") == ["a", "b"] and parse_call_ids(None) == []
     with pytest.raises(ValueError, match="tool_call_ids is not a list of ids"):
         parse_call_ids("[1, 2]")
+
+
+@pytest.mark.parametrize("stored", [
+    "[{'id': 'c1', 'type': 'function', 'function': {'name': 'open', 'arguments': '{\"path\": \"a.py\"}'}}]",
+    '[{"id": "c1", "type": "function", "function": {"name": "open", "arguments": {"path": "a.py"}}}]',
+])
+def test_openai_tool_calls_stored_as_text_are_parsed(stored):
+    """The same kind in the openai format: ``tool_calls`` written as a Python repr or as JSON text
+    (some exports store variable-schema columns so) is parsed, checked, and sent as a list."""
+    from engine.datasets import row_to_prompt
+    from engine.prompts import Prompt
+
+    row = {"messages": [{"role": "user", "content": "Open a.py"},
+                        {"role": "assistant", "content": "", "tool_calls": stored},
+                        {"role": "tool", "content": "print(1)", "tool_call_id": "c1"}]}
+    p = row_to_prompt(row, "f.jsonl:3", "openai")
+    assert isinstance(p, Prompt), p
+    assert p.messages[1]["tool_calls"] == [
+        {"id": "c1", "type": "function", "function": {"name": "open", "arguments": '{"path": "a.py"}'}}]
+    bad = row_to_prompt({"messages": [row["messages"][0], {**row["messages"][1], "tool_calls": "[{'id': 'c1'"},
+                                      row["messages"][2]]}, "f.jsonl:4", "openai")
+    assert not isinstance(bad, Prompt)
+    assert bad.source == "f.jsonl:4" and "message 2: tool_calls is not a list of calls" in bad.reason

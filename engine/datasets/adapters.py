@@ -40,7 +40,7 @@ from typing import Any
 from engine.datasets.glaive import parse_glaive
 from engine.datasets.reasoning import REASONING_FIELDS
 from engine.datasets.sharegpt import sharegpt_messages
-from engine.datasets.swe_agent import swe_agent_messages
+from engine.datasets.swe_agent import parse_tool_calls, swe_agent_messages
 from engine.prompts import ROLES
 
 #: Canonical field names a ``fields`` mapping may rename (canonical name -> source column).
@@ -184,6 +184,8 @@ def adapt_openai(row: Mapping[str, Any]) -> Conversation:
     """``{"messages": [{role, content, name?, tool_calls?, tool_call_id?, reasoning_content?}], "tools"?}``.
 
     Only the OpenAI message keys are kept; keys with null values (as Parquet structs produce) drop.
+    ``tool_calls`` stored as a string (JSON text, or a Python repr as some exports write it) is parsed
+    and checked like SWE-agent's (:func:`engine.datasets.swe_agent.parse_tool_calls`; docs/dataset-rows.md).
     An assistant turn's reasoning field (``reasoning_content``, or OpenRouter's ``reasoning``) is kept
     (``engine.datasets.rule.cut_prompt`` stores it as ``reasoning_content``; ``docs/prompt-construction.md``).
     """
@@ -202,6 +204,15 @@ def adapt_openai(row: Mapping[str, Any]) -> Conversation:
         for key in _OPENAI_KEYS + (REASONING_FIELDS if role == "assistant" else ()):
             if m.get(key) not in (None, [], ""):
                 msg[key] = m[key]
+        if isinstance(msg.get("tool_calls"), str):  # stored as JSON text or a Python repr
+            try:
+                calls = parse_tool_calls(msg["tool_calls"])
+            except ValueError as e:
+                raise AdapterError(f"message {n}: {e}") from None
+            if calls:
+                msg["tool_calls"] = calls
+            else:
+                del msg["tool_calls"]
         messages.append(msg)
     return Conversation(messages, _tools(row))
 
