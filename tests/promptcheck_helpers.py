@@ -69,16 +69,21 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def write_config(tmp: Path, tok: Path, datasets: list[tuple[str, Path]], *, tokenizer_extra: str = "",
-                 classes: str = "", with_tokenizer: bool = True) -> Path:
-    """A simulated-run config over ``datasets`` ((name, path) in OpenAI format), simulator counting
-    with ``tok`` and logging every request to ``tmp/sim.jsonl``; ``[tokenizer]`` on ``tok``."""
-    ds = "".join(f'\n[[datasets]]\nname = "{n}"\npath = "{p}"\nformat = "openai"\n' for n, p in datasets)
+def write_config(tmp: Path, tok: Path, datasets: list[tuple[str, Path] | tuple[str, Path, str]], *,
+                 tokenizer_extra: str = "", sim_extra: str = "", classes: str = "", with_tokenizer: bool = True,
+                 name: str = "promptcheck") -> Path:
+    """A simulated-run config over ``datasets`` (``(name, path)`` in OpenAI format, or ``(name, path,
+    format)``), the simulator counting with the Kimi-layout tokenizer ``tok`` and logging every request
+    to ``tmp/sim.jsonl``; ``[tokenizer]`` on ``tok`` (thread executor) plus ``tokenizer_extra`` lines;
+    ``sim_extra``: more ``[provider.sim]`` lines; ``classes``: the ``[classes.*]`` sections (default:
+    short, 4000 max tokens, 8 in flight). Returns the config path (``tmp/config.toml``)."""
+    ds = "".join(f'\n[[datasets]]\nname = "{d[0]}"\npath = "{d[1]}"\nformat = "{d[2] if len(d) > 2 else "openai"}"\n'
+                 for d in datasets)
     tk = f'[tokenizer]\npath = "{tok}"\nexecutor = "thread"\n{tokenizer_extra}\n' if with_tokenizer else ""
     cfg = tmp / "config.toml"
     cfg.write_text(f"""
 [run]
-name = "promptcheck"
+name = "{name}"
 dir = "{tmp / 'run'}"
 commit_interval_s = 0.2
 progress_interval_s = 30
@@ -89,6 +94,7 @@ seed = 3
 mean_completion_tokens = 60
 tokenizer = "{tok}"
 log = "{tmp / 'sim.jsonl'}"
+{sim_extra}
 {classes or '[classes.short]' + chr(10) + 'max_tokens = 4000' + chr(10) + 'concurrency = 8'}
 {tk}{ds}""", encoding="utf-8")
     return cfg

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 from engine.prompts import prompt_key
 from e2e import read_log, run_cmd, run_env
 from fixtures_tokens import kimi_dir
+from promptcheck_helpers import write_config
 
 PRICE = [{"type": "function", "function": {"name": "get_price", "description": "Price of a stock", "parameters": {
     "type": "object", "properties": {"ticker": {"type": "string"}}, "required": ["ticker"]}}}]
@@ -98,38 +99,10 @@ def test_tool_rows_run_headless_send_the_rows_own_prompt_and_validate(tmp_path):
     (tmp_path / "calls.json").write_text(json.dumps(SHAREGPT, indent=1))
     (tmp_path / "swe.jsonl").write_text(json.dumps(SWE) + "\n")
     pq.write_table(pa.Table.from_pylist(PARQUET), tmp_path / "nested.parquet")
-    cfg = tmp_path / "config.toml"
-    cfg.write_text(f"""
-[run]
-name = "rows"
-dir = "{tmp_path / 'run'}"
-commit_interval_s = 0.2
-[provider]
-kind = "simulated"
-[provider.sim]
-seed = 3
-mean_completion_tokens = 60
-tokenizer = "{tok}"
-log = "{tmp_path / 'sim.jsonl'}"
-[classes.short]
-max_tokens = 2000
-concurrency = 8
-[tokenizer]
-path = "{tok}"
-executor = "thread"
-[[datasets]]
-name = "calls"
-path = "{tmp_path / 'calls.json'}"
-format = "sharegpt"
-[[datasets]]
-name = "swe"
-path = "{tmp_path / 'swe.jsonl'}"
-format = "swe_agent"
-[[datasets]]
-name = "nested"
-path = "{tmp_path / 'nested.parquet'}"
-format = "openai"
-""")
+    cfg = write_config(tmp_path, tok, [("calls", tmp_path / "calls.json", "sharegpt"),
+                                       ("swe", tmp_path / "swe.jsonl", "swe_agent"),
+                                       ("nested", tmp_path / "nested.parquet", "openai")],
+                       classes="[classes.short]\nmax_tokens = 2000\nconcurrency = 8", name="rows")
     done = subprocess.run(run_cmd(cfg), capture_output=True, text=True, env=run_env(), timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 

@@ -21,6 +21,7 @@ from engine.prompts import Prompt, Reject
 from engine.runner import run_headless
 from engine.tokens.tokenizer import load_tokenizer
 from fixtures_tokens import kimi_dir
+from promptcheck_helpers import write_config
 
 U = lambda t: {"role": "user", "content": t}  # noqa: E731
 A = lambda t: {"role": "assistant", "content": t}  # noqa: E731
@@ -190,29 +191,8 @@ def test_headless_run_tokens_export_holds_visible_answers_not_reasoning(tmp_path
                                {"from": "human", "value": "And what is its population, roughly?"}]}]
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = tmp_path / "config.toml"
-    cfg.write_text(f"""
-[run]
-name = "reasoning"
-dir = "{tmp_path / 'run'}"
-commit_interval_s = 0.2
-[provider]
-kind = "simulated"
-[provider.sim]
-seed = 3
-mean_completion_tokens = 60
-tokenizer = "{tok_dir}"
-[classes.short]
-max_tokens = 2000
-concurrency = 8
-[tokenizer]
-path = "{tok_dir}"
-executor = "thread"
-[[datasets]]
-name = "hist"
-path = "{data}"
-format = "auto"
-""")
+    cfg = write_config(tmp_path, tok_dir, [("hist", data, "auto")],
+                       classes="[classes.short]\nmax_tokens = 2000\nconcurrency = 8", name="reasoning")
     out = io.StringIO()
     assert asyncio.run(run_headless(load_config(cfg), out, install_signals=False)) == 0, out.getvalue()
     assert ("[hist] 1 prompt(s) whole (ended on a user or tool turn), 2 cut before the final assistant turn, "

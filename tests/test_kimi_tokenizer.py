@@ -31,6 +31,7 @@ from engine.tokens.kimi_tools import ToolSchemaError, deep_sort, encode_tools_ty
 from engine.tokens.template import render
 from engine.tokens.tokenizer import is_kimi_dir, kimi_pieces, load_tokenizer
 from fixtures_tokens import KIMI_OFFSETS, TEKKEN_BASE, hf_dir, kimi_dir
+from promptcheck_helpers import write_config
 
 
 @pytest.fixture(scope="module")
@@ -395,34 +396,10 @@ def test_headless_run_with_unsorted_tools_validates_and_declares_typescript(tmp_
         "required": ["to"], "type": "object", "properties": {"to": {"type": "string", "description": "City"},
                                                             "when": {"type": "string"}}})]}
     rows.write_text(json.dumps(ROW) + "\n" + json.dumps(other) + "\n")
-    cfg = tmp_path / "config.toml"
-    cfg.write_text(f"""
-[run]
-name = "kimi-tools"
-dir = "{tmp_path / 'run'}"
-commit_interval_s = 0.2
-[provider]
-kind = "simulated"
-[provider.sim]
-seed = 3
-latency_ms = 5
-tokens_per_s = 5000
-mean_completion_tokens = 60
-faults = ""
-tokenizer = "{tok}"
-[tokenizer]
-path = "{tok}"
-billing_tolerance_tokens = 0
-billing_tolerance_pct = 0
-executor = "thread"
-[classes.short]
-max_tokens = 2000
-concurrency = 4
-[[datasets]]
-name = "tools"
-path = "{rows}"
-format = "openai"
-""")
+    cfg = write_config(tmp_path, tok, [("tools", rows)], name="kimi-tools",
+                       sim_extra='latency_ms = 5\ntokens_per_s = 5000\nfaults = ""',
+                       tokenizer_extra="billing_tolerance_tokens = 0\nbilling_tolerance_pct = 0",
+                       classes="[classes.short]\nmax_tokens = 2000\nconcurrency = 4")
     p = subprocess.run([sys.executable, "-m", "engine.cli", "run", str(cfg), "--headless"], capture_output=True,
                        text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]

@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.datasets.glaive import parse_glaive
+from engine.datasets.messages import base_message
 from engine.datasets.reasoning import REASONING_FIELDS
 from engine.datasets.sharegpt import sharegpt_messages
 from engine.datasets.swe_agent import parse_tool_calls, swe_agent_messages
-from engine.prompts import ROLES
 
 #: Canonical field names a ``fields`` mapping may rename (canonical name -> source column).
 FIELD_KEYS = frozenset({"messages", "conversations", "system", "prompt", "instruction", "input", "tools"})
@@ -191,16 +191,11 @@ def adapt_openai(row: Mapping[str, Any]) -> Conversation:
     """
     messages = []
     for n, m in enumerate(_list(row, "messages"), 1):
-        if not isinstance(m, dict):
-            raise AdapterError(f"message {n}: {_kind(m)}, expected an object")
-        role = m.get("role", _MISSING)
-        if role is _MISSING:
-            raise AdapterError(f"message {n}: missing field 'role'")
-        if role not in ROLES:
-            raise AdapterError(f"message {n}: unknown role {role!r}")
-        msg = {"role": role}
-        if "content" in m:
-            msg["content"] = m["content"]
+        try:
+            msg = base_message(n, m)
+        except ValueError as e:
+            raise AdapterError(str(e)) from None
+        role = msg["role"]
         for key in _OPENAI_KEYS + (REASONING_FIELDS if role == "assistant" else ()):
             if m.get(key) not in (None, [], ""):
                 msg[key] = m[key]

@@ -28,12 +28,11 @@ Functions here are pure (no I/O); errors are ``ValueError`` with the row-relativ
 
 from __future__ import annotations
 
-import ast
 import json
 from typing import Any
 
 from engine.datasets.glaive import parse_call
-from engine.datasets.tool_calls import CallQueue, make_call
+from engine.datasets.tool_calls import CallQueue, make_call, read_literal
 
 #: ShareGPT speaker (lower case) -> OpenAI role.
 SPEAKERS = {
@@ -163,7 +162,10 @@ def parse_calls(value: Any) -> tuple[list[tuple[str, Any]], bool]:
     """
     obj = value
     if isinstance(value, str):
-        obj = _literal(value)
+        try:
+            obj = [] if value.strip() == "[]" else read_literal(value)
+        except ValueError:
+            obj = None
         if obj is None:
             try:
                 return [parse_call(value)], False  # glaive's textual shape
@@ -177,18 +179,6 @@ def parse_calls(value: Any) -> tuple[list[tuple[str, Any]], bool]:
             raise ValueError("function_call holds no calls (an empty list)")
         return [_call(c, k) for k, c in enumerate(obj, 1)], True
     raise ValueError(f"function_call is {_kind(obj)}, expected a call or a list of calls ({{name, arguments}})")
-
-
-def _literal(text: str) -> Any:
-    text = text.strip()
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
-        pass
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return None
 
 
 def _call(obj: Any, k: int | None) -> tuple[str, Any]:

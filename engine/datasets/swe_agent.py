@@ -26,44 +26,17 @@ Functions here are pure (no I/O); errors are ``ValueError`` with the row-relativ
 
 from __future__ import annotations
 
-import ast
 import json
 from typing import Any
 
-from engine.datasets.tool_calls import CallQueue
-from engine.prompts import ROLES
+from engine.datasets.messages import base_message
+from engine.datasets.tool_calls import NONE_TEXTS, CallQueue, read_literal
 
 _MISSING = object()
-_NONE_TEXTS = frozenset({"", "none", "null", "[]"})
 
 
 def _kind(value: Any) -> str:
     return "null" if value is None else f"a {type(value).__name__}"
-
-
-def read_literal(value: Any) -> Any:
-    """A field that may hold its value as JSON text or as a Python repr: the parsed value.
-
-    Non-strings are returned as they are; a string is parsed as JSON, else with
-    :func:`ast.literal_eval` (literals only). ``""``, ``"None"``, ``"null"`` and ``"[]"`` give None.
-
-    Raises:
-        ValueError: the string is neither JSON nor a Python literal (the parser's reason).
-    """
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    if text.lower() in _NONE_TEXTS:
-        return None
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
-        pass
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as e:
-        detail = e.msg if isinstance(e, SyntaxError) and e.msg else str(e) or type(e).__name__
-        raise ValueError(f"neither JSON nor a Python literal ({detail}): {text[:60]!r}") from None
 
 
 def parse_tool_calls(value: Any) -> list[dict[str, Any]]:
@@ -117,7 +90,7 @@ def parse_call_ids(value: Any) -> list[str]:
     """
     if isinstance(value, str) and value.strip() and not value.strip().startswith(("[", "(")):
         text = value.strip()
-        return [] if text.lower() in _NONE_TEXTS else [text]  # one bare id
+        return [] if text.lower() in NONE_TEXTS else [text]  # one bare id
     try:
         ids = read_literal(value)
     except ValueError as e:
@@ -144,16 +117,8 @@ def swe_agent_messages(history: list[Any]) -> list[dict[str, Any]]:
     queue = CallQueue()
     messages = []
     for n, m in enumerate(history, 1):
-        if not isinstance(m, dict):
-            raise ValueError(f"message {n}: {_kind(m)}, expected an object")
-        role = m.get("role", _MISSING)
-        if role is _MISSING:
-            raise ValueError(f"message {n}: missing field 'role'")
-        if role not in ROLES:
-            raise ValueError(f"message {n}: unknown role {role!r}")
-        msg: dict[str, Any] = {"role": role}
-        if "content" in m:
-            msg["content"] = m["content"]
+        msg = base_message(n, m)
+        role = msg["role"]
         try:
             calls = parse_tool_calls(m.get("tool_calls"))
             ids = parse_call_ids(m.get("tool_call_ids")) if role == "tool" else []

@@ -16,6 +16,7 @@ Functions here are pure (no I/O).
 
 from __future__ import annotations
 
+import ast
 import json
 from collections import deque
 from typing import Any
@@ -23,6 +24,8 @@ from typing import Any
 #: The native call id; ``{name}`` is the function name, ``{index}`` the calls before it (0-based).
 #: Equal to the default of ``[tokenizer] tool_id_format`` (``engine.config.TokenizerSection``).
 CALL_ID_FORMAT = "functions.{name}:{index}"
+#: Stored texts that mean "no value" in a field :func:`read_literal` reads (compared lower-cased, stripped).
+NONE_TEXTS = frozenset({"", "none", "null", "[]"})
 
 
 def native_call_id(name: str, index: int) -> str:
@@ -104,3 +107,28 @@ class CallQueue:
         n = len(self._pending)
         self._pending.clear()
         return n
+
+
+def read_literal(value: Any) -> Any:
+    """A field that may hold its value as JSON text or as a Python repr: the parsed value.
+
+    Non-strings are returned as they are; a string is parsed as JSON, else with
+    :func:`ast.literal_eval` (literals only). ``""``, ``"None"``, ``"null"`` and ``"[]"`` give None.
+
+    Raises:
+        ValueError: the string is neither JSON nor a Python literal (the parser's reason).
+    """
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.lower() in NONE_TEXTS:
+        return None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        pass
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as e:
+        detail = e.msg if isinstance(e, SyntaxError) and e.msg else str(e) or type(e).__name__
+        raise ValueError(f"neither JSON nor a Python literal ({detail}): {text[:60]!r}") from None
