@@ -242,3 +242,29 @@ def test_simulator_counts_with_the_same_tokenizer(kimi):
     before = plan.completion_tokens
     inject_data_fault(plan, "split", counter, random.Random(0))
     assert plan.completion_tokens == before + 3 and plan.extra["data_fault"] == "split"
+
+
+def test_a_tool_call_chain_closed_by_a_plain_answer_is_valid_with_the_prompt_as_served(kimi):
+    """Before: an agent row whose trailing tool-call turn carries ``reasoning_content`` (rendered in
+    the prompt, as Kimi renders its own chain) failed ``prefix_unstable`` whenever the reply was a plain
+    answer: the template drops the chain's reasoning once a plain turn closes it. The training ids are
+    the prompt as served plus method A; method B is checked on the pair rendered without the history's
+    reasoning, and the record is valid (note ``history_rerendered``)."""
+    call = {"id": "functions.lookup:0", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}
+    messages = [{"role": "user", "content": "task"},
+                {"role": "assistant", "content": "", "reasoning_content": "I should call the tool", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "functions.lookup:0", "content": "result"}]
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {
+        "q": {"type": "string"}}}}}]
+    plain = rec(messages, tools=tools, reasoning="Now answer.", content="It is x.")
+    r = reconstruct(kimi, plain)
+    assert "I should call the tool" in kimi.decode(r.prompt_ids)  # the prompt as served keeps the chain's reasoning
+    assert r.prefix_stable is True and r.history_rerendered is True and r.agree is True
+    v = check(r, plain, thinking=True, ids=kimi.ids)
+    assert v.ok, v.reasons
+    assert "history_rerendered" in v.notes
+    # a reply that continues the chain needs no re-rendering
+    more = rec(messages, tools=tools, reasoning="Call again.", content="", tool_calls=[
+        {"id": "functions.lookup:1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "y"}'}}])
+    r2 = reconstruct(kimi, more)
+    assert r2.prefix_stable is True and r2.history_rerendered is False and r2.agree is True

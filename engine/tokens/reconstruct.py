@@ -75,6 +75,11 @@ class Reconstruction:
         special_text: ``(piece label, marker name)`` for special-token texts found inside pieces.
         errors: structural problems (``render_error: ...``, ``tool_layout: ...``).
         truncated: ``finish_reason == "length"``.
+        history_rerendered: the prompt is a prefix of the full rendering only once the earlier
+            assistant turns' ``reasoning_content`` is left out of both: the template renders the
+            prompt's trailing tool-call chain with its reasoning, and drops it once the generated
+            plain answer closes the chain (Kimi-K2.5, docs/kimi-tokenizer.md section 5). The training
+            ids are still the prompt AS SERVED plus method A; B is checked on the re-rendered pair.
     """
 
     prompt_ids: list[int]
@@ -89,6 +94,7 @@ class Reconstruction:
     special_text: list[tuple[str, str]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     truncated: bool = False
+    history_rerendered: bool = False
 
 
 def count_tool_calls(messages: list[dict[str, Any]]) -> int:
@@ -253,6 +259,15 @@ def reconstruct(tok: Tokenizer, rec: Record) -> Reconstruction:
     return out
 
 
+def _tail(tok: Tokenizer, p_text: str, p_ids: list[int], full: str) -> tuple[bool, list[int]]:
+    """``(prefix_stable, ids of the full rendering after the prompt)``."""
+    if p_ids and full.startswith(p_text) and tok.is_special(p_ids[-1]):
+        # the prompt ends on a special token: no merge crosses it, encode only the tail text
+        return True, tok.encode_chat(full[len(p_text):])
+    f_ids = tok.encode_chat(full)
+    return f_ids[: len(p_ids)] == p_ids, f_ids[len(p_ids):]
+
+
 def _method_b(tok: Tokenizer, rec: Record, calls: list[dict[str, Any]], p_text: str, p_ids: list[int],
               r_ids: list[int], out: Reconstruction) -> None:
     """Render the full conversation and compare its tail with method A (fills ``out``)."""
@@ -264,14 +279,21 @@ def _method_b(tok: Tokenizer, rec: Record, calls: list[dict[str, Any]], p_text: 
     except TemplateError as e:
         out.errors.append(f"render_error: {e}")
         return
-    if p_ids and full.startswith(p_text) and tok.is_special(p_ids[-1]):
-        # the prompt ends on a special token: no merge crosses it, encode only the tail text
-        tail = tok.encode_chat(full[len(p_text):])
-        out.prefix_stable = True
-    else:
-        f_ids = tok.encode_chat(full)
-        out.prefix_stable = f_ids[: len(p_ids)] == p_ids
-        tail = f_ids[len(p_ids):]
+    out.prefix_stable, tail = _tail(tok, p_text, p_ids, full)
+    if not out.prefix_stable and any(m.get("reasoning_content") for m in rec.messages
+                                     if isinstance(m, dict) and m.get("role") == "assistant"):
+        plain = [{k: v for k, v in m.items() if k != "reasoning_content"} if isinstance(m, dict) and
+                 m.get("role") == "assistant" else m for m in rec.messages]
+        try:
+            p2_text, p2_ids = prompt_ids(tok, plain, rec.tools)
+            full2 = render(tok, plain + [assistant_turn(reasoning, rec.content, calls)], rec.tools,
+                           add_generation_prompt=False)
+        except TemplateError as e:
+            out.errors.append(f"render_error: {e}")
+            return
+        stable2, tail2 = _tail(tok, p2_text, p2_ids, full2)
+        if stable2:
+            out.prefix_stable, out.history_rerendered, tail = True, True, tail2
     out.rendered_ids = tail
     if not out.prefix_stable:
         return

@@ -26,7 +26,10 @@ are left out of exports unless asked. The checks (eagle3-data.md, "checks that p
 | ``zero_supervised`` | no completion tokens at all |
 
 Notes (kept, not failures): ``tool_id_rebuilt`` (the provider returned non-native call ids),
-``no_usage`` (no billed completion tokens to compare with).
+``no_usage`` (no billed completion tokens to compare with), ``history_rerendered`` (the prompt's
+trailing tool-call chain renders with its reasoning, the full conversation without it: the prefix and
+method B were checked on the pair rendered without the history's reasoning; the training ids keep the
+prompt as served, see ``engine.tokens.reconstruct.Reconstruction``).
 
 Checks the cut explains (``think_end_count``, ``end_of_turn``, ``method_disagree``, ``billing_diff``)
 are skipped on truncated records. Every reason but ``truncated``, ``unknown_finish``, ``empty`` and
@@ -160,6 +163,8 @@ def check(rec: Reconstruction, r: Record, *, thinking: bool, ids: dict[str, int]
     notes: list[str] = []
     if rec.ids_rebuilt:
         notes.append("tool_id_rebuilt")
+    if rec.history_rerendered:
+        notes.append("history_rerendered")
     billing = None
     if r.completion_tokens > 0:
         billing = len(c) - r.completion_tokens
