@@ -12,12 +12,15 @@ When ``[tokenizer]`` is configured, ingest runs every prompt through :class:`Pro
 - **Special-token text** (``special_text_in_prompt``): a special token's TEXT typed inside a message's
   content (``<|im_end|>``, ``<think>``... any text of the tokenizer's special ids) becomes that
   special id when the rendered prompt is encoded, as serving stacks do (docs/prompt-checks.md).
+  The same holds for tool-call arguments and tool schemas.
   ``[tokenizer] prompt_special_text = "keep"`` (default) keeps such prompts and flags them (stored
   per prompt, counted per dataset in ``datagen status`` and ``datagen validate``); ``"reject"``
   rejects them at ingest, naming the token text and the message.
 
-Content searched: ``content`` of every message (a string, or the ``text`` of ``{"type": "text"}``
-parts), whatever the role. Tool-call arguments and tool schemas are not searched.
+Text searched: every text the template renders: ``content`` of every message (a string, or the
+``text`` of ``{"type": "text"}`` parts), whatever the role; an assistant turn's ``reasoning_content``;
+tool-call ids and ``arguments``; every string (keys included) of the tool declarations (a description
+reaches the prompt through the TypeScript declaration).
 
 Rendering costs about 0.15 ms per 1,000 prompt characters (demo Kimi-layout tokenizer, one core;
 figures in docs/prompt-checks.md); it runs in ingest's worker thread, and an unchanged file is not
@@ -40,20 +43,26 @@ SpecialTextPolicy = Literal["keep", "reject"]
 
 @dataclass(frozen=True)
 class SpecialText:
-    """One special-token text found in a prompt message.
+    """One special-token text found in a prompt's rendered text fields.
 
     Attributes:
         token: the special token's text (e.g. ``"<|im_end|>"``).
-        message: 1-based position of the message in the prompt.
-        role: that message's role.
+        message: 1-based position of the message in the prompt; 0 for the tool declarations.
+        role: that message's role (``"tools"`` for the tool declarations).
+        part: where in the message: ``"content"``, ``"reasoning_content"``, ``"tool call arguments"``,
+            ``"tool call id"`` (empty for the tool declarations).
     """
 
     token: str
     message: int
     role: str
+    part: str = "content"
 
     def __str__(self) -> str:
-        return f"{self.token!r} in message {self.message} ({self.role})"
+        if self.message == 0:
+            return f"{self.token!r} in the tool declarations"
+        where = "" if self.part == "content" else f" {self.part}"
+        return f"{self.token!r} in message {self.message} ({self.role}){where}"
 
 
 @dataclass(frozen=True)
@@ -94,6 +103,33 @@ def _texts(content: Any) -> list[str]:
     return []
 
 
+def _parts(m: dict[str, Any]) -> list[tuple[str, str]]:
+    """``(part, text)`` of every text field of message ``m`` the chat template renders."""
+    out = [("content", t) for t in _texts(m.get("content"))]
+    if isinstance(m.get("reasoning_content"), str):
+        out.append(("reasoning_content", m["reasoning_content"]))
+    for c in m.get("tool_calls") or []:
+        if not isinstance(c, dict):
+            continue
+        if isinstance(c.get("id"), str):
+            out.append(("tool call id", c["id"]))
+        fn = c.get("function")
+        if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+            out.append(("tool call arguments", fn["arguments"]))
+    return out
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string inside a JSON value (keys included), depth first."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (*_strings(k), *_strings(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
 class PromptChecker:
     """Renders prompts and finds special-token text in them (see the module docstring).
 
@@ -110,21 +146,28 @@ class PromptChecker:
         texts = special_token_texts(tok)
         self._pattern = re.compile("|".join(re.escape(t) for t in texts)) if texts else None
 
-    def find_special(self, messages: list[dict[str, Any]]) -> tuple[SpecialText, ...]:
-        """Special-token texts in the contents of ``messages`` (each token once per message, in
-        order of appearance)."""
+    def find_special(self, messages: list[dict[str, Any]],
+                     tools: list[dict[str, Any]] | None = None) -> tuple[SpecialText, ...]:
+        """Special-token texts in every text the template renders: message contents, reasoning,
+        tool-call ids and arguments, and every string of the tool declarations (each token once
+        per message part, in order of appearance; the tool declarations first)."""
         if self._pattern is None:
             return ()
         out: list[SpecialText] = []
+        seen: set[tuple[int, str, str]] = set()
+
+        def scan(n: int, role: str, part: str, text: str) -> None:
+            for hit in self._pattern.findall(text):
+                if (n, part, hit) not in seen:
+                    seen.add((n, part, hit))
+                    out.append(SpecialText(hit, n, role, part))
+
+        for text in _strings(tools or []):
+            scan(0, "tools", "", text)
         for n, m in enumerate(messages, 1):
-            if not isinstance(m, dict):
-                continue
-            seen: set[str] = set()
-            for text in _texts(m.get("content")):
-                for hit in self._pattern.findall(text):
-                    if hit not in seen:
-                        seen.add(hit)
-                        out.append(SpecialText(hit, n, str(m.get("role", "?"))))
+            if isinstance(m, dict):
+                for part, text in _parts(m):
+                    scan(n, str(m.get("role", "?")), part, text)
         return tuple(out)
 
     def check(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> PromptVerdict:
@@ -134,7 +177,7 @@ class PromptChecker:
             the :class:`PromptVerdict` (never raises on data: a template or encoder error is its
             ``error``).
         """
-        special = self.find_special(messages)
+        special = self.find_special(messages, tools)
         try:
             _, ids = prompt_ids(self.tok, messages, tools)
         except TemplateError as e:
