@@ -42,6 +42,7 @@ from engine.datasets.messages import base_message
 from engine.datasets.reasoning import REASONING_FIELDS
 from engine.datasets.sharegpt import sharegpt_messages
 from engine.datasets.swe_agent import parse_tool_calls, swe_agent_messages
+from engine.datasets.tool_calls import pair_openai_results
 
 #: Canonical field names a ``fields`` mapping may rename (canonical name -> source column).
 FIELD_KEYS = frozenset({"messages", "conversations", "system", "prompt", "instruction", "input", "tools"})
@@ -186,6 +187,7 @@ def adapt_openai(row: Mapping[str, Any]) -> Conversation:
     Only the OpenAI message keys are kept; keys with null values (as Parquet structs produce) drop.
     ``tool_calls`` stored as a string (JSON text, or a Python repr as some exports write it) is parsed
     and checked like SWE-agent's (:func:`engine.datasets.swe_agent.parse_tool_calls`; docs/dataset-rows.md).
+    Missing call ids and ``tool_call_id``s are filled (:func:`engine.datasets.tool_calls.pair_openai_results`).
     An assistant turn's reasoning field (``reasoning_content``, or OpenRouter's ``reasoning``) is kept
     (``engine.datasets.rule.cut_prompt`` stores it as ``reasoning_content``; ``docs/prompt-construction.md``).
     """
@@ -209,7 +211,7 @@ def adapt_openai(row: Mapping[str, Any]) -> Conversation:
             else:
                 del msg["tool_calls"]
         messages.append(msg)
-    return Conversation(messages, _tools(row))
+    return Conversation(pair_openai_results(messages), _tools(row))
 
 
 def adapt_sharegpt(row: Mapping[str, Any]) -> Conversation:

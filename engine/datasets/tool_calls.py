@@ -132,3 +132,41 @@ def read_literal(value: Any) -> Any:
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as e:
         detail = e.msg if isinstance(e, SyntaxError) and e.msg else str(e) or type(e).__name__
         raise ValueError(f"neither JSON nor a Python literal ({detail}): {text[:60]!r}") from None
+
+
+def pair_openai_results(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Fill the ids an OpenAI-shape conversation leaves out, so each result answers its own call.
+
+    - An assistant call without an ``id`` gets its native id (:func:`native_call_id`, index = calls
+      before it in the conversation); a call that is not an object with a ``function.name`` is left
+      as it is (the render check at ingest judges it).
+    - A ``tool`` message without ``tool_call_id`` answers the oldest unanswered call
+      (:class:`CallQueue`); one that names an id keeps it, known or not (the row's own data).
+    - A ``user`` turn closes the unanswered calls.
+
+    Returns new message dicts where something was filled (the input is not mutated); the same list
+    contents otherwise. Pure. See ``docs/dataset-rows.md``.
+    """
+    queue = CallQueue()
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        calls = m.get("tool_calls") if m.get("role") == "assistant" else None
+        if isinstance(calls, list) and calls:
+            filled = []
+            for k, c in enumerate(calls):
+                fn = c.get("function") if isinstance(c, dict) else None
+                if isinstance(c, dict) and not c.get("id") and isinstance(fn, dict) and isinstance(fn.get("name"), str):
+                    c = {**c, "id": native_call_id(fn["name"], queue.made + k)}
+                filled.append(c)
+            if filled != calls:
+                m = {**m, "tool_calls": filled}
+            queue.add([c if isinstance(c, dict) and c.get("id") else {"id": None} for c in filled])
+        elif m.get("role") == "tool":
+            cid = m.get("tool_call_id")
+            got = queue.take(cid if isinstance(cid, str) and cid else None)
+            if not cid and got is not None:
+                m = {**m, "tool_call_id": got}
+        elif m.get("role") == "user":
+            queue.clear()
+        out.append(m)
+    return out
