@@ -52,6 +52,9 @@ class IngestReport:
         cut: prompts cut before their row's final assistant turn; reasoning_moved: prompts with an
         earlier assistant turn whose inline reasoning moved to ``reasoning_content``
         (``docs/prompt-construction.md``). All three count this ingest's stored rows (0 when skipped).
+        stale_deleted / stale_failed / stale_kept: stored prompts whose row is no longer in the
+        re-read file (``Store.drop_stale``): pending and never sent (deleted), pending with billed
+        attempts (marked failed, class ``removed``), done or failed (kept with their results).
     """
 
     dataset: str
@@ -65,6 +68,18 @@ class IngestReport:
     whole: int = 0
     cut: int = 0
     reasoning_moved: int = 0
+    stale_deleted: int = 0
+    stale_failed: int = 0
+    stale_kept: int = 0
+
+    def stale_summary(self) -> str | None:
+        """One line on stored prompts whose row left the file, or None when there are none."""
+        if not (self.stale_deleted or self.stale_failed or self.stale_kept):
+            return None
+        return (f"{self.stale_deleted + self.stale_failed + self.stale_kept} stored prompt(s) no longer in the file "
+                f"(row edited, deleted or now rejected): {self.stale_deleted} pending removed (never sent), "
+                f"{self.stale_failed} pending with billed attempts marked failed (removed), {self.stale_kept} "
+                f"with stored results kept (still exported)")
 
     def became_summary(self) -> str:
         """One line: ``"N prompt(s) whole (ended on a user or tool turn), M cut before the final
@@ -146,11 +161,15 @@ async def ingest_all(cfg: Config, store: Store, checker: "PromptChecker | None" 
         for i in range(0, len(new_rows), _BATCH):
             inserted += await store.ingest_batch(d.name, new_rows[i : i + _BATCH])
         await store.replace_rejects(d.name, rejects)
+        stale = await store.drop_stale(d.name, {r[0] for r in new_rows})
         n = await store.finish_ingest(d.name, fp, len(rejects))
         rep = IngestReport(d.name, False, n, inserted, len(rejects), [f"{s}: {r}" for s, r in rejects[:5]],
                            len(normalised), [f"{s}: {r}" for s, r in normalised[:5]],
                            whole=sum(not b.cut for _, b in became), cut=sum(b.cut for _, b in became),
-                           reasoning_moved=sum(bool(b.reasoning) for _, b in became))
+                           reasoning_moved=sum(bool(b.reasoning) for _, b in became),
+                           stale_deleted=stale[0], stale_failed=stale[1], stale_kept=stale[2])
+        if rep.stale_summary():
+            log.warning("[%s] %s", d.name, rep.stale_summary())
         for s, r in rejects[:20]:
             log.warning("[%s] rejected %s: %s", d.name, s, r)
         flagged = [(r[1], r[6]) for r in new_rows if r[6]]

@@ -263,6 +263,8 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
                     print(f"[{rep.dataset}] {rep.normalised} prompt(s) brought into SpecForge's role order "
                           f"(turns merged or dropped; docs/specforge-roles.md), e.g. {rep.normalised_examples[0]}", file=out)
                 print(f"[{rep.dataset}] {rep.became_summary()}", file=out)
+                if rep.stale_summary():
+                    print(f"[{rep.dataset}] {rep.stale_summary()}", file=out)
         sim = None
         if cfg.provider.kind == "simulated":
             from engine.sim import SimThread

@@ -113,8 +113,10 @@ def migrate(conn: sqlite3.Connection) -> None:
 
 def failed_filter(dataset: str | None, error_class: str | None) -> tuple[str, list[str]]:
     """SQL ``WHERE`` clause and its arguments selecting the failed prompts of ``dataset`` that failed
-    with ``error_class`` (None: any), for ``retry-failed`` (live and offline)."""
-    where, args = "state='failed'", []
+    with ``error_class`` (None: any), for ``retry-failed`` (live and offline). Prompts failed as
+    ``removed`` (their row left the dataset file, :meth:`Store.drop_stale`) are never retried: their
+    messages are no longer what any row says."""
+    where, args = "state='failed' AND COALESCE(error_class, '') != 'removed'", []
     if dataset is not None:
         where += " AND dataset=?"
         args.append(dataset)
@@ -292,6 +294,28 @@ class Store:
         await self.conn.execute("DELETE FROM rejects WHERE dataset=?", (dataset,))
         await self.conn.executemany("INSERT INTO rejects(dataset, source, reason) VALUES(?,?,?)", [(dataset, s, r) for s, r in rejects])
         await self.conn.execute("COMMIT")
+
+    async def drop_stale(self, dataset: str, keys: set[str]) -> tuple[int, int, int]:
+        """After a re-read: the dataset's stored prompts whose key is not in ``keys`` (their row was
+        edited, deleted, or is now rejected). Pending ones never sent are deleted (nothing was paid
+        for them); pending ones with attempts become ``failed`` with error class ``removed`` (their
+        billed attempts stay counted); done and failed ones are kept with their results.
+
+        Returns:
+            ``(deleted, marked_failed, kept_with_results)``.
+        """
+        cur = await self.conn.execute("SELECT id, key, state, attempts FROM prompts WHERE dataset=?", (dataset,))
+        stale = [(i, st, a) for i, k, st, a in await cur.fetchall() if k not in keys]
+        drop = [(i,) for i, st, a in stale if st == "pending" and not a]
+        mark = [(i,) for i, st, a in stale if st == "pending" and a]
+        if drop or mark:
+            await self.conn.execute("BEGIN")
+            await self.conn.executemany("DELETE FROM prompts WHERE id=?", drop)
+            await self.conn.executemany(
+                "UPDATE prompts SET state='failed', error_class='removed', error='its row is no longer in the "
+                "dataset file (edited, deleted or now rejected); not sent again' WHERE id=?", mark)
+            await self.conn.execute("COMMIT")
+        return len(drop), len(mark), len(stale) - len(drop) - len(mark)
 
     async def finish_ingest(self, dataset: str, fingerprint: str, rejected: int) -> int:
         """Record a completed ingest; returns the dataset's prompt count."""
