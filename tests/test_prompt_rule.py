@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.datasets import iter_prompts
+from engine.datasets import iter_prompts, row_to_prompt
 from engine.ingest import ingest_all
 from engine.prompts import Prompt, Reject
 from engine.store import Store
@@ -195,3 +195,25 @@ def test_ingest_counts_and_logs_what_each_row_became(tmp_path, caplog):
     assert (f"[mix] prompt {path}:3: cut before the final assistant turn (message 4); inline reasoning moved to "
             f"reasoning_content: message 2 (<think>)") in lines
     assert f"[mix] prompt {path}:4: whole conversation (ends on a tool turn)" in lines
+
+
+def test_an_empty_instruction_with_an_input_is_just_the_input():
+    """Before: ``{"instruction": "", "input": "only input"}`` was sent as ``"\\n\\nonly input"``."""
+    p = row_to_prompt({"instruction": "", "input": "only input", "output": "x"}, "i.jsonl:1", "instruction")
+    assert isinstance(p, Prompt) and p.messages == [{"role": "user", "content": "only input"}]
+    both = row_to_prompt({"instruction": "Sum:", "input": "1 2"}, "i.jsonl:2", "instruction")
+    assert both.messages == [{"role": "user", "content": "Sum:\n\n1 2"}]
+    empty = row_to_prompt({"instruction": " ", "input": ""}, "i.jsonl:3", "instruction")
+    assert isinstance(empty, Reject) and empty.reason.endswith("final user turn is empty")
+
+
+def test_glaive_turns_without_blank_line_separators_are_rejected_not_merged():
+    """Before: ``"USER: hi ASSISTANT: hello <|endoftext|>"`` became ONE user turn holding the assistant's
+    text and glaive's end marker, counted whole, silently."""
+    r = row_to_prompt({"system": "SYSTEM: You are helpful.", "chat": "USER: hi ASSISTANT: hello <|endoftext|>"},
+                      "g.jsonl:7", "glaive")
+    assert isinstance(r, Reject) and r.source == "g.jsonl:7"
+    assert "message 1: USER turn holds '<|endoftext|>'" in r.reason
+    ok = row_to_prompt({"system": "SYSTEM: You are helpful.",
+                        "chat": "USER: hi\n\n\nASSISTANT: hello <|endoftext|>\n\n\nUSER: and?"}, "g.jsonl:8", "glaive")
+    assert isinstance(ok, Prompt) and [m["role"] for m in ok.messages] == ["system", "user", "assistant", "user"]

@@ -244,7 +244,7 @@ def adapt_instruction(row: Mapping[str, Any]) -> Conversation:
     if extra is not None and not isinstance(extra, str):
         raise AdapterError(f"field 'input' is {_kind(extra)}, expected a string")
     if extra and extra.strip():
-        text = f"{text}\n\n{extra}"
+        text = f"{text}\n\n{extra}" if text.strip() else extra  # no blank lines before a lone input
     messages = _system(row)
     offset = len(messages)
     for n, pair in enumerate(row.get("history") or [], 1):

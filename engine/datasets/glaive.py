@@ -79,7 +79,9 @@ def split_chat(chat: str) -> list[tuple[str, str]]:
     A turn's text keeps any ``"\\n\\n\\n"`` that is not followed by a turn prefix.
 
     Raises:
-        ValueError: the chat has text before its first turn prefix.
+        ValueError: the chat has text before its first turn prefix; a USER or FUNCTION RESPONSE turn
+            holds ``<|endoftext|>`` (glaive's end of an ASSISTANT turn: turn prefixes not separated by
+            glaive's blank lines, so several turns would become one).
     """
     matches = list(_TURN.finditer(chat))
     lead = chat[: matches[0].start()] if matches else chat
@@ -93,6 +95,9 @@ def split_chat(chat: str) -> list[tuple[str, str]]:
         if role == "assistant":
             while text.endswith(_END):
                 text = text[: -len(_END)].rstrip()
+        elif _END in text:
+            raise ValueError(f"message {k + 1}: {m.group(1)} turn holds {_END!r}, which ends an ASSISTANT turn: turns "
+                             f"must be separated by a blank line before their prefix ('\\n\\n\\nASSISTANT:')")
         turns.append((role, text))
     return turns
 
