@@ -213,8 +213,9 @@ async def test_abort_estimate_after_a_restart_uses_the_earlier_processes_bills(t
     assert second["basis"].startswith("from the billing of ")
     assert second["obs"]["SimA"][1] <= 0.1
     # After a restart the shares come from the stored bills alone (no "in full" figure was stored), a
-    # coarser basis: measured +5..+28% over the bill in 4 runs. What it must do: follow the bills,
-    # at least halving the error of the old "billed in full" figure.
-    assert abs(c.abort_usd - billed) <= 0.35 * billed, (c.abort_usd, billed)
+    # coarser basis: measured -5..+29% over the bill in 7 runs here, +41% once in CI (which provider the
+    # ~40 streams in flight happened to be on). What it must do: follow the bills, at least halving the
+    # error of the old "billed in full" figure (+80..+130% on this mix).
+    assert abs(c.abort_usd - billed) <= 0.5 * billed, (c.abort_usd, billed)
     assert abs(c.abort_usd - billed) <= 0.5 * abs(c.expected_usd - billed), (c.abort_usd, c.expected_usd, billed)
     assert c.expected_usd > 1.3 * billed
