@@ -3,7 +3,7 @@ results, against a fresh run of the same config.
 
 The config has one dataset of 90,000 prompts (``text`` format), concurrency 2,000, against a
 ``datagen sim`` process. Each measurement is a fresh ``datagen run CONFIG --headless`` process
-(in-process ``engine.cli.main``, with ``ChatClient.complete`` wrapped to report the moment of the
+(in-process ``datagen.cli.main``, with ``ChatClient.complete`` wrapped to report the moment of the
 first call and exit at once, so nothing is sent and the store is left as it was):
 
 - fresh: an empty run directory (the file is parsed and its 90,000 prompts ingested);
@@ -41,7 +41,7 @@ MEAN_CHARS = 8000
 def worker(a: argparse.Namespace) -> None:
     t0 = float(a.t0)
     import engine.client.chat as chat
-    from engine.cli import main
+    from datagen.cli import main
 
     t_main = time.time()
 

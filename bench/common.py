@@ -103,7 +103,7 @@ class SimProcess:
 
     def __init__(self, *args: str, cpu: int | None = None) -> None:
         raise_fd_limit()
-        cmd = [PY, "-m", "engine.cli", "sim", "--port", "0", *args]
+        cmd = [PY, "-m", "datagen", "sim", "--port", "0", *args]
         self.args = args
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      preexec_fn=_pin(cpu))

@@ -289,5 +289,5 @@ def run_case(cfg: "Path", *args: str, timeout: float = 90.0) -> "subprocess.Comp
     import sys
 
     env = dict(os.environ, CASE_KEY="case-key-123")
-    return subprocess.run([sys.executable, "-m", "engine.cli", "run", str(cfg), "--headless", *args],
+    return subprocess.run([sys.executable, "-m", "datagen", "run", str(cfg), "--headless", *args],
                           capture_output=True, text=True, timeout=timeout, env=env)

@@ -62,7 +62,7 @@ class SimProcess:
     """
 
     def __init__(self, *args: str, log: Path | None = None, env: dict[str, str] | None = None) -> None:
-        cmd = [PY, "-m", "engine.cli", "sim", "--port", "0", *args]
+        cmd = [PY, "-m", "datagen", "sim", "--port", "0", *args]
         if log is not None:
             cmd += ["--log", str(log)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -137,7 +137,7 @@ def run_env(key: str = "sk-test-e2e") -> dict[str, str]:
 
 
 def status_json(run_dir: Path) -> dict:
-    out = subprocess.run([PY, "-m", "engine.cli", "status", str(run_dir), "--json"], capture_output=True, text=True, check=True)
+    out = subprocess.run([PY, "-m", "datagen", "status", str(run_dir), "--json"], capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 
 
@@ -206,7 +206,7 @@ def socket_count(pid: int | str = "self") -> int | None:
 
 def run_cmd(cfg: Path, *extra: str) -> list[str]:
     """``datagen run CONFIG --headless`` as an argv list."""
-    return [PY, "-m", "engine.cli", "run", str(cfg), "--headless", *extra]
+    return [PY, "-m", "datagen", "run", str(cfg), "--headless", *extra]
 
 
 def live_status(run_dir: Path) -> dict | None:

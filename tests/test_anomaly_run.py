@@ -55,7 +55,7 @@ format = "sharegpt"
 
 
 def run(cfg: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "engine.cli", "run", str(cfg), "--headless", "--exit-on-pause"],
+    return subprocess.run([sys.executable, "-m", "datagen", "run", str(cfg), "--headless", "--exit-on-pause"],
                           capture_output=True, text=True, timeout=240)
 
 

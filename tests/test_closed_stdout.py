@@ -48,7 +48,7 @@ name = "d"
 path = "{tmp / 'p.jsonl'}"
 format = "text"
 """)
-    r = subprocess.run([PY, "-m", "engine.cli", "run", str(cfg), "--headless"], cwd=REPO, capture_output=True,
+    r = subprocess.run([PY, "-m", "datagen", "run", str(cfg), "--headless"], cwd=REPO, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     return {"tmp": tmp, "cfg": cfg, "run": tmp / "run", "tok": tok}
@@ -86,11 +86,11 @@ def _probe(args: list[str], mode: str) -> tuple[int, str]:
     if mode == "pipe":
         rfd, wfd = os.pipe()
         os.close(rfd)  # the reader is gone before the first write
-        p = subprocess.run([PY, "-m", "engine.cli", *args], cwd=REPO, stdout=wfd, stderr=subprocess.PIPE,
+        p = subprocess.run([PY, "-m", "datagen", *args], cwd=REPO, stdout=wfd, stderr=subprocess.PIPE,
                            stdin=subprocess.DEVNULL, text=True, timeout=120)
         os.close(wfd)
     else:
-        p = subprocess.run([PY, "-m", "engine.cli", *args], cwd=REPO, stderr=subprocess.PIPE,
+        p = subprocess.run([PY, "-m", "datagen", *args], cwd=REPO, stderr=subprocess.PIPE,
                            stdin=subprocess.DEVNULL, text=True, timeout=120, preexec_fn=_closed_fd1)
     return p.returncode, p.stderr
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from engine.cli import main
+from datagen.cli import main
 from engine.config import ProviderSection
 from engine.prompts import prompt_key
 from engine.runner import resolve_api_key
@@ -290,7 +290,7 @@ def test_demo_config_ends_with_a_validated_tokens_export(tmp_path):
     (tmp_path / "config.toml").write_text(text)
     (tmp_path / "engine").symlink_to(REPO / "engine")
     env = _env(PYTHONPATH=str(REPO))
-    dg = [PY, "-m", "engine.cli"]
+    dg = [PY, "-m", "datagen"]
     # Before the tokenizer is built: refused at load, naming both keys and how to build it.
     p = subprocess.run(dg + ["run", "config.toml", "--headless"], capture_output=True, text=True, timeout=60,
                        cwd=tmp_path, env=env)
@@ -345,7 +345,7 @@ format = "text"
 
     # `datagen status RUN --json | true`: the reader is gone before the output is written. A shell
     # tool's answer (128 + SIGPIPE) and no traceback; before, a BrokenPipeError traceback and rc 1.
-    r = subprocess.run(f"{PY} -m engine.cli status {tmp_path / 'run'} --json | true; exit ${{PIPESTATUS[0]}}",
+    r = subprocess.run(f"{PY} -m datagen status {tmp_path / 'run'} --json | true; exit ${{PIPESTATUS[0]}}",
                        shell=True, executable="/bin/bash", cwd=REPO, capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stderr) == (141, "")
 
@@ -358,7 +358,7 @@ format = "text"
 
 
 def test_stacks_txt_is_owner_only(tmp_path):
-    from engine.cli import _install_stack_dump
+    from datagen.cli import _install_stack_dump
 
     old = signal.getsignal(signal.SIGUSR1)
     old_umask = os.umask(0o022)

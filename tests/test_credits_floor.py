@@ -50,7 +50,7 @@ name = "q"
 path = "{prompts_file(tmp_path, 300)}"
 format = "text"
 """)
-        r = subprocess.run([PY, "-m", "engine.cli", "run", str(cfg), "--headless", "--exit-on-pause"], env=run_env(),
+        r = subprocess.run([PY, "-m", "datagen", "run", str(cfg), "--headless", "--exit-on-pause"], env=run_env(),
                            capture_output=True, text=True, timeout=240)
         billed = key_doc(sim.base_url)["usage"]
     finally:
@@ -97,5 +97,5 @@ async def test_run_paused_by_credits_then_completed_reads_completed(tmp_path):
     assert not doc["run"].get("state_reason"), doc["run"]
     d = doc["datasets"][0]
     assert d["state"] == "done" and d["done"] == 30 and d["pending"] == 0, d
-    st = subprocess.run([PY, "-m", "engine.cli", "status", str(tmp_path / "run")], capture_output=True, text=True)
+    st = subprocess.run([PY, "-m", "datagen", "status", str(tmp_path / "run")], capture_output=True, text=True)
     assert "run spend: completed" in st.stdout and "credits floor" not in st.stdout, st.stdout

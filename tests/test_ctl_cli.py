@@ -49,7 +49,7 @@ format = "{fmt}"
 
 
 def datagen(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "engine.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([PY, "-m", "datagen", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def status(run_dir: Path) -> dict:
@@ -191,7 +191,7 @@ def test_ctl_and_status_on_a_live_engine(tmp_path):
     cfg = _config(tmp_path, latency_ms=300, tokens_per_s=100, concurrency=4,
                   dataset=("sharegpt", "b7_sharegpt.json", "sharegpt"))
     run_dir = tmp_path / "run"
-    p = subprocess.Popen([PY, "-m", "engine.cli", "run", str(cfg), "--headless"], stdout=subprocess.DEVNULL,
+    p = subprocess.Popen([PY, "-m", "datagen", "run", str(cfg), "--headless"], stdout=subprocess.DEVNULL,
                          stderr=subprocess.DEVNULL)
     watch = None
     try:
@@ -214,7 +214,7 @@ def test_ctl_and_status_on_a_live_engine(tmp_path):
         doc = wait_for(lambda: (d := status(run_dir))["run"]["state"] == "paused" and d, 10)
         assert doc["eta_s"] is None and doc["datasets"][0]["eta_s"] is None
         assert "ETA -- (paused)" in datagen("status", run).stdout
-        watch = subprocess.Popen([PY, "-m", "engine.cli", "status", run, "--watch", "--interval", "0.3", "--json"],
+        watch = subprocess.Popen([PY, "-m", "datagen", "status", run, "--watch", "--interval", "0.3", "--json"],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         time.sleep(1.0)
         assert watch.poll() is None  # the engine still runs: --watch keeps going

@@ -20,7 +20,7 @@ def test_eight_datasets_with_faults_end_done_or_failed(tmp_path):
     sim = SimProcess("--faults", FAULTS, "--seed", "7", "--mean-completion-tokens", "200", "--tokens-per-s", "2000", log=log)
     try:
         cfg = eight_dataset_config(tmp_path, sim.base_url)
-        r = subprocess.run([PY, "-m", "engine.cli", "run", str(cfg), "--headless"], env=run_env(), capture_output=True,
+        r = subprocess.run([PY, "-m", "datagen", "run", str(cfg), "--headless"], env=run_env(), capture_output=True,
                            text=True, timeout=240)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "run completed" in r.stdout
@@ -66,7 +66,7 @@ def test_kill9_and_resume_exactly_once(tmp_path):
         cfg = eight_dataset_config(tmp_path, sim.base_url)
         run_dir = tmp_path / "run"
         for _ in range(3):
-            p = subprocess.Popen([PY, "-m", "engine.cli", "run", str(cfg), "--headless"], env=run_env(),
+            p = subprocess.Popen([PY, "-m", "datagen", "run", str(cfg), "--headless"], env=run_env(),
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             target = rng.randint(5, 25)
             before = 0
@@ -83,7 +83,7 @@ def test_kill9_and_resume_exactly_once(tmp_path):
                 p.kill()
                 kills += 1
             p.wait()
-        p = subprocess.Popen([PY, "-m", "engine.cli", "run", str(cfg), "--headless"], env=run_env(),
+        p = subprocess.Popen([PY, "-m", "datagen", "run", str(cfg), "--headless"], env=run_env(),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             out, _ = p.communicate(timeout=180)
@@ -101,7 +101,7 @@ def test_kill9_and_resume_exactly_once(tmp_path):
     doc = status_json(run_dir)
     assert doc["run"]["state"] == "completed"
     out = tmp_path / "export"
-    subprocess.run([PY, "-m", "engine.cli", "export", str(run_dir), "--format", "raw", "--out", str(out)], check=True)
+    subprocess.run([PY, "-m", "datagen", "export", str(run_dir), "--format", "raw", "--out", str(out)], check=True)
     lines = [json.loads(line) for f in sorted(out.glob("*.jsonl")) for line in f.read_text(encoding="utf-8").split("\n") if line]
     keys = [(x["dataset"], x["key"]) for x in lines]
     assert len(keys) == len(set(keys)) == doc["totals"]["done"]

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from engine.cli import main
+from datagen.cli import main
 from engine.tokens.records import SCHEMA
 from fixtures_tokens import kimi_dir
 from promptcheck_helpers import RENDERABLE, UNRENDERABLE, run, write_config, write_jsonl

@@ -185,7 +185,7 @@ def test_pending_drops_done_batches_and_never_empty() -> None:
 
 
 def test_disk_guard_refuses_a_job_that_does_not_fit(tmp_path: Path, tiny: Path, capsys) -> None:
-    from engine.cli import main
+    from datagen.cli import main
 
     write_parquet(tmp_path / "data" / "a.parquet", synth_records(10, 100, 200, seed=2))
     (tmp_path / "config.toml").write_text(

@@ -38,7 +38,7 @@ def setup_job(tmp: Path, tiny: Path, n: int, lo: int, hi: int, max_tokens: int) 
 
 def extract(tmp: Path, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen([sys.executable, "-m", "engine.cli", "extract", str(tmp / "config.toml"), "--data",
+    return subprocess.Popen([sys.executable, "-m", "datagen", "extract", str(tmp / "config.toml"), "--data",
                              str(tmp / "data"), "--progress-s", "0.5", *extra], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

@@ -54,7 +54,7 @@ def events(run_dir: Path, kind: str) -> list[str]:
 
 def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = dict(os.environ, CASE_KEY="case-key-123")
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "datagen", *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
 
 
@@ -81,7 +81,7 @@ def wait_for(cond, timeout: float = 30.0, what: str = "condition"):
 
 def start_run(cfg: Path, *args: str) -> subprocess.Popen:
     env = dict(os.environ, CASE_KEY="case-key-123")
-    return subprocess.Popen([sys.executable, "-m", "engine.cli", "run", str(cfg), "--headless", *args],
+    return subprocess.Popen([sys.executable, "-m", "datagen", "run", str(cfg), "--headless", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 

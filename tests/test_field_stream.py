@@ -18,7 +18,7 @@ PY = sys.executable
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "engine.cli", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([PY, "-m", "datagen", *args], capture_output=True, text=True, timeout=120)
 
 
 def rows(run: Path, sql: str, *params) -> list[tuple]:

@@ -280,14 +280,14 @@ def rows(tmp: Path) -> list[tuple]:
 
 
 def status_json(tmp: Path) -> dict:
-    out = subprocess.run([sys.executable, "-m", "engine.cli", "status", str(tmp / "run"), "--json"],
+    out = subprocess.run([sys.executable, "-m", "datagen", "status", str(tmp / "run"), "--json"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
 
 def raw_export(tmp: Path) -> list[dict]:
-    out = subprocess.run([sys.executable, "-m", "engine.cli", "export", str(tmp / "run"), "--format", "raw",
+    out = subprocess.run([sys.executable, "-m", "datagen", "export", str(tmp / "run"), "--format", "raw",
                           "--out", str(tmp / "raw")], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return [json.loads(x) for x in (tmp / "raw" / "d.jsonl").read_text().splitlines()]
@@ -343,7 +343,7 @@ def test_case04_no_usage_estimated_without_tokenizer_and_budget_trips(tmp_path):
     tok_cfg = tmp_path / "tok.toml"
     tok_cfg.write_text((tmp_path / "config.toml").read_text().replace(
         "[classes.short]", f'[tokenizer]\npath = "{kimi_dir()}"\nkind = "tiktoken"\n\n[classes.short]'))
-    v = subprocess.run([sys.executable, "-m", "engine.cli", "validate", str(tmp_path / "run"), "--config", str(tok_cfg),
+    v = subprocess.run([sys.executable, "-m", "datagen", "validate", str(tmp_path / "run"), "--config", str(tok_cfg),
                         "--json", "--workers", "1"], capture_output=True, text=True, timeout=120)
     assert v.returncode == 0, v.stdout + v.stderr
     conn = sqlite3.connect(tmp_path / "run" / "store.sqlite")

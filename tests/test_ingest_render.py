@@ -10,7 +10,7 @@ import sqlite3
 
 import pytest
 
-from engine.cli import main
+from datagen.cli import main
 from engine.datasets import Reject, iter_prompts
 from engine.prompts import prompt_key
 from engine.tokens.demo_tokenizer import KIMI_TEMPLATE

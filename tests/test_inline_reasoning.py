@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from engine.cli import main
+from datagen.cli import main
 from engine.config import load_config
 from engine.datasets import iter_prompts
 from engine.datasets.reasoning import ReasoningError, Split, move_reasoning, split_inline

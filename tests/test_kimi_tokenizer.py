@@ -25,7 +25,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from engine.cli import main
+from datagen.cli import main
 from engine.config import TokenizerSection
 from engine.tokens.kimi_tools import ToolSchemaError, deep_sort, encode_tools_typescript, kimi_tool_vars
 from engine.tokens.template import render
@@ -400,7 +400,7 @@ def test_headless_run_with_unsorted_tools_validates_and_declares_typescript(tmp_
                        sim_extra='latency_ms = 5\ntokens_per_s = 5000\nfaults = ""',
                        tokenizer_extra="billing_tolerance_tokens = 0\nbilling_tolerance_pct = 0",
                        classes="[classes.short]\nmax_tokens = 2000\nconcurrency = 4")
-    p = subprocess.run([sys.executable, "-m", "engine.cli", "run", str(cfg), "--headless"], capture_output=True,
+    p = subprocess.run([sys.executable, "-m", "datagen", "run", str(cfg), "--headless"], capture_output=True,
                        text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     run_dir = tmp_path / "run"

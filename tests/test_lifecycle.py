@@ -329,7 +329,7 @@ def _extract(tmp: Path, tiny: Path, n: int) -> tuple[subprocess.Popen, Path]:
         f'[run]\ndir = "run"\n[[datasets]]\nname = "a"\npath = "a.jsonl"\n'
         f'[extract]\nmodel = "{tiny}"\naux_layers = [0, 1, 2]\nmax_tokens_per_batch = 256\ndisk_margin_gb = 0\n')
     out = open(tmp / "extract.out", "w")
-    p = subprocess.Popen([sys.executable, "-m", "engine.cli", "extract", str(tmp / "config.toml"), "--data",
+    p = subprocess.Popen([sys.executable, "-m", "datagen", "extract", str(tmp / "config.toml"), "--data",
                           str(tmp / "data"), "--progress-s", "0.5", "--workers", "2"], cwd=REPO,
                          env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=out, stderr=subprocess.STDOUT,
                          start_new_session=True)

@@ -197,13 +197,13 @@ async def test_ctl_skip_abort_shows_only_that_datasets_streams_and_dollars(tmp_p
                 await asyncio.sleep(0.05)
             await asyncio.sleep(1.0)  # streams under way, the live row committed
             holder["run_usd"], holder["a_usd"] = s.cost_in_flight_usd(), s.cost_in_flight_usd("a")
-            p = await asyncio.create_subprocess_exec(PY, "-m", "engine.cli", "ctl", str(tmp_path / "run"), "skip", "a",
+            p = await asyncio.create_subprocess_exec(PY, "-m", "datagen", "ctl", str(tmp_path / "run"), "skip", "a",
                                                      "--abort", "--yes", stdout=asyncio.subprocess.PIPE,
                                                      stderr=asyncio.subprocess.PIPE)
             out, err = await p.communicate()
             holder["out"], holder["rc"] = out.decode() + err.decode(), p.returncode
             holder["abort_usd"] = s.in_flight_cost().abort_usd
-            p = await asyncio.create_subprocess_exec(PY, "-m", "engine.cli", "ctl", str(tmp_path / "run"), "abort",
+            p = await asyncio.create_subprocess_exec(PY, "-m", "datagen", "ctl", str(tmp_path / "run"), "abort",
                                                      "--yes", stdout=asyncio.subprocess.PIPE,
                                                      stderr=asyncio.subprocess.PIPE)
             out, err = await p.communicate()

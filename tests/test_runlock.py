@@ -76,12 +76,12 @@ def _gated(gate: threading.Event):
 
 
 def _run(cfg: Path) -> subprocess.Popen:
-    return subprocess.Popen([PY, "-m", "engine.cli", "run", str(cfg), "--headless"], cwd=REPO, env=ENV,
+    return subprocess.Popen([PY, "-m", "datagen", "run", str(cfg), "--headless"], cwd=REPO, env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([PY, "-m", "engine.cli", *args], cwd=REPO, env=ENV, capture_output=True, text=True,
+    return subprocess.run([PY, "-m", "datagen", *args], cwd=REPO, env=ENV, capture_output=True, text=True,
                           timeout=timeout)
 
 
@@ -153,7 +153,7 @@ def test_dashboard_path_takes_the_lock_before_opening_the_ui(tmp_path):
     hold = holder_process(run_dir)
     try:
         master, slave = pty.openpty()
-        p = subprocess.Popen([PY, "-m", "engine.cli", "run", str(cfg)], cwd=REPO, env=ENV, stdin=slave,
+        p = subprocess.Popen([PY, "-m", "datagen", "run", str(cfg)], cwd=REPO, env=ENV, stdin=slave,
                              stdout=slave, stderr=slave, close_fds=True)
         os.close(slave)
         out = b""

@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine import cli
+from datagen import cli
 from engine.client.chat import ChatClient
 from engine.config import ConfigError, ProviderSection, parse_config
 from engine.runner import resolve_api_key, run_headless
@@ -179,7 +179,7 @@ def test_canary_key_never_leaks(tmp_path):
     outputs["simulator"] = "".join(sim.output)
     for args in (["status", str(run_dir)], ["status", str(run_dir), "--json"],
                  ["export", str(run_dir), "--format", "raw", "--out", str(tmp_path / "export")]):
-        r = subprocess.run([PY, "-m", "engine.cli", *args], capture_output=True, text=True, timeout=60)
+        r = subprocess.run([PY, "-m", "datagen", *args], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         outputs[" ".join(args[:1] + args[2:])] = r.stdout + r.stderr
     doc = status_json(run_dir)

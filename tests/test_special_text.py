@@ -11,7 +11,7 @@ import sqlite3
 import pyarrow.parquet as pq
 import pytest
 
-from engine.cli import main
+from datagen.cli import main
 from engine.config import ConfigError, load_config
 from engine.status import collect_status
 from engine.store import Store

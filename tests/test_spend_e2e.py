@@ -145,7 +145,7 @@ name = "q"
 path = "{prompts_file(tmp_path, 2000)}"
 format = "text"
 """)
-        r = subprocess.run([PY, "-m", "engine.cli", "run", str(cfg), "--headless", "--exit-on-pause"], env=run_env(),
+        r = subprocess.run([PY, "-m", "datagen", "run", str(cfg), "--headless", "--exit-on-pause"], env=run_env(),
                            capture_output=True, text=True, timeout=240)
     finally:
         sim.stop()
@@ -222,11 +222,11 @@ name = "B"
 path = "{prompts_file(tmp_path, 40, 'b.jsonl', 'B ')}"
 format = "text"
 """)
-        cmd = [PY, "-m", "engine.cli", "run", str(cfg), "--headless"]
+        cmd = [PY, "-m", "datagen", "run", str(cfg), "--headless"]
         p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(lambda: run_dir.joinpath("store.sqlite").exists() and status_json(run_dir)["run"]["alive"], 30)
         t0 = time.monotonic()
-        r = subprocess.run([PY, "-m", "engine.cli", "ctl", str(run_dir), "pause", "B"], capture_output=True, text=True)
+        r = subprocess.run([PY, "-m", "datagen", "ctl", str(run_dir), "pause", "B"], capture_output=True, text=True)
         assert r.returncode == 0 and "B paused" in r.stdout, r.stdout + r.stderr
         wait_for(lambda: status_json(run_dir)["datasets"][1]["state"] == "paused", 2.0, 0.05)
         assert time.monotonic() - t0 < 2.0 + 1.5  # ctl round trip + the status check
@@ -241,7 +241,7 @@ format = "text"
         time.sleep(1.5)
         doc = status_json(run_dir)
         assert doc["datasets"][1]["state"] == "paused" and doc["datasets"][1]["done"] == b_done
-        r = subprocess.run([PY, "-m", "engine.cli", "ctl", str(run_dir), "resume", "B"], capture_output=True, text=True)
+        r = subprocess.run([PY, "-m", "datagen", "ctl", str(run_dir), "resume", "B"], capture_output=True, text=True)
         assert "B resumed" in r.stdout, r.stdout + r.stderr
         assert p.wait(120) == 0
     finally:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from engine.cli import main
+from datagen.cli import main
 from engine.client.types import ToolCall
 from engine.config import load_config
 from engine.prompts import prompt_key

@@ -87,7 +87,7 @@ def wait(cond, timeout: float, what: str, step: float = 0.2, show=None):
 
 def status(run_dir: Path) -> dict | None:
     cmd = [str(DATAGEN), "status", str(run_dir), "--json"] if DATAGEN.exists() else \
-        [sys.executable, "-m", "engine.cli", "status", str(run_dir), "--json"]
+        [sys.executable, "-m", "datagen", "status", str(run_dir), "--json"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=20)
     return json.loads(r.stdout) if r.returncode == 0 else None
 
@@ -105,7 +105,7 @@ def test_datagen_run_in_tmux_renders_pauses_and_survives_terminal_loss(tmp_path)
     run_dir = tmp_path / "run"
     cfg = tmp_path / "config.toml"
     cfg.write_text(CONFIG.format(run_dir=run_dir, samples=SAMPLES))
-    cmd = f"{DATAGEN} run {cfg}" if DATAGEN.exists() else f"{sys.executable} -m engine.cli run {cfg}"
+    cmd = f"{DATAGEN} run {cfg}" if DATAGEN.exists() else f"{sys.executable} -m datagen run {cfg}"
     tmux = Tmux()
     tmux("new-session", "-d", "-s", "dash", "-x", "160", "-y", "48", "-c", str(REPO),
          f"env TERM=xterm-256color {cmd}; sleep 30")
@@ -171,7 +171,7 @@ def _dashboard(tmp_path: Path, tmux: Tmux, cfg: Path, children: int) -> tuple[in
     from lifecycle import cmdline, descendants, write_wrapper
 
     rc = tmp_path / "rc"
-    run = f"{DATAGEN} run {cfg}" if DATAGEN.exists() else f"{sys.executable} -m engine.cli run {cfg}"
+    run = f"{DATAGEN} run {cfg}" if DATAGEN.exists() else f"{sys.executable} -m datagen run {cfg}"
     tmux("new-session", "-d", "-s", "dash", "-x", "160", "-y", "48", "-c", str(REPO),
          # exec: the pane's process is the wrapper, which outlives group signals (a shell would die of
          # them, close the pane and SIGHUP the run: a second signal)

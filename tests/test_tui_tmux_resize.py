@@ -50,7 +50,7 @@ def test_datagen_run_follows_every_resize_in_tmux(tmp_path):
     run_dir = tmp_path / "run"
     cfg = tmp_path / "config.toml"
     cfg.write_text(CONFIG.format(run_dir=run_dir, samples=SAMPLES))
-    cmd = f"{DATAGEN} run {cfg}" if DATAGEN.exists() else f"{sys.executable} -m engine.cli run {cfg}"
+    cmd = f"{DATAGEN} run {cfg}" if DATAGEN.exists() else f"{sys.executable} -m datagen run {cfg}"
     tmux = Tmux()
     tmux("new-session", "-d", "-s", "dash", "-x", "160", "-y", "48", "-c", str(REPO),
          f"env TERM=xterm-256color {cmd}; sleep 30")

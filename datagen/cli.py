@@ -519,6 +519,3 @@ def main(argv: list[str] | None = None) -> int:
         os.close(devnull)
         return 141
 
-
-if __name__ == "__main__":
-    sys.exit(main())
