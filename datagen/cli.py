@@ -1,4 +1,11 @@
-"""The ``datagen`` command line: run, sim, status, ctl, export, extract, validate, make-tokenizer."""
+"""The ``datagen`` command line: run, sim, status, ctl, export, extract, validate, make-tokenizer.
+
+The layer above the engine and the dashboard (``tui``). Every error the project defines derives from
+:class:`engine.errors.DatagenError`; :func:`main` catches it once and prints ``error: <message>`` with the
+command's error exit status (1, or 2 for ``export`` and ``validate``: README "Commands"). The commands
+catch only what they turn into something else: ``export``'s "nothing to export" (exit 1), an unwritable
+``--out`` or run directory (an ``OSError``, reworded), a refused start's clean-up (``run``).
+"""
 
 from __future__ import annotations
 
@@ -11,34 +18,26 @@ import sys
 from pathlib import Path
 
 from engine import runlock
-from engine.config import ConfigError, load_config
+from engine.config import load_config
+from engine.errors import DatagenError
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    """``datagen run``: 0 completed, 2 stopped by a fatal provider error, 3 paused with --exit-on-pause,
+    130 interrupted; a bad config, a missing key or a directory in use raise :class:`DatagenError` (exit 1)."""
     from engine.runner import resolve_api_key
     from engine.store import make_run_dir
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    cfg = load_config(args.config)
     if args.run_dir:
         cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"dir": Path(args.run_dir).resolve()})})
-    try:  # a missing or unusable API key refuses the start before anything is created
-        resolve_api_key(cfg.provider)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    resolve_api_key(cfg.provider)  # a missing or unusable API key refuses the start before anything is created
     fresh = (not Path(cfg.run.dir).exists(), not (Path(cfg.run.dir) / "datagen.log").exists())
     try:
         make_run_dir(cfg.run.dir)
         fresh_lock = not (Path(cfg.run.dir) / runlock.RUN_LOCK).exists()
         # One live run per directory, taken before anything is written, sent, or the dashboard opens.
-        lock = runlock.acquire(cfg.run.dir)
-    except runlock.DirectoryInUse as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        lock = runlock.acquire(cfg.run.dir)  # DirectoryInUse: another live run holds it
     except OSError as e:
         print(f"error: run.dir: cannot create or write {cfg.run.dir}: {e.strerror or e}", file=sys.stderr)
         return 1
@@ -50,11 +49,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _run_locked(cfg, args: argparse.Namespace, lock: runlock.DirLock, fresh: tuple[bool, bool, bool]) -> int:
     """The rest of ``datagen run`` once this process holds the run directory's lock; ``fresh``:
-    (run dir, datagen.log, lock file) did not exist before this start."""
-    from engine.datasets import DatasetError
+    (run dir, datagen.log, lock file) did not exist before this start. A start refused by a
+    :class:`DatagenError` (bad dataset, store, tokenizer...) removes what it created, then re-raises."""
     from engine.runner import run_headless, setup_file_logging
-    from engine.store import StoreError
-    from engine.tokens.tokenizer import TokenizerError
 
     try:
         setup_file_logging(cfg.run.dir)
@@ -76,10 +73,9 @@ def _run_locked(cfg, args: argparse.Namespace, lock: runlock.DirLock, fresh: tup
 
             return run_dashboard(cfg, exit_on_pause=args.exit_on_pause)
         return asyncio.run(run_headless(cfg, exit_on_pause=args.exit_on_pause))
-    except (ConfigError, DatasetError, StoreError, TokenizerError, runlock.DirectoryInUse) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except DatagenError:
         _undo_refused_start(Path(cfg.run.dir), *fresh, lock=lock)
-        return 1
+        raise
     except KeyboardInterrupt:
         return 130
 
@@ -148,7 +144,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from engine.status import StatusError, collect_status, format_status, watch_status
+    from engine.status import collect_status, format_status, watch_status
 
     if args.interval is not None and not args.watch:
         print("error: --interval goes with --watch", file=sys.stderr)
@@ -162,11 +158,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
             return watch_status(Path(args.run_dir), interval, as_json=args.json)
         except KeyboardInterrupt:
             return 0
-    try:
-        doc = collect_status(Path(args.run_dir))
-    except StatusError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    doc = collect_status(Path(args.run_dir))
     print(json.dumps(doc, indent=2) if args.json else format_status(doc))
     return 0
 
@@ -177,11 +169,8 @@ EXIT_OK, EXIT_INVALID, EXIT_ERROR = 0, 1, 2
 
 def _cmd_export(args: argparse.Namespace) -> int:
     """0 something exported; 1 nothing exported (no record qualifies, nothing written); 2 error."""
-    from engine.export import NothingToExport, export
-    from engine.status import StatusError
-    from engine.tokens.exports import ExportError
-    from engine.tokens.tokenizer import TokenizerError
-    from engine.tokens.vstore import NoStoreError
+    from engine.errors import NothingToExport
+    from engine.export import export
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -206,12 +195,9 @@ def _cmd_export(args: argparse.Namespace) -> int:
                          include_invalid=args.include_invalid, validate=lock is not None or live is None,
                          on_left_out=lambda rid, why: role_left_out.append((rid, why)),
                          on_empty=lambda ds, why: empty.append((ds, why)))
-    except NothingToExport as e:
+    except NothingToExport as e:  # a DatagenError with its own exit status
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
-    except (StatusError, ExportError, TokenizerError, NoStoreError, ConfigError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_ERROR
     except OSError as e:  # the output directory cannot be made or written (a file in the path, permissions, disk)
         where = e.filename or out
         print(f"error: cannot write the export to --out {out}: {where}: {e.strerror or e}", file=sys.stderr)
@@ -268,8 +254,6 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     """0 every stored result valid; 1 some invalid (or none stored); 2 error."""
     from engine.tokens.report import format_report
     from engine.tokens.service import section_for_run, validate_run
-    from engine.tokens.tokenizer import TokenizerError
-    from engine.tokens.vstore import NoStoreError
 
     run_dir = Path(args.run_dir)
     try:
@@ -286,9 +270,6 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             print(f"error: {run_dir} stores no [tokenizer]: pass --config CONFIG with a [tokenizer] section", file=sys.stderr)
             return EXIT_ERROR
         doc = validate_run(run_dir, section, workers=args.workers)
-    except (TokenizerError, NoStoreError, ConfigError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_ERROR
     finally:
         if lock is not None:
             lock.release()
@@ -308,13 +289,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_make_tokenizer(args: argparse.Namespace) -> int:
-    from engine.tokens.demo_tokenizer import DemoTokenizerError, build_demo_tokenizer
+    from engine.tokens.demo_tokenizer import build_demo_tokenizer
 
-    try:
-        built = build_demo_tokenizer(Path(args.dir), force=args.force)
-    except DemoTokenizerError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    built = build_demo_tokenizer(Path(args.dir), force=args.force)
     print(f"{args.dir}: {'built' if built else 'already there'} (Kimi-K2.5 layout over mistral-common's tekken "
           f"vocabulary: for the simulator, not for real Kimi completions)")
     return 0
@@ -322,7 +299,7 @@ def _cmd_make_tokenizer(args: argparse.Namespace) -> int:
 
 def _cmd_ctl(args: argparse.Namespace) -> int:
     from engine.ctl import send
-    from engine.status import StatusError, collect_status
+    from engine.status import collect_status
 
     dataset, arg = args.dataset, None
     if args.verb == "concurrency":
@@ -366,7 +343,7 @@ def _cmd_ctl(args: argparse.Namespace) -> int:
                     print("not aborted")
                     return 1
         result = send(Path(args.run_dir), args.verb, dataset, arg, force=args.force)
-    except (StatusError, ValueError) as e:
+    except ValueError as e:  # an unknown verb, dataset, class or provider (StatusError: main)
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(result.text, file=sys.stdout if result.ok else sys.stderr)
@@ -374,14 +351,9 @@ def _cmd_ctl(args: argparse.Namespace) -> int:
 
 
 def _cmd_extract(args: argparse.Namespace) -> int:
-    from engine.extract.job import ExtractError
     from engine.extract.launch import run_extract
 
-    try:
-        cfg = load_config(args.config, check_files=False)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    cfg = load_config(args.config, check_files=False)
     gpus = None
     if args.gpus:
         try:
@@ -392,7 +364,7 @@ def _cmd_extract(args: argparse.Namespace) -> int:
     try:
         return run_extract(cfg, data=Path(args.data) if args.data else None, gpus=gpus, workers=args.workers,
                            free_bytes=args.free_bytes, progress_s=args.progress_s)
-    except (ExtractError, OSError, runlock.DirectoryInUse) as e:
+    except OSError as e:  # ExtractError and DirectoryInUse: main
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -460,7 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--out", required=True, help="output directory")
     ex.add_argument("--config", help="config whose [tokenizer] validates results not validated yet (default: the run's)")
     ex.add_argument("--include-invalid", action="store_true", help="also export records that failed validation")
-    ex.set_defaults(func=_cmd_export)
+    ex.set_defaults(func=_cmd_export, error_exit=EXIT_ERROR)
 
     v = sub.add_parser("validate", help="rebuild token ids of every stored result and check them (re-run after a "
                        "tokenizer fix; exit 0 all valid, 1 some invalid, 2 error)")
@@ -468,7 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--config", help="config with the [tokenizer] section (default: the one stored with the run)")
     v.add_argument("--json", action="store_true", help="machine-readable report")
     v.add_argument("--workers", type=int, default=None, help="worker processes (default [tokenizer] workers)")
-    v.set_defaults(func=_cmd_validate)
+    v.set_defaults(func=_cmd_validate, error_exit=EXIT_ERROR)
 
     mt = sub.add_parser("make-tokenizer", help="build the small Kimi-layout demo tokenizer into DIR, offline "
                         "(for the simulator: Kimi-K2.5's layout, not its vocabulary)")
@@ -498,7 +470,9 @@ def _reopen_closed_streams() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``datagen`` console script.
 
-    Returns the command's exit code; besides each command's own codes, 130 when interrupted by
+    Returns the command's exit code. A :class:`~engine.errors.DatagenError` raised by any command is
+    printed as ``error: <message>`` on stderr (no traceback) and exits with the command's error status:
+    2 for ``export`` and ``validate`` (``EXIT_ERROR``), 1 for the others. Besides each command's own codes, 130 when interrupted by
     Ctrl-C outside a run's own signal handling (``validate``, ``export``, ``status --watch``) and
     141 (128 + SIGPIPE, as a shell tool) when stdout is a pipe closed early (``datagen status | head``),
     both without a traceback; a closed stdout/stderr descriptor (``>&-``) is written to ``/dev/null``.
@@ -509,6 +483,9 @@ def main(argv: list[str] | None = None) -> int:
         code = int(args.func(args) or 0)
         sys.stdout.flush()  # surface a closed pipe here, not at interpreter exit
         return code
+    except DatagenError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return getattr(args, "error_exit", 1)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

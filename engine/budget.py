@@ -22,6 +22,7 @@ from typing import Any
 from engine.estimator import UCB_Z, CompletionEstimator, km_quantile  # noqa: F401 - re-exported
 from engine.overrun import OVERRUN_PERCENTILE, OverrunTracker
 
+from engine.errors import DatagenError
 from engine.prices import Prices  # noqa: F401 - re-exported: callers price reservations with it
 
 
@@ -36,11 +37,11 @@ END_SPAN = 50
 2%), a stream's hold grows at the reservation percentile instead of :data:`OVERRUN_PERCENTILE`."""
 
 
-class BudgetExceeded(Exception):
+class BudgetExceeded(DatagenError):
     """A reservation was requested that the budget cannot hold (callers check first)."""
 
 
-class NoPriceError(ValueError):
+class NoPriceError(DatagenError, ValueError):
     """A dollar cap is set but no price is known, so a request's cost cannot be reserved."""
 
 

@@ -17,11 +17,14 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from engine.errors import DatagenError
+from engine.sim.faults import parse_faults
+
 #: OpenRouter's base URL (used when ``provider.kind = "openrouter"`` and no ``base_url`` is given).
 OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
 
 
-class ConfigError(Exception):
+class ConfigError(DatagenError):
     """The configuration is invalid; the message names the file, key and expectation."""
 
 
@@ -110,8 +113,6 @@ class SimSection(_Strict):
     @classmethod
     def _faults_parse(cls, v: str) -> str:
         if v:
-            from engine.sim import parse_faults
-
             parse_faults(v)
         return v
 

@@ -25,13 +25,9 @@ import json
 from pathlib import Path
 
 from engine.atomic import write_lines, write_unless_empty
+from engine.errors import NothingToExport
 from engine.status import connect_ro
 from engine.store import table_columns
-
-
-class NothingToExport(Exception):
-    """No record qualifies for the export; nothing was written. The message says why (counts of
-    stored, invalid and unvalidated results, the failed checks) and what to do."""
 
 
 def export_raw(run_dir: Path, out_dir: Path, on_empty=None) -> dict[str, int]:

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from engine.errors import DatagenError
+
 #: File names of the lock, per kind of directory.
 RUN_LOCK = "run.lock"
 EXTRACT_LOCK = "extract.lock"
@@ -60,7 +62,7 @@ class Holder:
         return {"pid": self.pid, "since": self.since, "since_utc": utc, "host": self.host, "command": self.command}
 
 
-class DirectoryInUse(Exception):
+class DirectoryInUse(DatagenError):
     """Another live process holds the directory's lock.
 
     Attributes:

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from engine.errors import DatagenError
 from engine.projection import range_text
 from engine.rates import fmt_count, fmt_duration
 from engine.stats import UNKNOWN_PROVIDER, nearest_rank
@@ -35,7 +36,7 @@ from engine.usage import SOURCES
 STALE_S = 15.0
 
 
-class StatusError(Exception):
+class StatusError(DatagenError):
     """The run directory has no readable store."""
 
 

@@ -36,6 +36,8 @@ from typing import Any, Iterable
 
 import aiosqlite
 
+from engine.errors import DatagenError
+
 SCHEMA_VERSION = 1
 DB_NAME = "store.sqlite"
 
@@ -125,7 +127,7 @@ def failed_filter(dataset: str | None, error_class: str | None) -> tuple[str, li
         args.append(error_class)
     return where, args
 
-class StoreError(Exception):
+class StoreError(DatagenError):
     """The store cannot be opened or used (wrong schema version, not a run directory...)."""
 
 

@@ -36,6 +36,8 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
+from engine.errors import DatagenError
+
 __all__ = ["DONE", "Event", "SSEDecodeError", "SSEParser", "decode_payload"]
 
 
@@ -68,7 +70,7 @@ class Event(NamedTuple):
     last_event_id: str
 
 
-class SSEDecodeError(ValueError):
+class SSEDecodeError(DatagenError, ValueError):
     """A ``data:`` event whose payload is neither JSON nor ``[DONE]``.
 
     Attributes:

@@ -9,6 +9,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.errors import DatagenError
+
 
 @dataclass(frozen=True, slots=True)
 class Usage:
@@ -133,7 +135,7 @@ _RETRYABLE = frozenset(
 )
 
 
-class RequestError(Exception):
+class RequestError(DatagenError):
     """A request that did not yield a :class:`Completion`.
 
     Attributes:

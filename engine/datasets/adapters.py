@@ -43,6 +43,7 @@ from engine.datasets.reasoning import REASONING_FIELDS
 from engine.datasets.sharegpt import sharegpt_messages
 from engine.datasets.swe_agent import parse_tool_calls, swe_agent_messages
 from engine.datasets.tool_calls import pair_openai_results
+from engine.errors import DatagenError
 
 #: Canonical field names a ``fields`` mapping may rename (canonical name -> source column).
 FIELD_KEYS = frozenset({"messages", "conversations", "system", "prompt", "instruction", "input", "tools"})
@@ -51,7 +52,7 @@ _MISSING = object()
 _OPENAI_KEYS = ("name", "tool_calls", "tool_call_id")
 
 
-class AdapterError(ValueError):
+class AdapterError(DatagenError, ValueError):
     """A row that cannot become a prompt; ``str(err)`` is the reject reason."""
 
 

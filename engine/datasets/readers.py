@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.datasets.arrow_nulls import drop_nulls
+from engine.errors import DatagenError
 from engine.prompts import Reject
 
 #: A parsed row: its ``"path:line"`` source and the parsed JSON value (or Parquet row dict).
@@ -37,7 +38,7 @@ _SNIFF_BYTES = 1 << 16
 _PARQUET_BATCH_ROWS = 1024
 
 
-class DatasetError(Exception):
+class DatasetError(DatagenError):
     """A problem with a whole dataset file, as opposed to one bad row.
 
     Raised for: a missing, unreadable or non-regular file; a file that is neither JSON lines, a JSON

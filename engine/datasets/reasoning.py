@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from engine.errors import DatagenError
+
 #: Mixture-of-Thoughts / OpenR1 / DeepSeek-R1 style reasoning block.
 THINK = ("<think>", "</think>")
 #: OpenThoughts style reasoning block.
@@ -34,7 +36,7 @@ REASONING_FIELDS = ("reasoning_content", "reasoning")
 SEPARATOR = "\n\n"
 
 
-class ReasoningError(ValueError):
+class ReasoningError(DatagenError, ValueError):
     """An assistant turn whose reasoning cannot be moved: ``str(err)`` is the reason (without the
     message number, which the caller adds)."""
 

@@ -17,10 +17,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from engine.errors import DatagenError
+
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-class ExtractError(Exception):
+class ExtractError(DatagenError):
     """The job cannot run (bad settings, missing model or input, not enough disk); message says why."""
 
 

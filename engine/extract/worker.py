@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.errors import DatagenError
 from engine.extract.disk import DiskGuard
 from engine.extract.job import ExtractError, ExtractJob
 from engine.extract.plan import Batch, make_batches, pending, per_token_bytes, split
@@ -39,7 +40,7 @@ from engine.extract.status import StatusWriter
 log = logging.getLogger(__name__)
 
 
-class Stopped(Exception):
+class Stopped(DatagenError):
     """The worker was asked to stop (signal or stop event)."""
 
 

@@ -1,11 +1,12 @@
 """Built-in OpenRouter simulator: the default provider, the users' rehearsal tool, and the server
 every network test talks to over 127.0.0.1.
 
-It reproduces the wire protocol of ``shared/reference/openrouter.md`` (SSE comments, both usage
+It reproduces the wire protocol of ``docs/openrouter.md`` (SSE comments, both usage
 placements, mid-stream errors, padding, 429 headers, 402 credits, cancellation billing) with
 deterministic text: the answer is a function of ``(seed, prompt_key(messages, tools))``.
 
-Public API::
+Public API (imported lazily, PEP 562: ``import engine.sim`` or ``engine.sim.faults`` alone loads no
+server, generator or tokenizer code, so ``engine.config`` can check a fault spec without an import cycle)::
 
     SimConfig, parse_faults, add_sim_arguments, sim_config_from_args, FAULT_KINDS
     SimServer (async: start/stop, base_url, port, ledger)
@@ -13,19 +14,35 @@ Public API::
     serve_forever(cfg)
 """
 
-from .config import FAULT_KINDS, SimConfig, add_sim_arguments, parse_faults, sim_config_from_args
-from .ledger import GenerationRecord, Ledger
-from .server import SimServer, SimThread, serve_forever
+from __future__ import annotations
 
-__all__ = [
-    "FAULT_KINDS",
-    "GenerationRecord",
-    "Ledger",
-    "SimConfig",
-    "SimServer",
-    "SimThread",
-    "add_sim_arguments",
-    "parse_faults",
-    "serve_forever",
-    "sim_config_from_args",
-]
+import importlib
+from typing import Any
+
+#: Public name -> the submodule that defines it.
+_EXPORTS = {
+    "FAULT_KINDS": "faults",
+    "parse_faults": "faults",
+    "validate_faults": "faults",
+    "SimConfig": "config",
+    "add_sim_arguments": "config",
+    "sim_config_from_args": "config",
+    "GenerationRecord": "ledger",
+    "Ledger": "ledger",
+    "SimServer": "server",
+    "SimThread": "server",
+    "serve_forever": "server",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

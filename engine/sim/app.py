@@ -20,7 +20,8 @@ from typing import Any
 from engine.prompts import prompt_key
 
 from .chat import ChatJob
-from .config import FAULT_KINDS, SimConfig
+from .config import SimConfig
+from .faults import FAULT_KINDS
 from .generator import DATA_FAULTS, DEFAULT_MAX_TOKENS, TokenCounter, inject_data_fault, make_plan
 from .http import HttpConnection, Request
 from .ledger import Ledger

@@ -17,12 +17,14 @@ from urllib.parse import parse_qsl, urlsplit
 
 import h11
 
+from engine.errors import DatagenError
+
 #: Largest request body accepted (bytes); larger ones get 413.
 MAX_BODY = 64 * 1024 * 1024
 _READ_SIZE = 65536
 
 
-class ClientGone(Exception):
+class ClientGone(DatagenError):
     """The client closed the connection (or it broke) while a response was being written."""
 
 

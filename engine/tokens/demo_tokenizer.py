@@ -27,6 +27,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from engine.errors import DatagenError
+
 #: Kimi-K2.5's special tokens as offsets from the base vocabulary size (eagle3-data.md).
 KIMI_OFFSETS = {
     "[BOS]": 0, "[EOS]": 1, "<|im_end|>": 2, "<|im_user|>": 3, "<|im_assistant|>": 4, "<|start_header_id|>": 6,
@@ -83,7 +85,7 @@ KIMI_TEMPLATE = r"""
 """
 
 
-class DemoTokenizerError(Exception):
+class DemoTokenizerError(DatagenError):
     """The demo tokenizer cannot be built (``mistral-common`` or its vocabulary file missing, or the
     target directory is not writable)."""
 

@@ -17,7 +17,7 @@ temporary name in the same directory and renamed (atomic).
 - ``tokens`` (``DIR/<dataset>.parquet``): the :mod:`engine.tokens.records` format (``input_ids``
   int32, ``loss_mask`` int8 = 1 exactly on the completion ids, not shifted).
 
-When no record qualifies, nothing is written and :class:`engine.export.NothingToExport` names the
+When no record qualifies, nothing is written and :class:`engine.errors.NothingToExport` names the
 counts and the failed checks (``datagen export`` exits 1); a dataset with no qualifying record while
 others have some gets NO file (a 0-row Parquet file makes ``datasets.load_dataset("parquet",
 data_dir=...)`` fail for the whole directory; JSONL files follow the same rule), an older export's
@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator
 
 from engine.config import TokenizerSection
 from engine.datasets.roles import specforge_problem
-from engine.export import NothingToExport
+from engine.errors import DatagenError, NothingToExport
 from engine.tokens import vstore
 from engine.tokens.reconstruct import count_tool_calls, native_tool_calls
 from engine.tokens.records import TokenRecord, write_parquet
@@ -41,7 +41,7 @@ from engine.tokens.records import TokenRecord, write_parquet
 FORMATS = ("specforge", "openai", "tokens")
 
 
-class ExportError(Exception):
+class ExportError(DatagenError):
     """The export cannot run (records not validated and no tokenizer to validate them)."""
 
 
@@ -190,7 +190,7 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
             written for it (see the module docstring).
 
     Raises:
-        engine.export.NothingToExport: no record qualifies (nothing is written).
+        engine.errors.NothingToExport: no record qualifies (nothing is written).
         ExportError, TokenizerError, engine.tokens.vstore.NoStoreError.
     """
     from engine.atomic import write_lines, write_unless_empty

@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from engine.errors import DatagenError
+
 _INDENT = "  "
 _FIELD_SEP = ",\n"
 #: Constraint keys shown as a ``// k: v`` comment, per JSON-schema type (docs/kimi-tokenizer.md 2.4).
@@ -30,7 +32,7 @@ _UNION_NAMES = {"string": "string", "number": "number", "integer": "number", "bo
                 "null": "null", "object": "{}", "array": "Array<any>"}
 
 
-class ToolSchemaError(ValueError):
+class ToolSchemaError(DatagenError, ValueError):
     """A tool schema the TypeScript encoder does not support (the tokenizer falls back to JSON)."""
 
 

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from engine.config import TokenizerSection
+from engine.errors import DatagenError
 
 #: Kimi-K2.5's pre-tokenizer split regex (``tokenization_kimi.py``, ``pat_str``): Han runs are
 #: their own pieces; ``&&`` is a class intersection (supported by tiktoken's regex engine).
@@ -73,7 +74,7 @@ _MAX_RUN = 25_000  # longest whitespace / non-whitespace run given to tiktoken i
 _MAX_CHUNK = 400_000  # Kimi's TIKTOKEN_MAX_ENCODE_CHARS: characters per chunk before the run split
 
 
-class TokenizerError(Exception):
+class TokenizerError(DatagenError):
     """The tokenizer cannot be loaded, or disagrees with the configuration (message says how)."""
 
 

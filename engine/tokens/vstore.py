@@ -27,6 +27,7 @@ from array import array
 from pathlib import Path
 from typing import Any, Iterator
 
+from engine.errors import DatagenError
 from engine.store import migrate
 from engine.tokens.reconstruct import Reconstruction, Record
 from engine.tokens.validate import Verdict
@@ -49,7 +50,7 @@ assert array("i").itemsize == 4, "int32 arrays are needed for the input_ids blob
 _SWAP = sys.byteorder != "little"
 
 
-class NoStoreError(Exception):
+class NoStoreError(DatagenError):
     """``RUN_DIR`` has no ``store.sqlite``."""
 
 
