@@ -8,7 +8,6 @@ Relative paths are resolved against the directory of the config file.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import tomllib
 from pathlib import Path
@@ -18,7 +17,7 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engine.errors import DatagenError
-from engine.sim.faults import parse_faults
+from engine.simfaults import parse_faults
 
 #: OpenRouter's base URL (used when ``provider.kind = "openrouter"`` and no ``base_url`` is given).
 OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
@@ -608,12 +607,3 @@ def load_config(path: str | Path, *, check_files: bool = True) -> Config:
     return parse_config(data, path.resolve(), check_files=check_files)
 
 
-def is_loopback_url(url: str) -> bool:
-    """True when ``url``'s host is loopback (127.0.0.0/8, ::1 or ``localhost``)."""
-    host = urlparse(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False

@@ -20,7 +20,8 @@ from typing import Callable, TextIO
 
 from engine.client.chat import ChatClient, check_header_secret
 from engine.client.types import RequestError
-from engine.config import Config, ConfigError, ProviderSection, is_loopback_url
+from engine.config import Config, ConfigError, ProviderSection
+from engine.loopback import is_loopback_url
 from engine.controller import Controller
 from engine.ingest import ingest_all
 from engine.prices import prices_from_models_endpoint

@@ -18,7 +18,6 @@ the figure the engine stored once its run has ended, so it does not go backwards
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import sys
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from engine.errors import DatagenError
+from engine.pids import pid_alive
 from engine.projection import range_text
 from engine.rates import fmt_count, fmt_duration
 from engine.stats import UNKNOWN_PROVIDER, nearest_rank
@@ -38,18 +38,6 @@ STALE_S = 15.0
 
 class StatusError(DatagenError):
     """The run directory has no readable store."""
-
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def connect_ro(run_dir: Path) -> sqlite3.Connection:
@@ -136,7 +124,7 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         rt = conn.execute("SELECT pid, started_at, heartbeat_at, state, state_reason, elapsed_s, live FROM runtime").fetchone()
         pid, started_at, hb, rstate, reason, elapsed, live_json = rt if rt else (None, None, None, None, "", 0.0, None)
         live = json.loads(live_json) if live_json else {}
-        alive = bool(rt) and _alive(pid) and hb is not None and now - hb < STALE_S
+        alive = bool(rt) and pid_alive(pid) and hb is not None and now - hb < STALE_S
         counts: dict[str, dict[str, int]] = {}
         for d, s, n in conn.execute("SELECT dataset, state, COUNT(*) FROM prompts GROUP BY 1, 2"):
             counts.setdefault(d, {})[s] = n

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import cli
+from datagen import cli
 from engine.config import parse_config
 from engine.datasets import DatasetError, iter_prompts
 from engine.prompts import Prompt, Reject, prompt_key

@@ -31,12 +31,13 @@ names only, and every raised message is additionally scrubbed of the key.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import time
 from typing import Any
 
 import httpx
+
+from engine.loopback import is_loopback_host
 
 from .accumulate import StreamAccumulator, StreamProgress, parse_completion_body
 from .errors import classify_http_error, truncate
@@ -48,20 +49,6 @@ __all__ = ["ChatClient", "StreamProgress", "is_loopback_host"]
 
 _ERROR_BODY_LIMIT = 64 * 1024
 """At most this many bytes of an error response body are read."""
-
-
-def is_loopback_host(host: str) -> bool:
-    """True for ``localhost`` (and ``*.localhost``), 127.0.0.0/8 and ::1 (incl. IPv4-mapped loopback)."""
-    h = host.strip().strip("[]").lower().rstrip(".")
-    if h == "localhost" or h.endswith(".localhost"):
-        return True
-    try:
-        ip = ipaddress.ip_address(h)
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_loopback
 
 
 def check_header_secret(secret: str) -> None:

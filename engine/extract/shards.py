@@ -32,6 +32,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
+from engine.pids import pid_alive
+
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.jsonl"
@@ -45,16 +47,6 @@ FOREIGN_TMP_MAX_AGE_S = 3600.0
 def shard_name(n: int) -> str:
     """``shard-00042.safetensors`` (at least 5 digits)."""
     return f"shard-{n:05d}.safetensors"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _fsync_path(path: Path, directory: bool = False) -> None:
@@ -162,7 +154,7 @@ class OutDir:
                 except (IndexError, ValueError):
                     host, pid = "", -1
                 if host == self.host:
-                    stale = pid != os.getpid() and not _pid_alive(pid)
+                    stale = pid != os.getpid() and not pid_alive(pid)
                 else:
                     stale = now - e.stat().st_mtime > FOREIGN_TMP_MAX_AGE_S
                 if stale:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.extract.shards import MANIFEST
+from engine.pids import pid_alive
 
 STATES = ("loading", "running", "paused", "done", "failed")
 ACTIVE = ("loading", "running", "paused")
@@ -110,16 +111,6 @@ class StatusWriter:
             os.replace(tmp, self.path)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True
-    return True
-
-
 def read_workers(out_dir: str | Path) -> list[dict[str, Any]]:
     """Every worker's status (by rank); a worker that died without saying so is shown ``failed``."""
     out = []
@@ -137,7 +128,7 @@ def read_workers(out_dir: str | Path) -> list[dict[str, Any]]:
         except (OSError, ValueError):
             continue
         if w.get("state") in ACTIVE:
-            if w.get("host") == host and not _pid_alive(int(w.get("pid", -1))):
+            if w.get("host") == host and not pid_alive(int(w.get("pid", -1))):
                 w["state"], w["reason"] = "failed", f"worker process {w.get('pid')} is gone (killed?); rerun to resume"
             elif w.get("host") != host and now - float(w.get("updated_at", 0)) > STALE_S:
                 w["state"], w["reason"] = "failed", f"no update for {now - float(w.get('updated_at', 0)):.0f} s"

@@ -5,8 +5,12 @@ It reproduces the wire protocol of ``docs/openrouter.md`` (SSE comments, both us
 placements, mid-stream errors, padding, 429 headers, 402 credits, cancellation billing) with
 deterministic text: the answer is a function of ``(seed, prompt_key(messages, tools))``.
 
-Public API (imported lazily, PEP 562: ``import engine.sim`` or ``engine.sim.faults`` alone loads no
-server, generator or tokenizer code, so ``engine.config`` can check a fault spec without an import cycle)::
+The fault specification (``FAULT_KINDS``, ``parse_faults``) lives beside this package in
+:mod:`engine.simfaults`, a pure module, so ``engine.config`` checks ``[provider.sim] faults`` without
+importing the simulator (which imports the tokenizer, which imports the config: a cycle).
+
+Public API, imported lazily (PEP 562: ``import engine.sim`` or ``engine.sim.config`` alone loads no
+server, generator or tokenizer code)::
 
     SimConfig, parse_faults, add_sim_arguments, sim_config_from_args, FAULT_KINDS
     SimServer (async: start/stop, base_url, port, ledger)
@@ -21,9 +25,9 @@ from typing import Any
 
 #: Public name -> the submodule that defines it.
 _EXPORTS = {
-    "FAULT_KINDS": "faults",
-    "parse_faults": "faults",
-    "validate_faults": "faults",
+    "FAULT_KINDS": "config",
+    "parse_faults": "config",
+    "validate_faults": "config",
     "SimConfig": "config",
     "add_sim_arguments": "config",
     "sim_config_from_args": "config",

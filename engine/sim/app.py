@@ -18,10 +18,10 @@ import time
 from typing import Any
 
 from engine.prompts import prompt_key
+from engine.simfaults import FAULT_KINDS
 
 from .chat import ChatJob
 from .config import SimConfig
-from .faults import FAULT_KINDS
 from .generator import DATA_FAULTS, DEFAULT_MAX_TOKENS, TokenCounter, inject_data_fault, make_plan
 from .http import HttpConnection, Request
 from .ledger import Ledger

@@ -10,7 +10,7 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
-from .faults import FAULT_KINDS, parse_faults, validate_faults
+from engine.simfaults import FAULT_KINDS, parse_faults, validate_faults
 
 __all__ = ["FAULT_KINDS", "SimConfig", "add_sim_arguments", "parse_faults", "sim_config_from_args", "validate_faults"]
 

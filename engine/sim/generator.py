@@ -424,7 +424,7 @@ def chunk_sizes(total: int, rng: random.Random, lo: int = 1, hi: int = 4) -> lis
     return out
 
 
-#: Fault kinds that complete normally but alter the response (see ``engine.sim.faults.FAULT_KINDS``).
+#: Fault kinds that complete normally but alter the response (see ``engine.simfaults.FAULT_KINDS``).
 DATA_FAULTS: tuple[str, ...] = ("toolid", "leak", "split", "badargs")
 
 

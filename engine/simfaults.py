@@ -1,7 +1,8 @@
 """The simulator's fault specification: :data:`FAULT_KINDS`, :func:`parse_faults`, :func:`validate_faults`.
 
-Pure (no imports at all), so ``engine.config`` checks ``[provider.sim] faults``
-without loading the simulator (``engine.sim`` imports its server lazily).
+Beside the simulator package (``engine/sim/``), not in it: ``engine.config`` checks ``[provider.sim]
+faults`` with it, and the simulator imports the tokenizer, which imports the config, so a parser inside
+``engine/sim/`` would close an import cycle between the packages. Pure: no imports at all.
 """
 
 from __future__ import annotations
