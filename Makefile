@@ -27,7 +27,9 @@ demo: venv $(DEMO_TOKENIZER)/tokenizer_config.json
 	$(BIN)/datagen validate runs/demo
 	$(BIN)/datagen export runs/demo --format tokens --out out/demo-tokens
 
+# lint-imports first: the import contracts in pyproject.toml ([tool.importlinter]: layers, pure modules, no cycles).
 test: venv
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q -x -n 2 -m "not slow and not serial" --durations=10
 	$(BIN)/python -m pytest -q -x -m "serial and not slow"
 

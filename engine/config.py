@@ -72,7 +72,7 @@ class MaxPrice(_Strict):
 class RoutingSection(_Strict):
     """``[provider.routing]``: passed verbatim (minus unset keys) as OpenRouter's ``provider`` object.
 
-    Field meanings follow OpenRouter's provider-routing docs (see shared/reference/openrouter.md).
+    Field meanings follow OpenRouter's provider-routing docs (see docs/openrouter.md).
     """
 
     order: list[str] | None = None

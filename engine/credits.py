@@ -1,6 +1,6 @@
 """Reading provider credits and late costs: OpenRouter's ``/key``, ``/credits`` and ``/generation``.
 
-Shapes from shared/reference/openrouter.md ("Account endpoints"): ``GET /key`` ->
+Shapes from docs/openrouter.md ("Account endpoints"): ``GET /key`` ->
 ``{"data": {"limit", "limit_remaining", "usage", ...}}`` (works with an ordinary key);
 ``GET /credits`` -> ``{"data": {"total_credits", "total_usage"}}`` (newer accounts answer 403 to an
 ordinary key: fall back to ``/key``); ``GET /generation?id=`` -> ``{"data": {"total_cost", ...}}``,

@@ -1,6 +1,6 @@
 """Model prices: from config, from OpenRouter's ``/models`` endpoint, or learned from billed usage.
 
-Pure logic. OpenRouter lists prices as USD-PER-TOKEN strings (shared/reference/openrouter.md,
+Pure logic. OpenRouter lists prices as USD-PER-TOKEN strings (docs/openrouter.md,
 "Models and prices"). An unknown price is ``None``, never ``$0``.
 """
 

@@ -3,7 +3,7 @@
 A prompt is a list of OpenAI-shape chat messages (``{"role", "content", ...}``) that ends with a
 ``user`` or ``tool`` turn, plus an optional list of OpenAI-shape tool definitions. Its key is the
 SHA-256 of its canonical JSON (sorted keys, no whitespace, UTF-8), so the same conversation gets the
-same key whichever file row, order or run it comes from (pitfall 4 of ``eagle3-data.md``: resume by
+same key whichever file row, order or run it comes from (pitfall 4 of ``docs/eagle3-data.md``: resume by
 a stable key, never by counting output lines).
 """
 

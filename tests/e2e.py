@@ -18,7 +18,7 @@ from helpers import SAMPLES
 
 PY = sys.executable
 
-#: Rows in the published schemas of the four datasets without a sample file (SOURCES.md).
+#: Rows in the published schemas of the four datasets without a sample file (docs/datasets.md).
 SCHEMA_ROWS = {
     "b2_opencodeinstruct": [
         {"id": f"oci-{i}", "input": f"Write a Python function that returns the {i}th Fibonacci number.", "output": "def f(n): ...",

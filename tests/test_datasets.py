@@ -171,7 +171,7 @@ def test_shared_copies_give_identical_keys(name):
 
 
 def schema_rows():
-    """Rows written to the published schemas of B2, B4, B5 and B6 (SOURCES.md), with expected prompts."""
+    """Rows written to the published schemas of B2, B4, B5 and B6 (docs/datasets.md), with expected prompts."""
     think = "<think>\nLet me add them.\n</think>\n\n4"
     system_114k = "Your role as an assistant involves thoroughly exploring questions through a systematic long thinking process."
     return [

@@ -1,6 +1,6 @@
 """Tests of the OpenRouter simulator over real loopback sockets (httpx as the client).
 
-Wire shapes asserted here are those of shared/reference/openrouter.md.
+Wire shapes asserted here are those of docs/openrouter.md.
 """
 
 from __future__ import annotations

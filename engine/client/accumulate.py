@@ -1,6 +1,6 @@
 """Assembly of a :class:`Completion` from streamed chunks or from a non-streaming body.
 
-Wire facts (``shared/reference/openrouter.md``):
+Wire facts (``docs/openrouter.md``):
 
 * reasoning arrives as ``reasoning`` (OpenRouter), ``reasoning_content`` (vLLM/SGLang/Moonshot) or
   ``reasoning_details[*].text``; OpenRouter sends ``reasoning`` AND ``reasoning_details`` with the same text in one

@@ -1,4 +1,4 @@
-"""Classification of OpenRouter error responses into :class:`RequestError` (see ``shared/reference/openrouter.md``).
+"""Classification of OpenRouter error responses into :class:`RequestError` (see ``docs/openrouter.md``).
 
 Only the RESPONSE (status, response headers, response body) is ever read here, never the request, so the API key
 cannot leak into a message from this module. :class:`~engine.client.chat.ChatClient` additionally scrubs its key
@@ -60,7 +60,7 @@ def get_header(headers: Mapping[str, str] | None, name: str) -> str | None:
 
 
 def class_for_status(status: int) -> ErrorClass:
-    """Map an HTTP error status to its :class:`ErrorClass` (see the table in openrouter.md)."""
+    """Map an HTTP error status to its :class:`ErrorClass` (see the table in docs/openrouter.md)."""
     if status == 400:
         return ErrorClass.BAD_REQUEST
     if status == 401:

@@ -1,6 +1,6 @@
 """Value types shared by the client, the store and the scheduler.
 
-Wire facts follow ``shared/reference/openrouter.md`` (OpenRouter chat-completions, late 2026).
+Wire facts follow ``docs/openrouter.md`` (OpenRouter chat-completions, late 2026).
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ class ChatRequest:
     Attributes:
         messages: OpenAI-shape messages.
         tools: OpenAI-shape tools (omitted from the body when empty).
-        max_tokens: completion cap in tokens (always sent: see openrouter.md, credit pre-check).
+        max_tokens: completion cap in tokens (always sent: see docs/openrouter.md, credit pre-check).
         body: every other body field (model, temperature, top_p, seed, reasoning, provider, extra fields).
     """
 

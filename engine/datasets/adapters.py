@@ -9,7 +9,7 @@ a conversation ending on a ``user`` or ``tool`` turn IS the prompt, whole; one e
 reasoning of every assistant turn kept in the prompt is moved out of ``content`` into
 ``reasoning_content`` (:mod:`engine.datasets.reasoning`). ``engine.datasets.row_to_prompt`` runs all.
 
-Formats (see ``shared/datasets/SOURCES.md`` for the datasets):
+Formats (``docs/datasets.md`` describes each dataset and the bundled samples):
 
 =================== =============================================================================
 ``openai``          ``messages: [{role, content, ...}]`` (+ ``tools``): B4 Mixture-of-Thoughts,

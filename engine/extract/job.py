@@ -3,7 +3,7 @@
 :class:`ExtractJob` is what every worker runs; the launcher writes it to ``out_dir/job.json`` and each
 worker process reads it back, so all workers of one job plan identically.
 
-Layer convention (eagle3-data.md): ``aux_layers`` are 0-based decoder-layer OUTPUT indices. With
+Layer convention (docs/eagle3-data.md): ``aux_layers`` are 0-based decoder-layer OUTPUT indices. With
 Hugging Face ``output_hidden_states`` the output of layer ``i`` is ``hidden_states[i + 1]``
 (``hidden_states[0]`` is the embedding output) and ``hidden_states[L]`` is the final hidden state
 AFTER the final norm (what the LM head reads), saved as ``last_hidden_state``.

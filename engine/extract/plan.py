@@ -5,7 +5,7 @@ The plan depends only on the input (ids and lengths) and ``max_tokens_per_batch`
 already done, so every worker of a job (and every restart with the same settings) computes the
 same batches and the same owner for each batch: a sample belongs to exactly one worker. Done
 samples are then filtered out of each worker's batches; a batch left empty is dropped, so an
-all-done batch never reaches the model (eagle3-data.md pitfall 7).
+all-done batch never reaches the model (docs/eagle3-data.md pitfall 7).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Routes of the simulated OpenRouter API (``/api/v1/...``) and the chat request pipeline.
 
-Pipeline of ``POST /chat/completions`` (wire facts: openrouter.md): auth (401) -> body validation
+Pipeline of ``POST /chat/completions`` (wire facts: docs/openrouter.md): auth (401) -> body validation
 (400, incl. ``context_length_exceeded``) -> credits (402: billed total reached, or the remaining
 credits cannot pay for ``max_tokens``) -> provider routing (503 when ``only``/``ignore``/``order``
 leave nothing) -> one seeded fault draw per request sequence number -> delivery (:mod:`.chat`).

@@ -3,7 +3,7 @@
 A :class:`ChatJob` is created by ``app.SimApp`` once a request has passed validation, credits,
 routing and the fault draw; it owns the per-request state (tokens written so far) and records the
 request in the ledger exactly once, whatever happens (completion, client drop, fault, server stop).
-Wire shapes come from :mod:`engine.sim.wire` (openrouter.md).
+Wire shapes come from :mod:`engine.sim.wire` (docs/openrouter.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Simulator configuration: :class:`SimConfig`, fault-spec parsing and argparse helpers.
 
 The simulator reproduces OpenRouter's chat-completions wire protocol as recorded in
-``shared/reference/openrouter.md``; this module only holds the knobs.
+``docs/openrouter.md``; this module only holds the knobs.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ class SimConfig:
         reasoning_fraction: share (0..1) of the completion tokens that are reasoning.
         credits_usd: account credits in USD; ``None`` = unlimited. When set, a chat request gets
             HTTP 402 once the billed total reaches it, or (``credit_precheck``) when the remaining
-            credits cannot pay for ``max_tokens`` (OpenRouter's pre-check, openrouter.md).
-        price_in: USD per million prompt tokens (Kimi K2.5 headline price, openrouter.md).
+            credits cannot pay for ``max_tokens`` (OpenRouter's pre-check, docs/openrouter.md).
+        price_in: USD per million prompt tokens (Kimi K2.5 headline price, docs/openrouter.md).
         price_out: USD per million completion tokens (reasoning included).
         tokenizer: path of a tokenizer directory; when set, usage is counted with it instead of the
             estimate, loaded as ``[tokenizer]`` loads it (``engine.tokens.tokenizer.load_tokenizer``:
@@ -39,7 +39,7 @@ class SimConfig:
         faults: fault kind (see :data:`FAULT_KINDS`) -> probability per chat request; sum <= 1.
         providers: provider display names requests are routed to (``provider.only/ignore/order``).
         cancellable_providers: providers that stop billing when the client drops a stream; on
-            the others a dropped stream is billed in full (openrouter.md, "Cancellation").
+            the others a dropped stream is billed in full (docs/openrouter.md, "Cancellation").
         model: model id served; responses name the dated id ``{model}-0127``.
         keepalive_comments: send ``: OPENROUTER PROCESSING`` SSE comments in streams.
         log_path: when set, one JSON line per finished chat request is appended (and flushed).

@@ -1,7 +1,7 @@
 """HTTP/1.1 server plumbing on asyncio streams with ``h11`` parsing.
 
 Owning the socket (rather than using a framework) lets the simulator drop connections, stall and
-pad responses exactly as described in openrouter.md. One :class:`HttpConnection` serves a keep-alive
+pad responses exactly as described in docs/openrouter.md. One :class:`HttpConnection` serves a keep-alive
 connection: a background task reads the socket all the time, so a client that goes away while a
 response is being streamed is noticed at once (``gone``), even when no write fails yet.
 """

@@ -1,6 +1,6 @@
 """Billing: what the simulated account was charged, credits left, and a log of finished requests.
 
-Billing rules (mirroring openrouter.md, "Cancellation"; the simulator's own choices are marked):
+Billing rules (mirroring docs/openrouter.md, "Cancellation"; the simulator's own choices are marked):
 
 - A completed request is billed its ``usage.cost`` =
   ``prompt_tokens * price_in / 1e6 + completion_tokens * price_out / 1e6`` (USD).

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 
 class SimServer:
-    """OpenRouter-compatible HTTP/1.1 server on the running event loop (wire: openrouter.md).
+    """OpenRouter-compatible HTTP/1.1 server on the running event loop (wire: docs/openrouter.md).
 
     Usage::
 

@@ -1,6 +1,6 @@
 """JSON shapes of the OpenRouter wire protocol (bodies, SSE chunks, error objects).
 
-Every shape here follows ``shared/reference/openrouter.md`` (late 2026): response ``id`` ``gen-...``,
+Every shape here follows ``docs/openrouter.md`` (late 2026): response ``id`` ``gen-...``,
 dated ``model``, display-name ``provider``, ``message.reasoning`` + ``reasoning_details``,
 ``finish_reason`` + ``native_finish_reason``, ``usage`` with ``cost`` (USD) and the token details,
 SSE comments ``: OPENROUTER PROCESSING``, the two usage placements at the end of a stream, both

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from engine.errors import DatagenError
 
-#: Kimi-K2.5's special tokens as offsets from the base vocabulary size (eagle3-data.md).
+#: Kimi-K2.5's special tokens as offsets from the base vocabulary size (docs/eagle3-data.md).
 KIMI_OFFSETS = {
     "[BOS]": 0, "[EOS]": 1, "<|im_end|>": 2, "<|im_user|>": 3, "<|im_assistant|>": 4, "<|start_header_id|>": 6,
     "<|end_header_id|>": 7, "[EOT]": 9, "<|im_system|>": 10, "<|tool_calls_section_begin|>": 11,

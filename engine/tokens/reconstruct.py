@@ -5,7 +5,7 @@
 - Completion ids, method A (:func:`completion_ids`):
   ``encode(reasoning) + [think_end] + encode(content) + tool-call tokens + [end_of_turn]``, tool
   calls as ``[tool_calls_begin] ([tool_call_begin] encode(id) [tool_call_argument_begin]
-  encode(arguments) [tool_call_end])* [tool_calls_end]`` (Kimi layout, eagle3-data.md). Thinking
+  encode(arguments) [tool_call_end])* [tool_calls_end]`` (Kimi layout, docs/eagle3-data.md). Thinking
   off: no reasoning, no ``think_end``. Cut by ``max_tokens`` (``finish_reason == "length"``): no
   ``end_of_turn``, and ``think_end`` only when content followed the reasoning.
 - Completion ids, method B: the whole conversation rendered with the generated assistant turn,

@@ -2,7 +2,7 @@
 
 A :class:`TokenRecord` is what the drafter trains on and what hidden-state extraction reads:
 ``input_ids`` = chat-templated prompt ids + the target's completion ids, ``loss_mask`` = 1 exactly
-on the completion ids (NOT shifted; eagle3-data.md pitfall 1).
+on the completion ids (NOT shifted; docs/eagle3-data.md pitfall 1).
 
 Parquet layout (``datagen export --format tokens``): one file per dataset, ``DIR/<dataset>.parquet``,
 columns ``id`` (string, ``"<dataset>:<key>"``), ``dataset`` (string), ``input_ids`` (list<int32>),

@@ -7,7 +7,7 @@ usage is capped by ``max_tokens``, so its difference says nothing about the reco
 billed completion tokens x 100), ``p99_abs`` (tokens), ``worst`` (the largest abs differences, run
 level only). Supervised fraction = completion tokens / (prompt + completion tokens) over valid
 records; ``zero_supervised`` counts records with no completion token, ``low_supervised`` those under
-1% (eagle3-data.md pitfall 2: a wrong template silently supervises nothing).
+1% (docs/eagle3-data.md pitfall 2: a wrong template silently supervises nothing).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ Messages are passed as given (after dropping ``None`` values, as transformers do
 rendered as the provider received it, tool-call ids included. Only the GENERATED turn is normalised
 (native tool-call ids, see :mod:`engine.tokens.reconstruct`).
 
-The Kimi layout (eagle3-data.md), for reference: ``<|im_system|>system<|im_middle|>{system}<|im_end|>``,
+The Kimi layout (docs/eagle3-data.md), for reference: ``<|im_system|>system<|im_middle|>{system}<|im_end|>``,
 ``<|im_user|>user<|im_middle|>{user}<|im_end|>``, generation prompt
 ``<|im_assistant|>assistant<|im_middle|><think>``; earlier assistant turns ``<think></think>{content}``;
 tools in a ``tool_declare`` system turn; tool results ``## Return of {id}``.

@@ -1,7 +1,7 @@
 """Per-record checks on a reconstruction (pure: data in, verdict out).
 
 A record is valid when no check fails; invalid records stay in the store with their reasons and
-are left out of exports unless asked. The checks (eagle3-data.md, "checks that proved their worth"):
+are left out of exports unless asked. The checks (docs/eagle3-data.md, "checks that proved their worth"):
 
 | reason | fails when |
 |---|---|
