@@ -1,0 +1,218 @@
+"""The layers the folders show (issue 12): the CLI above the dashboard above the engine, the import
+contracts `make test` checks, one error base caught once by the CLI, one implementation of the small
+helpers, and docs the code cites living in the repository."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import inspect
+import json
+import os
+import pkgutil
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from datagen.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+
+# ---------------------------------------------------------------------------- the entry point and the contracts
+
+def test_the_cli_is_its_own_package_above_engine_and_tui():
+    ep = [e for e in importlib.metadata.entry_points(group="console_scripts") if e.name == "datagen"]
+    assert [e.value for e in ep] == ["datagen.cli:main"]
+    r = subprocess.run([PY, "-m", "datagen", "--help"], capture_output=True, text=True, timeout=60, cwd="/")
+    assert r.returncode == 0 and r.stdout.startswith("usage: datagen"), r.stderr
+    assert not (REPO / "engine" / "cli.py").exists()
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("engine.cli")
+
+
+def test_lint_imports_keeps_every_contract():
+    """Layers (datagen > tui > engine), pure modules free of I/O, no cycles in engine: `make test`'s first step."""
+    lint = Path(PY).with_name("lint-imports")
+    r = subprocess.run([str(lint), "--no-cache"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert re.search(r"Contracts: 3 kept, 0 broken\.", r.stdout), r.stdout[-2000:]
+    make = (REPO / "Makefile").read_text()
+    test_target = make[make.index("\ntest: venv") + 1:].split("\n\n")[0]
+    assert "$(BIN)/lint-imports" in test_target.splitlines()[1]  # before pytest
+
+
+def test_a_fault_spec_in_the_config_loads_no_simulator(tmp_path):
+    """`[provider.sim] faults` is checked by engine.simfaults alone: loading a config does not import the
+    simulator's server, generator or the tokenizer (engine.sim imports lazily)."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[run]\ndir = "{tmp_path / "run"}"\n[provider]\nkind = "simulated"\n[provider.sim]\n'
+                   f'faults = "429:0.1,midstream:0.05"\n[[datasets]]\nname = "a"\npath = "{tmp_path / "a.jsonl"}"\n'
+                   f'format = "text"\n')
+    (tmp_path / "a.jsonl").write_text('{"prompt": "hi"}\n')
+    code = ("import json, sys; from engine.config import load_config; c = load_config(sys.argv[1]); "
+            "import engine.sim; "
+            "print(json.dumps([c.provider.sim.faults, sorted(m for m in sys.modules if m.startswith(('engine.sim.', "
+            "'engine.tokens')))]))")
+    r = subprocess.run([PY, "-c", code, str(cfg)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    faults, loaded = json.loads(r.stdout)
+    assert faults == "429:0.1,midstream:0.05"
+    assert loaded == [], loaded
+    bad = cfg.read_text().replace("429:0.1", "430:0.1")
+    cfg.write_text(bad)
+    from engine.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"provider\.sim\.faults.*unknown kind '430'"):
+        load_config(cfg)
+
+
+def test_engine_sim_names_resolve_lazily():
+    import engine.sim as sim
+    from engine.sim.server import SimThread
+    from engine.simfaults import parse_faults
+
+    assert sim.SimThread is SimThread and sim.parse_faults is parse_faults
+    assert {"SimConfig", "SimServer", "SimThread", "serve_forever", "FAULT_KINDS"} <= set(dir(sim))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        sim.nope  # noqa: B018
+
+
+# ---------------------------------------------------------------------------- one error base
+
+def _engine_exception_classes() -> dict[str, type]:
+    import engine
+
+    found: dict[str, type] = {}
+    for info in pkgutil.walk_packages(engine.__path__, "engine."):
+        mod = importlib.import_module(info.name)
+        for obj in vars(mod).values():
+            if inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__ == mod.__name__:
+                found[f"{obj.__module__}.{obj.__qualname__}"] = obj
+    return found
+
+
+#: Defined in a module another helper owns in issue 12 (the run core's guards); it gets the base there.
+_NOT_YET = {"engine.creditsfloor.CreditsFloorReached"}
+
+
+def test_every_engine_exception_derives_from_datagen_error_and_keeps_its_value_error_base():
+    from engine.errors import DatagenError
+
+    classes = _engine_exception_classes()
+    assert len(classes) >= 24, sorted(classes)
+    outside = sorted(k for k, c in classes.items() if not issubclass(c, DatagenError))
+    assert outside == sorted(_NOT_YET & set(classes)), outside
+    still_value_errors = ["engine.budget.NoPriceError", "engine.client.sse.SSEDecodeError",
+                          "engine.datasets.adapters.AdapterError", "engine.datasets.adapters.MissingField",
+                          "engine.datasets.reasoning.ReasoningError", "engine.tokens.kimi_tools.ToolSchemaError"]
+    assert all(issubclass(classes[k], ValueError) for k in still_value_errors)
+    assert issubclass(classes["engine.tokens.template.TemplateError"], classes["engine.tokens.tokenizer.TokenizerError"])
+
+
+def test_cli_has_no_exception_tuples_left():
+    src = (REPO / "datagen" / "cli.py").read_text()
+    assert src.count("except DatagenError") == 2  # main's one catch, and run's clean-up that re-raises
+    assert not re.search(r"except \(", src)
+
+
+@pytest.mark.parametrize("argv, target, code", [
+    (["status", "R"], "engine.status.collect_status", 1),
+    (["export", "R", "--out", "O"], "engine.export.export", 2),
+    (["validate", "R"], "engine.tokens.service.section_for_run", 2),
+    (["make-tokenizer", "D"], "engine.tokens.demo_tokenizer.build_demo_tokenizer", 1),
+])
+def test_any_datagen_error_is_one_error_line_with_the_commands_exit_status(argv, target, code, tmp_path, capsys,
+                                                                            monkeypatch):
+    """An error no command names (a StoreError from export used to escape as a traceback) is printed once,
+    as `error: <message>`, with the command's error status: 2 for export and validate, 1 elsewhere."""
+    from engine.store import StoreError
+
+    mod, _, name = target.rpartition(".")
+
+    def boom(*a, **k):
+        raise StoreError("the store says no")
+
+    monkeypatch.setattr(importlib.import_module(mod), name, boom)
+    argv = [str(tmp_path / a) if a in ("R", "O", "D") else a for a in argv]
+    assert main(argv) == code
+    out, err = capsys.readouterr()
+    assert err == "error: the store says no\n" and "Traceback" not in out
+
+
+def test_nothing_to_export_keeps_exit_1_and_is_a_datagen_error(tmp_path, capsys, monkeypatch):
+    from engine.errors import DatagenError, NothingToExport
+    import engine.export
+
+    assert issubclass(NothingToExport, DatagenError)
+
+    def nothing(*a, **k):
+        raise NothingToExport("nothing to export: no result")
+
+    monkeypatch.setattr(engine.export, "export", nothing)
+    assert main(["export", str(tmp_path / "r"), "--out", str(tmp_path / "o")]) == 1
+    assert capsys.readouterr().err == "error: nothing to export: no result\n"
+
+
+# ---------------------------------------------------------------------------- one implementation each
+
+def test_pid_alive_is_one_function_and_never_addresses_a_group():
+    from engine import pids, status
+    from engine.extract import shards
+    from engine.extract import status as xstatus
+
+    assert status.pid_alive is shards.pid_alive is xstatus.pid_alive is pids.pid_alive
+    p = subprocess.Popen([PY, "-c", "pass"])
+    p.wait()
+    assert pids.pid_alive(os.getpid()) and not pids.pid_alive(p.pid)
+    assert not any(pids.pid_alive(x) for x in (None, 0, -1, 2**40))
+
+
+def test_a_worker_status_without_a_pid_is_not_taken_for_alive(tmp_path):
+    """kill(-1, 0) succeeds (it addresses every process), so a worker record without a pid looked alive forever."""
+    from engine.extract.status import read_workers, status_dir
+
+    d = status_dir(tmp_path)
+    d.mkdir(parents=True)
+    (d / "worker-0.json").write_text(json.dumps({"state": "running", "host": socket.gethostname()}))
+    (d / "worker-1.json").write_text(json.dumps({"state": "running", "host": socket.gethostname(),
+                                                 "pid": os.getpid()}))
+    w = read_workers(tmp_path)
+    assert [x["state"] for x in w] == ["failed", "running"]
+
+
+def test_one_loopback_predicate_for_the_client_and_the_key_check():
+    from engine import loopback, runner
+    from engine.client import chat
+
+    assert runner.is_loopback_url is loopback.is_loopback_url and chat.is_loopback_host is loopback.is_loopback_host
+    for url in ("http://localhost:8000/v1", "http://api.localhost/v1", "http://LOCALHOST./v1",
+                "http://127.0.0.9/v1", "http://[::1]:9/v1", "http://[::ffff:127.0.0.1]/v1"):
+        assert loopback.is_loopback_url(url), url
+    for url in ("http://127.0.0.1.evil.com/v1", "https://openrouter.ai/api/v1", "http://10.0.0.1/v1", "nohost"):
+        assert not loopback.is_loopback_url(url), url
+
+
+# ---------------------------------------------------------------------------- docs the code cites
+
+def test_docs_the_code_cites_are_in_the_repository():
+    cited: dict[str, list[str]] = {}
+    outside = []
+    for top in ("engine", "tui", "datagen", "tests", "bench"):
+        for f in (REPO / top).rglob("*.py"):
+            if f.name == "test_layers.py":  # this file names the patterns it looks for
+                continue
+            text = f.read_text(encoding="utf-8")
+            for m in re.finditer(r"docs/([\w.-]+\.md)", text):
+                cited.setdefault(m.group(1), []).append(str(f.relative_to(REPO)))
+            if re.search(r"shared/reference|(?<!docs/)\b(openrouter|eagle3-data)\.md|SOURCES\.md", text):
+                outside.append(str(f.relative_to(REPO)))
+    assert not outside, outside
+    missing = {doc: files for doc, files in cited.items() if not (REPO / "docs" / doc).is_file()}
+    assert not missing, missing
+    assert {"openrouter.md", "eagle3-data.md", "datasets.md"} <= set(cited)
