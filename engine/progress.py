@@ -70,3 +70,15 @@ def format_progress(snap: RunSnapshot, printed_final: set[str], final: bool = Fa
             f"elapsed {fmt_duration(snap.elapsed_s)}"
         )
     return out
+
+
+def final_report(snap: RunSnapshot, store_path: object) -> list[str]:
+    """The lines printed when a run ends, headless or after the dashboard closes: every dataset's
+    :func:`dataset_line`, then ``run STATE[: REASON]; $COST spent; store PATH`` (cost in USD, 4 decimals).
+
+    ``store_path``: the store's path (``str()`` is printed; ``"?"`` when there is none).
+    Example last line: ``run done; $0.0312 spent; store runs/demo/store.sqlite``.
+    """
+    return [*format_progress(snap, set(), final=True),
+            f"run {snap.state}{': ' + snap.state_reason if snap.state_reason else ''}; "
+            f"${snap.cost_usd:.4f} spent; store {store_path}"]

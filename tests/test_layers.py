@@ -216,3 +216,21 @@ def test_docs_the_code_cites_are_in_the_repository():
     missing = {doc: files for doc, files in cited.items() if not (REPO / "docs" / doc).is_file()}
     assert not missing, missing
     assert {"openrouter.md", "eagle3-data.md", "datasets.md"} <= set(cited)
+
+
+def test_final_report_is_the_dataset_lines_then_the_summary_line():
+    """One implementation of the lines a run ends with (headless and after the dashboard; the two call
+    sites, engine/runner.py and tui/app.py, switch to it when the run-core and dashboard changes merge)."""
+    from engine.progress import dataset_line, final_report
+    from engine.snapshot import DatasetSnapshot, RunSnapshot
+
+    d = DatasetSnapshot(name="b1", state="done", state_reason="", prompts=5, rejected=0, done=4, failed=1, skipped=0,
+                        pending=0, in_flight=0, prompt_tokens=100, completion_tokens=2000, reasoning_tokens=300,
+                        cost_usd=0.0123, token_budget=None)
+    snap = RunSnapshot(name="r", state="paused", state_reason="credits below the floor", elapsed_s=12.0, datasets=(d,),
+                       classes=(), in_flight=0, req_per_s=0.0, cost_usd=1.23456, errors={})
+    assert final_report(snap, Path("/x/store.sqlite")) == [
+        dataset_line(d), "run paused: credits below the floor; $1.2346 spent; store /x/store.sqlite"]
+    done = RunSnapshot(name="r", state="done", state_reason="", elapsed_s=1.0, datasets=(), classes=(), in_flight=0,
+                       req_per_s=0.0, cost_usd=0.0, errors={})
+    assert final_report(done, "?") == ["run done; $0.0000 spent; store ?"]
