@@ -296,14 +296,14 @@ class DashboardActions:
             return
 
         def render() -> Any:
-            d = self.dataset(name)
-            if d is None:
+            d, snap = self.dataset(name), self.app.snapshot
+            if d is None or snap is None:
                 return None
             try:
                 lines = self.app.main_screen.query_one(LogPane).lines
             except Exception:  # noqa: BLE001 - no log pane (shutting down)
                 lines = ()
-            return detail_text(d, self.app.snapshot, self.class_of(name), lines)
+            return detail_text(d, snap, self.class_of(name), lines)
 
         self.app.push_screen(DetailScreen(name, render))
 

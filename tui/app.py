@@ -125,10 +125,8 @@ class DashboardApp(App[int]):
         self.refresh_hz = refresh_hz
         self._install_signals = (cfg is not None) if install_signals is None else install_signals
         self._keymap = {**parse_keymap(os.environ.get("DATAGEN_KEYS", "")), **(keymap or {})}
-        self.log_handler = log_handler
-        self._own_handler = log_handler is None and cfg is not None
-        if self._own_handler:
-            self.log_handler = PaneLogHandler()
+        self._own_handler = PaneLogHandler() if log_handler is None and cfg is not None else None
+        self.log_handler = log_handler or self._own_handler
         self.snapshot: RunSnapshot | None = None
         """The latest snapshot pulled (None before the engine is prepared)."""
         self.polls = 0
@@ -165,8 +163,8 @@ class DashboardApp(App[int]):
         if self._gpu_source is None:
             self._poller = GpuPoller().start()
             self._gpu_source = self._poller.latest
-        if self._own_handler:
-            logging.getLogger().addHandler(self.log_handler)
+        if self._own_handler is not None:
+            logging.getLogger().addHandler(self._own_handler)
         if self.engine is not None:
             # The engine runs in its own task, awaited (shielded) by the worker: Textual cancels workers
             # when the app shuts down, and the engine must instead stop cleanly (see on_unmount).
@@ -191,8 +189,8 @@ class DashboardApp(App[int]):
             if not task.done():
                 task.cancel()
                 await asyncio.wait({task}, timeout=10)
-        if self._own_handler:
-            logging.getLogger().removeHandler(self.log_handler)
+        if self._own_handler is not None:
+            logging.getLogger().removeHandler(self._own_handler)
         if self._poller is not None:
             self._poller.stop()
         self.terminal.remove_signal_handlers()
