@@ -10,9 +10,10 @@ self-rescheduling timer (polls never overlap) and sends commands through ``host.
 For tests and screenshots, ``DashboardApp(snapshot_source=..., controller=...)`` shows an injected
 snapshot source instead (host :class:`tui.host.StaticHost`).
 
-The keys' actions, the toasts and the terminal watch are manager objects
-(:class:`tui.actions.DashboardActions`, :class:`tui.toasts.Toasts`, :class:`tui.terminal.TerminalWatch`)
-that get the app and its host through their constructors; the app's ``action_*`` methods call them.
+The keys' actions, the toasts, the drawing and the terminal watch are manager objects
+(:class:`tui.actions.DashboardActions`, :class:`tui.toasts.Toasts`, :class:`tui.view.DashboardView`,
+:class:`tui.terminal.TerminalWatch`) that get the app and its host through their constructors; the
+app's ``action_*`` methods and event handlers call them.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
+from textual.screen import Screen
 from textual.widgets import DataTable, Footer
 
 from engine.config import Config
@@ -36,14 +38,14 @@ from engine.progress import format_progress
 from engine.snapshot import RunSnapshot
 from tui.actions import DashboardActions, DashboardCommands
 from tui.host import Commands, DashboardHost, EngineHost, InjectedCommands, StaticHost
-from tui.layout import CSS, HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS, parse_keymap, shown
+from tui.layout import CSS, HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS, parse_keymap
 from tui.logbridge import PaneLogHandler, quiet_terminal_logging
 from tui.terminal import TerminalWatch
 from tui.toasts import Toasts
+from tui.view import DashboardView
 from tui.panes import (
     DatasetsTable, ErrorsPane, GpusPane, HeaderPane, LogPane, ProvidersPane, SamplePane, ThroughputPane,
 )
-from tui.panes.datasets import table_width
 
 log = logging.getLogger("datagen.dashboard")
 
@@ -69,7 +71,7 @@ class DashboardApp(App[int]):
 
     Attributes:
         host: the :class:`tui.host.DashboardHost` (an :class:`~tui.host.EngineHost` in engine mode).
-        actions, toasts, terminal: the manager objects (see the module docstring).
+        actions, toasts, view, terminal: the manager objects (see the module docstring).
     """
 
     TITLE = "eagle-datagen"
@@ -131,13 +133,13 @@ class DashboardApp(App[int]):
         """The latest snapshot pulled (None before the engine is prepared)."""
         self.polls = 0
         self.renders = 0
-        self._binding_key: tuple | None = None
         self._exit_when_done = False
         self._closing = False
         self._engine_task: asyncio.Task[int] | None = None
         self.toasts = Toasts(self)
         self.actions = DashboardActions(self, self.host, self.toasts)
         self.terminal = TerminalWatch(self)
+        self.view = DashboardView(self, self.actions, self.log_handler)
 
     # ---- composition ------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -309,7 +311,7 @@ class DashboardApp(App[int]):
 
     # ---- polling ----------------------------------------------------------------------------
     @property
-    def main_screen(self) -> Any:
+    def main_screen(self) -> Screen[Any]:
         """The dashboard's own screen (the bottom of the stack): ``self.query_one`` would search the
         active screen, a modal's while one is open."""
         return self.screen_stack[0]
@@ -354,51 +356,16 @@ class DashboardApp(App[int]):
             note = "run ended: press q to exit"
         elif self.host.quit_mode:
             note = f"quitting ({self.host.quit_mode})…"
-        table = self.main_screen.query_one(DatasetsTable)
-        with self.batch_update():
-            self.main_screen.query_one(HeaderPane).update_from(snap, note)
-            if snap is not None:
-                table.update_from(snap)
-                for pane in (self.main_screen.query_one(ThroughputPane), self.main_screen.query_one(ErrorsPane),
-                             self.main_screen.query_one(ProvidersPane)):
-                    if shown(pane):
-                        pane.update_from(snap)
-                self._render_sample()
-            log_pane = self.main_screen.query_one(LogPane)
-            if shown(log_pane):
-                log_pane.update_from(snap, self.log_handler.drain() if self.log_handler else ())
-            gpus = self.main_screen.query_one(GpusPane)
-            if shown(gpus) and self._gpu_source is not None:
-                gpus.update_from(self._gpu_source())
-        self._refresh_footer()
-
-    def _render_sample(self) -> None:
-        pane = self.main_screen.query_one(SamplePane)
-        if shown(pane):
-            pane.update_from(self.actions.selected())
-
-    def _refresh_footer(self) -> None:
-        d = self.actions.selected()
-        key = (d.name if d else None, d.state if d else None, self.snapshot.state if self.snapshot else None)
-        if key != self._binding_key:
-            self._binding_key = key
-            self.refresh_bindings()
+        self.view.render(snap, note, self._gpu_source)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        self._render_sample()
-        self._refresh_footer()
+        self.view.render_sample()
+        self.view.refresh_footer()
 
     def on_resize(self, event: events.Resize) -> None:
         """Lay out for the NEW size: this handler runs before Textual's own (``App._on_resize``),
         so ``self.size`` still holds the previous size here; ``event.size`` is the new one."""
-        width = event.size.width
-        footer = self.main_screen.query_one(Footer)
-        footer.compact = width < 120  # every key still fits in 80 columns
-        if footer.show_command_palette != (width >= 100):
-            footer.show_command_palette = width >= 100
-            footer.refresh(recompose=True)  # not a recomposing reactive: the palette key would stay
-        self.main_screen.query_one(DatasetsTable).fit_width(table_width(width))
-        self.main_screen.query_one(HeaderPane)._last = None  # re-fit the header to the new width
+        self.view.resize(event.size.width)
         self.call_after_refresh(self.request_poll)  # panes shown by the new size get drawn now
 
 
