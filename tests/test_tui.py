@@ -177,7 +177,7 @@ async def test_sigterm_drains_like_quit_and_exits_130(cfg):
     app = DashboardApp(cfg)
     async with app.run_test(size=SIZE) as pilot:
         await started(app, pilot)
-        assert signal.SIGTERM in app._signals, "SIGTERM handler not installed"
+        assert signal.SIGTERM in app.terminal.signals, "SIGTERM handler not installed"
         os.kill(os.getpid(), signal.SIGTERM)
         await until(pilot, lambda: not app.is_running, 20, 0.05, "app exit")
     assert app.host.exit_code == 130 and app.return_code == 130  # interrupted (README: exit codes)
@@ -226,19 +226,6 @@ async def test_keys_call_the_controller_with_an_injected_snapshot():
         await until(pilot, lambda: ("set_concurrency", ("long", 55)) in ctl.calls, 2, what="concurrency call")
         await pilot.press("down", "p")  # b1_glaive is paused: p resumes it
         await until(pilot, lambda: ("resume", ("b1_glaive",)) in ctl.calls, 2, what="resume call")
-
-
-async def test_exclude_without_engine_support_says_not_available():
-    ctl = FakeController(with_exclude=False)
-    app = DashboardApp(snapshot_source=fixed_snapshot, controller=ctl, gpu_source=lambda: FIXED_GPUS)
-    async with app.run_test(size=SIZE) as pilot:
-        said: list[str] = []
-        notify = app.notify
-        app.notify = lambda message, **kw: (said.append(message), notify(message, **kw))[1]
-        await pilot.pause(0.1)
-        await pilot.press("x")
-        await until(pilot, lambda: any("not available" in m for m in said), 2, what="notification")
-        assert not isinstance(app.screen, PickScreen) and ctl.calls == []
 
 
 async def test_rendering_goes_on_while_a_modal_is_open():
@@ -302,9 +289,9 @@ async def test_watchdog_drains_and_exits_when_the_terminal_goes_away(cfg, monkey
     app = DashboardApp(cfg)
     async with app.run_test(size=SIZE) as pilot:
         await started(app, pilot)
-        app._tty_fds = [0]
+        app.terminal.tty_fds = [0]
         monkeypatch.setattr(tui.terminal, "_is_terminal", lambda fd: False)
-        app._watch_terminal()
+        app.terminal.check_terminal()
         assert app.terminal_lost and app.host.quit_mode == "drain"
         polls = app.renders
         await until(pilot, lambda: not app.is_running, 20, 0.05, "app exit")

@@ -52,3 +52,18 @@ async def test_drain_that_stores_the_last_prompts_exits_0(tmp_path):
             await pilot.press("d")
         await until(pilot, lambda: not app.is_running, 30, what="app exit")
     assert app.host.exit_code == 0 and app.return_code == 0
+
+
+async def test_exit_on_pause_ends_the_dashboard_with_3_when_a_guard_pauses_the_run(tmp_path):
+    """The one exit-on-pause rule is the engine's (``runner.run_job``); the dashboard had its own copy,
+    dead since run_job existed, now removed: the hosted engine still ends the app with 3."""
+    ds = [{"name": "sharegpt", "path": str(SAMPLES / "b7_sharegpt.json"), "format": "sharegpt"}]
+    cfg = sim_config(tmp_path, concurrency=8, faults="502:0.7", max_attempts=2, datasets=ds,
+                     spend={"anomaly_error_rate": 0.2, "anomaly_window": 10})
+    app = DashboardApp(cfg, gpu_source=lambda: FIXED_GPUS, refresh_hz=10, install_signals=False, exit_on_pause=True)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(pilot, lambda: not app.is_running, 60, what="app exit on the guard pause")
+    assert app.host.exit_code == 3 and app.return_code == 3
+    snap = app.host.snapshot()
+    assert snap.state == "stopped" and snap.state_reason.startswith("exit on pause: sharegpt: anomaly guard")
+    assert snap.in_flight == 0

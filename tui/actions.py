@@ -1,6 +1,8 @@
 """The dashboard's key actions and command-palette commands.
 
-Every action returns at once: controller calls run in a Textual worker (group ``commands``) and
+:class:`DashboardActions` is a manager object (the app's ``action_*`` methods call it): it gets the
+app, its host (:class:`tui.host.DashboardHost`) and its toasts through its constructor. Every action
+returns at once: controller calls run in a Textual worker (group ``commands``) and
 confirmations use ``push_screen(screen, callback)``, so a key never waits on the store or on a
 modal, and the scheduler's state changes within one loop iteration of the key press.
 """
@@ -12,14 +14,17 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
-from textual.notifications import Notification
 
+from engine.snapshot import DatasetSnapshot, RunSnapshot
 from tui.detail import DetailScreen, detail_text
+from tui.host import Commands, DashboardHost
 from tui.modals import ConfirmScreen, HelpScreen, PickScreen, QuitScreen, abort_body, quit_body
-from tui.retry import RetryFailedAction
+from tui.panes import LogPane
+from tui.retry import retry_failed
+from tui.toasts import Toasts
 
 if TYPE_CHECKING:
-    from engine.snapshot import DatasetSnapshot
+    from tui.app import DashboardApp
 
 HELP = [
     ("p", "pause / resume the selected dataset (pause drains: in-flight requests finish; un-skipping asks first)"),
@@ -58,12 +63,36 @@ def concurrency_step(current: int, direction: int, cap: int | None = None) -> in
     return min(new, cap) if cap else new
 
 
-class ActionsMixin(RetryFailedAction):
-    """Actions of :class:`tui.app.DashboardApp` (mixed into the App; uses its attributes)."""
+class DashboardActions:
+    """The key actions of :class:`tui.app.DashboardApp`.
+
+    Args:
+        app: the dashboard (its latest snapshot, selection, modals, workers and polls).
+        host: where commands go (:attr:`DashboardHost.controller`) and whether the run has ended.
+        toasts: the app's toasts (command results replace each other by key).
+
+    Attributes:
+        conc_target: the concurrency asked per class and not yet shown by a snapshot, so that
+            repeated ``+``/``-`` step from the value asked, not the one last shown.
+    """
+
+    SKIP_REFUSED = {
+        "skipped": "{name} is already skipped (p brings it back)",
+        "done": "{name} is done: nothing left to skip",
+        "budget_met": "{name} met its token budget: nothing left to skip",
+    }
+    """Why ``s`` does nothing, by dataset state."""
+
+    def __init__(self, app: DashboardApp, host: DashboardHost, toasts: Toasts) -> None:
+        self.app = app
+        self.host = host
+        self.toasts = toasts
+        self.conc_target: dict[str, int] = {}
 
     # ---- helpers ----------------------------------------------------------------------------
-    def _selected_ds(self) -> "DatasetSnapshot | None":
-        name, snap = self.selected_dataset, self.snapshot  # type: ignore[attr-defined]
+    def dataset(self, name: str | None) -> DatasetSnapshot | None:
+        """Dataset ``name`` in the latest snapshot (None: no name, no snapshot or unknown name)."""
+        snap = self.app.snapshot
         if name is None or snap is None:
             return None
         try:
@@ -71,39 +100,28 @@ class ActionsMixin(RetryFailedAction):
         except KeyError:
             return None
 
-    def announce_notices(self, snap: Any) -> None:
-        """Toast each guard pause of ``snap.notices`` not yet announced (the log pane shows the
-        same pause as a WARNING event line), as loudly as the toast of a user's own pause."""
-        seen = getattr(self, "_notice_seen", 0)
-        for seq, text in getattr(snap, "notices", ()):
-            if seq > seen:
-                seen = seq
-                # markup=False: "[dataset]" is text, not markup
-                self.notify(text, title="paused by a guard", severity="warning",  # type: ignore[attr-defined]
-                            timeout=20, markup=False)
-        self._notice_seen = seen
+    def selected(self) -> DatasetSnapshot | None:
+        """The dataset under the table cursor, in the latest snapshot."""
+        return self.dataset(self.app.selected_dataset)
 
-    def toast(self, message: str, *, key: str | None = None, severity: str = "information",
-              timeout: float = 3, title: str = "") -> None:
-        """Show a toast. With ``key``, it replaces the toast shown earlier under the same key (if
-        still on screen), so a repeated key (``-`` pressed 30 times) shows one toast, not a stack.
-        Must run on the app's loop (key handlers and ``commands`` workers do)."""
-        if key is None:
-            self.notify(message, title=title, severity=severity, timeout=timeout)  # type: ignore[attr-defined]
-            return
-        shown = self._notifications  # type: ignore[attr-defined]
-        old = self.keyed_toasts.get(key)  # type: ignore[attr-defined]
-        if old is not None and old in shown:
-            del shown[old]
-        note = Notification(message, title, severity, timeout)  # type: ignore[arg-type]
-        self.keyed_toasts[key] = note  # type: ignore[attr-defined]
-        # What App.notify's message handler does, done now so the next key finds it to replace.
-        shown.add(note)
-        self._refresh_notifications()  # type: ignore[attr-defined]
+    def class_of(self, dataset: str | None) -> str:
+        """The request class of ``dataset``: the host's ``dataset_class`` when it knows it, else the
+        snapshot's first class ("" without a snapshot)."""
+        cls = self.host.dataset_class(dataset) if dataset else None
+        if cls is not None:
+            return cls
+        snap = self.app.snapshot
+        return snap.classes[0].name if snap is not None and snap.classes else ""
 
-    def _run_command(self, call: Callable[[], Any], done: str | None = None, key: str | None = None) -> None:
+    def observe(self, snap: RunSnapshot) -> None:
+        """Forget the concurrency targets that ``snap`` shows reached."""
+        for c in snap.classes:
+            if self.conc_target.get(c.name) == c.concurrency:
+                del self.conc_target[c.name]
+
+    def run_command(self, call: Callable[[], Any], done: str | None = None, key: str | None = None) -> None:
         """Run ``call()`` (sync or async controller method) in a worker; toast its result (replacing
-        the previous toast of the same ``key``, see :meth:`toast`)."""
+        the previous toast of the same ``key``, see :meth:`tui.toasts.Toasts.toast`)."""
 
         async def job() -> None:
             try:
@@ -111,26 +129,28 @@ class ActionsMixin(RetryFailedAction):
                 if inspect.isawaitable(res):
                     res = await res
             except Exception as e:  # noqa: BLE001 - ValueError from the controller, store errors
-                self.toast(str(e), key=key, severity="error", timeout=6)
+                self.toasts.toast(str(e), key=key, severity="error", timeout=6)
                 return
-            self.toast(done or str(res), key=key, timeout=3)
-            self.request_poll()  # type: ignore[attr-defined]
+            self.toasts.toast(done or str(res), key=key, timeout=3)
+            self.app.request_poll()
 
-        self.run_worker(job(), group="commands", exit_on_error=False)  # type: ignore[attr-defined]
+        self.app.run_worker(job(), group="commands", exit_on_error=False)
 
-    def _no_engine(self) -> bool:
-        if self.controller is None:  # type: ignore[attr-defined]
-            self.notify("the engine is still starting", severity="warning")  # type: ignore[attr-defined]
-            return True
-        return False
+    def commands(self) -> Commands | None:
+        """The host's command target; None (and a warning toast) while the engine is starting."""
+        ctl = self.host.controller
+        if ctl is None:
+            self.app.notify("the engine is still starting", severity="warning")
+        return ctl
 
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+    def check(self, action: str) -> bool | None:
         """Footer state: ``p`` reads Pause or Resume, ``P``/``R`` whichever applies. While a modal is
-        open the dashboard's keys are off (its own keys answer it)."""
-        if action in DASHBOARD_ACTIONS and len(self.screen_stack) > 1:  # type: ignore[attr-defined]
+        open the dashboard's keys are off (its own keys answer it). Textual's ``check_action``:
+        True shown and active, False hidden, None shown disabled."""
+        if action in DASHBOARD_ACTIONS and len(self.app.screen_stack) > 1:
             return False
-        d = self._selected_ds()
-        snap = self.snapshot  # type: ignore[attr-defined]
+        d = self.selected()
+        snap = self.app.snapshot
         if action == "pause_selected":
             if d is None or d.state in RESUMABLE:
                 return False if d is not None else None
@@ -146,106 +166,96 @@ class ActionsMixin(RetryFailedAction):
         return True
 
     # ---- dataset actions --------------------------------------------------------------------
-    def action_pause_selected(self, name: str | None = None) -> None:
+    def pause_selected(self, name: str | None = None) -> None:
         """Pause the selected (or named) dataset: stop dispatching; in-flight requests drain."""
-        name = name or self.selected_dataset  # type: ignore[attr-defined]
-        d = self._selected_ds() if name == self.selected_dataset else None  # type: ignore[attr-defined]
+        name = name or self.app.selected_dataset
+        d = self.selected() if name == self.app.selected_dataset else None
         if d is not None and d.state == "done":
-            self.notify(f"{name} is done: nothing left to pause", severity="warning")  # type: ignore[attr-defined]
+            self.app.notify(f"{name} is done: nothing left to pause", severity="warning")
             return
-        if name and not self._no_engine():
-            self._run_command(partial(self.controller.pause, name))  # type: ignore[attr-defined]
+        if name and (ctl := self.commands()) is not None:
+            self.run_command(partial(ctl.pause, name))
 
-    def _dataset(self, name: str) -> "DatasetSnapshot | None":
-        snap = self.snapshot  # type: ignore[attr-defined]
-        try:
-            return snap.dataset(name) if snap is not None else None
-        except KeyError:
-            return None
-
-    def action_resume_selected(self, name: str | None = None) -> None:
+    def resume_selected(self, name: str | None = None) -> None:
         """Resume the selected (or named) dataset: a paused one at once; a skipped one only after a
         confirmation (un-skipping undoes a confirmed skip: its prompts are requested and billed)."""
-        name = name or self.selected_dataset  # type: ignore[attr-defined]
-        if not name or self._no_engine():
+        name = name or self.app.selected_dataset
+        if not name or (ctl := self.commands()) is None:
             return
-        d = self._dataset(name)
+        d = self.dataset(name)
         if d is None or d.state != "skipped":
-            self._run_command(partial(self.controller.resume, name))  # type: ignore[attr-defined]
+            self.run_command(partial(ctl.resume, name))
             return
         body = (f"{d.skipped:,} prompts counted as skipped return to pending and are requested (and billed) "
                 f"again.{' Reason it was skipped: ' + d.state_reason if d.state_reason else ''}")
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self._run_command(partial(self.controller.resume, name))  # type: ignore[attr-defined]
+                self.run_command(partial(ctl.resume, name))
             else:
-                self.notify(f"{name} stays skipped", timeout=3)  # type: ignore[attr-defined]
+                self.app.notify(f"{name} stays skipped", timeout=3)
 
-        self.push_screen(ConfirmScreen(f"Un-skip {name}?", body, yes="Un-skip"), answered)  # type: ignore[attr-defined]
+        self.app.push_screen(ConfirmScreen(f"Un-skip {name}?", body, yes="Un-skip"), answered)
 
-    SKIP_REFUSED = {
-        "skipped": "{name} is already skipped (p brings it back)",
-        "done": "{name} is done: nothing left to skip",
-        "budget_met": "{name} met its token budget: nothing left to skip",
-    }
-    """Why ``s`` does nothing, by dataset state."""
-
-    def action_skip_selected(self, name: str | None = None) -> None:
+    def skip_selected(self, name: str | None = None) -> None:
         """Ask, then skip the selected (or named) dataset; on a finished or skipped one, say why not."""
-        name = name or self.selected_dataset  # type: ignore[attr-defined]
-        if not name or self._no_engine():
+        name = name or self.app.selected_dataset
+        if not name or (ctl := self.commands()) is None:
             return
-        d = self._dataset(name)
+        d = self.dataset(name)
         if d is not None and d.state in self.SKIP_REFUSED:
-            self.notify(self.SKIP_REFUSED[d.state].format(name=name), severity="warning")  # type: ignore[attr-defined]
+            self.app.notify(self.SKIP_REFUSED[d.state].format(name=name), severity="warning")
             return
         body = (f"{d.pending:,} pending prompts will count as skipped; {d.in_flight:,} in flight finish "
                 f"and are stored. Resume with p." if d else "")
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self._run_command(partial(self.controller.skip, name))  # type: ignore[attr-defined]
+                self.run_command(partial(ctl.skip, name))
 
-        self.push_screen(ConfirmScreen(f"Skip {name}?", body, yes="Skip"), answered)  # type: ignore[attr-defined]
+        self.app.push_screen(ConfirmScreen(f"Skip {name}?", body, yes="Skip"), answered)
+
+    def retry_failed(self, name: str | None = None) -> None:
+        """Retry the selected (or named) dataset's failed prompts (see :mod:`tui.retry`)."""
+        retry_failed(self, name or self.app.selected_dataset)
 
     # ---- run actions ------------------------------------------------------------------------
-    def action_pause_all(self) -> None:
+    def pause_all(self) -> None:
         """Pause the whole run (drain: in-flight requests finish)."""
-        if not self._no_engine():
-            self.user_paused = True  # type: ignore[attr-defined]
-            self._run_command(partial(self.controller.pause, None))  # type: ignore[attr-defined]
+        if (ctl := self.commands()) is not None:
+            self.run_command(partial(ctl.pause, None))
 
-    def action_resume_all(self) -> None:
+    def resume_all(self) -> None:
         """Resume the whole run."""
-        if not self._no_engine():
-            self.user_paused = False  # type: ignore[attr-defined]
-            self._run_command(partial(self.controller.resume, None))  # type: ignore[attr-defined]
+        if (ctl := self.commands()) is not None:
+            self.run_command(partial(ctl.resume, None))
 
-    def action_abort(self) -> None:
+    def abort(self) -> None:
         """Ask, showing the dollars and the count in flight, then cancel every in-flight request."""
-        snap = self.snapshot  # type: ignore[attr-defined]
-        if self._no_engine() or snap is None:
+        snap = self.app.snapshot
+        if (ctl := self.commands()) is None or snap is None:
             return
         if snap.in_flight == 0:
-            self.notify("nothing in flight")  # type: ignore[attr-defined]
+            self.app.notify("nothing in flight")
             return
         body = abort_body(snap)
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self._run_command(self.controller.abort)  # type: ignore[attr-defined]
+                self.run_command(ctl.abort)
 
-        self.push_screen(ConfirmScreen("Abort in-flight requests?", body, yes="Abort"), answered)  # type: ignore[attr-defined]
+        self.app.push_screen(ConfirmScreen("Abort in-flight requests?", body, yes="Abort"), answered)
 
-    def _concurrency(self, direction: int) -> None:
-        name = self.selected_dataset  # type: ignore[attr-defined]
-        snap = self.snapshot  # type: ignore[attr-defined]
-        if self._no_engine() or snap is None or not snap.classes:
+    def concurrency(self, direction: int) -> None:
+        """``+`` (direction 1) or ``-`` (-1): step the selected dataset's class concurrency
+        (:func:`concurrency_step`); at a bound, say so instead."""
+        name = self.app.selected_dataset
+        snap = self.app.snapshot
+        if (ctl := self.commands()) is None or snap is None or not snap.classes:
             return
-        cls = self.class_of(name)  # type: ignore[attr-defined]
+        cls = self.class_of(name)
         c = next((c for c in snap.classes if c.name == cls), None)
-        current = self.conc_target.get(cls)  # type: ignore[attr-defined]
+        current = self.conc_target.get(cls)
         if current is None:
             current = c.concurrency if c is not None else 0
         cap = c.max_concurrency if c is not None and c.max_concurrency else None
@@ -253,81 +263,69 @@ class ActionsMixin(RetryFailedAction):
         if new == current:
             why = (f"at its maximum {cap:,} (4x the configured {c.configured:,})" if direction > 0 and c is not None
                    else "at its minimum 1 (P pauses the run, p the dataset)")
-            self.toast(f"class {cls} concurrency is {why}", key="concurrency", severity="warning", timeout=5)
+            self.toasts.toast(f"class {cls} concurrency is {why}", key="concurrency", severity="warning", timeout=5)
             return
-        self.conc_target[cls] = new  # type: ignore[attr-defined]
-        self._run_command(partial(self.controller.set_concurrency, cls, new), key="concurrency")  # type: ignore[attr-defined]
+        self.conc_target[cls] = new
+        self.run_command(partial(ctl.set_concurrency, cls, new), key="concurrency")
 
-    def action_concurrency_up(self) -> None:
-        """Raise the selected dataset's class concurrency by about 10 % (at least 1)."""
-        self._concurrency(+1)
-
-    def action_concurrency_down(self) -> None:
-        """Lower the selected dataset's class concurrency by about 10 % (at least 1, not below 0)."""
-        self._concurrency(-1)
-
-    def action_exclude_provider(self) -> None:
-        """Pick a provider and exclude it (when the engine supports it)."""
-        snap = self.snapshot  # type: ignore[attr-defined]
-        if self._no_engine() or snap is None:
-            return
-        fn = getattr(self.controller, "exclude_provider", None)  # type: ignore[attr-defined]
-        if fn is None:
-            self.notify("excluding providers is not available in this engine build", severity="warning")  # type: ignore[attr-defined]
+    def exclude_provider(self) -> None:
+        """Pick a provider and exclude it, or an excluded one and include it again."""
+        snap = self.app.snapshot
+        if (ctl := self.commands()) is None or snap is None:
             return
         options = [(p.name, f"{p.name}  {p.requests:,} req  {p.error_rate:.0%} err")
                    for p in snap.providers if not p.excluded]
-        include = getattr(self.controller, "include_provider", None)  # type: ignore[attr-defined]
-        excluded = {p.name for p in snap.providers if p.excluded} if include is not None else set()
+        excluded = {p.name for p in snap.providers if p.excluded}
         options += [(p, f"{p}  (excluded: pick to include it again)") for p in sorted(excluded)]
         if not options:
-            self.notify("no provider to exclude yet")  # type: ignore[attr-defined]
+            self.app.notify("no provider to exclude yet")
             return
 
         def picked(name: str | None) -> None:
             if name:
-                self._run_command(partial(include if name in excluded else fn, name))
+                self.run_command(partial(ctl.include_provider if name in excluded else ctl.exclude_provider, name))
 
-        self.push_screen(PickScreen("Exclude which provider?", options), picked)  # type: ignore[attr-defined]
+        self.app.push_screen(PickScreen("Exclude which provider?", options), picked)
 
-    def action_details(self, name: str | None = None) -> None:
+    def details(self, name: str | None = None) -> None:
         """Open the detail view (:mod:`tui.detail`) of the selected (or named) dataset; it follows
         the snapshots the app keeps polling while it is open."""
-        name = name or self.selected_dataset  # type: ignore[attr-defined]
+        name = name or self.app.selected_dataset
         if not name:
-            self.notify("no dataset selected")  # type: ignore[attr-defined]
+            self.app.notify("no dataset selected")
             return
 
         def render() -> Any:
-            snap = self.snapshot  # type: ignore[attr-defined]
-            try:
-                d = snap.dataset(name) if snap is not None else None
-            except KeyError:
-                d = None
-            if d is None:
+            d, snap = self.dataset(name), self.app.snapshot
+            if d is None or snap is None:
                 return None
             try:
-                lines = self.screen_stack[0].query_one("#log").lines  # type: ignore[attr-defined]
+                lines = self.app.main_screen.query_one(LogPane).lines
             except Exception:  # noqa: BLE001 - no log pane (shutting down)
                 lines = ()
-            return detail_text(d, snap, self.class_of(name), lines)  # type: ignore[attr-defined]
+            return detail_text(d, snap, self.class_of(name), lines)
 
-        self.push_screen(DetailScreen(name, render))  # type: ignore[attr-defined]
+        self.app.push_screen(DetailScreen(name, render))
 
-    def action_help(self) -> None:
+    def help(self) -> None:
         """Show the keys."""
-        self.push_screen(HelpScreen(HELP))  # type: ignore[attr-defined]
+        self.app.push_screen(HelpScreen(HELP))
 
-    def action_quit(self) -> None:
+    def quit(self) -> None:
         """Quit: at once when nothing is in flight or the run has ended; else ask drain/abort. Decides on
         a snapshot pulled now, not the last one shown (which may be up to a poll interval old)."""
-        self.request_poll()  # type: ignore[attr-defined]
-        snap = self.snapshot  # type: ignore[attr-defined]
-        if self.engine_finished or snap is None or snap.in_flight == 0:  # type: ignore[attr-defined]
-            self.begin_quit("drain")  # type: ignore[attr-defined]
+        self.app.request_poll()
+        snap = self.app.snapshot
+        if self.host.finished or snap is None or snap.in_flight == 0:
+            self.app.begin_quit("drain")
             return
         body = quit_body(snap)
-        self.push_screen(QuitScreen(body), lambda choice: choice and self.begin_quit(choice))  # type: ignore[attr-defined]
+
+        def chosen(choice: str | None) -> None:
+            if choice:
+                self.app.begin_quit(choice)
+
+        self.app.push_screen(QuitScreen(body), chosen)
 
 
 class DashboardCommands(Provider):
@@ -374,4 +372,4 @@ class DashboardCommands(Provider):
                 yield Hit(score, matcher.highlight(label), cb, help=help_)
 
 
-__all__ = ["ActionsMixin", "DashboardCommands", "HELP", "concurrency_step"]
+__all__ = ["DashboardActions", "DashboardCommands", "HELP", "concurrency_step"]

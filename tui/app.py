@@ -1,12 +1,19 @@
 """The dashboard: a Textual app that hosts the engine and shows one immutable snapshot at a time.
 
-The app owns the event loop. In engine mode (``DashboardApp(cfg)``) :meth:`tui.host.EngineHost.run`
-(prepare, writer, supervisor, ``scheduler.run()``, close) runs on that loop in a task that an async
-worker awaits; on unmount the app stops it and waits for the store to close. The UI
-pulls ``scheduler.snapshot()`` every ``1/refresh_hz`` seconds with a self-rescheduling timer (polls
-never overlap) and sends commands through :class:`engine.controller.Controller`. Nothing in the
-engine sends the UI a message per request. For tests and screenshots, ``DashboardApp(
-snapshot_source=..., controller=...)`` shows an injected snapshot source instead.
+The app owns the event loop. It talks to its host only through :class:`tui.host.DashboardHost`
+(snapshots, commands, quit). In engine mode (``DashboardApp(cfg)``, host :class:`tui.host.EngineHost`)
+:meth:`~tui.host.EngineHost.run` (prepare, writer, supervisor, ``scheduler.run()``, close) runs on
+that loop in a task that an async worker awaits; on unmount the app stops it and waits for the
+store to close. The UI pulls ``host.snapshot()`` every ``1/refresh_hz`` seconds with a
+self-rescheduling timer (polls never overlap) and sends commands through ``host.controller``
+(:class:`engine.controller.Controller`). Nothing in the engine sends the UI a message per request.
+For tests and screenshots, ``DashboardApp(snapshot_source=..., controller=...)`` shows an injected
+snapshot source instead (host :class:`tui.host.StaticHost`).
+
+The keys' actions, the toasts, the drawing and the terminal watch are manager objects
+(:class:`tui.actions.DashboardActions`, :class:`tui.toasts.Toasts`, :class:`tui.view.DashboardView`,
+:class:`tui.terminal.TerminalWatch`) that get the app and its host through their constructors; the
+app's ``action_*`` methods and event handlers call them.
 """
 
 from __future__ import annotations
@@ -22,33 +29,35 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
+from textual.screen import Screen
 from textual.widgets import DataTable, Footer
 
 from engine.config import Config
 from engine.gpu import GpuPoller, GpuReading
 from engine.progress import format_progress
 from engine.snapshot import RunSnapshot
-from tui.actions import ActionsMixin, DashboardCommands
-from tui.host import EngineHost
-from tui.layout import CSS, HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS, parse_keymap, shown
+from tui.actions import DashboardActions, DashboardCommands
+from tui.host import Commands, DashboardHost, EngineHost, InjectedCommands, StaticHost
+from tui.layout import CSS, HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS, parse_keymap
 from tui.logbridge import PaneLogHandler, quiet_terminal_logging
-from tui.terminal import TerminalMixin
+from tui.terminal import TerminalWatch
+from tui.toasts import Toasts
+from tui.view import DashboardView
 from tui.panes import (
     DatasetsTable, ErrorsPane, GpusPane, HeaderPane, LogPane, ProvidersPane, SamplePane, ThroughputPane,
 )
-from tui.panes.datasets import table_width
 
 log = logging.getLogger("datagen.dashboard")
 
-class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
+
+class DashboardApp(App[int]):
     """The run dashboard.
 
     Args:
         cfg: run config; the app then hosts the engine (prepare + run + close) in a worker.
         snapshot_source: instead of ``cfg``: a callable returning the snapshot to show (or None).
-        controller: with ``snapshot_source``: the command target (an ``engine.controller.Controller``
-            or a stand-in with the same methods).
-        scheduler: with ``snapshot_source``: optional scheduler for ``dataset_class``.
+        controller: with ``snapshot_source``: the command target (a :class:`tui.host.InjectedCommands`:
+            the controller's command methods plus ``dataset_class``, e.g. :class:`tui.testing.FakeController`).
         gpu_source: callable returning a :class:`~engine.gpu.GpuReading`; default a
             :class:`~engine.gpu.GpuPoller` thread started on mount.
         refresh_hz: snapshot polls per second (default 2).
@@ -59,6 +68,10 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
         log_handler: the :class:`~tui.logbridge.PaneLogHandler` whose lines the log pane shows
             (attached by the caller); by default, in engine mode, the app attaches its own to the
             root logger while it runs.
+
+    Attributes:
+        host: the :class:`tui.host.DashboardHost` (an :class:`~tui.host.EngineHost` in engine mode).
+        actions, toasts, view, terminal: the manager objects (see the module docstring).
     """
 
     TITLE = "eagle-datagen"
@@ -89,8 +102,7 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
         cfg: Config | None = None,
         *,
         snapshot_source: Callable[[], RunSnapshot | None] | None = None,
-        controller: Any = None,
-        scheduler: Any = None,
+        controller: InjectedCommands | None = None,
         gpu_source: Callable[[], GpuReading] | None = None,
         refresh_hz: float = 2.0,
         exit_on_pause: bool = False,
@@ -99,40 +111,35 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
         log_handler: PaneLogHandler | None = None,
     ) -> None:
         super().__init__()
-        if (cfg is None) == (snapshot_source is None):
-            raise ValueError("give either cfg (engine mode) or snapshot_source")
         if refresh_hz <= 0:
             raise ValueError("refresh_hz must be > 0")
-        self.host = EngineHost(cfg, exit_on_pause) if cfg is not None else None
-        self._source = snapshot_source
-        self._controller = controller
-        self._scheduler = scheduler
+        self.engine: EngineHost | None = None
+        """The hosted engine (engine mode), else None."""
+        self.host: DashboardHost
+        if cfg is not None and snapshot_source is None:
+            self.host = self.engine = EngineHost(cfg, exit_on_pause)
+        elif snapshot_source is not None and cfg is None:
+            self.host = StaticHost(snapshot_source, controller)
+        else:
+            raise ValueError("give either cfg (engine mode) or snapshot_source")
         self._gpu_source = gpu_source
         self._poller: GpuPoller | None = None
         self.refresh_hz = refresh_hz
-        self.exit_on_pause = exit_on_pause
         self._install_signals = (cfg is not None) if install_signals is None else install_signals
         self._keymap = {**parse_keymap(os.environ.get("DATAGEN_KEYS", "")), **(keymap or {})}
-        self.log_handler = log_handler
-        self._own_handler = log_handler is None and cfg is not None
-        if self._own_handler:
-            self.log_handler = PaneLogHandler()
+        self._own_handler = PaneLogHandler() if log_handler is None and cfg is not None else None
+        self.log_handler = log_handler or self._own_handler
         self.snapshot: RunSnapshot | None = None
         """The latest snapshot pulled (None before the engine is prepared)."""
         self.polls = 0
         self.renders = 0
-        self.user_paused = False
-        self.conc_target: dict[str, int] = {}
-        self.terminal_lost = False
-        self._signals: list[int] = []
-        self._tty_fds: list[int] = []
-        self._signals_seen = 0
-        self._binding_key: tuple | None = None
         self._exit_when_done = False
         self._closing = False
-        self._engine_task: asyncio.Task | None = None
-        self.keyed_toasts: dict[str, Any] = {}
-        """The latest toast per key (see :meth:`tui.actions.ActionsMixin.toast`)."""
+        self._engine_task: asyncio.Task[int] | None = None
+        self.toasts = Toasts(self)
+        self.actions = DashboardActions(self, self.host, self.toasts)
+        self.terminal = TerminalWatch(self)
+        self.view = DashboardView(self, self.actions, self.log_handler)
 
     # ---- composition ------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -158,17 +165,18 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
         if self._gpu_source is None:
             self._poller = GpuPoller().start()
             self._gpu_source = self._poller.latest
-        if self._own_handler:
-            logging.getLogger().addHandler(self.log_handler)
-        if self.host is not None:
+        if self._own_handler is not None:
+            logging.getLogger().addHandler(self._own_handler)
+        if self.engine is not None:
             # The engine runs in its own task, awaited (shielded) by the worker: Textual cancels workers
             # when the app shuts down, and the engine must instead stop cleanly (see on_unmount).
-            self._engine_task = asyncio.create_task(self.host.run(), name="engine")
-            self.run_worker(self._engine_main(), name="engine", group="engine", exit_on_error=False)
+            self._engine_task = asyncio.create_task(self.engine.run(), name="engine")
+            self.run_worker(self._engine_main(self.engine, self._engine_task), name="engine", group="engine",
+                            exit_on_error=False)
         if self._install_signals:
-            self._add_signal_handlers()
+            self.terminal.add_signal_handlers()
         if not self.is_headless:
-            self._start_terminal_watchdog()
+            self.terminal.start_watchdog()
         self.query_one(DatasetsTable).focus()
         self._tick()
 
@@ -176,30 +184,29 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
         """Whatever ended the app, stop the engine (abort, or the drain already asked for) and wait
         until it has flushed and closed the store, so no aiosqlite thread outlives the loop."""
         self._closing = True
-        task = self._engine_task
-        if task is not None and not task.done() and self.host is not None:
-            self.host.request_quit("drain" if self.host.quit_mode == "drain" else "abort")
-            await asyncio.wait({task}, timeout=self.host.close_limit_s())
+        task, engine = self._engine_task, self.engine
+        if task is not None and not task.done() and engine is not None:
+            engine.request_quit("drain" if engine.quit_mode == "drain" else "abort")
+            await asyncio.wait({task}, timeout=engine.close_limit_s())
             if not task.done():
                 task.cancel()
                 await asyncio.wait({task}, timeout=10)
-        if self._own_handler:
-            logging.getLogger().removeHandler(self.log_handler)
+        if self._own_handler is not None:
+            logging.getLogger().removeHandler(self._own_handler)
         if self._poller is not None:
             self._poller.stop()
-        self._remove_signal_handlers()
+        self.terminal.remove_signal_handlers()
 
     # ---- engine -----------------------------------------------------------------------------
-    async def _engine_main(self) -> None:
-        assert self.host is not None and self._engine_task is not None
+    async def _engine_main(self, engine: EngineHost, task: asyncio.Task[int]) -> None:
         try:
-            code = await asyncio.shield(self._engine_task)
-        except Exception as e:  # noqa: BLE001 - kept in host.error; run_dashboard re-raises it
+            code = await asyncio.shield(task)
+        except Exception as e:  # noqa: BLE001 - kept in engine.error; run_dashboard re-raises it
             log.error("engine failed: %s: %s", type(e).__name__, e)
             self.exit(1, return_code=1)
             return
         self._poll_once()
-        if self.host.quit_mode or self._exit_when_done or self.terminal_lost or code == 3:
+        if engine.quit_mode or self._exit_when_done or self.terminal_lost or code == 3:
             self.exit(code, return_code=code)
         else:
             self.notify(f"run {self.snapshot.state if self.snapshot else 'ended'}; press q to exit", timeout=10)
@@ -207,55 +214,104 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
     def exit(self, result: Any = None, return_code: int = 0, message: Any = None) -> None:
         """Exit the app; while the hosted engine runs, stop it first (abort, or the drain already
         asked for) and exit when it has closed the store, so no request or row is left behind."""
-        if self.host is not None and not self.host.finished:
+        if self.engine is not None and not self.engine.finished:
             self._exit_when_done = True
-            self.host.request_quit("drain" if self.host.quit_mode == "drain" else "abort")
+            self.engine.request_quit("drain" if self.engine.quit_mode == "drain" else "abort")
             return
         super().exit(result, return_code, message)
 
     @property
-    def controller(self) -> Any:
+    def controller(self) -> Commands | None:
         """The command target (None while the engine is being prepared)."""
-        return self.host.controller if self.host is not None else self._controller
+        return self.host.controller
 
     @property
     def engine_finished(self) -> bool:
         """True once the hosted engine's run returned (always False with an injected source)."""
-        return self.host is not None and self.host.finished
+        return self.engine is not None and self.engine.finished
 
-    def class_of(self, dataset: str | None) -> str:
-        """The request class of ``dataset``: ``dataset_class(name)`` of the scheduler or controller
-        when the engine has it, else the first class."""
-        sched = self.host.scheduler if self.host is not None else self._scheduler
-        for obj in (self.controller, sched):
-            fn = getattr(obj, "dataset_class", None)
-            if fn is not None and dataset:
-                try:
-                    return str(fn(dataset))
-                except Exception:  # noqa: BLE001 - fall back to the first class
-                    pass
-        return self.snapshot.classes[0].name if self.snapshot and self.snapshot.classes else ""
+    @property
+    def terminal_lost(self) -> bool:
+        """True once the terminal went away (see :class:`tui.terminal.TerminalWatch`)."""
+        return self.terminal.lost
 
     def begin_quit(self, mode: str, interrupted: str | None = None) -> None:
         """Quit: exit now if the run has ended, else stop it (``"drain"``/``"abort"``) and exit when
         the engine has flushed and closed the store. ``interrupted`` (a signal or ``"Ctrl-C"``):
-        the run exits 130."""
-        if self.host is None:
-            stop = getattr(self._controller, "stop", None)
-            if stop is not None:
-                stop("quit", abort=(mode == "abort"))
-            self.exit(0, return_code=0)
-            return
-        if self.host.finished:
-            code = self.host.exit_code if self.host.exit_code is not None else 1
-            self.exit(code, return_code=code)
-            return
-        self.notify(self.host.request_quit(mode, interrupted), timeout=5)
-        self.request_poll()
+        the run exits 130. With an injected source the quit ends the app at once (exit code 0)."""
+        if not self.host.finished:
+            line = self.host.request_quit(mode, interrupted)
+            if not self.host.finished:  # the engine stops; _engine_main exits once it has closed
+                self.notify(line, timeout=5)
+                self.request_poll()
+                return
+        code = self.host.exit_code if self.host.exit_code is not None else 1
+        self.exit(code, return_code=code)
+
+    # ---- actions: keys and command palette call these; tui.actions.DashboardActions does the work ----
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """Footer state (see :meth:`tui.actions.DashboardActions.check`)."""
+        return self.actions.check(action)
+
+    def action_pause_selected(self, name: str | None = None) -> None:
+        """Pause the selected (or named) dataset: stop dispatching; in-flight requests drain."""
+        self.actions.pause_selected(name)
+
+    def action_resume_selected(self, name: str | None = None) -> None:
+        """Resume the selected (or named) dataset (a skipped one after a confirmation)."""
+        self.actions.resume_selected(name)
+
+    def action_skip_selected(self, name: str | None = None) -> None:
+        """Ask, then skip the selected (or named) dataset."""
+        self.actions.skip_selected(name)
+
+    def action_retry_failed(self, name: str | None = None) -> None:
+        """Retry the selected (or named) dataset's failed prompts (pick all or one error class)."""
+        self.actions.retry_failed(name)
+
+    def action_pause_all(self) -> None:
+        """Pause the whole run (drain: in-flight requests finish)."""
+        self.actions.pause_all()
+
+    def action_resume_all(self) -> None:
+        """Resume the whole run."""
+        self.actions.resume_all()
+
+    def action_abort(self) -> None:
+        """Ask, then cancel every in-flight request."""
+        self.actions.abort()
+
+    def action_concurrency_up(self) -> None:
+        """Raise the selected dataset's class concurrency by about 10 % (at least 1)."""
+        self.actions.concurrency(+1)
+
+    def action_concurrency_down(self) -> None:
+        """Lower the selected dataset's class concurrency by about 10 % (at least 1, not below 1)."""
+        self.actions.concurrency(-1)
+
+    def action_exclude_provider(self) -> None:
+        """Pick a provider and exclude it (or include an excluded one again)."""
+        self.actions.exclude_provider()
+
+    def action_details(self, name: str | None = None) -> None:
+        """Open the detail view of the selected (or named) dataset."""
+        self.actions.details(name)
+
+    def action_help(self) -> None:
+        """Show the keys."""
+        self.actions.help()
+
+    def action_quit(self) -> None:
+        """Quit: at once when nothing is in flight or the run has ended; else ask drain/abort."""
+        self.actions.quit()
+
+    def action_interrupt(self) -> None:
+        """Ctrl-C in the dashboard (a key in raw mode): drain and exit 130 like SIGINT; again: abort."""
+        self.terminal.on_signal("Ctrl-C")
 
     # ---- polling ----------------------------------------------------------------------------
     @property
-    def main_screen(self) -> Any:
+    def main_screen(self) -> Screen[Any]:
         """The dashboard's own screen (the bottom of the stack): ``self.query_one`` would search the
         active screen, a modal's while one is open."""
         return self.screen_stack[0]
@@ -264,12 +320,6 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
     def selected_dataset(self) -> str | None:
         """Name of the dataset under the table cursor."""
         return self.main_screen.query_one(DatasetsTable).selected
-
-    def _take(self) -> RunSnapshot | None:
-        if self.host is not None:
-            sched = self.host.scheduler
-            return sched.snapshot() if sched is not None else None
-        return self._source() if self._source is not None else None
 
     def _tick(self) -> None:
         try:
@@ -286,15 +336,12 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
             self._poll_once()
 
     def _poll_once(self) -> None:
-        snap = self._take()
+        snap = self.host.snapshot()
         self.snapshot = snap
         self.polls += 1
         if snap is not None:
-            for c in snap.classes:
-                if self.conc_target.get(c.name) == c.concurrency:
-                    del self.conc_target[c.name]
-            self._check_exit_on_pause(snap)
-            self.announce_notices(snap)
+            self.actions.observe(snap)
+            self.toasts.announce(snap)
         if self.terminal_lost:
             return  # nobody is looking: skip rendering (panes keep updating under a modal: it shows them)
         try:
@@ -302,67 +349,23 @@ class DashboardApp(ActionsMixin, TerminalMixin, App[int]):
         except (NoMatches, IndexError):  # the app is shutting down: its screens and widgets are gone
             self._closing = True
 
-    def _check_exit_on_pause(self, snap: RunSnapshot) -> None:
-        sched = self.host.scheduler if self.host is not None else None
-        if self.host is not None and self.host.handles_exit_on_pause:
-            return
-        if (self.exit_on_pause and sched is not None and not self.user_paused and not self._exit_when_done
-                and snap.state == "paused" and snap.in_flight == 0):
-            self._exit_when_done = True
-            sched.stop(f"exit on pause: {snap.state_reason}", exit_code=3, abort=False)
-
     def _render(self, snap: RunSnapshot | None) -> None:
         self.renders += 1
         note = ""
         if self.engine_finished:
             note = "run ended: press q to exit"
-        elif self.host is not None and self.host.quit_mode:
+        elif self.host.quit_mode:
             note = f"quitting ({self.host.quit_mode})…"
-        table = self.main_screen.query_one(DatasetsTable)
-        with self.batch_update():
-            self.main_screen.query_one(HeaderPane).update_from(snap, note)
-            if snap is not None:
-                table.update_from(snap)
-                for pane in (self.main_screen.query_one(ThroughputPane), self.main_screen.query_one(ErrorsPane),
-                             self.main_screen.query_one(ProvidersPane)):
-                    if shown(pane):
-                        pane.update_from(snap)
-                self._render_sample()
-            log_pane = self.main_screen.query_one(LogPane)
-            if shown(log_pane):
-                log_pane.update_from(snap, self.log_handler.drain() if self.log_handler else ())
-            gpus = self.main_screen.query_one(GpusPane)
-            if shown(gpus) and self._gpu_source is not None:
-                gpus.update_from(self._gpu_source())
-        self._refresh_footer()
-
-    def _render_sample(self) -> None:
-        pane = self.main_screen.query_one(SamplePane)
-        if shown(pane):
-            pane.update_from(self._selected_ds())
-
-    def _refresh_footer(self) -> None:
-        d = self._selected_ds()
-        key = (d.name if d else None, d.state if d else None, self.snapshot.state if self.snapshot else None)
-        if key != self._binding_key:
-            self._binding_key = key
-            self.refresh_bindings()
+        self.view.render(snap, note, self._gpu_source)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        self._render_sample()
-        self._refresh_footer()
+        self.view.render_sample()
+        self.view.refresh_footer()
 
     def on_resize(self, event: events.Resize) -> None:
         """Lay out for the NEW size: this handler runs before Textual's own (``App._on_resize``),
         so ``self.size`` still holds the previous size here; ``event.size`` is the new one."""
-        width = event.size.width
-        footer = self.main_screen.query_one(Footer)
-        footer.compact = width < 120  # every key still fits in 80 columns
-        if footer.show_command_palette != (width >= 100):
-            footer.show_command_palette = width >= 100
-            footer.refresh(recompose=True)  # not a recomposing reactive: the palette key would stay
-        self.main_screen.query_one(DatasetsTable).fit_width(table_width(width))
-        self.main_screen.query_one(HeaderPane)._last = None  # re-fit the header to the new width
+        self.view.resize(event.size.width)
         self.call_after_refresh(self.request_poll)  # panes shown by the new size get drawn now
 
 
@@ -387,17 +390,17 @@ def run_dashboard(cfg: Config, *, exit_on_pause: bool = False, refresh_hz: float
     app = DashboardApp(cfg, exit_on_pause=exit_on_pause, refresh_hz=refresh_hz, log_handler=handler)
     with quiet_terminal_logging(handler):
         app.run()
-    host = app.host
+    host = app.engine
     assert host is not None
     if host.error is not None:
         raise host.error
-    snap = host.scheduler.snapshot() if host.scheduler is not None else None
+    snap = host.snapshot()
     if snap is not None and not app.terminal_lost:
         try:
             for line in format_progress(snap, set(), final=True):
                 print(line, flush=True)
             print(f"run {snap.state}{': ' + snap.state_reason if snap.state_reason else ''}; "
-                  f"${snap.cost_usd:.4f} spent; store {host.job.store.path if host.job else '?'}", flush=True)
+                  f"${snap.cost_usd:.4f} spent; store {host.store_path or '?'}", flush=True)
         except OSError:  # the terminal went away as we exited
             pass
     if host.exit_code is None:

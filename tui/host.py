@@ -1,9 +1,13 @@
-"""Hosting the engine inside the dashboard's event loop.
+"""What the dashboard needs from whatever runs the engine: a typed host interface and its two hosts.
 
-:class:`EngineHost` does what :func:`engine.runner.run_headless` does, minus the printing: it runs
-``prepare(cfg)``, starts the writer, runs the scheduler to the end and closes the job. The app runs
-:meth:`EngineHost.run` as an async Textual worker on its own loop, pulls
-``host.scheduler.snapshot()`` on a timer and sends commands through ``host.controller``.
+The dashboard reads the engine only through immutable snapshots (:class:`engine.snapshot.RunSnapshot`)
+and sends commands only through :class:`Commands` (what :class:`engine.controller.Controller`
+offers) and :class:`DashboardHost`. Two hosts implement it:
+
+- :class:`EngineHost` does what :func:`engine.runner.run_headless` does, minus the printing: it runs
+  ``prepare(cfg)`` and :func:`engine.runner.run_job` (writer, supervisor, scheduler; closes the
+  job). The app runs :meth:`EngineHost.run` as an async Textual worker on its own loop.
+- :class:`StaticHost` shows an injected snapshot source and command target (tests, screenshots).
 """
 
 from __future__ import annotations
@@ -11,14 +15,115 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+from pathlib import Path
+from typing import Callable, Protocol
 
-from engine import runner
 from engine.config import Config
 from engine.controller import Controller
-from engine.runner import Job, fmt_limit, prepare
+from engine.runner import Job, fmt_limit, prepare, run_job
 from engine.scheduler import Scheduler
+from engine.snapshot import RunSnapshot
 
 log = logging.getLogger("datagen.dashboard")
+
+QUIT_MODES = ("drain", "abort")
+"""How a quit stops the run: in-flight requests finish (``drain``) or are cancelled (``abort``)."""
+
+
+class Commands(Protocol):
+    """The command methods the dashboard calls (:class:`engine.controller.Controller` has them all).
+
+    Each returns a short human-readable result (shown as a toast) and raises ``ValueError`` naming
+    the unknown dataset/class/provider or the out-of-range value; sync or async (the app awaits
+    awaitables).
+    """
+
+    async def pause(self, dataset: str | None = None) -> str:
+        """Pause ``dataset`` (None: the whole run); in-flight requests drain."""
+        ...
+
+    async def resume(self, dataset: str | None = None) -> str:
+        """Resume ``dataset`` (paused, skipped or budget_met; None: the whole run)."""
+        ...
+
+    async def skip(self, dataset: str) -> str:
+        """Skip ``dataset``: its pending prompts count as skipped."""
+        ...
+
+    def abort(self, dataset: str | None = None) -> str:
+        """Cancel in-flight requests now (of ``dataset``, None: all); their prompts return to pending."""
+        ...
+
+    async def set_concurrency(self, cls: str, n: int) -> str:
+        """Set request class ``cls``'s concurrency to ``n`` (1..cap)."""
+        ...
+
+    async def exclude_provider(self, name: str) -> str:
+        """Stop routing new requests to provider ``name``."""
+        ...
+
+    async def include_provider(self, name: str) -> str:
+        """Route new requests to the excluded provider ``name`` again."""
+        ...
+
+    async def failed_counts(self, dataset: str | None = None) -> dict[str, int]:
+        """Failed prompts of ``dataset`` (None: all) by error class, e.g. ``{"server": 3}``."""
+        ...
+
+    async def retry_failed(self, dataset: str | None = None, reason: str | None = None) -> str:
+        """Return ``dataset``'s failed prompts (of error class ``reason``, None: any) to pending."""
+        ...
+
+
+class DashboardHost(Protocol):
+    """Everything the dashboard asks of its host, besides the snapshots' contents.
+
+    Attributes:
+        controller: the command target; None while the engine is being prepared.
+        quit_mode: ``"drain"`` or ``"abort"`` once a quit was requested, else None.
+        exit_code: the run's exit code once it ended (README "exit codes"), else None.
+        finished: True once the run ended (normally or not); a quit then exits at once.
+    """
+
+    @property
+    def controller(self) -> Commands | None: ...
+
+    @property
+    def quit_mode(self) -> str | None: ...
+
+    @property
+    def exit_code(self) -> int | None: ...
+
+    @property
+    def finished(self) -> bool: ...
+
+    def snapshot(self) -> RunSnapshot | None:
+        """The run's state now (None before the engine is prepared)."""
+        ...
+
+    def dataset_class(self, dataset: str) -> str | None:
+        """The request class most of ``dataset``'s remaining prompts use (None: unknown; the
+        dashboard then takes the snapshot's first class)."""
+        ...
+
+    def request_quit(self, mode: str, interrupted: str | None = None) -> str:
+        """Stop the run (``mode`` one of :data:`QUIT_MODES`); returns a line for a notification.
+
+        Raises:
+            ValueError: ``mode`` is not ``"drain"`` or ``"abort"``.
+        """
+        ...
+
+
+def check_quit_mode(mode: str) -> str:
+    """``mode`` when it is one of :data:`QUIT_MODES`.
+
+    Raises:
+        ValueError: anything else, naming it.
+    """
+    if mode not in QUIT_MODES:
+        raise ValueError(f"mode must be 'drain' or 'abort', got {mode!r}")
+    return mode
 
 
 class _LogLines(io.TextIOBase):
@@ -42,11 +147,14 @@ class _LogLines(io.TextIOBase):
 
 
 class EngineHost:
-    """One job's lifecycle on the current event loop.
+    """One job's lifecycle on the current event loop (a :class:`DashboardHost`).
+
+    Engine members it uses: ``runner.prepare``/``run_job``; ``Job.scheduler``, ``Job.controller``,
+    ``Job.store.path``; ``Scheduler.snapshot()``, ``stop()``, ``drain()``, ``drain_limit_s()`` and
+    ``dataset_class()``; everything else comes from snapshots.
 
     Attributes:
         job: the prepared job (None until :meth:`run` has prepared it).
-        controller: commands for the job's scheduler (None until prepared).
         exit_code: the run's exit code once :meth:`run` returned (see ``engine.runner``).
         error: the exception that ended :meth:`run`, if any (config/data errors included).
         quit_mode: ``"drain"`` or ``"abort"`` once a quit was requested.
@@ -57,28 +165,46 @@ class EngineHost:
         self.cfg = cfg
         self.exit_on_pause = exit_on_pause
         self.job: Job | None = None
-        self.controller: Controller | None = None
         self.exit_code: int | None = None
         self.error: BaseException | None = None
         self.quit_mode: str | None = None
         #: the signal or key that interrupted the run (exit code 130), if any.
         self.interrupted: str | None = None
-        self._drain_task: asyncio.Task | None = None
+        self._drain_task: asyncio.Future[None] | None = None
 
     @property
-    def handles_exit_on_pause(self) -> bool:
-        """True when the engine's ``runner.run_job`` watches for guard pauses itself."""
-        return hasattr(runner, "run_job")
+    def controller(self) -> Controller | None:
+        """Commands for the job's scheduler (None until prepared)."""
+        return self.job.controller if self.job is not None else None
 
     @property
     def scheduler(self) -> Scheduler | None:
-        """The running scheduler, or None before ``prepare`` finished."""
-        return self.job.scheduler if self.job else None
+        """The running scheduler, or None before ``prepare`` finished (for tests that check the
+        engine itself; the dashboard reads :meth:`snapshot`)."""
+        return self.job.scheduler if self.job is not None else None
+
+    @property
+    def store_path(self) -> Path | None:
+        """The run's store file (None before ``prepare`` finished)."""
+        return self.job.store.path if self.job is not None else None
 
     @property
     def finished(self) -> bool:
         """True once :meth:`run` returned (normally or not)."""
         return self.exit_code is not None or self.error is not None
+
+    def snapshot(self) -> RunSnapshot | None:
+        """The scheduler's snapshot now (also after the job closed); None before ``prepare`` finished."""
+        return self.job.scheduler.snapshot() if self.job is not None else None
+
+    def dataset_class(self, dataset: str) -> str | None:
+        """``Scheduler.dataset_class(dataset)``; None before ``prepare`` finished or for an unknown name."""
+        if self.job is None:
+            return None
+        try:
+            return self.job.scheduler.dataset_class(dataset)
+        except KeyError:
+            return None
 
     async def run(self) -> int:
         """Prepare, run to the end and close; returns the exit code (also kept in ``exit_code``).
@@ -91,21 +217,12 @@ class EngineHost:
         except BaseException as e:
             self.error = e
             raise
-        self.controller = getattr(job, "controller", None) or Controller(job.scheduler)
         if self.quit_mode:  # quit was asked while preparing: nothing was dispatched
             await job.close()
             self.exit_code = 130  # quit before anything ran: every prompt is left (interrupted)
             return self.exit_code
-        run_job = getattr(runner, "run_job", None)
-        try:
-            if run_job is not None:  # writer + supervisor + scheduler; closes the job
-                code = await run_job(job, exit_on_pause=self.exit_on_pause, out=out)
-            else:
-                job.writer_task = asyncio.create_task(job.writer.run(job.writer_stop), name="writer")
-                try:
-                    code = await job.scheduler.run()
-                finally:
-                    await job.close()
+        try:  # writer + supervisor + scheduler; closes the job; the engine applies exit-on-pause
+            code = await run_job(job, exit_on_pause=self.exit_on_pause, out=out)
         except BaseException as e:
             self.error = e
             raise
@@ -119,13 +236,8 @@ class EngineHost:
 
     def _nothing_left(self) -> bool:
         """True when no dataset has a prompt pending or in flight (the run is complete)."""
-        sched = self.scheduler
-        if sched is None:
-            return False
-        try:
-            return all(d.pending == 0 and d.in_flight == 0 for d in sched.snapshot().datasets)
-        except Exception:  # noqa: BLE001 - no snapshot after close: count the run as interrupted
-            return False
+        snap = self.snapshot()
+        return snap is not None and all(d.pending == 0 and d.in_flight == 0 for d in snap.datasets)
 
     def request_quit(self, mode: str, interrupted: str | None = None) -> str:
         """Stop the run: ``"drain"`` (in-flight requests finish and are stored, up to the drain limit,
@@ -143,18 +255,21 @@ class EngineHost:
 
         Returns:
             a short description for a notification (count and estimated dollars in flight).
+
+        Raises:
+            ValueError: ``mode`` is not ``"drain"`` or ``"abort"``.
         """
-        if mode not in ("drain", "abort"):
-            raise ValueError(f"mode must be 'drain' or 'abort', got {mode!r}")
+        check_quit_mode(mode)
         self.quit_mode = mode if self.quit_mode != "abort" else "abort"
         if interrupted:
             self.interrupted = self.interrupted or interrupted
         code = 130  # left before the run completed: interrupted (see run() for a drain that completes it)
         why = f"{self.interrupted}: interrupted" if self.interrupted else "quit"
-        sched = self.scheduler
-        if sched is None:
+        if self.job is None:
             return "quitting as soon as the engine has started"
-        n, usd = sched.snapshot().in_flight, sched.cost_in_flight_usd()
+        sched = self.job.scheduler
+        snap = sched.snapshot()
+        n, usd = snap.in_flight, snap.cost_in_flight_usd
         if mode == "abort":
             sched.stop(f"{why} (abort)", exit_code=code, abort=True)
             return f"aborting {n:,} in-flight request(s) (est. ${usd:.4f})"
@@ -166,6 +281,68 @@ class EngineHost:
     def close_limit_s(self) -> float:
         """Seconds the app may wait for the engine to stop once asked: the drain limit plus the
         5 s abort grace and time to flush and close (used as a hard bound at unmount)."""
-        sched = self.scheduler
-        limit = sched.drain_limit_s() if sched is not None else 0.0
+        limit = self.job.scheduler.drain_limit_s() if self.job is not None else 0.0
         return limit + 30.0
+
+
+class InjectedCommands(Commands, Protocol):
+    """A :class:`Commands` target given to :class:`StaticHost`, which also names dataset classes
+    and is told about a quit."""
+
+    def dataset_class(self, dataset: str) -> str | None:
+        """The request class of ``dataset`` (None: the snapshot's first class)."""
+        ...
+
+    def stop(self, reason: str = "", abort: bool = False) -> str:
+        """Stop the run (drain, or abort with ``abort``)."""
+        ...
+
+
+class StaticHost:
+    """A :class:`DashboardHost` over an injected snapshot source and command target (tests and
+    screenshots): no engine runs; a quit tells the controller (``stop``) and ends the app at once
+    with exit code 0.
+
+    Args:
+        source: returns the snapshot to show (or None).
+        controller: the command target (e.g. :class:`tui.testing.FakeController`).
+    """
+
+    def __init__(self, source: Callable[[], RunSnapshot | None], controller: InjectedCommands | None) -> None:
+        self._source = source
+        self._controller = controller
+        self.quit_mode: str | None = None
+        self.exit_code: int | None = None
+
+    @property
+    def controller(self) -> InjectedCommands | None:
+        """The injected command target."""
+        return self._controller
+
+    @property
+    def finished(self) -> bool:
+        """True once a quit was requested (nothing runs: the quit ends it)."""
+        return self.exit_code is not None
+
+    def snapshot(self) -> RunSnapshot | None:
+        """What the injected source returns now."""
+        return self._source()
+
+    def dataset_class(self, dataset: str) -> str | None:
+        """The injected controller's ``dataset_class`` (None without a controller)."""
+        return self._controller.dataset_class(dataset) if self._controller is not None else None
+
+    def request_quit(self, mode: str, interrupted: str | None = None) -> str:
+        """Stop the injected controller (``stop("quit", abort=...)``) and mark the run quit (exit code 0).
+
+        Raises:
+            ValueError: ``mode`` is not ``"drain"`` or ``"abort"``.
+        """
+        self.quit_mode = check_quit_mode(mode)
+        if self._controller is not None:
+            self._controller.stop("quit", abort=(mode == "abort"))
+        self.exit_code = 0
+        return "quitting"
+
+
+__all__ = ["Commands", "DashboardHost", "EngineHost", "InjectedCommands", "QUIT_MODES", "StaticHost"]

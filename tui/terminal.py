@@ -1,6 +1,6 @@
 """Signals and the terminal: what the dashboard does when it is told to stop or loses its tty.
 
-Textual installs no SIGTERM/SIGHUP handlers. :class:`TerminalMixin` adds them on the app's loop:
+Textual installs no SIGTERM/SIGHUP handlers. :class:`TerminalWatch` adds them on the app's loop:
 SIGTERM/SIGINT (and the Ctrl-C key) drain and exit like ``q`` but with code 130; while any stop
 is in progress (a drain from ``q``, an earlier signal) they abort at once; SIGHUP, or a watchdog that finds
 the terminal gone, also stops drawing, stops Textual's input thread (which would spin on a closed
@@ -13,82 +13,105 @@ import asyncio
 import logging
 import os
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from engine.runner import interrupt_action, run_stopping
+from engine.runner import interrupt_action
+
+if TYPE_CHECKING:
+    from tui.app import DashboardApp
 
 log = logging.getLogger("datagen.dashboard")
 
 
-class TerminalMixin:
-    """Signal handlers and the terminal watchdog of :class:`tui.app.DashboardApp`."""
+class TerminalWatch:
+    """Signal handlers and the terminal watchdog of :class:`tui.app.DashboardApp`.
 
-    def _add_signal_handlers(self) -> None:
+    Args:
+        app: the dashboard: its timers, its Textual driver (stopped when the terminal goes away),
+            its host (``quit_mode`` and the snapshot's state tell whether a stop is in progress)
+            and ``begin_quit``.
+
+    Attributes:
+        lost: True once the terminal went away (SIGHUP or the watchdog): nothing is drawn any more.
+        signals: the signals whose handlers are installed on the app's loop.
+    """
+
+    def __init__(self, app: DashboardApp) -> None:
+        self.app = app
+        self.lost = False
+        self.signals: list[signal.Signals] = []
+        self.tty_fds: list[int] = []
+        self.signals_seen = 0
+
+    def add_signal_handlers(self) -> None:
+        """Handle SIGTERM, SIGINT and SIGHUP on the running loop (:meth:`on_signal`)."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             try:
                 loop.add_signal_handler(sig, self.on_signal, sig.name)
-                self._signals.append(sig)
+                self.signals.append(sig)
             except (NotImplementedError, RuntimeError, ValueError):
                 pass
 
-    def _remove_signal_handlers(self) -> None:
+    def remove_signal_handlers(self) -> None:
+        """Remove the handlers :meth:`add_signal_handlers` installed (no-op without a running loop)."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return
-        for sig in self._signals:
+        for sig in self.signals:
             try:
                 loop.remove_signal_handler(sig)
             except (NotImplementedError, RuntimeError, ValueError):
                 pass
-        self._signals.clear()
+        self.signals.clear()
+
+    def stopping(self) -> bool:
+        """True while any stop is in progress: an earlier signal, a quit asked, or the run stopping."""
+        if self.signals_seen > 0 or self.app.host.quit_mode is not None:
+            return True
+        snap = self.app.host.snapshot()
+        return snap is not None and snap.state in ("stopping", "stopped")
 
     def on_signal(self, signame: str) -> None:
         """SIGTERM/SIGINT/Ctrl-C: drain and exit 130 like quit; while any stop is in progress (an
         earlier signal, "Drain, then quit", an exit on pause): abort at once (``engine.runner.interrupt_action``).
         SIGHUP: the terminal is gone; stop drawing and reading it, then drain and exit."""
-        host = self.host
-        stopping = (self._signals_seen > 0 or (host is not None and host.quit_mode is not None)
-                    or run_stopping(host.scheduler if host is not None else None)
-                    or (host is None and self.snapshot is not None and self.snapshot.state in ("stopping", "stopped")))
-        action = interrupt_action(signame, stopping)
-        self._signals_seen += 1
+        action = interrupt_action(signame, self.stopping())
+        self.signals_seen += 1
         log.warning("%s received: %s", signame, {"drain": "draining", "abort": "aborting"}.get(
             action, "the stop in progress continues"))
         if signame == "SIGHUP":
             self.on_terminal_lost()
         if action != "continue":
-            self.begin_quit(action, interrupted=signame)
+            self.app.begin_quit(action, interrupted=signame)
 
-    def action_interrupt(self) -> None:
-        """Ctrl-C in the dashboard (a key in raw mode): drain and exit 130 like SIGINT; again: abort."""
-        self.on_signal("Ctrl-C")
-
-    def _start_terminal_watchdog(self) -> None:
+    def start_watchdog(self) -> None:
         """Check every second that the ttys we started with are still terminals."""
-        self._tty_fds = [fd for fd in (0, 1, 2) if _is_terminal(fd)]
-        if self._tty_fds:
-            self.set_interval(1.0, self._watch_terminal, name="terminal-watchdog")  # type: ignore[attr-defined]
+        self.tty_fds = [fd for fd in (0, 1, 2) if _is_terminal(fd)]
+        if self.tty_fds:
+            self.app.set_interval(1.0, self.check_terminal, name="terminal-watchdog")
 
-    def _watch_terminal(self) -> None:
-        if self.terminal_lost or all(_is_terminal(fd) for fd in self._tty_fds):
+    def check_terminal(self) -> None:
+        """The watchdog's tick: when a tty we started with is gone, stop drawing, drain and exit 130."""
+        if self.lost or all(_is_terminal(fd) for fd in self.tty_fds):
             return
         log.warning("terminal went away: draining and exiting")
         self.on_terminal_lost()
-        self.begin_quit("drain", interrupted="terminal lost")
+        self.app.begin_quit("drain", interrupted="terminal lost")
 
     def on_terminal_lost(self) -> None:
         """Stop rendering, stop Textual's input thread (it would spin on a closed tty) and send its
         output nowhere (its writer thread dies on the first EIO and its bounded queue would then
         block the event loop on the 31st frame), so the drain runs and the process exits."""
-        if self.terminal_lost:
+        if self.lost:
             return
-        self.terminal_lost = True
-        ev = getattr(self._driver, "exit_event", None)
+        self.lost = True
+        driver = self.app._driver
+        ev = getattr(driver, "exit_event", None)  # LinuxDriver's (Textual private API); headless has none
         if ev is not None:
             ev.set()
-        _detach_output(getattr(self._driver, "_writer_thread", None))
+        _detach_output(getattr(driver, "_writer_thread", None))
 
 
 def _is_terminal(fd: int) -> bool:

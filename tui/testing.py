@@ -58,13 +58,12 @@ def sim_config(
 
 
 class FakeController:
-    """Stands in for :class:`engine.controller.Controller`; ``calls`` lists ``(method, args)``."""
+    """Stands in for :class:`engine.controller.Controller` (a :class:`tui.host.InjectedCommands`);
+    ``calls`` lists ``(method, args)``; ``failed`` are the counts :meth:`failed_counts` returns."""
 
-    def __init__(self, with_exclude: bool = True) -> None:
+    def __init__(self, failed: dict[str, int] | None = None) -> None:
         self.calls: list[tuple[str, tuple]] = []
-        if with_exclude:
-            self.exclude_provider = self._exclude
-            self.include_provider = self._include
+        self.failed = dict(failed or {})
 
     async def pause(self, dataset: str | None = None) -> str:
         self.calls.append(("pause", (dataset,)))
@@ -86,13 +85,25 @@ class FakeController:
         self.calls.append(("set_concurrency", (cls, n)))
         return f"class {cls} concurrency {n}"
 
-    async def _exclude(self, name: str) -> str:
+    async def exclude_provider(self, name: str) -> str:
         self.calls.append(("exclude_provider", (name,)))
         return f"provider {name} excluded"
 
-    async def _include(self, name: str) -> str:
+    async def include_provider(self, name: str) -> str:
         self.calls.append(("include_provider", (name,)))
         return f"provider {name} included again"
+
+    async def failed_counts(self, dataset: str | None = None) -> dict[str, int]:
+        self.calls.append(("failed_counts", (dataset,)))
+        return dict(self.failed)
+
+    async def retry_failed(self, dataset: str | None = None, reason: str | None = None) -> str:
+        self.calls.append(("retry_failed", (dataset, reason)))
+        return f"failed prompts of {dataset} returned to pending"
+
+    def dataset_class(self, dataset: str) -> str | None:
+        """None: the dashboard takes the snapshot's first class (tests assign a function to change it)."""
+        return None
 
     def stop(self, reason: str = "", abort: bool = False) -> str:
         self.calls.append(("stop", (abort,)))
