@@ -34,7 +34,7 @@ from textual.widgets import DataTable, Footer
 
 from engine.config import Config
 from engine.gpu import GpuPoller, GpuReading
-from engine.progress import format_progress
+from engine.progress import final_report
 from engine.snapshot import RunSnapshot
 from tui.actions import DashboardActions, DashboardCommands
 from tui.host import Commands, DashboardHost, EngineHost, InjectedCommands, StaticHost
@@ -397,10 +397,8 @@ def run_dashboard(cfg: Config, *, exit_on_pause: bool = False, refresh_hz: float
     snap = host.snapshot()
     if snap is not None and not app.terminal_lost:
         try:
-            for line in format_progress(snap, set(), final=True):
+            for line in final_report(snap, host.store_path or "?"):
                 print(line, flush=True)
-            print(f"run {snap.state}{': ' + snap.state_reason if snap.state_reason else ''}; "
-                  f"${snap.cost_usd:.4f} spent; store {host.store_path or '?'}", flush=True)
         except OSError:  # the terminal went away as we exited
             pass
     if host.exit_code is None:
