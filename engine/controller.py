@@ -9,6 +9,7 @@ from __future__ import annotations
 from engine.ctl import resolve_provider
 from engine.limiter import check_concurrency, concurrency_cap
 from engine.scheduler import Scheduler
+from engine.seams import CreditsCheck
 from engine.snapshot import RunSnapshot
 
 
@@ -19,12 +20,15 @@ class Controller:
     dataset's pending prompts count as skipped (in-flight ones drain unless ``abort``). Abort =
     cancel in-flight streams now; their prompts return to pending. Paused and skipped states are
     persisted in the store, so a restart honours them.
+
+    Args:
+        scheduler: the run's scheduler.
+        credits_check: re-reads the credits before a credits pause is lifted (None: resume at once).
     """
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduler, credits_check: CreditsCheck | None = None) -> None:
         self._s = scheduler
-        #: async callable re-reading credits before a credits pause is lifted (set by the runner).
-        self.credits_check = None
+        self.credits_check = credits_check
 
     async def exclude_provider(self, name: str) -> str:
         """Stop routing new requests to provider ``name`` (added to ``provider.ignore``; persisted)."""

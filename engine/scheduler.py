@@ -45,6 +45,7 @@ from engine.observe import build_snapshot, live_row
 from engine.snapshot import RunSnapshot
 from engine.rates import RateWindow
 from engine.runwide import Condition, ConfigMistakeDetector
+from engine.seams import CompleteFn, GetJsonFn, Reconstructor
 from engine.spend import SpendControl
 from engine.store import PendingPrompt, Store
 from engine.telemetry import Telemetry
@@ -123,6 +124,9 @@ class Scheduler(FailureMixin):
             raising :class:`~engine.client.types.RequestError` (normally ``ChatClient.complete``).
         policy: retry timing (attempts, backoff).
         clock: monotonic clock in seconds (injectable for tests).
+        get_json: ``get_json(path, params)`` of the provider, for late costs of failed attempts and
+            ``/generation`` true-ups (None: estimate).
+        recon: token reconstruction service (:class:`~engine.seams.Reconstructor`) or None.
     """
 
     def __init__(
@@ -130,9 +134,12 @@ class Scheduler(FailureMixin):
         cfg: Config,
         store: Store,
         writer: StoreWriter,
-        complete: Callable[..., Any],
+        complete: CompleteFn,
         policy: RetryPolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        get_json: GetJsonFn | None = None,
+        recon: Reconstructor | None = None,
     ) -> None:
         self.cfg = cfg
         self.store = store
@@ -159,7 +166,7 @@ class Scheduler(FailureMixin):
         self.telemetry = Telemetry(cfg.spend.anomaly_error_rate, cfg.spend.anomaly_window)
         self.excluded_providers: list[str] = []
         #: ``get_json(path, params)`` of the provider, for late costs of failed attempts (None: estimate).
-        self.get_json: Callable[..., Any] | None = None
+        self.get_json: GetJsonFn | None = get_json
         self._trueups: set[asyncio.Task] = set()
         #: abort estimates (USD) of aborted streams that had no generation id yet (keyed by the id() of
         #: their StreamProgress), from observed abort billing: no true-up can reach them.
@@ -169,7 +176,7 @@ class Scheduler(FailureMixin):
         self.run_condition: Condition | None = None
         self._begun: set[int] = set()
         #: token reconstruction service (``submit(prompt_id, dataset, key, messages, tools, completion)``) or None.
-        self.recon: Any = None
+        self.recon: Reconstructor | None = recon
         #: clock time at which a drain in progress aborts what is left (None: no drain).
         self.drain_deadline: float | None = None
         self._ender: asyncio.Task | None = None

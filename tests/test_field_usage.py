@@ -501,10 +501,9 @@ async def _sched(tmp_path, n: int, complete, *, get_json=None, recon=None, budge
     cfg = make_config(tmp_path, [{"name": "a", "path": "a.jsonl", "token_budget": budget}],
                       pricing={"prompt_usd_per_m": 0.6, "completion_usd_per_m": 2.5})
     store = await seeded_store(cfg, {"a": n})
-    writer = StoreWriter(store, 0.05)
-    sched = Scheduler(cfg, store, writer, complete, policy=RetryPolicy(max_attempts=2, base_s=0.001, max_s=0.002))
-    sched.get_json, sched.recon = get_json, recon
-    writer._live = sched.live
+    writer = StoreWriter(store, 0.05, live=lambda: sched.live())
+    sched = Scheduler(cfg, store, writer, complete, policy=RetryPolicy(max_attempts=2, base_s=0.001, max_s=0.002),
+                      get_json=get_json, recon=recon)
     await sched.load()
     return store, writer, sched
 

@@ -50,9 +50,8 @@ class Fake:
 async def build(tmp_path, counts, fake, long_every=0, **cfgkw):
     cfg = make_config(tmp_path, **cfgkw)
     store = await seeded_store(cfg, counts, long_every=long_every)
-    writer = StoreWriter(store, 0.05)
+    writer = StoreWriter(store, 0.05, live=lambda: sched.live())
     sched = Scheduler(cfg, store, writer, fake.complete, policy=RetryPolicy(max_attempts=3, base_s=0.001, max_s=0.002))
-    writer._live = sched.live
     await sched.load()
     return cfg, store, writer, sched
 
