@@ -107,7 +107,7 @@ def build_snapshot(sched: "Scheduler") -> RunSnapshot:
         skipped = rt.pending_total if terminal else 0
         pending = 0 if terminal else rt.pending_total
         proj = sched.spend.project(
-            rt.name, prompts_left=pending, in_flight=rt.in_flight, cost_so_far=rt.cost_usd,
+            rt.name, prompts_left=pending, in_flight=rt.in_flight, cost_so_far=sched.spend.dataset_usd[rt.name],
             completion_tokens=rt.completion_tokens, recent_tok_per_s=rt.tok_rate.rate(now),
             since_start_tok_per_s=rt.tok_rate.rate_since_start(now), fallback_mean_tokens=run_mean,
             mean_prompt_tokens=(rt.prompt_tokens / rt.done) if rt.done else run_prompt,
@@ -124,7 +124,7 @@ def build_snapshot(sched: "Scheduler") -> RunSnapshot:
                 name=rt.name, state=state, state_reason=rt.reason, prompts=rt.prompts,
                 rejected=rt.rejected, done=rt.done, failed=rt.failed, skipped=skipped, pending=pending,
                 in_flight=rt.in_flight, prompt_tokens=rt.prompt_tokens, completion_tokens=rt.completion_tokens,
-                reasoning_tokens=rt.reasoning_tokens, cost_usd=rt.cost_usd, token_budget=rt.token_budget,
+                reasoning_tokens=rt.reasoning_tokens, cost_usd=sched.spend.dataset_usd[rt.name], token_budget=rt.token_budget,
                 errors=dict(rt.errors), req_per_s=rt.rate.rate(now), req_per_s_since_start=rt.rate.rate_since_start(now),
                 tok_per_s=rt.tok_rate.rate(now),
                 avg_completion_tokens=(rt.completion_tokens / rt.done) if rt.done else 0.0,

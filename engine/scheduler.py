@@ -79,7 +79,6 @@ class DatasetRuntime:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     reasoning_tokens: int = 0
-    cost_usd: float = 0.0
     errors: collections.Counter = field(default_factory=collections.Counter)
     cursor: dict[str, int] = field(default_factory=dict)
     buffer: dict[str, collections.deque] = field(default_factory=dict)
@@ -227,12 +226,11 @@ class Scheduler(FailureMixin):
             rt.done = sum(n for (ds, _, s), n in counts.items() if ds == d.name and s == "done")
             rt.failed = sum(n for (ds, _, s), n in counts.items() if ds == d.name and s == "failed")
             p, c, r, cost, _ = usage.get(d.name, (0, 0, 0, 0.0, 0))
-            rt.prompt_tokens, rt.completion_tokens, rt.reasoning_tokens, rt.cost_usd = p, c, r, cost
+            rt.prompt_tokens, rt.completion_tokens, rt.reasoning_tokens = p, c, r
             rt.errors.update(errors.get(d.name, {}))
             self.datasets[d.name] = rt
             self.spend.seed(d.name, p, c, cost + lost.get(d.name, 0.0), await self.store.recent_completion_tokens(d.name))
             self.spend.lost_usd[d.name] = lost.get(d.name, 0.0)
-            rt.cost_usd += lost.get(d.name, 0.0)
             if rt.control == "budget_met" and not any(
                 self.spend.budget_met(d.name, cls) for cls in self.cfg.classes if rt.pending.get(cls)
             ):
@@ -401,7 +399,6 @@ class Scheduler(FailureMixin):
                 self.spend.aborts.billed(gid, cost)
                 self.spend.add_partial(rt.name, cost)
                 self.telemetry.on_cost(provider, cost, self.clock())
-                rt.cost_usd += cost
                 self.writer.set_attempt_cost(gid, cost)
 
         t = asyncio.get_running_loop().create_task(run())
@@ -450,7 +447,6 @@ class Scheduler(FailureMixin):
             rt.prompt_tokens += dp
             rt.completion_tokens += dc
             rt.reasoning_tokens += dr
-            rt.cost_usd += dusd
             if dusd > 0:
                 self.telemetry.on_cost(provider, dusd, self.clock())
             self.writer.set_result_usage(prompt_id, u, GENERATION)
@@ -545,7 +541,6 @@ class Scheduler(FailureMixin):
                                     provider=progress.provider or None, generation_id=progress.generation_id or None,
                                     tokens_received=tok, cost_usd=usd or None)
             self.spend.release(rt.name, res, spent[0] + tok, spent[1] + usd)
-            rt.cost_usd += spent[1] + usd
             self.writer.set_attempts(p.id, attempts)
             self._return_to_pending(rt, p, attempts)
             self._unblock(rt)
@@ -554,7 +549,6 @@ class Scheduler(FailureMixin):
         except RequestError as e:
             lim.release()
             self.spend.release(rt.name, res, spent[0], spent[1])
-            rt.cost_usd += spent[1]
             self._unblock(rt)
             self._on_failure(rt, p, e, attempts)
             return
@@ -589,7 +583,6 @@ class Scheduler(FailureMixin):
         rt.prompt_tokens += u.prompt_tokens
         rt.completion_tokens += u.completion_tokens
         rt.reasoning_tokens += u.reasoning_tokens
-        rt.cost_usd += (u.cost_usd or 0.0) + spent[1]
         rt.rate.add(now)
         rt.tok_rate.add(now, u.completion_tokens)
         self.rate.add(now)

@@ -568,6 +568,6 @@ async def test_trueup_in_the_scheduler_counts_once(tmp_path):
     assert sorted(asked) == ["gen-0", "gen-1", "gen-2"]
     assert got == [(40 + i, 30, 0.01, GENERATION) for i in range(3)]
     rt = sched.datasets["a"]
-    assert (rt.completion_tokens, rt.prompt_tokens) == (123, 90) and rt.cost_usd == pytest.approx(0.03)
+    assert (rt.completion_tokens, rt.prompt_tokens) == (123, 90) and sched.spend.dataset_usd["a"] == pytest.approx(0.03)
     assert sched.spend.budgets["a"].tokens.used == 123
     assert sched.spend.budgets["a"].cost.used == pytest.approx(0.03)
