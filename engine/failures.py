@@ -24,7 +24,7 @@ from engine.runwide import Condition, ConfigMistakeDetector, condition_of, is_re
 from engine.store import PendingPrompt
 
 if TYPE_CHECKING:
-    from engine.scheduler import DatasetRuntime
+    from engine.runstate import DatasetRuntime
 
 log = logging.getLogger(__name__)
 

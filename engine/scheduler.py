@@ -30,7 +30,6 @@ import dataclasses
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from engine.client.accumulate import StreamProgress
@@ -44,6 +43,7 @@ from engine.limiter import AdjustableLimiter
 from engine.observe import build_snapshot, live_row
 from engine.snapshot import RunSnapshot
 from engine.rates import RateWindow
+from engine.runstate import PERSISTED_CONTROLS, TERMINAL_CONTROLS, Control, DatasetRuntime, RunPhase, RunState
 from engine.runwide import Condition, ConfigMistakeDetector
 from engine.seams import CompleteFn, GetJsonFn, Reconstructor
 from engine.spend import SpendControl
@@ -61,55 +61,17 @@ PAGE = 256
 CENSOR_EVERY_S = 0.25
 
 
-@dataclass
-class DatasetRuntime:
-    """Mutable per-dataset counters (engine-internal; read through snapshots)."""
+class _OnRunState:
+    """A :class:`Scheduler` attribute kept on its :class:`~engine.runstate.RunState` (``field``)."""
 
-    name: str
-    position: int
-    prompts: int
-    rejected: int
-    token_budget: int | None
-    control: str = "active"  # active | paused | skipped | budget_met
-    reason: str = ""
-    done: int = 0
-    failed: int = 0
-    in_flight: int = 0
-    pending: dict[str, int] = field(default_factory=dict)  # class -> pending, not in flight
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    reasoning_tokens: int = 0
-    errors: collections.Counter = field(default_factory=collections.Counter)
-    cursor: dict[str, int] = field(default_factory=dict)
-    buffer: dict[str, collections.deque] = field(default_factory=dict)
-    requeue: dict[str, collections.deque] = field(default_factory=dict)
-    started: bool = False
-    rate: RateWindow = field(default_factory=lambda: RateWindow(60))
-    tok_rate: RateWindow = field(default_factory=lambda: RateWindow(60))
-    tasks: set = field(default_factory=set)
-    blocked: set = field(default_factory=set)  # classes waiting for reservations to settle
-    streams: dict = field(default_factory=dict)  # prompt id -> (class, StreamProgress, est prompt tokens) in flight
-    censored_at: float = -1e9
-    gate_fired: bool = False
-    limited_at: dict = field(default_factory=dict)  # class -> clock time its budget last held dispatch back
+    def __init__(self, field_name: str) -> None:
+        self.field = field_name
 
-    @property
-    def pending_total(self) -> int:
-        return sum(self.pending.values())
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        return self if obj is None else getattr(obj.runstate, self.field)
 
-    @property
-    def finished(self) -> bool:
-        """True when no prompt can still be dispatched or is in flight."""
-        return self.in_flight == 0 and (self.control in ("skipped", "budget_met") or self.pending_total == 0)
-
-    def state(self, run_paused: bool) -> str:
-        if self.control in ("skipped", "budget_met"):
-            return self.control
-        if self.pending_total == 0 and self.in_flight == 0:
-            return "done"
-        if self.control == "paused" or run_paused:
-            return "paused"
-        return "running" if self.started else "pending"
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(obj.runstate, self.field, value)
 
 
 class Scheduler(FailureMixin):
@@ -127,6 +89,20 @@ class Scheduler(FailureMixin):
             ``/generation`` true-ups (None: estimate).
         recon: token reconstruction service (:class:`~engine.seams.Reconstructor`) or None.
     """
+
+    # The run state's fields under the names callers use (kept on self.runstate).
+    datasets = _OnRunState("datasets")
+    state = _OnRunState("phase")
+    state_reason = _OnRunState("reason")
+    run_paused = _OnRunState("paused")
+    pause_kind = _OnRunState("pause_kind")
+    exit_code = _OnRunState("exit_code")
+    excluded_providers = _OnRunState("excluded_providers")
+    drain_deadline = _OnRunState("drain_deadline")
+    rate = _OnRunState("rate")
+    _stopping = _OnRunState("stopping")
+    _credits_wait = _OnRunState("credits_wait")
+    _done = _OnRunState("done")
 
     def __init__(
         self,
@@ -146,38 +122,24 @@ class Scheduler(FailureMixin):
         self._complete = complete
         self.policy = policy or RetryPolicy(max_attempts=cfg.run.max_attempts)
         self.clock = clock
-        self.datasets: dict[str, DatasetRuntime] = {}
+        #: the run's shared mutable state (phase, pause, per-dataset counters): engine.runstate.
+        self.runstate = RunState(t0=clock())
         self.limiters = {name: AdjustableLimiter(c.concurrency) for name, c in cfg.classes.items()}
-        self.state = "starting"
-        self.state_reason = ""
-        self.run_paused = False
-        self.exit_code = 0
-        self._t0 = clock()
-        self._prior_elapsed = 0.0
-        self._wall0 = time.time()
         self._changed: dict[str, asyncio.Event] = {}
-        self._stopping = False
-        self._credits_wait = False  # dispatch waits for in-flight credit holds (engine.creditsfloor)
-        self._done = asyncio.Event()
-        self.rate = RateWindow(60)
         self.on_event: Callable[[str, str, str | None, str], None] | None = None
         self.spend = SpendControl(cfg)
         self.telemetry = Telemetry(cfg.spend.anomaly_error_rate, cfg.spend.anomaly_window)
-        self.excluded_providers: list[str] = []
         #: ``get_json(path, params)`` of the provider, for late costs of failed attempts (None: estimate).
         self.get_json: GetJsonFn | None = get_json
         self._trueups: set[asyncio.Task] = set()
         #: abort estimates (USD) of aborted streams that had no generation id yet (keyed by the id() of
         #: their StreamProgress), from observed abort billing: no true-up can reach them.
         self._unidentified_aborts: dict[int, float] = {}
-        self.pause_kind = ""
         self.config_check: ConfigMistakeDetector = ConfigMistakeDetector()
         self.run_condition: Condition | None = None
         self._begun: set[int] = set()
         #: token reconstruction service (``submit(prompt_id, dataset, key, messages, tools, completion)``) or None.
         self.recon: Reconstructor | None = recon
-        #: clock time at which a drain in progress aborts what is left (None: no drain).
-        self.drain_deadline: float | None = None
         self._ender: asyncio.Task | None = None
         body: dict[str, Any] = {"model": cfg.provider.model}
         g = cfg.generation
@@ -212,12 +174,12 @@ class Scheduler(FailureMixin):
         lost = await self.store.lost_costs()
         for name, row in (await self.store.latest_results()).items():
             self.telemetry.restore_sample(name, row)
-        self._prior_elapsed = await self.store.prior_elapsed_s()
+        self.runstate.prior_elapsed_s = await self.store.prior_elapsed_s()
         for pos, d in enumerate(self.cfg.datasets):
             row = rows[d.name]
             rt = DatasetRuntime(d.name, pos, row["prompts"], row["rejected"], d.token_budget)
-            if row["state"] in ("paused", "skipped", "budget_met"):
-                rt.control, rt.reason = row["state"], row["state_reason"]
+            if row["state"] in PERSISTED_CONTROLS:
+                rt.control, rt.reason = Control(row["state"]), row["state_reason"]
             for cls in self.cfg.classes:
                 rt.pending[cls] = counts.get((d.name, cls, "pending"), 0)
                 rt.cursor[cls] = 0
@@ -231,10 +193,10 @@ class Scheduler(FailureMixin):
             self.datasets[d.name] = rt
             self.spend.seed(d.name, p, c, cost + lost.get(d.name, 0.0), await self.store.recent_completion_tokens(d.name))
             self.spend.lost_usd[d.name] = lost.get(d.name, 0.0)
-            if rt.control == "budget_met" and not any(
+            if rt.control == Control.BUDGET_MET and not any(
                 self.spend.budget_met(d.name, cls) for cls in self.cfg.classes if rt.pending.get(cls)
             ):
-                rt.control, rt.reason = "active", ""  # the budget was raised since
+                rt.control, rt.reason = Control.ACTIVE, ""  # the budget was raised since
         excl = await self.store.get_meta("excluded_providers")
         if excl:
             self.excluded_providers = json.loads(excl)
@@ -267,7 +229,7 @@ class Scheduler(FailureMixin):
                 return None
             self._credits_wait = False
         for rt in self.datasets.values():
-            if rt.control == "active" and rt.pending.get(cls, 0) > 0 and cls not in rt.blocked:
+            if rt.control == Control.ACTIVE and rt.pending.get(cls, 0) > 0 and cls not in rt.blocked:
                 return rt
         return None
 
@@ -276,7 +238,7 @@ class Scheduler(FailureMixin):
             return False
         # In-flight prompts may come back to pending (abort, 402, 401), so they count as possible work.
         return any(
-            rt.control not in ("skipped", "budget_met") and (rt.pending.get(cls, 0) > 0 or rt.in_flight > 0)
+            rt.control not in TERMINAL_CONTROLS and (rt.pending.get(cls, 0) > 0 or rt.in_flight > 0)
             for rt in self.datasets.values()
         )
 
@@ -313,7 +275,7 @@ class Scheduler(FailureMixin):
             if p is None:
                 lim.release()
                 continue
-            if rt.control != "active" or self.run_paused or self._stopping:  # changed while fetching
+            if rt.control != Control.ACTIVE or self.run_paused or self._stopping:  # changed while fetching
                 rt.requeue[cls].appendleft(p)
                 lim.release()
                 continue
@@ -363,9 +325,9 @@ class Scheduler(FailureMixin):
         )
 
     async def _budget_met(self, rt: DatasetRuntime, reason: str) -> None:
-        if rt.control != "active":
+        if rt.control != Control.ACTIVE:
             return
-        await self.set_dataset_control(rt.name, "budget_met", reason)
+        await self.set_dataset_control(rt.name, Control.BUDGET_MET, reason)
         if self.cfg.spend.on_budget == "abort":
             self.abort(rt.name)
 
@@ -595,9 +557,9 @@ class Scheduler(FailureMixin):
 
     def _anomaly(self, rt: DatasetRuntime, reason: str | None) -> None:
         """Pause ``rt`` when the anomaly guard fired (``reason``) and it is still active."""
-        if reason and rt.control == "active":
+        if reason and rt.control == Control.ACTIVE:
             asyncio.get_running_loop().create_task(
-                self.set_dataset_control(rt.name, "paused", f"anomaly guard: {reason}", guard=True))
+                self.set_dataset_control(rt.name, Control.PAUSED, f"anomaly guard: {reason}", guard=True))
 
     def _return_to_pending(self, rt: DatasetRuntime, p: PendingPrompt, attempts: int) -> None:
         rt.in_flight -= 1
@@ -611,7 +573,7 @@ class Scheduler(FailureMixin):
     def _check_finished(self) -> None:
         if all(rt.finished for rt in self.datasets.values()) and not any(rt.in_flight for rt in self.datasets.values()):
             if not self._stopping:
-                self.state, self.state_reason = "completed", ""  # a guard's pause reason no longer holds
+                self.state, self.state_reason = RunPhase.COMPLETED, ""  # a guard's pause reason no longer holds
             self._done.set()
         elif self._stopping and not any(rt.in_flight for rt in self.datasets.values()):
             self._done.set()
@@ -624,7 +586,7 @@ class Scheduler(FailureMixin):
         """
         self.run_paused = True
         self.pause_kind = kind
-        self.state, self.state_reason = "paused", reason
+        self.state, self.state_reason = RunPhase.PAUSED, reason
         self.event("warning", kind, None, f"run paused: {reason}")
         if kind != "pause":
             self.telemetry.notice(f"run paused by a guard: {reason}. Resume: R in the dashboard, or "
@@ -635,7 +597,7 @@ class Scheduler(FailureMixin):
         self.run_paused = False
         self.pause_kind = ""
         self.on_resume()
-        self.state, self.state_reason = "running", ""
+        self.state, self.state_reason = RunPhase.RUNNING, ""
         self.event("info", "resume", None, "run resumed")
         self.notify()
 
@@ -646,7 +608,7 @@ class Scheduler(FailureMixin):
         logged at WARNING and announced (:meth:`engine.telemetry.Telemetry.notice`).
         """
         rt = self.datasets[name]
-        rt.control, rt.reason = control, reason
+        rt.control, rt.reason = Control(control), reason
         await self.store.set_dataset_state(name, control, reason, time.time())
         self.event("warning" if guard else "info", control, name,
                    f"dataset {control}" + (f": {reason}" if reason else ""))
@@ -768,7 +730,7 @@ class Scheduler(FailureMixin):
         """Stop the run: no more dispatch; abort in-flight requests unless ``abort`` is False (drain).
         The first non-zero ``exit_code`` given is kept (a later stop does not hide an earlier failure)."""
         self._stopping = True
-        self.state, self.state_reason = "stopping", reason
+        self.state, self.state_reason = RunPhase.STOPPING, reason
         if not self.exit_code:
             self.exit_code = exit_code
         self.event("error" if exit_code and exit_code != 130 else "info", "stop", None, f"run stopping: {reason}")
@@ -782,7 +744,7 @@ class Scheduler(FailureMixin):
         """Dispatch until every dataset is done/skipped, or the run is stopped. Returns an exit code."""
         if not self.datasets:
             await self.load()
-        self.state = "paused" if self.run_paused else "running"
+        self.state = RunPhase.PAUSED if self.run_paused else RunPhase.RUNNING
         self._check_finished()
         dispatchers = []
         for cls in self.cfg.classes:
@@ -806,8 +768,8 @@ class Scheduler(FailureMixin):
             self.release_held_failures()
             if self._trueups:  # late costs of failed/aborted attempts (/generation), bounded wait
                 await asyncio.wait(list(self._trueups), timeout=15)
-        if self.state == "stopping":
-            self.state = "stopped"
+        if self.state == RunPhase.STOPPING:
+            self.state = RunPhase.STOPPED
         return self.exit_code
 
     def drain_limit_s(self) -> float:
@@ -847,7 +809,7 @@ class Scheduler(FailureMixin):
     # ---- snapshot ---------------------------------------------------------------------------
     def elapsed_s(self) -> float:
         """Run seconds: this process's time plus what earlier processes of the run accumulated."""
-        return self._prior_elapsed + (self.clock() - self._t0)
+        return self.runstate.elapsed_s(self.clock())
 
     def live(self) -> dict[str, Any]:
         """Fields of the store's ``runtime`` row (see :func:`engine.observe.live_row`)."""
