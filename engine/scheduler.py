@@ -9,7 +9,7 @@ How work flows:
   tasks equals the requests in flight, never the number of prompts, and memory stays flat with
   80,000 prompts. When a dataset runs out of prompts to dispatch, the next one starts at once while
   the previous one's tail drains.
-- A request task runs the attempts (:func:`engine.client.retry.call_with_retries`), queues every
+- A request task (:func:`engine.attempt.run_request`) runs the attempts (:func:`engine.client.retry.call_with_retries`), queues every
   attempt and the result or failure on the :class:`~engine.writer.StoreWriter`, and releases its
   slot. A prompt stays ``pending`` in the store until its result is committed, so a crash only
   ever re-requests prompts whose result was not stored.
@@ -33,8 +33,9 @@ import time
 from typing import Any, Callable
 
 from engine.client.accumulate import StreamProgress
-from engine.client.retry import RetryPolicy, call_with_retries
-from engine.client.types import ChatRequest, Completion, ErrorClass, RequestError
+from engine.attempt import AttemptClock, Spent, run_request
+from engine.client.retry import RetryPolicy
+from engine.client.types import ChatRequest, Completion, RequestError
 from engine.config import Config
 from engine.creditsfloor import CreditsFloorReached
 from engine.failures import FailureMixin
@@ -315,7 +316,7 @@ class Scheduler(FailureMixin):
                 rt.rate.start(self.clock())
                 rt.tok_rate.start(self.clock())
                 self.telemetry.usd_rate.start(self.clock())  # the spend rate counts from the first dispatch
-            task = asyncio.get_running_loop().create_task(self._request(rt, p, lim, res))
+            task = asyncio.get_running_loop().create_task(run_request(self, rt, p, lim, res))
             rt.tasks.add(task)
             task.add_done_callback(lambda t, rt=rt, p=p, lim=lim, res=res: self._task_done(t, rt, p, lim, res))
 
@@ -417,18 +418,6 @@ class Scheduler(FailureMixin):
         self._trueups.add(t)
         t.add_done_callback(self._trueups.discard)
 
-    async def _request(self, rt: DatasetRuntime, p: PendingPrompt, lim: AdjustableLimiter, res: Any) -> None:
-        self._begun.add(p.id)
-        req = self._request_for(p)
-        progress = StreamProgress()
-        spent = [0, 0.0]  # tokens, USD of failed attempts of this request
-        rt.streams[p.id] = (p.cls, progress, p.est_prompt_tokens)
-        self.spend.track(rt.name, res, progress)
-        try:
-            await self._attempts(rt, p, lim, res, req, progress, spent)
-        finally:
-            rt.streams.pop(p.id, None)
-
     def _task_done(self, t: asyncio.Task, rt: DatasetRuntime, p: PendingPrompt, lim: AdjustableLimiter,
                    res: Any) -> None:
         rt.tasks.discard(t)
@@ -455,81 +444,42 @@ class Scheduler(FailureMixin):
             self.spend.budgets[rt.name].estimators[cls].set_censored(vals)
         self.spend.refresh(rt.name)
 
-    async def _attempts(self, rt: DatasetRuntime, p: PendingPrompt, lim: AdjustableLimiter, res: Any,
-                        req: ChatRequest, progress: StreamProgress, spent: list) -> None:
-        attempts = p.attempts
-        started = [time.time()]
-        seq = [0]  # the attempt's dispatch sequence number for the anomaly guard (engine.anomaly)
+    # ---- outcomes of a request (engine.attempt.run_request) ---------------------------------
+    def _aborted(self, rt: DatasetRuntime, p: PendingPrompt, res: Any, progress: StreamProgress, spent: Spent,
+                 at: AttemptClock) -> None:
+        """Aborted: back to pending; what was streamed is counted as spent (a lower bound). A stream
+        cut before its generation id arrived can never be trued up, yet providers that keep
+        generating bill it: once aborted streams' bills were observed, its abort estimate (from
+        that share, labelled so in the abort line) is accounted; before, what it generated."""
+        tok, usd = self._partial_spend(rt, progress, p.est_prompt_tokens, progress.provider)
+        usd = max(usd, self._unidentified_aborts.pop(id(progress), 0.0))
+        self.telemetry.on_cost(progress.provider, usd, self.clock())
+        self.writer.add_attempt(p.id, rt.name, at.attempts, at.started, time.time(), "aborted",
+                                provider=progress.provider or None, generation_id=progress.generation_id or None,
+                                tokens_received=tok, cost_usd=usd or None)
+        self.spend.release(rt.name, res, spent.tokens + tok, spent.usd + usd)
+        self.writer.set_attempts(p.id, at.attempts)
+        self._return_to_pending(rt, p, at.attempts)
+        self._unblock(rt)
 
-        async def one_attempt() -> Completion:
-            nonlocal attempts
-            attempts += 1
-            started[0] = time.time()
-            progress.chars_received = 0
-            seq[0] = self.telemetry.dispatched(rt.name)
-            c = await self._complete(req, progress=progress)
-            self._anomaly(rt, self.telemetry.attempt_ok(rt.name, seq[0]))
-            return c
+    def _failed(self, rt: DatasetRuntime, p: PendingPrompt, res: Any, spent: Spent, e: RequestError,
+                attempts: int) -> None:
+        """The request failed for good (``e``): its failed attempts' spend is recorded (once, in the
+        spend ledger) and the prompt fails or, for a run-wide error, returns to pending."""
+        self.spend.release(rt.name, res, spent.tokens, spent.usd)
+        self._unblock(rt)
+        self._on_failure(rt, p, e, attempts)
 
-        def on_attempt(n: int, err: BaseException | None, wait_s: float | None) -> None:
-            now = time.time()
-            if err is None:
-                return
-            if isinstance(err, RequestError):
-                rt.errors[err.error_class.value] += 1
-                tok, usd = self._partial_spend(rt, err, p.est_prompt_tokens, err.provider)
-                self.telemetry.on_cost(err.provider, usd, self.clock())
-                spent[0] += tok
-                spent[1] += usd
-                self.writer.add_attempt(
-                    p.id, rt.name, attempts, started[0], now, "error", err.error_class.value, err.status or None,
-                    err.message, err.provider or None, err.generation_id or None, err.tokens_received, usd or None,
-                )
-                self._anomaly(rt, self.telemetry.on_error(rt.name, err.provider, err.error_class.value, err.message,
-                                                          guard=self.run_wide(err) is None, seq=seq[0]))
-
-        try:
-            c: Completion = await call_with_retries(one_attempt, self.policy, on_attempt=on_attempt)
-        except asyncio.CancelledError:
-            # Aborted: back to pending; what was streamed is counted as spent (a lower bound). A stream
-            # cut before its generation id arrived can never be trued up, yet providers that keep
-            # generating bill it: once aborted streams' bills were observed, its abort estimate (from
-            # that share, labelled so in the abort line) is accounted; before, what it generated.
-            self.telemetry.attempt_over(rt.name, seq[0])
-            tok, usd = self._partial_spend(rt, progress, p.est_prompt_tokens, progress.provider)
-            usd = max(usd, self._unidentified_aborts.pop(id(progress), 0.0))
-            self.telemetry.on_cost(progress.provider, usd, self.clock())
-            self.writer.add_attempt(p.id, rt.name, attempts, started[0], time.time(), "aborted",
-                                    provider=progress.provider or None, generation_id=progress.generation_id or None,
-                                    tokens_received=tok, cost_usd=usd or None)
-            self.spend.release(rt.name, res, spent[0] + tok, spent[1] + usd)
-            self.writer.set_attempts(p.id, attempts)
-            self._return_to_pending(rt, p, attempts)
-            self._unblock(rt)
-            lim.release()
-            raise
-        except RequestError as e:
-            lim.release()
-            self.spend.release(rt.name, res, spent[0], spent[1])
-            self._unblock(rt)
-            self._on_failure(rt, p, e, attempts)
-            return
-        except Exception as e:  # noqa: BLE001 - a bug must cost one prompt, not the run
-            self.telemetry.attempt_over(rt.name, seq[0])
-            lim.release()
-            self.spend.release(rt.name, res, spent[0], spent[1])
-            self._unblock(rt)
-            log.exception("[%s] unexpected error on prompt %s", rt.name, p.key)
-            self._on_failure(rt, p, RequestError(ErrorClass.OTHER, f"internal error: {type(e).__name__}: {e}"), attempts)
-            return
-        acc = await self._account(p, c)  # tokens and cost even when the response carried no usage
-        lim.release()
+    def _completed(self, rt: DatasetRuntime, p: PendingPrompt, res: Any, c: Completion, acc: Accounted,
+                   spent: Spent, at: AttemptClock) -> None:
+        """The request completed: settle its reservation, record the result and its attempts."""
+        attempts = at.attempts
         u = acc.usage
         received, c = c, dataclasses.replace(c, usage=u)
         self.spend.settle(rt.name, res, u.prompt_tokens, u.completion_tokens, u.cost_usd, billed=acc.cost_billed)
-        if spent[0] or spent[1]:
-            self.spend.add_partial(rt.name, spent[1], tokens=spent[0])  # earlier failed attempts of this prompt
-        self.writer.add_attempt(p.id, rt.name, attempts, started[0], time.time(), "ok", provider=c.provider,
+        if spent.tokens or spent.usd:
+            self.spend.add_partial(rt.name, spent.usd, tokens=spent.tokens)  # earlier failed attempts of this prompt
+        self.writer.add_attempt(p.id, rt.name, attempts, at.started, time.time(), "ok", provider=c.provider,
                                 generation_id=c.generation_id, cost_usd=u.cost_usd)
         self.writer.add_result(p.id, rt.name, p.key, c, attempts, usage_source=acc.source)
         if self.recon is not None:  # the response as received: only billed figures are checked against
@@ -550,7 +500,7 @@ class Scheduler(FailureMixin):
         self.rate.add(now)
         last = p.messages[-1].get("content") if p.messages else ""
         self._anomaly(rt, self.telemetry.on_success(rt.name, p.key, last if isinstance(last, str) else "", c, now,
-                                                    seq=seq[0]))
+                                                    seq=at.seq))
         self._write_failures(self.config_check.on_success())  # a success: held 4xx are the prompts' own
         self._unblock(rt)
         self._check_finished()
