@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from engine import guards
 from engine.client.types import RequestError
 from engine.runwide import Condition, ConfigMistakeDetector, condition_of, is_rejection, signature
 from engine.store import PendingPrompt
@@ -99,15 +100,8 @@ class FailureMixin:
             return
         if self.run_paused and self.run_condition is not None and self.run_condition.kind == cond.kind:  # type: ignore[attr-defined]
             return
-        reason = cond.reason
-        if cond.kind == "auth":
-            reason += f". Check the key in ${self.cfg.provider.api_key_env}."  # type: ignore[attr-defined]
-        elif cond.kind == "route":
-            reason += ". Check [provider] model and [provider.routing]; resume when the provider serves it again."
-        elif cond.kind == "config":
-            reason += ". Fix the config and run again (nothing failed), or resume to fail such prompts one by one."
         self.run_condition = cond
-        self.pause_all(reason, kind=cond.kind)  # type: ignore[attr-defined]
+        guards.apply(self, guards.run_wide(cond, self.cfg.provider.api_key_env))  # type: ignore[arg-type, attr-defined]
 
     def on_resume(self) -> None:
         """The run is resumed: a configuration-mistake pause resumed by the user means "not the

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Protocol
 from engine.runstate import Control, DatasetState
 
 if TYPE_CHECKING:
-    from engine.credits import CreditsReading
+    from engine.spend import CreditsReading
     from engine.runstate import DatasetRuntime
     from engine.runwide import Condition
     from engine.snapshot import RunSnapshot

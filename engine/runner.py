@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TextIO
 
+from engine import guards
 from engine.client.chat import ChatClient, check_header_secret
 from engine.client.types import RequestError
 from engine.config import Config, ConfigError, ProviderSection, is_loopback_url
@@ -288,12 +289,10 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
         sched: Scheduler
 
         def store_failed(e: BaseException) -> None:
-            if not (sched.run_paused and sched.pause_kind == "store"):
-                sched.pause_all(f"store commits fail ({type(e).__name__}: {e}); nothing is lost: results wait in "
-                                f"memory and are committed when the disk works again", kind="store")
+            guards.apply(sched, guards.store_failing(e, sched.run_paused, sched.pause_kind))
 
         def store_recovered() -> None:
-            if sched.run_paused and sched.pause_kind == "store":
+            if guards.store_recovered(sched.run_paused, sched.pause_kind):
                 sched.resume_all()
 
         writer = StoreWriter(store, cfg.run.commit_interval_s, live=lambda: sched.live(),
@@ -373,11 +372,7 @@ def on_validation_verdict(sched: Scheduler, recon, dataset: str, ok: bool, reaso
     """Record a validation verdict of ``dataset`` and feed the anomaly guard: a dataset whose
     failure rate passes ``tokenizer.max_failure_rate`` is paused with the reason."""
     sched.telemetry.validation[dataset] = "valid" if ok else "INVALID: " + ", ".join(reasons)
-    reason = recon.guard(dataset)
-    rt = sched.datasets.get(dataset)
-    if reason and rt is not None and rt.control == "active":
-        asyncio.get_running_loop().create_task(
-            sched.set_dataset_control(dataset, "paused", f"anomaly guard (validation): {reason}", guard=True))
+    guards.apply(sched, guards.validation(sched.datasets.get(dataset), recon.guard(dataset)))
 
 
 def check_fd_limit(concurrency: int, out: TextIO) -> int:
@@ -429,16 +424,7 @@ async def discover_prices(cfg: Config, sched: Scheduler, client: ChatClient, out
 def guard_pause_reason(sched: Scheduler) -> str | None:
     """The reason when the whole run is paused by a guard (credits, 402, price, or every unfinished
     dataset paused by the anomaly guard / calibration gate) with nothing in flight; else None."""
-    snap = sched.snapshot()
-    if snap.in_flight:
-        return None
-    if sched.run_paused and sched.pause_kind != "pause":
-        return sched.state_reason
-    open_ = [d for d in snap.datasets if d.state not in ("done", "skipped", "budget_met")]
-    if open_ and all(d.state == "paused" and d.state_reason.startswith(("anomaly guard", "calibration gate"))
-                     for d in open_):
-        return "; ".join(f"{d.name}: {d.state_reason}" for d in open_)
-    return None
+    return guards.guard_paused(sched.snapshot(), sched.run_paused, sched.pause_kind)
 
 
 async def run_job(job: Job, *, exit_on_pause: bool = False, stop_on_auth: bool = False,
@@ -458,18 +444,15 @@ async def run_job(job: Job, *, exit_on_pause: bool = False, stop_on_auth: bool =
     async def pause_watch() -> None:
         while True:
             await asyncio.sleep(0.5)
-            reason = guard_pause_reason(sched)
-            if not reason:
+            end = guards.exit_on_pause(sched.snapshot(), sched.run_paused, sched.pause_kind,
+                                       exit_on_pause=exit_on_pause, stop_on_auth=stop_on_auth)
+            if end is None:
                 continue
-            auth = sched.run_paused and sched.pause_kind == "auth"
-            if not (exit_on_pause or (stop_on_auth and auth)):
-                continue
-            why = "--exit-on-pause" if exit_on_pause else "the key comes from this process's environment"
             try:
-                print(f"run paused by a guard: {reason}; exiting ({why})", file=out, flush=True)
+                print(f"run paused by a guard: {end.paused_for}; exiting ({end.why})", file=out, flush=True)
             except (OSError, ValueError):
-                log.warning("run paused by a guard: %s; exiting (%s)", reason, why)
-            sched.stop(reason if auth else f"exit on pause: {reason}", exit_code=2 if auth else 3, abort=False)
+                log.warning("run paused by a guard: %s; exiting (%s)", end.paused_for, end.why)
+            sched.stop(end.reason, exit_code=end.exit_code, abort=False)
             return
 
     watch = asyncio.create_task(pause_watch()) if exit_on_pause or stop_on_auth else None

@@ -37,7 +37,7 @@ from engine.attempt import AttemptClock, Spent, run_request
 from engine.client.retry import RetryPolicy
 from engine.client.types import ChatRequest, Completion, RequestError
 from engine.config import Config
-from engine.creditsfloor import CreditsFloorReached
+from engine import guards
 from engine.failures import FailureMixin
 from engine.inflight import InFlightCost, abort_basis, abort_line, streams_cost
 from engine.limiter import AdjustableLimiter
@@ -286,15 +286,10 @@ class Scheduler(FailureMixin):
                 self._censor(rt)
             try:
                 res = self.spend.reserve(rt.name, cls, p.est_prompt_tokens)
-            except CreditsFloorReached as e:  # checked before dispatch: the request stays pending
-                rt.requeue[cls].appendleft(p)
+            except Exception as e:  # noqa: BLE001 - credits floor (checked before dispatch), or a dollar cap
+                rt.requeue[cls].appendleft(p)  # with no price: the request stays pending, never spend blind
                 lim.release()
-                self.pause_all(str(e), kind="credits")
-                continue
-            except Exception as e:  # noqa: BLE001 - e.g. a dollar cap with no price: pause, never spend blind
-                rt.requeue[cls].appendleft(p)
-                lim.release()
-                self.pause_all(f"cannot reserve: {e}", kind="price")
+                guards.apply(self, guards.reserve_refused(e))
                 continue
             if res is None:
                 rt.requeue[cls].appendleft(p)
@@ -506,10 +501,8 @@ class Scheduler(FailureMixin):
         self._check_finished()
 
     def _anomaly(self, rt: DatasetRuntime, reason: str | None) -> None:
-        """Pause ``rt`` when the anomaly guard fired (``reason``) and it is still active."""
-        if reason and rt.control == Control.ACTIVE:
-            asyncio.get_running_loop().create_task(
-                self.set_dataset_control(rt.name, Control.PAUSED, f"anomaly guard: {reason}", guard=True))
+        """Pause ``rt`` when the anomaly guard fired (``reason``) and it is still active (:func:`engine.guards.anomaly`)."""
+        guards.apply(self, guards.anomaly(rt, reason))
 
     def _return_to_pending(self, rt: DatasetRuntime, p: PendingPrompt, attempts: int) -> None:
         rt.in_flight -= 1
