@@ -30,7 +30,7 @@ import dataclasses
 import json
 import logging
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from engine.client.accumulate import StreamProgress
 from engine.attempt import AttemptClock, Spent, run_request
@@ -38,14 +38,13 @@ from engine.client.retry import RetryPolicy
 from engine.client.types import ChatRequest, Completion, RequestError
 from engine.config import Config
 from engine import guards
-from engine.failures import FailureMixin
+from engine.failures import Failures
 from engine.inflight import InFlightCost, abort_basis, abort_line, streams_cost
 from engine.limiter import AdjustableLimiter
 from engine.observe import build_snapshot, live_row
 from engine.snapshot import RunSnapshot
 from engine.rates import RateWindow
 from engine.runstate import PERSISTED_CONTROLS, TERMINAL_CONTROLS, Control, DatasetRuntime, RunPhase, RunState
-from engine.runwide import Condition, ConfigMistakeDetector
 from engine.seams import CompleteFn, GetJsonFn, Reconstructor
 from engine.spend import SpendControl
 from engine.store import PendingPrompt, Store
@@ -53,6 +52,9 @@ from engine.telemetry import Telemetry
 from engine.usage import (GENERATION, Accounted, account, correction, count_with_tokenizer, from_generation,
                           usage_usable)
 from engine.writer import StoreWriter
+
+if TYPE_CHECKING:
+    from engine.runwide import Condition
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +77,7 @@ class _OnRunState:
         setattr(obj.runstate, self.field, value)
 
 
-class Scheduler(FailureMixin):
+class Scheduler:
     """Runs one generation job over a prepared store.
 
     Args:
@@ -136,8 +138,10 @@ class Scheduler(FailureMixin):
         #: abort estimates (USD) of aborted streams that had no generation id yet (keyed by the id() of
         #: their StreamProgress), from observed abort billing: no true-up can reach them.
         self._unidentified_aborts: dict[int, float] = {}
-        self.config_check: ConfigMistakeDetector = ConfigMistakeDetector()
-        self.run_condition: Condition | None = None
+        #: what happens to prompts whose request failed, and retry-failed (engine.failures).
+        self.failures = Failures(self.runstate, writer, store, self.telemetry, api_key_env=cfg.provider.api_key_env,
+                                 pausable=self, return_to_pending=self._return_to_pending, notify=self.notify,
+                                 check_finished=self._check_finished, event=self.event)
         self._begun: set[int] = set()
         #: token reconstruction service (``submit(prompt_id, dataset, key, messages, tools, completion)``) or None.
         self.recon: Reconstructor | None = recon
@@ -463,7 +467,7 @@ class Scheduler(FailureMixin):
         spend ledger) and the prompt fails or, for a run-wide error, returns to pending."""
         self.spend.release(rt.name, res, spent.tokens, spent.usd)
         self._unblock(rt)
-        self._on_failure(rt, p, e, attempts)
+        self.failures.on_failure(rt, p, e, attempts)
 
     def _completed(self, rt: DatasetRuntime, p: PendingPrompt, res: Any, c: Completion, acc: Accounted,
                    spent: Spent, at: AttemptClock) -> None:
@@ -496,7 +500,7 @@ class Scheduler(FailureMixin):
         last = p.messages[-1].get("content") if p.messages else ""
         self._anomaly(rt, self.telemetry.on_success(rt.name, p.key, last if isinstance(last, str) else "", c, now,
                                                     seq=at.seq))
-        self._write_failures(self.config_check.on_success())  # a success: held 4xx are the prompts' own
+        self.failures.on_success()  # a success: held 4xx are the prompts' own
         self._unblock(rt)
         self._check_finished()
 
@@ -521,6 +525,23 @@ class Scheduler(FailureMixin):
         elif self._stopping and not any(rt.in_flight for rt in self.datasets.values()):
             self._done.set()
 
+    # ---- failures (engine.failures) ---------------------------------------------------------
+    def run_wide(self, e: RequestError) -> "Condition | None":
+        """The run-wide condition ``e`` shows, or None (:meth:`engine.failures.Failures.run_wide`)."""
+        return self.failures.run_wide(e)
+
+    def release_held_failures(self) -> None:
+        """Write the failures the config check still holds (:meth:`engine.failures.Failures.release_held`)."""
+        self.failures.release_held()
+
+    async def retry_failed(self, dataset: str | None = None, reason: str | None = None) -> int:
+        """Return failed prompts to pending; how many (:meth:`engine.failures.Failures.retry_failed`).
+
+        Raises:
+            ValueError: unknown dataset.
+        """
+        return await self.failures.retry_failed(dataset, reason)
+
     # ---- control (used by engine.controller) ----------------------------------------------
     def pause_all(self, reason: str, kind: str = "pause") -> None:
         """Stop dispatching everywhere; in-flight requests finish and are saved (drain).
@@ -539,7 +560,7 @@ class Scheduler(FailureMixin):
         """Resume dispatching (datasets paused individually stay paused)."""
         self.run_paused = False
         self.pause_kind = ""
-        self.on_resume()
+        self.failures.on_resume()
         self.state, self.state_reason = RunPhase.RUNNING, ""
         self.event("info", "resume", None, "run resumed")
         self.notify()
