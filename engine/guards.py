@@ -29,7 +29,7 @@ from engine.runstate import Control, DatasetState
 
 if TYPE_CHECKING:
     from engine.spend import CreditsReading
-    from engine.runstate import DatasetRuntime
+    from engine.runstate import DatasetRuntime, RunState
     from engine.runwide import Condition
     from engine.snapshot import RunSnapshot
 
@@ -89,9 +89,9 @@ def calibration(rt: "DatasetRuntime", gate_reason: str | None) -> Pause | None:
 
 # ---- run rules --------------------------------------------------------------------------------
 def credits_floor(cr: "CreditsReading | None", floor_usd: float, in_flight_usd: float,
-                  run_paused: bool) -> Pause | None:
-    """Pause the run when the credits left (USD) minus the dollars in flight fall below the floor."""
-    if cr is None or cr.remaining_usd is None or run_paused:
+                  run: "RunState") -> Pause | None:
+    """Pause the run (not paused yet) when the credits left (USD) minus the dollars in flight fall below the floor."""
+    if cr is None or cr.remaining_usd is None or run.paused:
         return None
     if cr.remaining_usd - in_flight_usd < floor_usd:
         return Pause(RUN, f"credits floor: ${cr.remaining_usd:.2f} left minus ${in_flight_usd:.2f} "
@@ -121,25 +121,25 @@ def run_wide(cond: "Condition", api_key_env: str) -> Pause:
     return Pause(RUN, reason, kind=cond.kind)
 
 
-def store_failing(e: BaseException, run_paused: bool, pause_kind: str) -> Pause | None:
+def store_failing(e: BaseException, run: "RunState") -> Pause | None:
     """Pause the run when store commits fail (once: not while already paused for it)."""
-    if run_paused and pause_kind == "store":
+    if run.paused and run.pause_kind == "store":
         return None
     return Pause(RUN, f"store commits fail ({type(e).__name__}: {e}); nothing is lost: results wait in "
                       f"memory and are committed when the disk works again", kind="store")
 
 
-def store_recovered(run_paused: bool, pause_kind: str) -> bool:
+def store_recovered(run: "RunState") -> bool:
     """Whether a commit that succeeded again lifts the run's pause (only a pause for the store)."""
-    return run_paused and pause_kind == "store"
+    return run.paused and run.pause_kind == "store"
 
 
-def guard_paused(snap: "RunSnapshot", run_paused: bool, pause_kind: str) -> str | None:
+def guard_paused(snap: "RunSnapshot", run: "RunState") -> str | None:
     """The reason when the whole run is paused by a guard (credits, 402, price, or every unfinished
     dataset paused by the anomaly guard / calibration gate) with nothing in flight; else None."""
     if snap.in_flight:
         return None
-    if run_paused and pause_kind != "pause":
+    if run.paused and run.pause_kind != "pause":
         return snap.state_reason
     open_ = [d for d in snap.datasets if d.state not in (DatasetState.DONE, DatasetState.SKIPPED,
                                                          DatasetState.BUDGET_MET)]
@@ -159,15 +159,14 @@ class Stop:
     paused_for: str
 
 
-def exit_on_pause(snap: "RunSnapshot", run_paused: bool, pause_kind: str, *, exit_on_pause: bool,
-                  stop_on_auth: bool) -> Stop | None:
+def exit_on_pause(snap: "RunSnapshot", run: "RunState", *, exit_on_pause: bool, stop_on_auth: bool) -> Stop | None:
     """End a run paused by a guard with nothing in flight: always with ``exit_on_pause`` (exit 3, or
     2 for a rejected key), and for a rejected key (401) with ``stop_on_auth`` (headless: the key comes
     from the process's environment, nothing can fix it while the run waits); else None."""
-    reason = guard_paused(snap, run_paused, pause_kind)
+    reason = guard_paused(snap, run)
     if not reason:
         return None
-    auth = run_paused and pause_kind == "auth"
+    auth = run.paused and run.pause_kind == "auth"
     if not (exit_on_pause or (stop_on_auth and auth)):
         return None
     why = "--exit-on-pause" if exit_on_pause else "the key comes from this process's environment"

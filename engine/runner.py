@@ -27,6 +27,7 @@ from engine.controller import Controller
 from engine.ingest import ingest_all
 from engine.prices import prices_from_models_endpoint
 from engine.progress import format_notices, format_progress
+from engine.runstate import RunPhase
 from engine.scheduler import Scheduler
 from engine import runlock
 from engine.store import Store, make_run_dir
@@ -289,10 +290,10 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
         sched: Scheduler
 
         def store_failed(e: BaseException) -> None:
-            guards.apply(sched, guards.store_failing(e, sched.run_paused, sched.pause_kind))
+            guards.apply(sched, guards.store_failing(e, sched.runstate))
 
         def store_recovered() -> None:
-            if guards.store_recovered(sched.run_paused, sched.pause_kind):
+            if guards.store_recovered(sched.runstate):
                 sched.resume_all()
 
         writer = StoreWriter(store, cfg.run.commit_interval_s, live=lambda: sched.live(),
@@ -424,7 +425,7 @@ async def discover_prices(cfg: Config, sched: Scheduler, client: ChatClient, out
 def guard_pause_reason(sched: Scheduler) -> str | None:
     """The reason when the whole run is paused by a guard (credits, 402, price, or every unfinished
     dataset paused by the anomaly guard / calibration gate) with nothing in flight; else None."""
-    return guards.guard_paused(sched.snapshot(), sched.run_paused, sched.pause_kind)
+    return guards.guard_paused(sched.snapshot(), sched.runstate)
 
 
 async def run_job(job: Job, *, exit_on_pause: bool = False, stop_on_auth: bool = False,
@@ -444,7 +445,7 @@ async def run_job(job: Job, *, exit_on_pause: bool = False, stop_on_auth: bool =
     async def pause_watch() -> None:
         while True:
             await asyncio.sleep(0.5)
-            end = guards.exit_on_pause(sched.snapshot(), sched.run_paused, sched.pause_kind,
+            end = guards.exit_on_pause(sched.snapshot(), sched.runstate,
                                        exit_on_pause=exit_on_pause, stop_on_auth=stop_on_auth)
             if end is None:
                 continue
@@ -491,7 +492,7 @@ def interrupt_action(signame: str, stopping: bool) -> str:
 
 def run_stopping(sched: Scheduler | None) -> bool:
     """True when ``sched``'s run is stopping or stopped (a drain or stop is in progress or done)."""
-    return sched is not None and sched.state in ("stopping", "stopped")
+    return sched is not None and sched.runstate.phase in (RunPhase.STOPPING, RunPhase.STOPPED)
 
 
 def fmt_limit(seconds: float) -> str:

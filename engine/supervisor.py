@@ -115,13 +115,13 @@ class Supervisor:
         """Calibration gate per dataset and the credits floor (see module docstring)."""
         snap = self.s.snapshot()
         for d in snap.datasets:
-            rt = self.s.datasets[d.name]
+            rt = self.s.runstate.datasets[d.name]
             if rt.gate_fired or rt.control != Control.ACTIVE:
                 continue
             guards.apply(self.s, guards.calibration(
                 rt, calibration_gate(d.done, d.prompts, d.projected_cost_usd, d.max_cost_usd)))
         cr = self.s.spend.credits
-        pause = guards.credits_floor(cr, self.s.cfg.spend.credits_floor_usd, snap.cost_in_flight_usd, self.s.run_paused)
+        pause = guards.credits_floor(cr, self.s.cfg.spend.credits_floor_usd, snap.cost_in_flight_usd, self.s.runstate)
         if pause is not None and cr is not None and self._floor_paused_at != cr.at:  # once per credits reading
             self._floor_paused_at = cr.at
             guards.apply(self.s, pause)

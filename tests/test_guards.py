@@ -9,7 +9,7 @@ from engine import guards
 from engine.client.retry import RetryPolicy
 from engine.spend import CreditsReading
 from engine.creditsfloor import CreditsFloorReached
-from engine.runstate import Control, DatasetRuntime
+from engine.runstate import Control, DatasetRuntime, RunState
 from engine.runwide import Condition
 from engine.scheduler import Scheduler
 from engine.snapshot import DatasetSnapshot, RunSnapshot
@@ -37,12 +37,13 @@ def test_dataset_rules_pause_only_an_active_dataset_with_the_guard_in_the_reason
 
 def test_run_rules_name_their_kind_and_what_to_do():
     cr = CreditsReading(remaining_usd=5.0, usage_usd=1.0, source="key", at=3.0)
-    p = guards.credits_floor(cr, 4.0, 1.5, run_paused=False)
+    running, paused = RunState(), RunState(paused=True, pause_kind="pause")
+    p = guards.credits_floor(cr, 4.0, 1.5, running)
     assert p == guards.Pause(None, "credits floor: $5.00 left minus $1.50 in flight is below credits_floor_usd $4.00",
                              kind="credits")
-    assert guards.credits_floor(cr, 4.0, 0.5, run_paused=False) is None
-    assert guards.credits_floor(cr, 4.0, 1.5, run_paused=True) is None
-    assert guards.credits_floor(None, 4.0, 1.5, run_paused=False) is None
+    assert guards.credits_floor(cr, 4.0, 0.5, running) is None
+    assert guards.credits_floor(cr, 4.0, 1.5, paused) is None
+    assert guards.credits_floor(None, 4.0, 1.5, running) is None
     assert guards.reserve_refused(CreditsFloorReached("credits at the floor")) == guards.Pause(
         None, "credits at the floor", kind="credits")
     assert guards.reserve_refused(ValueError("no price")) == guards.Pause(None, "cannot reserve: no price", kind="price")
@@ -51,10 +52,12 @@ def test_run_rules_name_their_kind_and_what_to_do():
     assert guards.run_wide(Condition("route", "no endpoints"), "K").reason.endswith(
         "resume when the provider serves it again.")
     e = OSError(28, "No space left on device")
-    p = guards.store_failing(e, run_paused=False, pause_kind="")
+    p = guards.store_failing(e, running)
     assert p is not None and p.kind == "store" and p.reason.startswith("store commits fail (OSError: ")
-    assert guards.store_failing(e, run_paused=True, pause_kind="store") is None
-    assert guards.store_recovered(True, "store") and not guards.store_recovered(True, "pause")
+    store_paused = RunState(paused=True, pause_kind="store")
+    assert guards.store_failing(e, store_paused) is None
+    assert guards.store_recovered(store_paused) and not guards.store_recovered(paused)
+    assert not guards.store_recovered(running)
 
 
 def _snap(state_reason, datasets, in_flight=0):
@@ -71,19 +74,22 @@ def _ds(name, state, reason=""):
 
 def test_exit_on_pause_decides_who_ends_the_run_and_with_which_code():
     snap = _snap("credits floor: ...", [_ds("a", "paused")])
-    end = guards.exit_on_pause(snap, True, "credits", exit_on_pause=True, stop_on_auth=False)
+    credits = RunState(paused=True, pause_kind="credits")
+    end = guards.exit_on_pause(snap, credits, exit_on_pause=True, stop_on_auth=False)
     assert end == guards.Stop("exit on pause: credits floor: ...", 3, "--exit-on-pause", "credits floor: ...")
-    assert guards.exit_on_pause(snap, True, "credits", exit_on_pause=False, stop_on_auth=True) is None
-    assert guards.exit_on_pause(snap, True, "pause", exit_on_pause=True, stop_on_auth=True) is None  # the user's
-    auth = guards.exit_on_pause(_snap("key rejected", []), True, "auth", exit_on_pause=False, stop_on_auth=True)
+    assert guards.exit_on_pause(snap, credits, exit_on_pause=False, stop_on_auth=True) is None
+    user = RunState(paused=True, pause_kind="pause")
+    assert guards.exit_on_pause(snap, user, exit_on_pause=True, stop_on_auth=True) is None  # the user's
+    auth = guards.exit_on_pause(_snap("key rejected", []), RunState(paused=True, pause_kind="auth"),
+                                exit_on_pause=False, stop_on_auth=True)
     assert auth == guards.Stop("key rejected", 2, "the key comes from this process's environment", "key rejected")
     busy = _snap("credits", [], in_flight=2)
-    assert guards.exit_on_pause(busy, True, "credits", exit_on_pause=True, stop_on_auth=True) is None
+    assert guards.exit_on_pause(busy, credits, exit_on_pause=True, stop_on_auth=True) is None
     every = _snap("", [_ds("a", "paused", "anomaly guard: x"), _ds("b", "paused", "calibration gate: y"),
                        _ds("c", "done")])
-    assert guards.guard_paused(every, False, "") == "a: anomaly guard: x; b: calibration gate: y"
+    assert guards.guard_paused(every, RunState()) == "a: anomaly guard: x; b: calibration gate: y"
     some = _snap("", [_ds("a", "paused", "anomaly guard: x"), _ds("b", "running")])
-    assert guards.guard_paused(some, False, "") is None
+    assert guards.guard_paused(some, RunState()) is None
 
 
 async def test_apply_pauses_the_run_or_persists_the_dataset_pause(tmp_path):
