@@ -4,7 +4,7 @@
 takes the class's concurrency slot and the budget reservation before it starts it) and ends in one
 of three outcomes, each handed back to the run (:class:`AttemptHost`):
 
-- completed: the response is accounted (:meth:`AttemptHost._account`: usage, counted or estimated)
+- completed: the response is accounted (:meth:`engine.accounting.Accounting.account`: usage, counted or estimated)
   and recorded (:meth:`AttemptHost._completed`);
 - failed: the retries are spent, the error is final, or the code hit a bug (an unexpected
   exception costs one prompt, never the run: it fails as ``other`` with ``internal error: ...``);
@@ -33,6 +33,7 @@ from engine.client.retry import RetryPolicy, call_with_retries
 from engine.client.types import Completion, ErrorClass, RequestError
 
 if TYPE_CHECKING:
+    from engine.accounting import Accounting
     from engine.client.types import ChatRequest
     from engine.limiter import AdjustableLimiter
     from engine.runstate import DatasetRuntime
@@ -74,13 +75,11 @@ class AttemptHost(Protocol):
     clock: Callable[[], float]
     _complete: Any
     _begun: set[int]
+    accounting: "Accounting"
 
     def _request_for(self, p: "PendingPrompt") -> "ChatRequest": ...
     def _anomaly(self, rt: "DatasetRuntime", reason: str | None) -> None: ...
-    def _partial_spend(self, rt: "DatasetRuntime", err_or_progress: Any, est_prompt_tokens: int,
-                       provider: str | None = None) -> tuple[int, float]: ...
     def run_wide(self, e: RequestError) -> "Condition | None": ...
-    async def _account(self, p: "PendingPrompt", c: Completion) -> "Accounted": ...
     def _aborted(self, rt: "DatasetRuntime", p: "PendingPrompt", res: Any, progress: StreamProgress,
                  spent: Spent, at: AttemptClock) -> None: ...
     def _failed(self, rt: "DatasetRuntime", p: "PendingPrompt", res: Any, spent: Spent, e: RequestError,
@@ -120,7 +119,7 @@ async def run_request(host: AttemptHost, rt: "DatasetRuntime", p: "PendingPrompt
             log.exception("[%s] unexpected error on prompt %s", rt.name, p.key)
             failure = RequestError(ErrorClass.OTHER, f"internal error: {type(e).__name__}: {e}")
         else:
-            acc = await host._account(p, c)  # tokens and cost even when the response carried no usage
+            acc = await host.accounting.account(p, c)  # tokens and cost even when the response carried no usage
     finally:
         lim.release()
         rt.streams.pop(p.id, None)
@@ -151,7 +150,7 @@ def _on_attempt(host: AttemptHost, rt: "DatasetRuntime", p: "PendingPrompt", spe
         if err is None or not isinstance(err, RequestError):
             return
         rt.errors[err.error_class.value] += 1
-        tok, usd = host._partial_spend(rt, err, p.est_prompt_tokens, err.provider)
+        tok, usd = host.accounting.partial_spend(rt, err, p.est_prompt_tokens, err.provider)
         host.telemetry.on_cost(err.provider, usd, host.clock())
         spent.tokens += tok
         spent.usd += usd

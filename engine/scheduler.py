@@ -33,6 +33,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from engine.client.accumulate import StreamProgress
+from engine.accounting import Accounting
 from engine.attempt import AttemptClock, Spent, run_request
 from engine.client.retry import RetryPolicy
 from engine.client.types import ChatRequest, Completion, RequestError
@@ -49,8 +50,7 @@ from engine.seams import CompleteFn, GetJsonFn, Reconstructor
 from engine.spend import SpendControl
 from engine.store import PendingPrompt, Store
 from engine.telemetry import Telemetry
-from engine.usage import (GENERATION, Accounted, account, correction, count_with_tokenizer, from_generation,
-                          usage_usable)
+from engine.usage import Accounted
 from engine.writer import StoreWriter
 
 if TYPE_CHECKING:
@@ -134,7 +134,6 @@ class Scheduler:
         self.telemetry = Telemetry(cfg.spend.anomaly_error_rate, cfg.spend.anomaly_window)
         #: ``get_json(path, params)`` of the provider, for late costs of failed attempts (None: estimate).
         self.get_json: GetJsonFn | None = get_json
-        self._trueups: set[asyncio.Task] = set()
         #: abort estimates (USD) of aborted streams that had no generation id yet (keyed by the id() of
         #: their StreamProgress), from observed abort billing: no true-up can reach them.
         self._unidentified_aborts: dict[int, float] = {}
@@ -145,6 +144,8 @@ class Scheduler:
         self._begun: set[int] = set()
         #: token reconstruction service (``submit(prompt_id, dataset, key, messages, tools, completion)``) or None.
         self.recon: Reconstructor | None = recon
+        #: a request's costs: results, partial spend, /generation true-ups (engine.accounting).
+        self.accounting = Accounting(self.spend, self.telemetry, writer, lambda: self.clock(), get_json, recon)
         self._ender: asyncio.Task | None = None
         body: dict[str, Any] = {"model": cfg.provider.model}
         g = cfg.generation
@@ -337,86 +338,6 @@ class Scheduler:
             self._credits_wait = False
             self.notify()
 
-    def _partial_spend(self, rt: DatasetRuntime, err_or_progress: Any, est_prompt_tokens: int,
-                       provider: str | None = None) -> tuple[int, float]:
-        """Tokens/USD a failed or aborted attempt may have been billed (a lower bound), and a true-up."""
-        tokens = int(getattr(err_or_progress, "tokens_received", 0) or 0)
-        gid = getattr(err_or_progress, "generation_id", "") or ""
-        cost = getattr(err_or_progress, "partial_cost_usd", None)
-        if cost is None:
-            cost = getattr(err_or_progress, "cost_usd", None)
-        if cost is not None:
-            return tokens, float(cost)
-        if gid and self.get_json is not None:
-            self._trueup(rt, gid, provider)
-            return tokens, 0.0
-        return tokens, self.spend.estimate_cost(est_prompt_tokens if tokens else 0, tokens)
-
-    def _trueup(self, rt: DatasetRuntime, gid: str, provider: str | None = None) -> None:
-        from engine.credits import generation_cost
-
-        async def run() -> None:
-            cost = await generation_cost(self.get_json, gid)
-            if cost:
-                self.spend.aborts.billed(gid, cost)
-                self.spend.add_partial(rt.name, cost)
-                self.telemetry.on_cost(provider, cost, self.clock())
-                self.writer.set_attempt_cost(gid, cost)
-
-        t = asyncio.get_running_loop().create_task(run())
-        self._trueups.add(t)
-        t.add_done_callback(self._trueups.discard)
-
-    async def _account(self, p: PendingPrompt, c: Completion) -> Accounted:
-        """A result's tokens and cost (:func:`engine.usage.account`): the response's usage, else
-        counted with the ``[tokenizer]`` of live reconstruction (in a thread: ~0.5 us a token, too
-        long for the loop on long prompts), else estimated. An abort during the count does not lose
-        the paid, finished result: it is accounted with the estimate and stored."""
-        tok = getattr(self.recon, "tok", None)
-        counted: tuple | None = None
-        if tok is not None and not usage_usable(c):
-            try:
-                counted = await asyncio.to_thread(count_with_tokenizer, tok, c, p.messages, p.tools)
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None:
-                    task.uncancel()
-            except Exception as e:  # noqa: BLE001 - text the tokenizer refuses: the estimate stands
-                log.warning("[%s] %s: usage could not be counted (%s: %s); estimated", p.dataset, p.key,
-                            type(e).__name__, e)
-        return account(c, est_prompt_tokens=p.est_prompt_tokens, price=self._price,
-                       count=(lambda: counted) if counted is not None else None)
-
-    def _price(self, prompt_tokens: int, completion_tokens: int) -> float | None:
-        """USD of the tokens at the best known prices; None when no price is known."""
-        pr = self.spend.prices()
-        return pr.cost(prompt_tokens, completion_tokens) if pr is not None else None
-
-    def _trueup_result(self, rt: DatasetRuntime, prompt_id: int, gid: str, acc: Accounted, provider: str) -> None:
-        """Replace a stored result's counted/estimated figures by the provider's ``/generation``
-        stats once they are known (budgets, counters and the row corrected by the difference)."""
-        from engine.credits import generation_stats
-
-        async def run() -> None:
-            final = from_generation(await generation_stats(self.get_json, gid), self._price)
-            if final is None:
-                return
-            u = final.usage
-            dp, dc, dr, dusd = correction(acc.usage, u)
-            self.spend.correct(rt.name, dp, dc, dusd)
-            if final.cost_billed:
-                self.spend.observer.observe(u.prompt_tokens, u.completion_tokens, u.cost_usd)
-            rt.prompt_tokens += dp
-            rt.completion_tokens += dc
-            rt.reasoning_tokens += dr
-            if dusd > 0:
-                self.telemetry.on_cost(provider, dusd, self.clock())
-            self.writer.set_result_usage(prompt_id, u, GENERATION)
-
-        t = asyncio.get_running_loop().create_task(run())
-        self._trueups.add(t)
-        t.add_done_callback(self._trueups.discard)
-
     def _task_done(self, t: asyncio.Task, rt: DatasetRuntime, p: PendingPrompt, lim: AdjustableLimiter,
                    res: Any) -> None:
         rt.tasks.discard(t)
@@ -450,7 +371,7 @@ class Scheduler:
         cut before its generation id arrived can never be trued up, yet providers that keep
         generating bill it: once aborted streams' bills were observed, its abort estimate (from
         that share, labelled so in the abort line) is accounted; before, what it generated."""
-        tok, usd = self._partial_spend(rt, progress, p.est_prompt_tokens, progress.provider)
+        tok, usd = self.accounting.partial_spend(rt, progress, p.est_prompt_tokens, progress.provider)
         usd = max(usd, self._unidentified_aborts.pop(id(progress), 0.0))
         self.telemetry.on_cost(progress.provider, usd, self.clock())
         self.writer.add_attempt(p.id, rt.name, at.attempts, at.started, time.time(), "aborted",
@@ -487,7 +408,7 @@ class Scheduler:
             except Exception:  # noqa: BLE001 - the result is stored; `datagen validate` rebuilds it
                 log.exception("[%s] reconstruction of %s could not be queued", rt.name, p.key)
         if acc.provisional and c.generation_id and self.get_json is not None:
-            self._trueup_result(rt, p.id, c.generation_id, acc, c.provider)
+            self.accounting.trueup_result(rt, p.id, c.generation_id, acc, c.provider)
         now = self.clock()
         rt.in_flight -= 1
         rt.done += 1
@@ -730,8 +651,8 @@ class Scheduler:
             if self._ender is not None:
                 self._ender.cancel()
             self.release_held_failures()
-            if self._trueups:  # late costs of failed/aborted attempts (/generation), bounded wait
-                await asyncio.wait(list(self._trueups), timeout=15)
+            if self.accounting.trueups:  # late costs of failed/aborted attempts (/generation), bounded wait
+                await asyncio.wait(list(self.accounting.trueups), timeout=15)
         if self.state == RunPhase.STOPPING:
             self.state = RunPhase.STOPPED
         return self.exit_code
