@@ -44,7 +44,6 @@ from engine.inflight import InFlightCost, abort_basis, abort_line, streams_cost
 from engine.limiter import AdjustableLimiter
 from engine.observe import build_snapshot, live_row
 from engine.snapshot import RunSnapshot
-from engine.rates import RateWindow
 from engine.runstate import PERSISTED_CONTROLS, TERMINAL_CONTROLS, Control, DatasetRuntime, RunPhase, RunState
 from engine.seams import CompleteFn, GetJsonFn, Reconstructor
 from engine.spend import SpendControl
