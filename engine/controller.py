@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from engine.ctl import resolve_provider
 from engine.limiter import check_concurrency, concurrency_cap
+from engine.runstate import Control, RunPhase
 from engine.scheduler import Scheduler
+from engine.seams import CreditsCheck
 from engine.snapshot import RunSnapshot
 
 
@@ -19,12 +21,16 @@ class Controller:
     dataset's pending prompts count as skipped (in-flight ones drain unless ``abort``). Abort =
     cancel in-flight streams now; their prompts return to pending. Paused and skipped states are
     persisted in the store, so a restart honours them.
+
+    Args:
+        scheduler: the run's scheduler.
+        credits_check: re-reads the credits before a credits pause is lifted (None: resume at once).
     """
 
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduler, credits_check: CreditsCheck | None = None) -> None:
         self._s = scheduler
-        #: async callable re-reading credits before a credits pause is lifted (set by the runner).
-        self.credits_check = None
+        self._run = scheduler.runstate  # states are read here; changes go through the scheduler
+        self.credits_check = credits_check
 
     async def exclude_provider(self, name: str) -> str:
         """Stop routing new requests to provider ``name`` (added to ``provider.ignore``; persisted)."""
@@ -39,7 +45,7 @@ class Controller:
         Raises:
             ValueError: ``name`` is not excluded (the message lists the excluded ones).
         """
-        excluded = list(self._s.excluded_providers)
+        excluded = list(self._run.excluded_providers)
         if not excluded:
             raise ValueError(f"provider {name!r} is not excluded: no provider is excluded")
         name = resolve_provider(name, excluded, what="excluded provider")
@@ -56,8 +62,8 @@ class Controller:
         return self._s.snapshot()
 
     def _ds(self, name: str) -> str:
-        if name not in self._s.datasets:
-            raise ValueError(f"unknown dataset {name!r}; expected one of: {', '.join(self._s.datasets)}")
+        if name not in self._run.datasets:
+            raise ValueError(f"unknown dataset {name!r}; expected one of: {', '.join(self._run.datasets)}")
         return name
 
     async def pause(self, dataset: str | None = None, reason: str = "paused by user") -> str:
@@ -75,7 +81,7 @@ class Controller:
         (when a ``credits_check`` is set) and refuses while they are still below the floor.
         """
         if dataset is None:
-            if self._s.pause_kind == "credits" and self.credits_check is not None:
+            if self._run.pause_kind == "credits" and self.credits_check is not None:
                 await self.credits_check()
                 cr = self._s.spend.credits
                 floor = self._s.cfg.spend.credits_floor_usd
@@ -120,13 +126,13 @@ class Controller:
         if n == 0:
             return f"no failed prompts{where}{' with reason ' + reason if reason else ''}"
         notes = []
-        if self._s.state in ("completed", "stopped", "stopping"):
+        if self._run.phase in (RunPhase.COMPLETED, RunPhase.STOPPED, RunPhase.STOPPING):
             notes.append("the run has ended: they are requested at the next `datagen run`")
         else:
-            if self._s.run_paused:
+            if self._run.paused:
                 notes.append("the run is paused: resume it to send them")
-            held = [d for d in ([dataset] if dataset else self._s.datasets)
-                    if self._s.datasets[d].control != "active" and self._s.datasets[d].pending_total]
+            held = [d for d in ([dataset] if dataset else self._run.datasets)
+                    if self._run.datasets[d].control != Control.ACTIVE and self._run.datasets[d].pending_total]
             if held:
                 notes.append(f"{', '.join(held)} {'is' if len(held) == 1 else 'are'} not active: resume to send them")
         return f"{what}{where} returned to pending" + (f"; {'; '.join(notes)}" if notes else "")

@@ -11,26 +11,50 @@ import dataclasses
 import os
 import time
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from engine.inflight import abort_basis
+from engine.inflight import InFlightCost, abort_basis
 from engine.limiter import concurrency_cap
 from engine.projection import project_run
+from engine.runstate import TERMINAL_CONTROLS, Control, DatasetState, RunPhase, RunState
 from engine.snapshot import ClassSnapshot, DatasetSnapshot, RunSnapshot
 
 if TYPE_CHECKING:
-    from engine.scheduler import Scheduler
+    from engine.config import Config
+    from engine.limiter import AdjustableLimiter
+    from engine.spend import SpendControl
+    from engine.telemetry import Telemetry
+    from engine.writer import StoreWriter
+
+
+class RunView(Protocol):
+    """What the snapshot builder reads of a run (:class:`engine.scheduler.Scheduler` fits it):
+    the run state, the config, the spend ledger, the telemetry, the class limiters, the writer's
+    queue and the dollars in flight. Reads only."""
+
+    runstate: RunState
+    cfg: "Config"
+    spend: "SpendControl"
+    telemetry: "Telemetry"
+    limiters: "dict[str, AdjustableLimiter]"
+    writer: "StoreWriter"
+    clock: Callable[[], float]
+
+    def elapsed_s(self) -> float: ...
+    def drain_left_s(self) -> float | None: ...
+    def in_flight_cost(self, dataset: str | None = None) -> InFlightCost: ...
+    def cost_in_flight_usd(self, dataset: str | None = None) -> float: ...
 
 #: Seconds after its budget last held dispatch back that a dataset still reads "budget-limited".
 LIMITED_HOLD_S = 2.0
 #: Run states in which the run makes progress (an ETA counts down only in these).
-PROGRESSING = ("starting", "running")
+PROGRESSING = (RunPhase.STARTING, RunPhase.RUNNING)
 
 
-_ENDED_AT: "weakref.WeakKeyDictionary[Scheduler, float]" = weakref.WeakKeyDictionary()
+_ENDED_AT: "weakref.WeakKeyDictionary[RunView, float]" = weakref.WeakKeyDictionary()
 
 
-def run_elapsed_s(sched: "Scheduler") -> float:
+def run_elapsed_s(sched: "RunView") -> float:
     """The run's elapsed seconds (``Scheduler.elapsed_s``), frozen once the run has ended (its done
     event set: completed, or stopped with nothing left in flight), so the dashboard's header, the
     store's runtime row and ``datagen status`` read the same figure after the end instead of a clock
@@ -39,12 +63,12 @@ def run_elapsed_s(sched: "Scheduler") -> float:
     if ended is not None:
         return ended
     now = sched.elapsed_s()
-    if sched._done.is_set():
+    if sched.runstate.done.is_set():
         _ENDED_AT[sched] = now
     return now
 
 
-def live_row(sched: "Scheduler") -> dict[str, Any]:
+def live_row(sched: "RunView") -> dict[str, Any]:
     """Fields of the store's ``runtime`` row written at every commit (see :class:`~engine.writer.StoreWriter`):
     pid, start, state, elapsed and the live figures ``datagen status`` merges with committed rows."""
     snap = build_snapshot(sched)
@@ -52,9 +76,9 @@ def live_row(sched: "Scheduler") -> dict[str, Any]:
     routing = sched.cfg.provider.routing
     return {
         "pid": os.getpid(),
-        "started_at": sched._wall0,
-        "state": sched.state,
-        "state_reason": sched.state_reason,
+        "started_at": sched.runstate.started_wall,
+        "state": sched.runstate.phase,
+        "state_reason": sched.runstate.reason,
         "elapsed_s": snap.elapsed_s,
         "live": {
             "in_flight": {d.name: d.in_flight for d in snap.datasets},
@@ -86,28 +110,29 @@ def live_row(sched: "Scheduler") -> dict[str, Any]:
                                "eta_s_low": snap.eta_s_low, "eta_s_high": snap.eta_s_high,
                                "calibration": list(snap.calibration) if snap.calibration else None},
             "providers": [dataclasses.asdict(p) for p in snap.providers],
-            "excluded_providers": list(sched.excluded_providers),
+            "excluded_providers": list(sched.runstate.excluded_providers),
             "routing_providers": sorted({n for lst in (routing.order, routing.only, routing.ignore) for n in lst or ()}),
         },
     }
 
-def build_snapshot(sched: "Scheduler") -> RunSnapshot:
+def build_snapshot(sched: "RunView") -> RunSnapshot:
     """Return an immutable snapshot of the scheduler's run (O(datasets + classes + providers))."""
     now = sched.clock()
     tel = sched.telemetry
+    run = sched.runstate
     dss = []
     projections = []
     errors: collections.Counter = collections.Counter()
-    progressing = sched.state in PROGRESSING and not sched.run_paused
-    n_done = sum(rt.done for rt in sched.datasets.values())
-    run_mean = sum(rt.completion_tokens for rt in sched.datasets.values()) / n_done if n_done else None
-    run_prompt = sum(rt.prompt_tokens for rt in sched.datasets.values()) / n_done if n_done else 0.0
-    for rt in sched.datasets.values():
-        terminal = rt.control in ("skipped", "budget_met")
+    progressing = run.phase in PROGRESSING and not run.paused
+    n_done = sum(rt.done for rt in run.datasets.values())
+    run_mean = sum(rt.completion_tokens for rt in run.datasets.values()) / n_done if n_done else None
+    run_prompt = sum(rt.prompt_tokens for rt in run.datasets.values()) / n_done if n_done else 0.0
+    for rt in run.datasets.values():
+        terminal = rt.control in TERMINAL_CONTROLS
         skipped = rt.pending_total if terminal else 0
         pending = 0 if terminal else rt.pending_total
         proj = sched.spend.project(
-            rt.name, prompts_left=pending, in_flight=rt.in_flight, cost_so_far=rt.cost_usd,
+            rt.name, prompts_left=pending, in_flight=rt.in_flight, cost_so_far=sched.spend.dataset_usd[rt.name],
             completion_tokens=rt.completion_tokens, recent_tok_per_s=rt.tok_rate.rate(now),
             since_start_tok_per_s=rt.tok_rate.rate_since_start(now), fallback_mean_tokens=run_mean,
             mean_prompt_tokens=(rt.prompt_tokens / rt.done) if rt.done else run_prompt,
@@ -116,15 +141,15 @@ def build_snapshot(sched: "Scheduler") -> RunSnapshot:
         projections.append(proj)
         b = sched.spend.budgets[rt.name]
         recent = [e.mean() for e in b.estimators.values() if e.count]
-        state = stopping_state(rt.state(sched.run_paused), sched.state, rt.in_flight)
-        moving = progressing and state in ("running", "pending")  # a paused dataset's ETA does not count down
+        state = stopping_state(rt.state(run.paused), run.phase, rt.in_flight)
+        moving = progressing and state in (DatasetState.RUNNING, DatasetState.PENDING)  # a paused dataset's ETA does not count down
         calibration = None if proj.calibrated or proj.tokens_to_come_high <= 0 else (proj.observed, proj.calibrate_after)
         dss.append(
             DatasetSnapshot(
                 name=rt.name, state=state, state_reason=rt.reason, prompts=rt.prompts,
                 rejected=rt.rejected, done=rt.done, failed=rt.failed, skipped=skipped, pending=pending,
                 in_flight=rt.in_flight, prompt_tokens=rt.prompt_tokens, completion_tokens=rt.completion_tokens,
-                reasoning_tokens=rt.reasoning_tokens, cost_usd=rt.cost_usd, token_budget=rt.token_budget,
+                reasoning_tokens=rt.reasoning_tokens, cost_usd=sched.spend.dataset_usd[rt.name], token_budget=rt.token_budget,
                 errors=dict(rt.errors), req_per_s=rt.rate.rate(now), req_per_s_since_start=rt.rate.rate_since_start(now),
                 tok_per_s=rt.tok_rate.rate(now),
                 avg_completion_tokens=(rt.completion_tokens / rt.done) if rt.done else 0.0,
@@ -151,9 +176,9 @@ def build_snapshot(sched: "Scheduler") -> RunSnapshot:
     cr = sched.spend.credits
     fly = sched.in_flight_cost()
     return RunSnapshot(
-        name=sched.cfg.run.name, state=sched.state, state_reason=sched.state_reason, elapsed_s=run_elapsed_s(sched),
+        name=sched.cfg.run.name, state=run.phase, state_reason=run.reason, elapsed_s=run_elapsed_s(sched),
         datasets=tuple(dss), classes=classes, in_flight=sum(d.in_flight for d in dss),
-        req_per_s=sched.rate.rate(now), cost_usd=cost, errors=dict(errors), writer_queue=sched.writer.queued,
+        req_per_s=run.rate.rate(now), cost_usd=cost, errors=dict(errors), writer_queue=sched.writer.queued,
         credits_usd=cr.remaining_usd if cr else None, credits_age_s=(now - cr.at) if cr else None,
         spend_rate_usd_per_h=spend_rate, projected_total_cost_usd=run_proj.projected_cost_usd,
         max_cost_usd=sched.spend.run_cost.limit, cost_in_flight_usd=fly.expected_usd,
@@ -173,17 +198,18 @@ def stopping_state(state: str, run_state: str, in_flight: int) -> str:
     ``"draining"`` when it still has requests in flight, ``"stopping"`` (``"stopped"`` once the run
     has stopped) for a running or pending one with none; otherwise (run not stopping, or a
     finished/paused dataset with nothing in flight) ``state``."""
-    if run_state not in ("stopping", "stopped") or state in ("done", "skipped", "budget_met"):
+    if run_state not in (RunPhase.STOPPING, RunPhase.STOPPED) or state in (
+            DatasetState.DONE, DatasetState.SKIPPED, DatasetState.BUDGET_MET):
         return state
     if in_flight:
-        return "draining"
-    return run_state if state in ("running", "pending") else state
+        return DatasetState.DRAINING
+    return DatasetState(run_state) if state in (DatasetState.RUNNING, DatasetState.PENDING) else state
 
 
-def _limit_reason(sched: "Scheduler", rt: Any, state: str, now: float) -> str:
+def _limit_reason(sched: "RunView", rt: Any, state: str, now: float) -> str:
     """``"budget-limited 5/24"`` (in flight / class slots) while the dataset's token budget holds its
     dispatch below the class's concurrency (now, or within the last :data:`LIMITED_HOLD_S`); "" otherwise."""
-    if state != "running" or rt.control != "active":
+    if state != DatasetState.RUNNING or rt.control != Control.ACTIVE:
         return ""
     for cls, at in rt.limited_at.items():
         lim = sched.limiters.get(cls)

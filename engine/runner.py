@@ -8,6 +8,7 @@ guard with ``--exit-on-pause``, 130 interrupted.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TextIO
 
+from engine import guards
 from engine.client.chat import ChatClient, check_header_secret
 from engine.client.types import RequestError
 from engine.config import Config, ConfigError, ProviderSection
@@ -26,6 +28,7 @@ from engine.controller import Controller
 from engine.ingest import ingest_all
 from engine.prices import prices_from_models_endpoint
 from engine.progress import format_notices, format_progress
+from engine.runstate import RunPhase
 from engine.scheduler import Scheduler
 from engine import runlock
 from engine.store import Store, make_run_dir
@@ -238,13 +241,11 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
         await probe_keyless_server(cfg.provider)
     checked = await load_checked_tokenizer(cfg)  # before the store: a refused tokenizer leaves nothing behind
     make_run_dir(cfg.run.dir)
-    lock = runlock.acquire(cfg.run.dir)  # shared with `datagen run`'s own hold; refused if another process has it
-    try:
+    async with contextlib.AsyncExitStack() as opened:  # on any failure: closed in reverse order, re-raised
+        lock = runlock.acquire(cfg.run.dir)  # shared with `datagen run`'s own hold; refused if another process has it
+        opened.callback(lock.release)
         store = await Store.open(cfg.run.dir)
-    except BaseException:
-        lock.release()
-        raise
-    try:
+        opened.push_async_callback(store.close)
         prev = await store.get_meta("run_name")
         if prev is None:
             await store.set_meta("run_name", cfg.run.name)
@@ -271,6 +272,7 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
             from engine.sim import SimThread
 
             sim = SimThread(sim_config_from_section(cfg))
+            opened.callback(sim.stop)
             base_url = sim.start()
             api_key = "sim-local"
             print(f"simulator listening on {base_url}", file=out)
@@ -283,47 +285,43 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
             connect_timeout_s=t.connect_s,
             stall_timeout_s=t.stall_s, total_timeout_s=t.total_s, max_connections=max(total_conc, 16),
         )
-        writer = StoreWriter(store, cfg.run.commit_interval_s)
-        sched = Scheduler(cfg, store, writer, client.complete)
-        writer._live = sched.live
+        opened.push_async_callback(client.aclose)
+        # The writer, the reconstruction service and the controller call back into the scheduler
+        # built just after them: their callbacks look `sched` up when called, never before.
+        sched: Scheduler
 
         def store_failed(e: BaseException) -> None:
-            if not (sched.run_paused and sched.pause_kind == "store"):
-                sched.pause_all(f"store commits fail ({type(e).__name__}: {e}); nothing is lost: results wait in "
-                                f"memory and are committed when the disk works again", kind="store")
+            guards.apply(sched, guards.store_failing(e, sched.runstate))
 
         def store_recovered() -> None:
-            if sched.run_paused and sched.pause_kind == "store":
+            if guards.store_recovered(sched.runstate):
                 sched.resume_all()
 
-        writer._on_error, writer._on_recover = store_failed, store_recovered
+        writer = StoreWriter(store, cfg.run.commit_interval_s, live=lambda: sched.live(),
+                             on_error=store_failed, on_recover=store_recovered)
+        recon = reconstruction_service(cfg, checked, lambda ds, ok, reasons: on_validation_verdict(sched, recon, ds, ok, reasons))
+        account_api = cfg.provider.kind in ("openrouter", "simulated")
+        sched = Scheduler(cfg, store, writer, client.complete, get_json=client.get_json if account_api else None,
+                          recon=recon)
         check_fd_limit(sum(c.concurrency for c in cfg.classes.values()), out)
         await sched.load()
-        account_api = cfg.provider.kind in ("openrouter", "simulated")
-        if account_api:
-            sched.get_json = client.get_json
         await discover_prices(cfg, sched, client, out)
-        ctl = Controller(sched)
+        sup: Supervisor
+        ctl = Controller(sched, credits_check=lambda: sup.poll_credits())
         # Credits from /key (fallback /credits) wherever the server offers them, kind openai included
         # (e.g. a rehearsal against `datagen sim`); a server with neither is probed once and left unknown.
         sup = Supervisor(sched, ctl, client.get_json)
-        ctl.credits_check = sup.poll_credits
         await sup.poll_credits()  # credits known before the first dispatch: the floor is checked at each one
-        recon = await start_reconstruction(cfg, sched, out, checked)
+        if recon is not None:
+            print(format_startup_line(await recon.start()), file=out)
         # Long-lived start-up objects (config, tokenizer, imports) leave the GC's young generations,
         # and collections run less often: full collections stalled the loop 170-230 ms under load.
         gc.collect()
         gc.freeze()
         gc.set_threshold(50_000, 20, 100)
+        opened.pop_all()  # everything opened now belongs to the job (Job.close)
         return Job(cfg, store, writer, sched, client, sim, asyncio.Event(), ctl, sup, recon, lock=lock)
-    except BaseException:
-        if "client" in locals():
-            await client.aclose()
-        if "sim" in locals() and sim is not None:
-            sim.stop()
-        await store.close()
-        lock.release()
-        raise
+    raise AssertionError("unreachable")  # pragma: no cover - the block returns or raises
 
 
 async def load_checked_tokenizer(cfg: Config):
@@ -346,38 +344,37 @@ async def load_checked_tokenizer(cfg: Config):
     return tok, await asyncio.to_thread(startup_check, tok)
 
 
-async def start_reconstruction(cfg: Config, sched: Scheduler, out: TextIO, checked=None):
-    """Start token reconstruction of results as they arrive, when ``[tokenizer]`` is configured.
+def reconstruction_service(cfg: Config, checked, on_verdict):
+    """The token reconstruction service of results as they arrive (not started), when
+    ``[tokenizer]`` is configured; else None. Start it with ``await recon.start()``.
 
     ``checked``: the ``(tokenizer, start-up description)`` of :func:`load_checked_tokenizer` (None:
-    the service loads and checks the tokenizer itself).
+    the service loads and checks the tokenizer itself at start). ``on_verdict(dataset, ok,
+    reasons)``: called with each validation verdict (see :func:`on_validation_verdict`).
 
-    Validation failures feed the anomaly guard: a dataset whose failure rate passes
-    ``tokenizer.max_failure_rate`` is paused with the reason.
-
-    Raises:
+    Raises (at ``start``):
         engine.tokens.tokenizer.TokenizerError: the tokenizer, its special tokens or the chat
             template disagree with the configured mode (generation is refused).
     """
     if cfg.tokenizer is None:
         return None
     from engine.tokens.service import ReconstructionService
+
+    return ReconstructionService(cfg.tokenizer, cfg.run.dir, on_verdict=on_verdict, checked=checked)
+
+
+def format_startup_line(info) -> str:
+    """The reconstruction service's start-up line (:func:`engine.tokens.startup.format_startup`)."""
     from engine.tokens.startup import format_startup
 
-    recon: ReconstructionService
+    return format_startup(info)
 
-    def on_verdict(dataset: str, ok: bool, reasons: list[str]) -> None:
-        sched.telemetry.validation[dataset] = "valid" if ok else "INVALID: " + ", ".join(reasons)
-        reason = recon.guard(dataset)
-        rt = sched.datasets.get(dataset)
-        if reason and rt is not None and rt.control == "active":
-            asyncio.get_running_loop().create_task(
-                sched.set_dataset_control(dataset, "paused", f"anomaly guard (validation): {reason}", guard=True))
 
-    recon = ReconstructionService(cfg.tokenizer, cfg.run.dir, on_verdict=on_verdict, checked=checked)
-    print(format_startup(await recon.start()), file=out)
-    sched.recon = recon
-    return recon
+def on_validation_verdict(sched: Scheduler, recon, dataset: str, ok: bool, reasons: list[str]) -> None:
+    """Record a validation verdict of ``dataset`` and feed the anomaly guard: a dataset whose
+    failure rate passes ``tokenizer.max_failure_rate`` is paused with the reason."""
+    sched.telemetry.validation[dataset] = "valid" if ok else "INVALID: " + ", ".join(reasons)
+    guards.apply(sched, guards.validation(sched.datasets.get(dataset), recon.guard(dataset)))
 
 
 def check_fd_limit(concurrency: int, out: TextIO) -> int:
@@ -429,16 +426,7 @@ async def discover_prices(cfg: Config, sched: Scheduler, client: ChatClient, out
 def guard_pause_reason(sched: Scheduler) -> str | None:
     """The reason when the whole run is paused by a guard (credits, 402, price, or every unfinished
     dataset paused by the anomaly guard / calibration gate) with nothing in flight; else None."""
-    snap = sched.snapshot()
-    if snap.in_flight:
-        return None
-    if sched.run_paused and sched.pause_kind != "pause":
-        return sched.state_reason
-    open_ = [d for d in snap.datasets if d.state not in ("done", "skipped", "budget_met")]
-    if open_ and all(d.state == "paused" and d.state_reason.startswith(("anomaly guard", "calibration gate"))
-                     for d in open_):
-        return "; ".join(f"{d.name}: {d.state_reason}" for d in open_)
-    return None
+    return guards.guard_paused(sched.snapshot(), sched.runstate)
 
 
 async def run_job(job: Job, *, exit_on_pause: bool = False, stop_on_auth: bool = False,
@@ -458,18 +446,15 @@ async def run_job(job: Job, *, exit_on_pause: bool = False, stop_on_auth: bool =
     async def pause_watch() -> None:
         while True:
             await asyncio.sleep(0.5)
-            reason = guard_pause_reason(sched)
-            if not reason:
+            end = guards.exit_on_pause(sched.snapshot(), sched.runstate,
+                                       exit_on_pause=exit_on_pause, stop_on_auth=stop_on_auth)
+            if end is None:
                 continue
-            auth = sched.run_paused and sched.pause_kind == "auth"
-            if not (exit_on_pause or (stop_on_auth and auth)):
-                continue
-            why = "--exit-on-pause" if exit_on_pause else "the key comes from this process's environment"
             try:
-                print(f"run paused by a guard: {reason}; exiting ({why})", file=out, flush=True)
+                print(f"run paused by a guard: {end.paused_for}; exiting ({end.why})", file=out, flush=True)
             except (OSError, ValueError):
-                log.warning("run paused by a guard: %s; exiting (%s)", reason, why)
-            sched.stop(reason if auth else f"exit on pause: {reason}", exit_code=2 if auth else 3, abort=False)
+                log.warning("run paused by a guard: %s; exiting (%s)", end.paused_for, end.why)
+            sched.stop(end.reason, exit_code=end.exit_code, abort=False)
             return
 
     watch = asyncio.create_task(pause_watch()) if exit_on_pause or stop_on_auth else None
@@ -508,7 +493,7 @@ def interrupt_action(signame: str, stopping: bool) -> str:
 
 def run_stopping(sched: Scheduler | None) -> bool:
     """True when ``sched``'s run is stopping or stopped (a drain or stop is in progress or done)."""
-    return sched is not None and sched.state in ("stopping", "stopped")
+    return sched is not None and sched.runstate.phase in (RunPhase.STOPPING, RunPhase.STOPPED)
 
 
 def fmt_limit(seconds: float) -> str:

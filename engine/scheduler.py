@@ -9,7 +9,7 @@ How work flows:
   tasks equals the requests in flight, never the number of prompts, and memory stays flat with
   80,000 prompts. When a dataset runs out of prompts to dispatch, the next one starts at once while
   the previous one's tail drains.
-- A request task runs the attempts (:func:`engine.client.retry.call_with_retries`), queues every
+- A request task (:func:`engine.attempt.run_request`) runs the attempts (:func:`engine.client.retry.call_with_retries`), queues every
   attempt and the result or failure on the :class:`~engine.writer.StoreWriter`, and releases its
   slot. A prompt stays ``pending`` in the store until its result is committed, so a crash only
   ever re-requests prompts whose result was not stored.
@@ -30,27 +30,30 @@ import dataclasses
 import json
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from engine.client.accumulate import StreamProgress
-from engine.client.retry import RetryPolicy, call_with_retries
-from engine.client.types import ChatRequest, Completion, ErrorClass, RequestError
+from engine.accounting import Accounting
+from engine.attempt import AttemptClock, Spent, run_request
+from engine.client.retry import RetryPolicy
+from engine.client.types import ChatRequest, Completion, RequestError
 from engine.config import Config
-from engine.creditsfloor import CreditsFloorReached
-from engine.failures import FailureMixin
+from engine import guards
+from engine.failures import Failures
 from engine.inflight import InFlightCost, abort_basis, abort_line, streams_cost
 from engine.limiter import AdjustableLimiter
 from engine.observe import build_snapshot, live_row
 from engine.snapshot import RunSnapshot
-from engine.rates import RateWindow
-from engine.runwide import Condition, ConfigMistakeDetector
+from engine.runstate import PERSISTED_CONTROLS, TERMINAL_CONTROLS, Control, DatasetRuntime, RunPhase, RunState
+from engine.seams import CompleteFn, GetJsonFn, Reconstructor
 from engine.spend import SpendControl
 from engine.store import PendingPrompt, Store
 from engine.telemetry import Telemetry
-from engine.usage import (GENERATION, Accounted, account, correction, count_with_tokenizer, from_generation,
-                          usage_usable)
+from engine.usage import Accounted
 from engine.writer import StoreWriter
+
+if TYPE_CHECKING:
+    from engine.runwide import Condition
 
 log = logging.getLogger(__name__)
 
@@ -60,59 +63,20 @@ PAGE = 256
 CENSOR_EVERY_S = 0.25
 
 
-@dataclass
-class DatasetRuntime:
-    """Mutable per-dataset counters (engine-internal; read through snapshots)."""
+class _OnRunState:
+    """A :class:`Scheduler` attribute kept on its :class:`~engine.runstate.RunState` (``field``)."""
 
-    name: str
-    position: int
-    prompts: int
-    rejected: int
-    token_budget: int | None
-    control: str = "active"  # active | paused | skipped | budget_met
-    reason: str = ""
-    done: int = 0
-    failed: int = 0
-    in_flight: int = 0
-    pending: dict[str, int] = field(default_factory=dict)  # class -> pending, not in flight
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    reasoning_tokens: int = 0
-    cost_usd: float = 0.0
-    errors: collections.Counter = field(default_factory=collections.Counter)
-    cursor: dict[str, int] = field(default_factory=dict)
-    buffer: dict[str, collections.deque] = field(default_factory=dict)
-    requeue: dict[str, collections.deque] = field(default_factory=dict)
-    started: bool = False
-    rate: RateWindow = field(default_factory=lambda: RateWindow(60))
-    tok_rate: RateWindow = field(default_factory=lambda: RateWindow(60))
-    tasks: set = field(default_factory=set)
-    blocked: set = field(default_factory=set)  # classes waiting for reservations to settle
-    streams: dict = field(default_factory=dict)  # prompt id -> (class, StreamProgress, est prompt tokens) in flight
-    censored_at: float = -1e9
-    gate_fired: bool = False
-    limited_at: dict = field(default_factory=dict)  # class -> clock time its budget last held dispatch back
+    def __init__(self, field_name: str) -> None:
+        self.field = field_name
 
-    @property
-    def pending_total(self) -> int:
-        return sum(self.pending.values())
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        return self if obj is None else getattr(obj.runstate, self.field)
 
-    @property
-    def finished(self) -> bool:
-        """True when no prompt can still be dispatched or is in flight."""
-        return self.in_flight == 0 and (self.control in ("skipped", "budget_met") or self.pending_total == 0)
-
-    def state(self, run_paused: bool) -> str:
-        if self.control in ("skipped", "budget_met"):
-            return self.control
-        if self.pending_total == 0 and self.in_flight == 0:
-            return "done"
-        if self.control == "paused" or run_paused:
-            return "paused"
-        return "running" if self.started else "pending"
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(obj.runstate, self.field, value)
 
 
-class Scheduler(FailureMixin):
+class Scheduler:
     """Runs one generation job over a prepared store.
 
     Args:
@@ -123,16 +87,36 @@ class Scheduler(FailureMixin):
             raising :class:`~engine.client.types.RequestError` (normally ``ChatClient.complete``).
         policy: retry timing (attempts, backoff).
         clock: monotonic clock in seconds (injectable for tests).
+        get_json: ``get_json(path, params)`` of the provider, for late costs of failed attempts and
+            ``/generation`` true-ups (None: estimate).
+        recon: token reconstruction service (:class:`~engine.seams.Reconstructor`) or None.
     """
+
+    # The run state's fields under the names callers use (kept on self.runstate).
+    datasets = _OnRunState("datasets")
+    state = _OnRunState("phase")
+    state_reason = _OnRunState("reason")
+    run_paused = _OnRunState("paused")
+    pause_kind = _OnRunState("pause_kind")
+    exit_code = _OnRunState("exit_code")
+    excluded_providers = _OnRunState("excluded_providers")
+    drain_deadline = _OnRunState("drain_deadline")
+    rate = _OnRunState("rate")
+    _stopping = _OnRunState("stopping")
+    _credits_wait = _OnRunState("credits_wait")
+    _done = _OnRunState("done")
 
     def __init__(
         self,
         cfg: Config,
         store: Store,
         writer: StoreWriter,
-        complete: Callable[..., Any],
+        complete: CompleteFn,
         policy: RetryPolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        get_json: GetJsonFn | None = None,
+        recon: Reconstructor | None = None,
     ) -> None:
         self.cfg = cfg
         self.store = store
@@ -140,38 +124,27 @@ class Scheduler(FailureMixin):
         self._complete = complete
         self.policy = policy or RetryPolicy(max_attempts=cfg.run.max_attempts)
         self.clock = clock
-        self.datasets: dict[str, DatasetRuntime] = {}
+        #: the run's shared mutable state (phase, pause, per-dataset counters): engine.runstate.
+        self.runstate = RunState(t0=clock())
         self.limiters = {name: AdjustableLimiter(c.concurrency) for name, c in cfg.classes.items()}
-        self.state = "starting"
-        self.state_reason = ""
-        self.run_paused = False
-        self.exit_code = 0
-        self._t0 = clock()
-        self._prior_elapsed = 0.0
-        self._wall0 = time.time()
         self._changed: dict[str, asyncio.Event] = {}
-        self._stopping = False
-        self._credits_wait = False  # dispatch waits for in-flight credit holds (engine.creditsfloor)
-        self._done = asyncio.Event()
-        self.rate = RateWindow(60)
         self.on_event: Callable[[str, str, str | None, str], None] | None = None
         self.spend = SpendControl(cfg)
         self.telemetry = Telemetry(cfg.spend.anomaly_error_rate, cfg.spend.anomaly_window)
-        self.excluded_providers: list[str] = []
         #: ``get_json(path, params)`` of the provider, for late costs of failed attempts (None: estimate).
-        self.get_json: Callable[..., Any] | None = None
-        self._trueups: set[asyncio.Task] = set()
+        self.get_json: GetJsonFn | None = get_json
         #: abort estimates (USD) of aborted streams that had no generation id yet (keyed by the id() of
         #: their StreamProgress), from observed abort billing: no true-up can reach them.
         self._unidentified_aborts: dict[int, float] = {}
-        self.pause_kind = ""
-        self.config_check: ConfigMistakeDetector = ConfigMistakeDetector()
-        self.run_condition: Condition | None = None
+        #: what happens to prompts whose request failed, and retry-failed (engine.failures).
+        self.failures = Failures(self.runstate, writer, store, self.telemetry, api_key_env=cfg.provider.api_key_env,
+                                 pausable=self, return_to_pending=self._return_to_pending, notify=self.notify,
+                                 check_finished=self._check_finished, event=self.event)
         self._begun: set[int] = set()
         #: token reconstruction service (``submit(prompt_id, dataset, key, messages, tools, completion)``) or None.
-        self.recon: Any = None
-        #: clock time at which a drain in progress aborts what is left (None: no drain).
-        self.drain_deadline: float | None = None
+        self.recon: Reconstructor | None = recon
+        #: a request's costs: results, partial spend, /generation true-ups (engine.accounting).
+        self.accounting = Accounting(self.spend, self.telemetry, writer, lambda: self.clock(), get_json, recon)
         self._ender: asyncio.Task | None = None
         body: dict[str, Any] = {"model": cfg.provider.model}
         g = cfg.generation
@@ -206,12 +179,12 @@ class Scheduler(FailureMixin):
         lost = await self.store.lost_costs()
         for name, row in (await self.store.latest_results()).items():
             self.telemetry.restore_sample(name, row)
-        self._prior_elapsed = await self.store.prior_elapsed_s()
+        self.runstate.prior_elapsed_s = await self.store.prior_elapsed_s()
         for pos, d in enumerate(self.cfg.datasets):
             row = rows[d.name]
             rt = DatasetRuntime(d.name, pos, row["prompts"], row["rejected"], d.token_budget)
-            if row["state"] in ("paused", "skipped", "budget_met"):
-                rt.control, rt.reason = row["state"], row["state_reason"]
+            if row["state"] in PERSISTED_CONTROLS:
+                rt.control, rt.reason = Control(row["state"]), row["state_reason"]
             for cls in self.cfg.classes:
                 rt.pending[cls] = counts.get((d.name, cls, "pending"), 0)
                 rt.cursor[cls] = 0
@@ -220,16 +193,15 @@ class Scheduler(FailureMixin):
             rt.done = sum(n for (ds, _, s), n in counts.items() if ds == d.name and s == "done")
             rt.failed = sum(n for (ds, _, s), n in counts.items() if ds == d.name and s == "failed")
             p, c, r, cost, _ = usage.get(d.name, (0, 0, 0, 0.0, 0))
-            rt.prompt_tokens, rt.completion_tokens, rt.reasoning_tokens, rt.cost_usd = p, c, r, cost
+            rt.prompt_tokens, rt.completion_tokens, rt.reasoning_tokens = p, c, r
             rt.errors.update(errors.get(d.name, {}))
             self.datasets[d.name] = rt
             self.spend.seed(d.name, p, c, cost + lost.get(d.name, 0.0), await self.store.recent_completion_tokens(d.name))
             self.spend.lost_usd[d.name] = lost.get(d.name, 0.0)
-            rt.cost_usd += lost.get(d.name, 0.0)
-            if rt.control == "budget_met" and not any(
+            if rt.control == Control.BUDGET_MET and not any(
                 self.spend.budget_met(d.name, cls) for cls in self.cfg.classes if rt.pending.get(cls)
             ):
-                rt.control, rt.reason = "active", ""  # the budget was raised since
+                rt.control, rt.reason = Control.ACTIVE, ""  # the budget was raised since
         excl = await self.store.get_meta("excluded_providers")
         if excl:
             self.excluded_providers = json.loads(excl)
@@ -262,7 +234,7 @@ class Scheduler(FailureMixin):
                 return None
             self._credits_wait = False
         for rt in self.datasets.values():
-            if rt.control == "active" and rt.pending.get(cls, 0) > 0 and cls not in rt.blocked:
+            if rt.control == Control.ACTIVE and rt.pending.get(cls, 0) > 0 and cls not in rt.blocked:
                 return rt
         return None
 
@@ -271,7 +243,7 @@ class Scheduler(FailureMixin):
             return False
         # In-flight prompts may come back to pending (abort, 402, 401), so they count as possible work.
         return any(
-            rt.control not in ("skipped", "budget_met") and (rt.pending.get(cls, 0) > 0 or rt.in_flight > 0)
+            rt.control not in TERMINAL_CONTROLS and (rt.pending.get(cls, 0) > 0 or rt.in_flight > 0)
             for rt in self.datasets.values()
         )
 
@@ -308,7 +280,7 @@ class Scheduler(FailureMixin):
             if p is None:
                 lim.release()
                 continue
-            if rt.control != "active" or self.run_paused or self._stopping:  # changed while fetching
+            if rt.control != Control.ACTIVE or self.run_paused or self._stopping:  # changed while fetching
                 rt.requeue[cls].appendleft(p)
                 lim.release()
                 continue
@@ -318,15 +290,10 @@ class Scheduler(FailureMixin):
                 self._censor(rt)
             try:
                 res = self.spend.reserve(rt.name, cls, p.est_prompt_tokens)
-            except CreditsFloorReached as e:  # checked before dispatch: the request stays pending
-                rt.requeue[cls].appendleft(p)
+            except Exception as e:  # noqa: BLE001 - credits floor (checked before dispatch), or a dollar cap
+                rt.requeue[cls].appendleft(p)  # with no price: the request stays pending, never spend blind
                 lim.release()
-                self.pause_all(str(e), kind="credits")
-                continue
-            except Exception as e:  # noqa: BLE001 - e.g. a dollar cap with no price: pause, never spend blind
-                rt.requeue[cls].appendleft(p)
-                lim.release()
-                self.pause_all(f"cannot reserve: {e}", kind="price")
+                guards.apply(self, guards.reserve_refused(e))
                 continue
             if res is None:
                 rt.requeue[cls].appendleft(p)
@@ -348,7 +315,7 @@ class Scheduler(FailureMixin):
                 rt.rate.start(self.clock())
                 rt.tok_rate.start(self.clock())
                 self.telemetry.usd_rate.start(self.clock())  # the spend rate counts from the first dispatch
-            task = asyncio.get_running_loop().create_task(self._request(rt, p, lim, res))
+            task = asyncio.get_running_loop().create_task(run_request(self, rt, p, lim, res))
             rt.tasks.add(task)
             task.add_done_callback(lambda t, rt=rt, p=p, lim=lim, res=res: self._task_done(t, rt, p, lim, res))
 
@@ -358,9 +325,9 @@ class Scheduler(FailureMixin):
         )
 
     async def _budget_met(self, rt: DatasetRuntime, reason: str) -> None:
-        if rt.control != "active":
+        if rt.control != Control.ACTIVE:
             return
-        await self.set_dataset_control(rt.name, "budget_met", reason)
+        await self.set_dataset_control(rt.name, Control.BUDGET_MET, reason)
         if self.cfg.spend.on_budget == "abort":
             self.abort(rt.name)
 
@@ -369,100 +336,6 @@ class Scheduler(FailureMixin):
             rt.blocked.clear()
             self._credits_wait = False
             self.notify()
-
-    def _partial_spend(self, rt: DatasetRuntime, err_or_progress: Any, est_prompt_tokens: int,
-                       provider: str | None = None) -> tuple[int, float]:
-        """Tokens/USD a failed or aborted attempt may have been billed (a lower bound), and a true-up."""
-        tokens = int(getattr(err_or_progress, "tokens_received", 0) or 0)
-        gid = getattr(err_or_progress, "generation_id", "") or ""
-        cost = getattr(err_or_progress, "partial_cost_usd", None)
-        if cost is None:
-            cost = getattr(err_or_progress, "cost_usd", None)
-        if cost is not None:
-            return tokens, float(cost)
-        if gid and self.get_json is not None:
-            self._trueup(rt, gid, provider)
-            return tokens, 0.0
-        return tokens, self.spend.estimate_cost(est_prompt_tokens if tokens else 0, tokens)
-
-    def _trueup(self, rt: DatasetRuntime, gid: str, provider: str | None = None) -> None:
-        from engine.credits import generation_cost
-
-        async def run() -> None:
-            cost = await generation_cost(self.get_json, gid)
-            if cost:
-                self.spend.aborts.billed(gid, cost)
-                self.spend.add_partial(rt.name, cost)
-                self.telemetry.on_cost(provider, cost, self.clock())
-                rt.cost_usd += cost
-                self.writer.set_attempt_cost(gid, cost)
-
-        t = asyncio.get_running_loop().create_task(run())
-        self._trueups.add(t)
-        t.add_done_callback(self._trueups.discard)
-
-    async def _account(self, p: PendingPrompt, c: Completion) -> Accounted:
-        """A result's tokens and cost (:func:`engine.usage.account`): the response's usage, else
-        counted with the ``[tokenizer]`` of live reconstruction (in a thread: ~0.5 us a token, too
-        long for the loop on long prompts), else estimated. An abort during the count does not lose
-        the paid, finished result: it is accounted with the estimate and stored."""
-        tok = getattr(self.recon, "tok", None)
-        counted: tuple | None = None
-        if tok is not None and not usage_usable(c):
-            try:
-                counted = await asyncio.to_thread(count_with_tokenizer, tok, c, p.messages, p.tools)
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None:
-                    task.uncancel()
-            except Exception as e:  # noqa: BLE001 - text the tokenizer refuses: the estimate stands
-                log.warning("[%s] %s: usage could not be counted (%s: %s); estimated", p.dataset, p.key,
-                            type(e).__name__, e)
-        return account(c, est_prompt_tokens=p.est_prompt_tokens, price=self._price,
-                       count=(lambda: counted) if counted is not None else None)
-
-    def _price(self, prompt_tokens: int, completion_tokens: int) -> float | None:
-        """USD of the tokens at the best known prices; None when no price is known."""
-        pr = self.spend.prices()
-        return pr.cost(prompt_tokens, completion_tokens) if pr is not None else None
-
-    def _trueup_result(self, rt: DatasetRuntime, prompt_id: int, gid: str, acc: Accounted, provider: str) -> None:
-        """Replace a stored result's counted/estimated figures by the provider's ``/generation``
-        stats once they are known (budgets, counters and the row corrected by the difference)."""
-        from engine.credits import generation_stats
-
-        async def run() -> None:
-            final = from_generation(await generation_stats(self.get_json, gid), self._price)
-            if final is None:
-                return
-            u = final.usage
-            dp, dc, dr, dusd = correction(acc.usage, u)
-            self.spend.correct(rt.name, dp, dc, dusd)
-            if final.cost_billed:
-                self.spend.observer.observe(u.prompt_tokens, u.completion_tokens, u.cost_usd)
-            rt.prompt_tokens += dp
-            rt.completion_tokens += dc
-            rt.reasoning_tokens += dr
-            rt.cost_usd += dusd
-            if dusd > 0:
-                self.telemetry.on_cost(provider, dusd, self.clock())
-            self.writer.set_result_usage(prompt_id, u, GENERATION)
-
-        t = asyncio.get_running_loop().create_task(run())
-        self._trueups.add(t)
-        t.add_done_callback(self._trueups.discard)
-
-    async def _request(self, rt: DatasetRuntime, p: PendingPrompt, lim: AdjustableLimiter, res: Any) -> None:
-        self._begun.add(p.id)
-        req = self._request_for(p)
-        progress = StreamProgress()
-        spent = [0, 0.0]  # tokens, USD of failed attempts of this request
-        rt.streams[p.id] = (p.cls, progress, p.est_prompt_tokens)
-        self.spend.track(rt.name, res, progress)
-        try:
-            await self._attempts(rt, p, lim, res, req, progress, spent)
-        finally:
-            rt.streams.pop(p.id, None)
 
     def _task_done(self, t: asyncio.Task, rt: DatasetRuntime, p: PendingPrompt, lim: AdjustableLimiter,
                    res: Any) -> None:
@@ -490,83 +363,42 @@ class Scheduler(FailureMixin):
             self.spend.budgets[rt.name].estimators[cls].set_censored(vals)
         self.spend.refresh(rt.name)
 
-    async def _attempts(self, rt: DatasetRuntime, p: PendingPrompt, lim: AdjustableLimiter, res: Any,
-                        req: ChatRequest, progress: StreamProgress, spent: list) -> None:
-        attempts = p.attempts
-        started = [time.time()]
-        seq = [0]  # the attempt's dispatch sequence number for the anomaly guard (engine.anomaly)
+    # ---- outcomes of a request (engine.attempt.run_request) ---------------------------------
+    def _aborted(self, rt: DatasetRuntime, p: PendingPrompt, res: Any, progress: StreamProgress, spent: Spent,
+                 at: AttemptClock) -> None:
+        """Aborted: back to pending; what was streamed is counted as spent (a lower bound). A stream
+        cut before its generation id arrived can never be trued up, yet providers that keep
+        generating bill it: once aborted streams' bills were observed, its abort estimate (from
+        that share, labelled so in the abort line) is accounted; before, what it generated."""
+        tok, usd = self.accounting.partial_spend(rt, progress, p.est_prompt_tokens, progress.provider)
+        usd = max(usd, self._unidentified_aborts.pop(id(progress), 0.0))
+        self.telemetry.on_cost(progress.provider, usd, self.clock())
+        self.writer.add_attempt(p.id, rt.name, at.attempts, at.started, time.time(), "aborted",
+                                provider=progress.provider or None, generation_id=progress.generation_id or None,
+                                tokens_received=tok, cost_usd=usd or None)
+        self.spend.release(rt.name, res, spent.tokens + tok, spent.usd + usd)
+        self.writer.set_attempts(p.id, at.attempts)
+        self._return_to_pending(rt, p, at.attempts)
+        self._unblock(rt)
 
-        async def one_attempt() -> Completion:
-            nonlocal attempts
-            attempts += 1
-            started[0] = time.time()
-            progress.chars_received = 0
-            seq[0] = self.telemetry.dispatched(rt.name)
-            c = await self._complete(req, progress=progress)
-            self._anomaly(rt, self.telemetry.attempt_ok(rt.name, seq[0]))
-            return c
+    def _failed(self, rt: DatasetRuntime, p: PendingPrompt, res: Any, spent: Spent, e: RequestError,
+                attempts: int) -> None:
+        """The request failed for good (``e``): its failed attempts' spend is recorded (once, in the
+        spend ledger) and the prompt fails or, for a run-wide error, returns to pending."""
+        self.spend.release(rt.name, res, spent.tokens, spent.usd)
+        self._unblock(rt)
+        self.failures.on_failure(rt, p, e, attempts)
 
-        def on_attempt(n: int, err: BaseException | None, wait_s: float | None) -> None:
-            now = time.time()
-            if err is None:
-                return
-            if isinstance(err, RequestError):
-                rt.errors[err.error_class.value] += 1
-                tok, usd = self._partial_spend(rt, err, p.est_prompt_tokens, err.provider)
-                self.telemetry.on_cost(err.provider, usd, self.clock())
-                spent[0] += tok
-                spent[1] += usd
-                self.writer.add_attempt(
-                    p.id, rt.name, attempts, started[0], now, "error", err.error_class.value, err.status or None,
-                    err.message, err.provider or None, err.generation_id or None, err.tokens_received, usd or None,
-                )
-                self._anomaly(rt, self.telemetry.on_error(rt.name, err.provider, err.error_class.value, err.message,
-                                                          guard=self.run_wide(err) is None, seq=seq[0]))
-
-        try:
-            c: Completion = await call_with_retries(one_attempt, self.policy, on_attempt=on_attempt)
-        except asyncio.CancelledError:
-            # Aborted: back to pending; what was streamed is counted as spent (a lower bound). A stream
-            # cut before its generation id arrived can never be trued up, yet providers that keep
-            # generating bill it: once aborted streams' bills were observed, its abort estimate (from
-            # that share, labelled so in the abort line) is accounted; before, what it generated.
-            self.telemetry.attempt_over(rt.name, seq[0])
-            tok, usd = self._partial_spend(rt, progress, p.est_prompt_tokens, progress.provider)
-            usd = max(usd, self._unidentified_aborts.pop(id(progress), 0.0))
-            self.telemetry.on_cost(progress.provider, usd, self.clock())
-            self.writer.add_attempt(p.id, rt.name, attempts, started[0], time.time(), "aborted",
-                                    provider=progress.provider or None, generation_id=progress.generation_id or None,
-                                    tokens_received=tok, cost_usd=usd or None)
-            self.spend.release(rt.name, res, spent[0] + tok, spent[1] + usd)
-            rt.cost_usd += spent[1] + usd
-            self.writer.set_attempts(p.id, attempts)
-            self._return_to_pending(rt, p, attempts)
-            self._unblock(rt)
-            lim.release()
-            raise
-        except RequestError as e:
-            lim.release()
-            self.spend.release(rt.name, res, spent[0], spent[1])
-            rt.cost_usd += spent[1]
-            self._unblock(rt)
-            self._on_failure(rt, p, e, attempts)
-            return
-        except Exception as e:  # noqa: BLE001 - a bug must cost one prompt, not the run
-            self.telemetry.attempt_over(rt.name, seq[0])
-            lim.release()
-            self.spend.release(rt.name, res, spent[0], spent[1])
-            self._unblock(rt)
-            log.exception("[%s] unexpected error on prompt %s", rt.name, p.key)
-            self._on_failure(rt, p, RequestError(ErrorClass.OTHER, f"internal error: {type(e).__name__}: {e}"), attempts)
-            return
-        acc = await self._account(p, c)  # tokens and cost even when the response carried no usage
-        lim.release()
+    def _completed(self, rt: DatasetRuntime, p: PendingPrompt, res: Any, c: Completion, acc: Accounted,
+                   spent: Spent, at: AttemptClock) -> None:
+        """The request completed: settle its reservation, record the result and its attempts."""
+        attempts = at.attempts
         u = acc.usage
         received, c = c, dataclasses.replace(c, usage=u)
         self.spend.settle(rt.name, res, u.prompt_tokens, u.completion_tokens, u.cost_usd, billed=acc.cost_billed)
-        if spent[0] or spent[1]:
-            self.spend.add_partial(rt.name, spent[1], tokens=spent[0])  # earlier failed attempts of this prompt
-        self.writer.add_attempt(p.id, rt.name, attempts, started[0], time.time(), "ok", provider=c.provider,
+        if spent.tokens or spent.usd:
+            self.spend.add_partial(rt.name, spent.usd, tokens=spent.tokens)  # earlier failed attempts of this prompt
+        self.writer.add_attempt(p.id, rt.name, attempts, at.started, time.time(), "ok", provider=c.provider,
                                 generation_id=c.generation_id, cost_usd=u.cost_usd)
         self.writer.add_result(p.id, rt.name, p.key, c, attempts, usage_source=acc.source)
         if self.recon is not None:  # the response as received: only billed figures are checked against
@@ -575,29 +407,26 @@ class Scheduler(FailureMixin):
             except Exception:  # noqa: BLE001 - the result is stored; `datagen validate` rebuilds it
                 log.exception("[%s] reconstruction of %s could not be queued", rt.name, p.key)
         if acc.provisional and c.generation_id and self.get_json is not None:
-            self._trueup_result(rt, p.id, c.generation_id, acc, c.provider)
+            self.accounting.trueup_result(rt, p.id, c.generation_id, acc, c.provider)
         now = self.clock()
         rt.in_flight -= 1
         rt.done += 1
         rt.prompt_tokens += u.prompt_tokens
         rt.completion_tokens += u.completion_tokens
         rt.reasoning_tokens += u.reasoning_tokens
-        rt.cost_usd += (u.cost_usd or 0.0) + spent[1]
         rt.rate.add(now)
         rt.tok_rate.add(now, u.completion_tokens)
         self.rate.add(now)
         last = p.messages[-1].get("content") if p.messages else ""
         self._anomaly(rt, self.telemetry.on_success(rt.name, p.key, last if isinstance(last, str) else "", c, now,
-                                                    seq=seq[0]))
-        self._write_failures(self.config_check.on_success())  # a success: held 4xx are the prompts' own
+                                                    seq=at.seq))
+        self.failures.on_success()  # a success: held 4xx are the prompts' own
         self._unblock(rt)
         self._check_finished()
 
     def _anomaly(self, rt: DatasetRuntime, reason: str | None) -> None:
-        """Pause ``rt`` when the anomaly guard fired (``reason``) and it is still active."""
-        if reason and rt.control == "active":
-            asyncio.get_running_loop().create_task(
-                self.set_dataset_control(rt.name, "paused", f"anomaly guard: {reason}", guard=True))
+        """Pause ``rt`` when the anomaly guard fired (``reason``) and it is still active (:func:`engine.guards.anomaly`)."""
+        guards.apply(self, guards.anomaly(rt, reason))
 
     def _return_to_pending(self, rt: DatasetRuntime, p: PendingPrompt, attempts: int) -> None:
         rt.in_flight -= 1
@@ -611,10 +440,27 @@ class Scheduler(FailureMixin):
     def _check_finished(self) -> None:
         if all(rt.finished for rt in self.datasets.values()) and not any(rt.in_flight for rt in self.datasets.values()):
             if not self._stopping:
-                self.state, self.state_reason = "completed", ""  # a guard's pause reason no longer holds
+                self.state, self.state_reason = RunPhase.COMPLETED, ""  # a guard's pause reason no longer holds
             self._done.set()
         elif self._stopping and not any(rt.in_flight for rt in self.datasets.values()):
             self._done.set()
+
+    # ---- failures (engine.failures) ---------------------------------------------------------
+    def run_wide(self, e: RequestError) -> "Condition | None":
+        """The run-wide condition ``e`` shows, or None (:meth:`engine.failures.Failures.run_wide`)."""
+        return self.failures.run_wide(e)
+
+    def release_held_failures(self) -> None:
+        """Write the failures the config check still holds (:meth:`engine.failures.Failures.release_held`)."""
+        self.failures.release_held()
+
+    async def retry_failed(self, dataset: str | None = None, reason: str | None = None) -> int:
+        """Return failed prompts to pending; how many (:meth:`engine.failures.Failures.retry_failed`).
+
+        Raises:
+            ValueError: unknown dataset.
+        """
+        return await self.failures.retry_failed(dataset, reason)
 
     # ---- control (used by engine.controller) ----------------------------------------------
     def pause_all(self, reason: str, kind: str = "pause") -> None:
@@ -624,7 +470,7 @@ class Scheduler(FailureMixin):
         """
         self.run_paused = True
         self.pause_kind = kind
-        self.state, self.state_reason = "paused", reason
+        self.state, self.state_reason = RunPhase.PAUSED, reason
         self.event("warning", kind, None, f"run paused: {reason}")
         if kind != "pause":
             self.telemetry.notice(f"run paused by a guard: {reason}. Resume: R in the dashboard, or "
@@ -634,8 +480,8 @@ class Scheduler(FailureMixin):
         """Resume dispatching (datasets paused individually stay paused)."""
         self.run_paused = False
         self.pause_kind = ""
-        self.on_resume()
-        self.state, self.state_reason = "running", ""
+        self.failures.on_resume()
+        self.state, self.state_reason = RunPhase.RUNNING, ""
         self.event("info", "resume", None, "run resumed")
         self.notify()
 
@@ -646,7 +492,7 @@ class Scheduler(FailureMixin):
         logged at WARNING and announced (:meth:`engine.telemetry.Telemetry.notice`).
         """
         rt = self.datasets[name]
-        rt.control, rt.reason = control, reason
+        rt.control, rt.reason = Control(control), reason
         await self.store.set_dataset_state(name, control, reason, time.time())
         self.event("warning" if guard else "info", control, name,
                    f"dataset {control}" + (f": {reason}" if reason else ""))
@@ -768,7 +614,7 @@ class Scheduler(FailureMixin):
         """Stop the run: no more dispatch; abort in-flight requests unless ``abort`` is False (drain).
         The first non-zero ``exit_code`` given is kept (a later stop does not hide an earlier failure)."""
         self._stopping = True
-        self.state, self.state_reason = "stopping", reason
+        self.state, self.state_reason = RunPhase.STOPPING, reason
         if not self.exit_code:
             self.exit_code = exit_code
         self.event("error" if exit_code and exit_code != 130 else "info", "stop", None, f"run stopping: {reason}")
@@ -782,7 +628,7 @@ class Scheduler(FailureMixin):
         """Dispatch until every dataset is done/skipped, or the run is stopped. Returns an exit code."""
         if not self.datasets:
             await self.load()
-        self.state = "paused" if self.run_paused else "running"
+        self.state = RunPhase.PAUSED if self.run_paused else RunPhase.RUNNING
         self._check_finished()
         dispatchers = []
         for cls in self.cfg.classes:
@@ -804,10 +650,10 @@ class Scheduler(FailureMixin):
             if self._ender is not None:
                 self._ender.cancel()
             self.release_held_failures()
-            if self._trueups:  # late costs of failed/aborted attempts (/generation), bounded wait
-                await asyncio.wait(list(self._trueups), timeout=15)
-        if self.state == "stopping":
-            self.state = "stopped"
+            if self.accounting.trueups:  # late costs of failed/aborted attempts (/generation), bounded wait
+                await asyncio.wait(list(self.accounting.trueups), timeout=15)
+        if self.state == RunPhase.STOPPING:
+            self.state = RunPhase.STOPPED
         return self.exit_code
 
     def drain_limit_s(self) -> float:
@@ -847,7 +693,7 @@ class Scheduler(FailureMixin):
     # ---- snapshot ---------------------------------------------------------------------------
     def elapsed_s(self) -> float:
         """Run seconds: this process's time plus what earlier processes of the run accumulated."""
-        return self._prior_elapsed + (self.clock() - self._t0)
+        return self.runstate.elapsed_s(self.clock())
 
     def live(self) -> dict[str, Any]:
         """Fields of the store's ``runtime`` row (see :func:`engine.observe.live_row`)."""

@@ -89,6 +89,10 @@ class SpendControl:
         self.credits_waiting = False  # the last reserve() was refused for credits held in flight
         self.spent_since_start = 0.0  # USD accounted by this process (results + partial spend)
         self.lost_usd: dict[str, float] = {d.name: 0.0 for d in cfg.datasets}
+        #: USD accounted per dataset, the run's earlier processes included: results, failed and
+        #: aborted attempts, late true-ups. THE dollars of a dataset (snapshots and status read them
+        #: here); every method that records spend adds to it, so it cannot disagree with the budgets.
+        self.dataset_usd: dict[str, float] = {d.name: 0.0 for d in cfg.datasets}
         #: what providers billed for streams this engine aborted (the abort estimate learns from it)
         self.aborts = AbortBilling()
         self._abort_rows: list[tuple[str, str, str, int, int, float]] = []
@@ -112,6 +116,7 @@ class SpendControl:
         b.tokens.add_used(completion_tokens + (prompt_tokens if b.counts_total else 0))
         b.cost.add_used(cost_usd)
         self.run_cost.add_used(cost_usd)
+        self.dataset_usd[dataset] = self.dataset_usd.get(dataset, 0.0) + cost_usd
         for cls, values in recent.items():
             est = b.estimators.get(cls)
             if est is not None:
@@ -200,6 +205,7 @@ class SpendControl:
         else:
             b.settle(r, prompt_tokens, completion_tokens, cost_usd, self.prices())
         self.spent_since_start += cost_usd or 0.0
+        self.dataset_usd[dataset] += cost_usd or 0.0
 
     def release(self, dataset: str, r: Reservations | _Naive, tokens_spent: int = 0, cost_spent: float = 0.0) -> None:
         """Release a failed/aborted request's reservation, counting what it spent (a lower bound)."""
@@ -213,6 +219,7 @@ class SpendControl:
             b.release(r, tokens_spent, cost_spent)
         self.spent_since_start += cost_spent
         self.lost_usd[dataset] += cost_spent
+        self.dataset_usd[dataset] += cost_spent
 
     def add_partial(self, dataset: str, cost_usd: float, tokens: int = 0) -> None:
         """Add spend (USD, tokens) of attempts that produced no result: failed attempts of a prompt
@@ -223,6 +230,7 @@ class SpendControl:
         self.run_cost.add_used(cost_usd)
         self.spent_since_start += cost_usd
         self.lost_usd[dataset] += cost_usd
+        self.dataset_usd[dataset] += cost_usd
 
     def correct(self, dataset: str, prompt_tokens: int, completion_tokens: int, cost_usd: float) -> None:
         """Correct a settled result's figures by the given differences (tokens, USD; may be negative),
@@ -233,6 +241,7 @@ class SpendControl:
         for budget, amount in ((b.tokens, tokens), (b.cost, cost_usd), (self.run_cost, cost_usd)):
             budget.used = max(0.0, budget.used + amount)
         self.spent_since_start += cost_usd
+        self.dataset_usd[dataset] += cost_usd
 
     def estimate_cost(self, prompt_tokens: int, completion_tokens: int) -> float:
         """Cost (USD) of the given tokens at the best known prices; 0.0 when no price is known."""

@@ -15,9 +15,11 @@ import logging
 import time
 from typing import Any, Callable
 
+from engine import guards
 from engine.controller import Controller
 from engine.credits import read_credits
 from engine.projection import calibration_gate
+from engine.runstate import Control
 from engine.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -113,22 +115,16 @@ class Supervisor:
         """Calibration gate per dataset and the credits floor (see module docstring)."""
         snap = self.s.snapshot()
         for d in snap.datasets:
-            rt = self.s.datasets[d.name]
-            if rt.gate_fired or rt.control != "active":
+            rt = self.s.runstate.datasets[d.name]
+            if rt.gate_fired or rt.control != Control.ACTIVE:
                 continue
-            reason = calibration_gate(d.done, d.prompts, d.projected_cost_usd, d.max_cost_usd)
-            if reason:
-                rt.gate_fired = True
-                asyncio.get_running_loop().create_task(
-                    self.s.set_dataset_control(d.name, "paused", f"calibration gate: {reason}", guard=True))
+            guards.apply(self.s, guards.calibration(
+                rt, calibration_gate(d.done, d.prompts, d.projected_cost_usd, d.max_cost_usd)))
         cr = self.s.spend.credits
-        floor = self.s.cfg.spend.credits_floor_usd
-        if cr is not None and cr.remaining_usd is not None and not self.s.run_paused:
-            left = cr.remaining_usd - snap.cost_in_flight_usd
-            if left < floor and self._floor_paused_at != cr.at:
-                self._floor_paused_at = cr.at
-                self.s.pause_all(f"credits floor: ${cr.remaining_usd:.2f} left minus ${snap.cost_in_flight_usd:.2f} "
-                                 f"in flight is below credits_floor_usd ${floor:.2f}", kind="credits")
+        pause = guards.credits_floor(cr, self.s.cfg.spend.credits_floor_usd, snap.cost_in_flight_usd, self.s.runstate)
+        if pause is not None and cr is not None and self._floor_paused_at != cr.at:  # once per credits reading
+            self._floor_paused_at = cr.at
+            guards.apply(self.s, pause)
 
     async def run(self) -> None:
         """Tick until cancelled."""

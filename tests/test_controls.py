@@ -81,8 +81,7 @@ async def test_budget_limited_dataset_shows_why_it_runs_below_its_concurrency(tm
         d = sched.snapshot().dataset("a")
         assert d.in_flight == 2 and d.limit_reason == "budget-limited 2/4"
         assert dataset_cells(d)["note"] == (("budget-limited 2/4", "yellow"),)
-        writer._live = sched.live
-        await writer.flush()
+        await writer.flush()  # the writer's live row (wired by build) carries the note
         assert collect_status(cfg.run.dir)["datasets"][0]["limit_reason"] == "budget-limited 2/4"
     finally:
         sched.stop("test over")

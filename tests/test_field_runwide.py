@@ -415,9 +415,8 @@ async def test_resume_after_a_config_mistake_pause_fails_those_prompts_one_by_on
     cfg = make_config(tmp_path, datasets=[{"name": "a", "path": "a.jsonl"}],
                       classes={"short": {"max_tokens": 10, "concurrency": 1}})
     store = await seeded_store(cfg, {"a": 6})
-    writer = StoreWriter(store, 0.05)
+    writer = StoreWriter(store, 0.05, live=lambda: sched.live())
     sched = Scheduler(cfg, store, writer, complete, policy=RetryPolicy(max_attempts=2, base_s=0.001, max_s=0.002))
-    writer._live = sched.live
     await sched.load()
     stop = asyncio.Event()
     wt = asyncio.create_task(writer.run(stop))

@@ -501,10 +501,9 @@ async def _sched(tmp_path, n: int, complete, *, get_json=None, recon=None, budge
     cfg = make_config(tmp_path, [{"name": "a", "path": "a.jsonl", "token_budget": budget}],
                       pricing={"prompt_usd_per_m": 0.6, "completion_usd_per_m": 2.5})
     store = await seeded_store(cfg, {"a": n})
-    writer = StoreWriter(store, 0.05)
-    sched = Scheduler(cfg, store, writer, complete, policy=RetryPolicy(max_attempts=2, base_s=0.001, max_s=0.002))
-    sched.get_json, sched.recon = get_json, recon
-    writer._live = sched.live
+    writer = StoreWriter(store, 0.05, live=lambda: sched.live())
+    sched = Scheduler(cfg, store, writer, complete, policy=RetryPolicy(max_attempts=2, base_s=0.001, max_s=0.002),
+                      get_json=get_json, recon=recon)
     await sched.load()
     return store, writer, sched
 
@@ -569,6 +568,6 @@ async def test_trueup_in_the_scheduler_counts_once(tmp_path):
     assert sorted(asked) == ["gen-0", "gen-1", "gen-2"]
     assert got == [(40 + i, 30, 0.01, GENERATION) for i in range(3)]
     rt = sched.datasets["a"]
-    assert (rt.completion_tokens, rt.prompt_tokens) == (123, 90) and rt.cost_usd == pytest.approx(0.03)
+    assert (rt.completion_tokens, rt.prompt_tokens) == (123, 90) and sched.spend.dataset_usd["a"] == pytest.approx(0.03)
     assert sched.spend.budgets["a"].tokens.used == 123
     assert sched.spend.budgets["a"].cost.used == pytest.approx(0.03)

@@ -167,17 +167,18 @@ def test_submit_never_raises_when_the_pool_cannot_be_replaced(tmp_path, monkeypa
     assert svc.skipped == 4 and _validations(cfg.run.dir) == 4  # submit never raised; 4 left for later
 
 
-def test_completion_is_stored_when_reconstruction_cannot_be_queued_and_validated_later(tmp_path):
+def test_completion_is_stored_when_reconstruction_cannot_be_queued_and_validated_later(tmp_path, monkeypatch):
     """A reconstruction service whose ``submit`` raises (a dead pool, before the fix) must cost no
     completion: the run completes, every prompt is done, none returns to pending (bought again), and
     ``validate_run(only_missing=True)`` (what exports and ``datagen validate`` do) rebuilds them later."""
     from engine.config import parse_config
     from engine.runner import run_headless
-    from engine.tokens.service import validate_run
+    from engine.tokens.service import ReconstructionService, validate_run
 
-    class Broken:
-        def submit(self, *a, **k):
-            raise RuntimeError("BrokenProcessPool: a child process terminated abruptly")
+    def broken_submit(self, *a, **k):
+        raise RuntimeError("BrokenProcessPool: a child process terminated abruptly")
+
+    monkeypatch.setattr(ReconstructionService, "submit", broken_submit)
 
     cfg = parse_config({
         "run": {"name": "b", "dir": str(tmp_path / "run"), "commit_interval_s": 0.1, "progress_interval_s": 60},
@@ -188,10 +189,7 @@ def test_completion_is_stored_when_reconstruction_cannot_be_queued_and_validated
         "tokenizer": {"path": str(kimi_dir()), "executor": "thread"},
     }, tmp_path / "config.toml")
 
-    def ready(job):
-        job.scheduler.recon = Broken()
-
-    code = asyncio.run(asyncio.wait_for(run_headless(cfg, io.StringIO(), install_signals=False, on_ready=ready), 60))
+    code = asyncio.run(asyncio.wait_for(run_headless(cfg, io.StringIO(), install_signals=False), 60))
     assert code == 0
     c = store_counts(tmp_path / "run")
     assert c["results"] == c.get("prompts_done", 0) > 0 and c.get("prompts_pending", 0) == 0

@@ -50,9 +50,8 @@ class Fake:
 async def build(tmp_path, counts, fake, long_every=0, **cfgkw):
     cfg = make_config(tmp_path, **cfgkw)
     store = await seeded_store(cfg, counts, long_every=long_every)
-    writer = StoreWriter(store, 0.05)
+    writer = StoreWriter(store, 0.05, live=lambda: sched.live())
     sched = Scheduler(cfg, store, writer, fake.complete, policy=RetryPolicy(max_attempts=3, base_s=0.001, max_s=0.002))
-    writer._live = sched.live
     await sched.load()
     return cfg, store, writer, sched
 
@@ -121,6 +120,30 @@ async def test_retry_then_fail_with_reason_and_errors_counted(tmp_path):
     a = doc["datasets"][0]
     assert (a["done"], a["failed"], a["pending"], a["in_flight"]) == (2, 2, 0, 0)
     assert a["errors"] == {"server": 4, "bad_request": 1}
+    await store.close()
+
+
+async def test_partial_spend_before_an_unexpected_error_is_counted_once_in_every_figure(tmp_path):
+    """A prompt whose first attempt failed after $0.02 was billed, and whose retry then hit a bug
+    (an unexpected exception), shows the same dollars in its dataset's snapshot as the spend ledger
+    and the budgets (the generic-exception branch once dropped them from the dataset's figure)."""
+    fake = Fake(script={
+        "a prompt 0": [RequestError(ErrorClass.SERVER, "upstream 502", status=502, partial_cost_usd=0.02),
+                       RuntimeError("a bug in the client")],
+    })
+    cfg, store, writer, sched = await build(tmp_path, {"a": 1}, fake)
+    assert await run_all(sched, writer) == 0
+    d = sched.snapshot().dataset("a")
+    assert (d.done, d.failed) == (0, 1)
+    assert d.cost_usd == pytest.approx(0.02)
+    assert sched.spend.dataset_usd["a"] == pytest.approx(0.02)
+    assert sched.spend.budgets["a"].cost.used == pytest.approx(0.02)
+    assert sched.spend.run_cost.used == pytest.approx(0.02)
+    assert sched.snapshot().cost_usd == pytest.approx(0.02)
+    c = db(cfg)
+    st, ec, msg = c.execute("SELECT state, error_class, error FROM prompts WHERE key='a-000000'").fetchone()
+    assert (st, ec) == ("failed", "other") and "internal error: RuntimeError: a bug in the client" in msg
+    assert collect_status(cfg.run.dir)["datasets"][0]["cost_usd"] == pytest.approx(0.02)
     await store.close()
 
 
