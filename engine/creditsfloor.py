@@ -15,8 +15,10 @@ credits reading, or when the provider reports no limit, nothing is refused.
 
 from __future__ import annotations
 
+from engine.errors import DatagenError
 
-class CreditsFloorReached(Exception):
+
+class CreditsFloorReached(DatagenError):
     """Dispatching the next request would take credits below ``spend.credits_floor_usd``; the
     message is the run's pause reason (``"credits floor: ..."``)."""
 

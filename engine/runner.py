@@ -27,7 +27,7 @@ from engine.loopback import is_loopback_url
 from engine.controller import Controller
 from engine.ingest import ingest_all
 from engine.prices import prices_from_models_endpoint
-from engine.progress import format_notices, format_progress
+from engine.progress import final_report, format_notices, format_progress
 from engine.runstate import RunPhase
 from engine.scheduler import Scheduler
 from engine import runlock
@@ -600,9 +600,6 @@ async def run_headless(
                     loop.remove_signal_handler(sig)
                 except (NotImplementedError, RuntimeError):
                     pass
-    snap = sched.snapshot()
-    for line in format_progress(snap, set(), final=True):
+    for line in final_report(sched.snapshot(), job.store.path):
         say(line)
-    say(f"run {snap.state}{': ' + snap.state_reason if snap.state_reason else ''}; "
-        f"${snap.cost_usd:.4f} spent; store {job.store.path}")
     return code
