@@ -6,8 +6,8 @@ Public names are importable from here lazily (``from engine.client import ChatCl
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from engine.lazy import lazy_exports
+
 
 _EXPORTS = {
     "ChatClient": "chat",
@@ -35,8 +35,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    mod = _EXPORTS.get(name)
-    if mod is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

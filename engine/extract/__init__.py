@@ -17,7 +17,8 @@ Public API (imported lazily, so ``import engine.extract`` does not import torch)
 
 from __future__ import annotations
 
-from typing import Any
+from engine.lazy import lazy_exports
+
 
 _EXPORTS = {
     "ExtractedDataset": "engine.extract.loader",
@@ -32,10 +33,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    mod = _EXPORTS.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'engine.extract' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(mod), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -20,8 +20,8 @@ server, generator or tokenizer code)::
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from engine.lazy import lazy_exports
+
 
 #: Public name -> the submodule that defines it.
 _EXPORTS = {
@@ -41,11 +41,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    mod = _EXPORTS.get(name)
-    if mod is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 def __dir__() -> list[str]:
