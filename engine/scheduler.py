@@ -302,6 +302,9 @@ class Scheduler:
                     self._credits_wait = True
                     continue
                 reason = self.spend.budget_met(rt.name, cls, p.est_prompt_tokens)
+                if not reason and self.runstate.in_flight() == 0:
+                    # refused with nothing in flight anywhere: no reservation can settle, it never fits
+                    reason = self.spend.refusal_reason(rt.name, cls, p.est_prompt_tokens)
                 if reason:
                     await self._budget_met(rt, reason)
                 else:
@@ -332,8 +335,12 @@ class Scheduler:
             self.abort(rt.name)
 
     def _unblock(self, rt: DatasetRuntime) -> None:
-        if rt.blocked or self._credits_wait:
-            rt.blocked.clear()
+        """A reservation settled or was released: every dataset waiting for room may fit now (the run
+        cost cap and the credits holds are shared, so a settle in one dataset can unblock another)."""
+        blocked = [d for d in self.runstate.datasets.values() if d.blocked]
+        if blocked or self._credits_wait:
+            for d in blocked:
+                d.blocked.clear()
             self._credits_wait = False
             self.notify()
 

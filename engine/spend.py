@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from engine.budget import Budget, DatasetBudgets, Reservations
+from engine.budget import Budget, DatasetBudgets, Reservations, fmt_usd
 from engine.config import Config
 from engine.creditsfloor import CreditsFloorReached, CreditsHolds  # noqa: F401 - re-exported
 from engine.inflight import AbortBilling
@@ -260,6 +260,24 @@ class SpendControl:
         if b.budget_met(cls, self.prices() if self.has_cost_cap else None, est_prompt_tokens):
             return b.reason()
         return None
+
+    def refusal_reason(self, dataset: str, cls: str, est_prompt_tokens: int = 0) -> str:
+        """Why :meth:`reserve` refuses the dataset's next request of ``cls`` when nothing is in flight
+        run-wide (so nothing can settle and make room): what the request needs against what each
+        budget has left (tokens, USD), e.g. ``"budgets cannot hold the next request with nothing in
+        flight: needs ~1,850 tokens / ~$0.0195; left: run cost cap $0.0124"``."""
+        b = self.budgets[dataset]
+        est = b.estimators[cls]
+        expected = est.max_tokens if b.hard_cap else est.expected()
+        usd = self.estimate_cost(est_prompt_tokens, expected)
+        left = []
+        for name, budget, money in (("token budget", b.tokens, False), ("cost cap", b.cost, True),
+                                    ("run cost cap", b.run_cost, True)):
+            if budget.limit is not None:
+                room = budget.limit - budget.used - budget.reserved
+                left.append(f"{name} {fmt_usd(room) if money else f'{room:,.0f} tokens'}")
+        return (f"budgets cannot hold the next request with nothing in flight: needs ~{expected:,} tokens / "
+                f"~${usd:,.4f}; left: {', '.join(left) or 'unlimited (overrun of finished streams)'}")
 
     def observed_lengths(self, dataset: str, cls: str) -> list[float]:
         """Recent completion lengths (tokens, sorted) of ``dataset``'s class ``cls``; the class's
