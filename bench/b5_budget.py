@@ -45,8 +45,8 @@ def used_tokens(run_dir: Path) -> int:
 
 async def worker(a: argparse.Namespace) -> dict:
     raise_fd_limit()
-    from engine.runner import run_headless
-    from engine.status import collect_status
+    from engine.run.runner import run_headless
+    from engine.report.status import collect_status
 
     tmp = Path(a.tmp)
     cfg = engine_config(tmp, a.base_url, [{"name": "b5", "path": a.prompts, "format": "text",

@@ -41,8 +41,8 @@ SIM = dict(tokens_per_s=4000, latency_ms=50, mean_tokens=2000)
 
 async def worker(a: argparse.Namespace) -> dict:
     raise_fd_limit()
-    from engine.runner import run_headless
-    from engine.status import collect_status
+    from engine.run.runner import run_headless
+    from engine.report.status import collect_status
 
     tmp = Path(a.tmp)
     cfg = engine_config(tmp, a.base_url, [{"name": "b9", "path": a.prompts, "format": "text",

@@ -1,12 +1,12 @@
 """A pure, clock-free simulation of dispatch under a token budget (no I/O, no engine, no network).
 
-It drives :class:`engine.budget.DatasetBudgets` the way :class:`engine.scheduler.Scheduler`
+It drives :class:`engine.money.budget.DatasetBudgets` the way :class:`engine.run.scheduler.Scheduler`
 does, on simulated time: ``concurrency`` slots; each request's completion length is the
 simulator's (``8 + int(Exp(mean - 8))``, capped at ``max_tokens``), it streams at
 ``tokens_per_s`` per stream after ``latency_s``; the in-flight streams' tokens so far are given
 to the estimator as censored lengths every ``censor_every_s`` simulated seconds (the scheduler's
 ``CENSOR_EVERY_S``); a refused reservation stops the dataset for good when
-:meth:`~engine.budget.DatasetBudgets.budget_met` says so, else dispatch waits for the next
+:meth:`~engine.money.budget.DatasetBudgets.budget_met` says so, else dispatch waits for the next
 completion. Used by ``tests/test_budget.py`` (the overshoot sweep) and ``bench/b9_hard_cap.py``.
 """
 
@@ -16,7 +16,7 @@ import heapq
 import random
 from dataclasses import dataclass
 
-from engine.budget import DatasetBudgets
+from engine.money.budget import DatasetBudgets
 
 
 class _Progress:

@@ -82,7 +82,7 @@ async def worker(a: argparse.Namespace) -> dict[str, Any]:
     if a.probe_idle:
         res["probe"] = await phase(probe, PROBE_S)
 
-    import engine.runner as runner
+    import engine.run.runner as runner
 
     tmp = Path(a.tmp)
     cfg = engine_config(tmp, a.base_url, datasets(tmp), concurrency=a.concurrency, max_tokens=8000, stall_s=600)

@@ -30,7 +30,7 @@ CATEGORIES = (  # first match wins, tested against the whole stack (py-spy print
     ("dashboard (textual/rich/tui)", ("(textual/", "(rich/", "(tui/")),
     ("SSE parse + JSON decode", ("(engine/client/sse.py", "(json/")),
     ("stream accumulation", ("(engine/client/accumulate.py",)),
-    ("store / writer (aiosqlite)", ("(engine/writer.py", "(engine/store.py", "(aiosqlite/")),
+    ("store / writer (aiosqlite)", ("(engine/storage/writer.py", "(engine/storage/store.py", "(aiosqlite/")),
     ("HTTP stack (httpx/httpcore/h11/anyio)", ("(httpx/", "(httpcore/", "(h11/", "(anyio/")),
     ("scheduler / spend / telemetry / client glue", ("(engine/",  "(tenacity/")),
     ("event loop / selector", ("(asyncio/", "(selectors.py")),

@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from engine import runlock
+from engine.proc import runlock
 from engine.config import load_config
 from engine.errors import DatagenError
 
@@ -25,8 +25,8 @@ from engine.errors import DatagenError
 def _cmd_run(args: argparse.Namespace) -> int:
     """``datagen run``: 0 completed, 2 stopped by a fatal provider error, 3 paused with --exit-on-pause,
     130 interrupted; a bad config, a missing key or a directory in use raise :class:`DatagenError` (exit 1)."""
-    from engine.runner import resolve_api_key
-    from engine.store import make_run_dir
+    from engine.run.runner import resolve_api_key
+    from engine.storage.store import make_run_dir
 
     cfg = load_config(args.config)
     if args.run_dir:
@@ -51,7 +51,7 @@ def _run_locked(cfg, args: argparse.Namespace, lock: runlock.DirLock, fresh: tup
     """The rest of ``datagen run`` once this process holds the run directory's lock; ``fresh``:
     (run dir, datagen.log, lock file) did not exist before this start. A start refused by a
     :class:`DatagenError` (bad dataset, store, tokenizer...) removes what it created, then re-raises."""
-    from engine.runner import run_headless, setup_file_logging
+    from engine.run.runner import run_headless, setup_file_logging
 
     try:
         setup_file_logging(cfg.run.dir)
@@ -85,7 +85,7 @@ def _undo_refused_start(run_dir: Path, fresh_dir: bool, fresh_log: bool, fresh_l
     """After a start refused before the store was created (e.g. a keyless server that wants a key):
     remove the ``datagen.log``, the lock file and the run directory this start created, so a refused
     start leaves nothing behind. Anything that existed before, or a store, is kept."""
-    from engine.store import db_path
+    from engine.storage.store import db_path
 
     if db_path(run_dir).exists():
         return
@@ -144,7 +144,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from engine.status import collect_status, format_status, watch_status
+    from engine.report.status import collect_status, format_status, watch_status
 
     if args.interval is not None and not args.watch:
         print("error: --interval goes with --watch", file=sys.stderr)
@@ -170,7 +170,7 @@ EXIT_OK, EXIT_INVALID, EXIT_ERROR = 0, 1, 2
 def _cmd_export(args: argparse.Namespace) -> int:
     """0 something exported; 1 nothing exported (no record qualifies, nothing written); 2 error."""
     from engine.errors import NothingToExport
-    from engine.export import export
+    from engine.report.export import export
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -224,9 +224,9 @@ def _store_lock(run_dir: Path) -> runlock.DirLock | None:
     ``export`` when it validates); None when ``run_dir`` has no store (the command reports that).
 
     Raises:
-        engine.runlock.DirectoryInUse: a live ``datagen run`` (or another writer) holds it.
+        engine.proc.runlock.DirectoryInUse: a live ``datagen run`` (or another writer) holds it.
     """
-    from engine.store import db_path
+    from engine.storage.store import db_path
 
     if not db_path(run_dir).exists():
         return None
@@ -298,8 +298,8 @@ def _cmd_make_tokenizer(args: argparse.Namespace) -> int:
 
 
 def _cmd_ctl(args: argparse.Namespace) -> int:
-    from engine.ctl import send
-    from engine.status import collect_status
+    from engine.run.ctl import send
+    from engine.report.status import collect_status
 
     dataset, arg = args.dataset, None
     if args.verb == "concurrency":

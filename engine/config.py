@@ -260,13 +260,13 @@ class SpendSection(_Strict):
             when a dataset's budget is met.
         credits_floor_usd: checked before each dispatch: a request is sent only while provider credits
             left minus the dollars reserved in flight minus its own expected cost stay >= this (USD);
-            else it waits for in-flight requests, or the run pauses (:mod:`engine.creditsfloor`).
+            else it waits for in-flight requests, or the run pauses (:mod:`engine.money.creditsfloor`).
         credits_poll_s: seconds between reads of ``/key`` (fallback ``/credits``).
         calibrate_after: completions of a dataset+class before reservations use the observed
             percentile instead of ``max_tokens``; reserve_percentile: that percentile (0.5-1).
         anomaly_error_rate / anomaly_window: pause a dataset when more than this fraction of its
             last ``anomaly_window`` attempts failed, counted in dispatch order once resolved (0 disables;
-            see :mod:`engine.anomaly`).
+            see :mod:`engine.run.anomaly`).
         reservation: ``expected`` (default) or ``none`` (naive: reserve nothing; for benchmarks).
         hard_cap: never exceed a token budget or dollar cap: each request reserves its class's
             ``max_tokens`` (and 4x its prompt estimate where prompts count), so fewer requests are

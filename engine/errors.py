@@ -18,5 +18,5 @@ class NothingToExport(DatagenError):
     """No record qualifies for the export; nothing was written. The message says why (counts of
     stored, invalid and unvalidated results, the failed checks) and what to do.
 
-    Raised by :mod:`engine.export` (raw) and :mod:`engine.tokens.exports` (validated formats); defined
+    Raised by :mod:`engine.report.export` (raw) and :mod:`engine.tokens.exports` (validated formats); defined
     here, below both, so neither imports the other for it. ``datagen export`` exits 1 for it (not 2)."""

@@ -212,7 +212,7 @@ def run_cmd(cfg: Path, *extra: str) -> list[str]:
 def live_status(run_dir: Path) -> dict | None:
     """``collect_status`` in-process, or None while the store does not exist yet or is being created
     (``datagen status`` fails with ``no such table`` in the instant between file and schema)."""
-    from engine.status import StatusError, collect_status
+    from engine.report.status import StatusError, collect_status
 
     if not (Path(run_dir) / "store.sqlite").exists():
         return None

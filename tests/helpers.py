@@ -8,7 +8,7 @@ from typing import Any
 
 from engine.client.types import Completion, Usage
 from engine.config import Config, parse_config
-from engine.store import Store
+from engine.storage.store import Store
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "engine" / "samples"

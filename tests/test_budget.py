@@ -6,14 +6,14 @@ import random
 
 import pytest
 
-from engine.budget import (
+from engine.money.budget import (
     Budget,
     BudgetExceeded,
     CompletionEstimator,
     DatasetBudgets,
     NoPriceError,
 )
-from engine.prices import PriceObserver, Prices, prices_from_models_endpoint
+from engine.money.prices import PriceObserver, Prices, prices_from_models_endpoint
 
 # ----------------------------------------------------------------- CompletionEstimator
 
@@ -379,7 +379,7 @@ def test_settle_with_bad_figures_changes_nothing():
 
 # ----------------------------------------------------------------- survival curve, overrun, sweep
 
-from engine.survival import SurvivalCurve  # noqa: E402
+from engine.metrics.survival import SurvivalCurve  # noqa: E402
 
 from bench.budget_sim import simulate  # noqa: E402
 
@@ -544,7 +544,7 @@ def test_sweep_40_seeds(tokens_per_s):
 
 def test_spend_hard_cap_config_reaches_the_budgets_and_bad_values_name_the_key(tmp_path):
     from engine.config import ConfigError
-    from engine.spend import SpendControl
+    from engine.money.spend import SpendControl
     from helpers import make_config
 
     sc = SpendControl(make_config(tmp_path, [{"name": "a", "path": "a.jsonl", "token_budget": 5000}],

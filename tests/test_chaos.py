@@ -27,7 +27,7 @@ import pytest
 
 from engine.datasets import iter_prompts
 from engine.prompts import Prompt
-from engine.status import collect_status
+from engine.report.status import collect_status
 
 from e2e import SimProcess, integrity, live_status, read_log, run_cmd, run_env, wait_for, write_prompts
 

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from engine.controller import Controller
-from engine.limiter import concurrency_cap
-from engine.status import collect_status
+from engine.run.controller import Controller
+from engine.run.limiter import concurrency_cap
+from engine.report.status import collect_status
 from tui.app import DashboardApp
 from tui.panes.datasets import dataset_cells
 from tui.panes.header import eta_text, header_lines

@@ -261,7 +261,7 @@ def test_extract_straight_from_a_run_directory(tmp_path: Path) -> None:
     import io
 
     from engine.extract.launch import run_extract
-    from engine.runner import run_headless
+    from engine.run.runner import run_headless
     from engine.tokens.exports import export_validated, iter_token_records
     from fixtures_tokens import HF_MARKERS, hf_dir
     from helpers import SAMPLES
@@ -312,7 +312,7 @@ def test_config_extract_section(tmp_path: Path) -> None:
 
 
 def test_status_collect_and_gpus(tmp_path: Path) -> None:
-    from engine.gpu import GpuReading, GpuSnapshot
+    from engine.extract.gpu import GpuReading, GpuSnapshot
 
     sd = tmp_path / "status"
     sd.mkdir()

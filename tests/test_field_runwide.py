@@ -22,7 +22,7 @@ import pytest
 from casesrv import CaseServer, chunk, case_config, error_reply, last_user, run_case, stream, usage
 from engine.client.errors import class_for_status, classify_http_error
 from engine.client.types import ErrorClass
-from engine.runwide import ConfigMistakeDetector, condition_of, is_rejection, signature
+from engine.run.runwide import ConfigMistakeDetector, condition_of, is_rejection, signature
 
 NO_ENDPOINTS = "No endpoints found for moonshotai/kimi-k2.5."
 
@@ -401,9 +401,9 @@ async def test_resume_after_a_config_mistake_pause_fails_those_prompts_one_by_on
 
     from engine.client.retry import RetryPolicy
     from engine.client.types import RequestError
-    from engine.controller import Controller
-    from engine.scheduler import Scheduler
-    from engine.writer import StoreWriter
+    from engine.run.controller import Controller
+    from engine.run.scheduler import Scheduler
+    from engine.storage.writer import StoreWriter
     from helpers import make_config, seeded_store
 
     calls: list[str] = []

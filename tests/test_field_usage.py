@@ -28,7 +28,7 @@ import pytest
 from casesrv import CaseServer, Reply, chunk, case_config, last_user, run_case, sse, stream, usage
 from engine.client.types import Completion, ToolCall, Usage
 from engine.config import ProviderSection, TokenizerSection
-from engine.usage import (COUNTED, ESTIMATED, GENERATION, REPORTED, SOURCES, account, correction,
+from engine.money.usage import (COUNTED, ESTIMATED, GENERATION, REPORTED, SOURCES, account, correction,
                           count_with_tokenizer, estimate_usage, from_generation, usage_usable)
 from fixtures_tokens import kimi_dir, kimi_encoding as _enc, true_count
 
@@ -63,7 +63,7 @@ def _tok():
     return load_tokenizer(TokenizerSection(path=str(kimi_dir())))
 
 
-# ---- engine.usage, directly -----------------------------------------------------------------------------------
+# ---- engine.money.usage, directly -----------------------------------------------------------------------------------
 def test_sources_are_the_documented_four():
     assert SOURCES == ("reported", "generation", "counted", "estimated")
 
@@ -164,7 +164,7 @@ def test_correction_is_the_difference():
 
 
 def test_spend_correct_replaces_a_provisional_figure_without_double_counting(tmp_path):
-    from engine.spend import SpendControl
+    from engine.money.spend import SpendControl
     from helpers import make_config
 
     cfg = make_config(tmp_path, [{"name": "d", "path": "d.jsonl", "token_budget": 1000}])
@@ -192,7 +192,7 @@ OLD_RESULTS = """CREATE TABLE results(
 
 def _old_store(run: Path) -> None:
     """A store as datagen wrote it before ``usage_source`` existed, with one result."""
-    from engine.store import SCHEMA
+    from engine.storage.store import SCHEMA
 
     run.mkdir()
     conn = sqlite3.connect(run / "store.sqlite")
@@ -209,9 +209,9 @@ def _old_store(run: Path) -> None:
 
 
 def test_an_older_store_reads_as_reported_and_gains_the_column_when_opened(tmp_path):
-    from engine.export import export_raw
-    from engine.status import collect_status
-    from engine.store import Store
+    from engine.report.export import export_raw
+    from engine.report.status import collect_status
+    from engine.storage.store import Store
 
     run = tmp_path / "run"
     _old_store(run)
@@ -234,8 +234,8 @@ def test_an_older_store_reads_as_reported_and_gains_the_column_when_opened(tmp_p
 
 
 def test_writer_stores_the_source_and_a_true_up_replaces_the_figures(tmp_path):
-    from engine.store import Store
-    from engine.writer import StoreWriter
+    from engine.storage.store import Store
+    from engine.storage.writer import StoreWriter
 
     async def go():
         s = await Store.open(tmp_path / "run")
@@ -494,8 +494,8 @@ class _Recon:
 
 async def _sched(tmp_path, n: int, complete, *, get_json=None, recon=None, budget: int | None = None):
     from engine.client.retry import RetryPolicy
-    from engine.scheduler import Scheduler
-    from engine.writer import StoreWriter
+    from engine.run.scheduler import Scheduler
+    from engine.storage.writer import StoreWriter
     from helpers import make_config, seeded_store
 
     cfg = make_config(tmp_path, [{"name": "a", "path": "a.jsonl", "token_budget": budget}],

@@ -1,19 +1,19 @@
-"""engine.guards: every pause rule returns its decision with the exact reason and kind, and
+"""engine.run.guards: every pause rule returns its decision with the exact reason and kind, and
 apply() carries it out on a real Scheduler (run pause at once, dataset pause persisted)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from engine import guards
+from engine.run import guards
 from engine.client.retry import RetryPolicy
-from engine.spend import CreditsReading
-from engine.creditsfloor import CreditsFloorReached
-from engine.runstate import Control, DatasetRuntime, RunState
-from engine.runwide import Condition
-from engine.scheduler import Scheduler
-from engine.snapshot import DatasetSnapshot, RunSnapshot
-from engine.writer import StoreWriter
+from engine.money.spend import CreditsReading
+from engine.money.creditsfloor import CreditsFloorReached
+from engine.run.runstate import Control, DatasetRuntime, RunState
+from engine.run.runwide import Condition
+from engine.run.scheduler import Scheduler
+from engine.report.snapshot import DatasetSnapshot, RunSnapshot
+from engine.storage.writer import StoreWriter
 
 from helpers import make_config, seeded_store
 

@@ -41,10 +41,25 @@ def test_lint_imports_keeps_every_contract():
     lint = Path(PY).with_name("lint-imports")
     r = subprocess.run([str(lint), "--no-cache"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert re.search(r"Contracts: 3 kept, 0 broken\.", r.stdout), r.stdout[-2000:]
+    assert re.search(r"Contracts: 4 kept, 0 broken\.", r.stdout), r.stdout[-2000:]
     make = (REPO / "Makefile").read_text()
     test_target = make[make.index("\ntest: venv") + 1:].split("\n\n")[0]
     assert "$(BIN)/lint-imports" in test_target.splitlines()[1]  # before pytest
+
+
+def test_every_engine_folder_and_module_has_a_place_in_the_layers():
+    """The engine-layers contract names each package and top-level module of engine/ exactly once, so a new
+    folder or module cannot sit outside the layering unnoticed (lint-imports ignores what it is not told)."""
+    import tomllib
+
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (layers,) = [c["layers"] for c in contracts if c["id"] == "engine-layers"]
+    named = [n.strip() for layer in layers for n in layer.split("|")]
+    present = sorted(m.name for m in pkgutil.iter_modules([str(REPO / "engine")]) if m.name != "__main__")
+    assert sorted(named) == present
+    assert len(named) == len(set(named))
+    flat = [p.name for p in (REPO / "engine").glob("*.py") if p.name != "__init__.py"]
+    assert len(flat) <= 8, flat  # the root holds the foundations only; the rest lives in folders
 
 
 def test_a_fault_spec_in_the_config_loads_no_simulator(tmp_path):
@@ -108,7 +123,7 @@ def test_every_engine_exception_derives_from_datagen_error_and_keeps_its_value_e
     assert len(classes) >= 24, sorted(classes)
     outside = sorted(k for k, c in classes.items() if not issubclass(c, DatagenError))
     assert outside == sorted(_NOT_YET & set(classes)), outside
-    still_value_errors = ["engine.budget.NoPriceError", "engine.client.sse.SSEDecodeError",
+    still_value_errors = ["engine.money.budget.NoPriceError", "engine.client.sse.SSEDecodeError",
                           "engine.datasets.adapters.AdapterError", "engine.datasets.adapters.MissingField",
                           "engine.datasets.reasoning.ReasoningError", "engine.tokens.kimi_tools.ToolSchemaError"]
     assert all(issubclass(classes[k], ValueError) for k in still_value_errors)
@@ -122,8 +137,8 @@ def test_cli_has_no_exception_tuples_left():
 
 
 @pytest.mark.parametrize("argv, target, code", [
-    (["status", "R"], "engine.status.collect_status", 1),
-    (["export", "R", "--out", "O"], "engine.export.export", 2),
+    (["status", "R"], "engine.report.status.collect_status", 1),
+    (["export", "R", "--out", "O"], "engine.report.export.export", 2),
     (["validate", "R"], "engine.tokens.service.section_for_run", 2),
     (["make-tokenizer", "D"], "engine.tokens.demo_tokenizer.build_demo_tokenizer", 1),
 ])
@@ -131,7 +146,7 @@ def test_any_datagen_error_is_one_error_line_with_the_commands_exit_status(argv,
                                                                             monkeypatch):
     """An error no command names (a StoreError from export used to escape as a traceback) is printed once,
     as `error: <message>`, with the command's error status: 2 for export and validate, 1 elsewhere."""
-    from engine.store import StoreError
+    from engine.storage.store import StoreError
 
     mod, _, name = target.rpartition(".")
 
@@ -147,14 +162,14 @@ def test_any_datagen_error_is_one_error_line_with_the_commands_exit_status(argv,
 
 def test_nothing_to_export_keeps_exit_1_and_is_a_datagen_error(tmp_path, capsys, monkeypatch):
     from engine.errors import DatagenError, NothingToExport
-    import engine.export
+    import engine.report.export
 
     assert issubclass(NothingToExport, DatagenError)
 
     def nothing(*a, **k):
         raise NothingToExport("nothing to export: no result")
 
-    monkeypatch.setattr(engine.export, "export", nothing)
+    monkeypatch.setattr(engine.report.export, "export", nothing)
     assert main(["export", str(tmp_path / "r"), "--out", str(tmp_path / "o")]) == 1
     assert capsys.readouterr().err == "error: nothing to export: no result\n"
 
@@ -162,7 +177,8 @@ def test_nothing_to_export_keeps_exit_1_and_is_a_datagen_error(tmp_path, capsys,
 # ---------------------------------------------------------------------------- one implementation each
 
 def test_pid_alive_is_one_function_and_never_addresses_a_group():
-    from engine import pids, status
+    from engine.proc import pids
+    from engine.report import status
     from engine.extract import shards
     from engine.extract import status as xstatus
 
@@ -187,7 +203,8 @@ def test_a_worker_status_without_a_pid_is_not_taken_for_alive(tmp_path):
 
 
 def test_one_loopback_predicate_for_the_client_and_the_key_check():
-    from engine import loopback, runner
+    from engine import loopback
+    from engine.run import runner
     from engine.client import chat
 
     assert runner.is_loopback_url is loopback.is_loopback_url and chat.is_loopback_host is loopback.is_loopback_host
@@ -220,9 +237,9 @@ def test_docs_the_code_cites_are_in_the_repository():
 
 def test_final_report_is_the_dataset_lines_then_the_summary_line():
     """One implementation of the lines a run ends with (headless and after the dashboard; the two call
-    sites, engine/runner.py and tui/app.py, switch to it when the run-core and dashboard changes merge)."""
-    from engine.progress import dataset_line, final_report
-    from engine.snapshot import DatasetSnapshot, RunSnapshot
+    sites, engine/run/runner.py and tui/app.py, switch to it when the run-core and dashboard changes merge)."""
+    from engine.report.progress import dataset_line, final_report
+    from engine.report.snapshot import DatasetSnapshot, RunSnapshot
 
     d = DatasetSnapshot(name="b1", state="done", state_reason="", prompts=5, rejected=0, done=4, failed=1, skipped=0,
                         pending=0, in_flight=0, prompt_tokens=100, completion_tokens=2000, reasoning_tokens=300,

@@ -172,7 +172,7 @@ def test_completion_is_stored_when_reconstruction_cannot_be_queued_and_validated
     completion: the run completes, every prompt is done, none returns to pending (bought again), and
     ``validate_run(only_missing=True)`` (what exports and ``datagen validate`` do) rebuilds them later."""
     from engine.config import parse_config
-    from engine.runner import run_headless
+    from engine.run.runner import run_headless
     from engine.tokens.service import ReconstructionService, validate_run
 
     def broken_submit(self, *a, **k):
@@ -288,7 +288,7 @@ def test_second_signal_aborts_at_once_and_says_what_was_lost(tmp_path, executor)
 
 def test_drain_limit_defaults_to_the_requests_own_timeout(tmp_path):
     from engine.config import parse_config
-    from engine.scheduler import Scheduler
+    from engine.run.scheduler import Scheduler
 
     base = {"run": {"dir": str(tmp_path / "r")}, "provider": {"kind": "simulated", "timeouts": {"total_s": 1234}},
             "datasets": [{"name": "g", "path": str(REPO / "engine/samples/b1_glaive.jsonl"), "format": "glaive"}]}

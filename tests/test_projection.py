@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.projection import (
+from engine.money.projection import (
     DatasetProjection,
     calibration_gate,
     range_text,

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from engine.budget import fmt_usd
-from engine.projection import project_dataset, project_run, range_text
+from engine.money.budget import fmt_usd
+from engine.money.projection import project_dataset, project_run, range_text
 
 
 def random_dataset(rng: random.Random):

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from engine.datasets import iter_prompts, row_to_prompt
-from engine.ingest import ingest_all
+from engine.run.ingest import ingest_all
 from engine.prompts import Prompt, Reject
-from engine.store import Store
+from engine.storage.store import Store
 from helpers import make_config
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{\"q\": \"x\"}"}}
@@ -182,7 +182,7 @@ def test_ingest_counts_and_logs_what_each_row_became(tmp_path, caplog):
         finally:
             await store.close()
 
-    with caplog.at_level(logging.INFO, logger="engine.ingest"):
+    with caplog.at_level(logging.INFO, logger="engine.run.ingest"):
         (rep,) = asyncio.run(go())
     assert (rep.prompts, rep.rejected, rep.whole, rep.cut, rep.reasoning_moved) == (4, 1, 2, 2, 1)
     assert rep.became_summary() == ("2 prompt(s) whole (ended on a user or tool turn), 2 cut before the final "

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import os
 
-from engine.ingest import ingest_all
-from engine.store import Store, failed_filter
+from engine.run.ingest import ingest_all
+from engine.storage.store import Store, failed_filter
 from helpers import make_config
 
 

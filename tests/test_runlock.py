@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from casesrv import DONE, CaseServer, Reply, case_config, chunk, sse, usage
-from engine import runlock
+from engine.proc import runlock
 
 PY = sys.executable
 REPO = Path(__file__).resolve().parents[1]
@@ -31,7 +31,7 @@ ENV = dict(os.environ, CASE_KEY="case-key-123")
 HOLD = """
 import sys, time
 from pathlib import Path
-from engine import runlock
+from engine.proc import runlock
 runlock.acquire(Path(sys.argv[1]), sys.argv[2], "test")
 print("held", flush=True)
 time.sleep(120)

@@ -9,10 +9,10 @@ import pytest
 
 from engine.client.retry import RetryPolicy
 from engine.client.types import ErrorClass, RequestError
-from engine.controller import Controller
-from engine.scheduler import Scheduler
-from engine.status import collect_status
-from engine.writer import StoreWriter
+from engine.run.controller import Controller
+from engine.run.scheduler import Scheduler
+from engine.report.status import collect_status
+from engine.storage.writer import StoreWriter
 
 from helpers import completion, make_config, seeded_store
 

@@ -13,8 +13,8 @@ import io
 from pathlib import Path
 
 from engine.config import load_config
-from engine.runner import run_headless
-from engine.status import collect_status
+from engine.run.runner import run_headless
+from engine.report.status import collect_status
 
 SAMPLES = Path(__file__).resolve().parents[1] / "engine" / "samples"
 

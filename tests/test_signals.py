@@ -30,7 +30,7 @@ import uuid
 import pytest
 
 from engine.config import parse_config
-from engine.runner import run_headless
+from engine.run.runner import run_headless
 
 from e2e import PY, SimProcess, integrity, live_status, read_log, run_cmd, run_env, socket_count, wait_for, write_prompts
 
@@ -399,7 +399,7 @@ FD_PROBE = r"""
 import io, resource, sys
 soft, hard = int(sys.argv[1]), int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-from engine.runner import check_fd_limit
+from engine.run.runner import check_fd_limit
 out = io.StringIO()
 got = check_fd_limit(int(sys.argv[3]), out)
 print(got, resource.getrlimit(resource.RLIMIT_NOFILE)[0], repr(out.getvalue()))

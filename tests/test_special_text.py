@@ -13,8 +13,8 @@ import pytest
 
 from datagen.cli import main
 from engine.config import ConfigError, load_config
-from engine.status import collect_status
-from engine.store import Store
+from engine.report.status import collect_status
+from engine.storage.store import Store
 from engine.tokens.promptcheck import PromptChecker, SpecialText
 from engine.tokens.tokenizer import load_tokenizer
 from fixtures_tokens import kimi_dir

@@ -1,7 +1,7 @@
 """The dashboard driven by Textual's pilot against the REAL engine on the built-in simulator.
 
 Every test checks the engine's state (``scheduler.snapshot()``, and the store through
-``engine.status.collect_status`` after the writer's 0.1 s commits), not just the screen.
+``engine.report.status.collect_status`` after the writer's 0.1 s commits), not just the screen.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from engine.status import collect_status
+from engine.report.status import collect_status
 from tui.app import DashboardApp
 from tui.modals import ConfirmScreen, PickScreen, QuitScreen
 from tui.testing import FIXED_GPUS, FakeController, fixed_snapshot, screen_text, sim_config

@@ -87,7 +87,7 @@ def test_repeated_event_lines_are_all_shown():
 # ---- 2. any stop in progress counts as the first interrupt ---------------------------------------------
 
 def test_interrupt_rule():
-    from engine.runner import interrupt_action
+    from engine.run.runner import interrupt_action
 
     assert [interrupt_action(s, False) for s in ("SIGINT", "SIGTERM", "SIGHUP", "Ctrl-C")] == ["drain"] * 4
     assert [interrupt_action(s, True) for s in ("SIGINT", "SIGTERM", "Ctrl-C")] == ["abort"] * 3
@@ -190,7 +190,7 @@ GLAIVE_ONLY = [{"name": "glaive", "path": "b1_glaive.jsonl", "format": "glaive"}
 async def test_elapsed_stops_when_the_run_completes_and_matches_status(tmp_path):
     """Before: the header's elapsed kept counting after COMPLETED (7 s, then 17 s ten seconds later)
     while ``datagen status`` said ``completed, elapsed 4s``."""
-    from engine.status import collect_status
+    from engine.report.status import collect_status
     from tui.testing import SAMPLES
 
     ds = [{**GLAIVE_ONLY[0], "path": str(SAMPLES / GLAIVE_ONLY[0]["path"])}]
@@ -259,7 +259,7 @@ async def test_detail_view_eta_matches_the_tables_range_while_calibrating():
 # ---- 7. rows drain while the run stops ---------------------------------------------------------------
 
 def test_stopping_state_rule():
-    from engine.observe import stopping_state
+    from engine.run.observe import stopping_state
 
     assert stopping_state("running", "running", 3) == "running"
     assert stopping_state("running", "stopping", 3) == "draining"

@@ -1,10 +1,10 @@
-"""engine.gpu against a fake NVML module, and the GPU pane's text."""
+"""engine.extract.gpu against a fake NVML module, and the GPU pane's text."""
 
 from __future__ import annotations
 
 import time
 
-from engine.gpu import GpuPoller, GpuReading, read_gpus
+from engine.extract.gpu import GpuPoller, GpuReading, read_gpus
 from tui.panes.gpus import gpus_text
 
 

@@ -10,8 +10,8 @@ import logging
 import sqlite3
 import time
 
-from engine.progress import format_notices
-from engine.runner import run_headless
+from engine.report.progress import format_notices
+from engine.run.runner import run_headless
 from tui.app import DashboardApp
 from tui.panes import LogPane
 from tui.testing import SAMPLES, FakeController, fixed_snapshot, screen_text, sim_config
@@ -36,7 +36,7 @@ def guard_toasts(app) -> list[str]:
 async def test_anomaly_guard_pause_toasts_and_logs_a_warning(tmp_path, caplog):
     cfg = sim_config(tmp_path, concurrency=8, faults="502:0.7", spend=GUARD)
     app = DashboardApp(cfg)
-    with caplog.at_level(logging.INFO, logger="engine.scheduler"):
+    with caplog.at_level(logging.INFO, logger="engine.run.scheduler"):
         async with app.run_test(size=(160, 48), notifications=True) as pilot:
             await until(pilot, lambda: app.snapshot and app.snapshot.dataset("sharegpt").state == "paused",
                         what="the anomaly guard to pause sharegpt",
@@ -124,7 +124,7 @@ def test_anomaly_guard_firing_on_a_success_is_not_lost():
     threshold: the guard fires then, and that reason must reach the scheduler (it used to be dropped,
     and the guard, having fired, never paused the dataset)."""
     from engine.client.types import Completion, Usage
-    from engine.telemetry import Telemetry
+    from engine.run.telemetry import Telemetry
 
     tel = Telemetry(anomaly_error_rate=0.2, anomaly_window=10)
     assert [tel.on_error("ds", "SimA", "server", "502") for _ in range(9)] == [None] * 9

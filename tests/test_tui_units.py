@@ -78,9 +78,9 @@ def test_pane_log_handler_skips_scheduler_events_and_per_request_noise():
         logging.getLogger("httpx").handlers.remove(h)
     rec = logging.LogRecord("httpx", logging.INFO, __file__, 1, "HTTP Request: POST", None, None)
     h.handle(rec)
-    ev = logging.LogRecord("engine.scheduler", logging.INFO, __file__, 1, "dataset paused", None, None, func="event")
+    ev = logging.LogRecord("engine.run.scheduler", logging.INFO, __file__, 1, "dataset paused", None, None, func="event")
     h.handle(ev)
-    other = logging.LogRecord("engine.ingest", logging.WARNING, __file__, 1, "rejected row 3", None, None)
+    other = logging.LogRecord("engine.run.ingest", logging.WARNING, __file__, 1, "rejected row 3", None, None)
     h.handle(other)
     lines = h.drain()
     assert len(lines) == 2 and "HTTP 500" in lines[0] and "rejected row 3" in lines[1]
@@ -116,7 +116,7 @@ async def test_bindings_can_be_remapped_by_id():
 
 
 TUI = Path(__file__).resolve().parents[1] / "tui"
-ENGINE_INTERNALS = {"engine.scheduler", "engine.controller", "engine.observe", "engine.supervisor"}
+ENGINE_INTERNALS = {"engine.run.scheduler", "engine.run.controller", "engine.run.observe", "engine.run.supervisor"}
 
 
 def test_tui_reaches_the_engine_only_through_tui_host():
@@ -132,7 +132,7 @@ def test_tui_reaches_the_engine_only_through_tui_host():
                 found.append(f"{path.name}:{node.lineno}: .{node.attr}")
             if isinstance(node, ast.ImportFrom) and node.module in ENGINE_INTERNALS:
                 found.append(f"{path.name}:{node.lineno}: from {node.module}")
-            if isinstance(node, ast.ImportFrom) and node.module == "engine.runner":
+            if isinstance(node, ast.ImportFrom) and node.module == "engine.run.runner":
                 found += [f"{path.name}:{node.lineno}: runner.{a.name}" for a in node.names
                           if a.name != "interrupt_action"]
     assert found == []

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from engine.snapshot import DatasetSnapshot, RunSnapshot
+from engine.report.snapshot import DatasetSnapshot, RunSnapshot
 from tui.detail import DetailScreen, detail_text
 from tui.host import Commands, DashboardHost
 from tui.modals import ConfirmScreen, HelpScreen, PickScreen, QuitScreen, abort_body, quit_body

@@ -6,7 +6,7 @@ The app owns the event loop. It talks to its host only through :class:`tui.host.
 that loop in a task that an async worker awaits; on unmount the app stops it and waits for the
 store to close. The UI pulls ``host.snapshot()`` every ``1/refresh_hz`` seconds with a
 self-rescheduling timer (polls never overlap) and sends commands through ``host.controller``
-(:class:`engine.controller.Controller`). Nothing in the engine sends the UI a message per request.
+(:class:`engine.run.controller.Controller`). Nothing in the engine sends the UI a message per request.
 For tests and screenshots, ``DashboardApp(snapshot_source=..., controller=...)`` shows an injected
 snapshot source instead (host :class:`tui.host.StaticHost`).
 
@@ -33,9 +33,9 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer
 
 from engine.config import Config
-from engine.gpu import GpuPoller, GpuReading
-from engine.progress import final_report
-from engine.snapshot import RunSnapshot
+from engine.extract.gpu import GpuPoller, GpuReading
+from engine.report.progress import final_report
+from engine.report.snapshot import RunSnapshot
 from tui.actions import DashboardActions, DashboardCommands
 from tui.host import Commands, DashboardHost, EngineHost, InjectedCommands, StaticHost
 from tui.layout import CSS, HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS, parse_keymap
@@ -58,8 +58,8 @@ class DashboardApp(App[int]):
         snapshot_source: instead of ``cfg``: a callable returning the snapshot to show (or None).
         controller: with ``snapshot_source``: the command target (a :class:`tui.host.InjectedCommands`:
             the controller's command methods plus ``dataset_class``, e.g. :class:`tui.testing.FakeController`).
-        gpu_source: callable returning a :class:`~engine.gpu.GpuReading`; default a
-            :class:`~engine.gpu.GpuPoller` thread started on mount.
+        gpu_source: callable returning a :class:`~engine.extract.gpu.GpuReading`; default a
+            :class:`~engine.extract.gpu.GpuPoller` thread started on mount.
         refresh_hz: snapshot polls per second (default 2).
         exit_on_pause: exit with code 3 when a guard pauses the whole run (not a user pause).
         install_signals: drain on SIGTERM/SIGINT and on SIGHUP (terminal gone); default: in
@@ -370,7 +370,7 @@ class DashboardApp(App[int]):
 
 
 def run_dashboard(cfg: Config, *, exit_on_pause: bool = False, refresh_hz: float = 2.0) -> int:
-    """Run ``cfg``'s job under the dashboard; returns :func:`engine.runner.run_headless`'s exit codes
+    """Run ``cfg``'s job under the dashboard; returns :func:`engine.run.runner.run_headless`'s exit codes
     (0 completed or quit with ``q``, 2 stopped by a fatal provider error, 3 paused with ``exit_on_pause``,
     130 interrupted: Ctrl-C, SIGINT/SIGTERM/SIGHUP or the terminal lost).
 

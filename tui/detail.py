@@ -20,7 +20,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Label, Static
 
-from engine.snapshot import DatasetSnapshot, RunSnapshot
+from engine.report.snapshot import DatasetSnapshot, RunSnapshot
 from tui.fmt import fmt_count, money
 from tui.panes.datasets import eta_cell
 

@@ -1,11 +1,11 @@
 """What the dashboard needs from whatever runs the engine: a typed host interface and its two hosts.
 
-The dashboard reads the engine only through immutable snapshots (:class:`engine.snapshot.RunSnapshot`)
-and sends commands only through :class:`Commands` (what :class:`engine.controller.Controller`
+The dashboard reads the engine only through immutable snapshots (:class:`engine.report.snapshot.RunSnapshot`)
+and sends commands only through :class:`Commands` (what :class:`engine.run.controller.Controller`
 offers) and :class:`DashboardHost`. Two hosts implement it:
 
-- :class:`EngineHost` does what :func:`engine.runner.run_headless` does, minus the printing: it runs
-  ``prepare(cfg)`` and :func:`engine.runner.run_job` (writer, supervisor, scheduler; closes the
+- :class:`EngineHost` does what :func:`engine.run.runner.run_headless` does, minus the printing: it runs
+  ``prepare(cfg)`` and :func:`engine.run.runner.run_job` (writer, supervisor, scheduler; closes the
   job). The app runs :meth:`EngineHost.run` as an async Textual worker on its own loop.
 - :class:`StaticHost` shows an injected snapshot source and command target (tests, screenshots).
 """
@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from engine.config import Config
-from engine.controller import Controller
-from engine.runner import Job, fmt_limit, prepare, run_job
-from engine.scheduler import Scheduler
-from engine.snapshot import RunSnapshot
+from engine.run.controller import Controller
+from engine.run.runner import Job, fmt_limit, prepare, run_job
+from engine.run.scheduler import Scheduler
+from engine.report.snapshot import RunSnapshot
 
 log = logging.getLogger("datagen.dashboard")
 
@@ -31,7 +31,7 @@ QUIT_MODES = ("drain", "abort")
 
 
 class Commands(Protocol):
-    """The command methods the dashboard calls (:class:`engine.controller.Controller` has them all).
+    """The command methods the dashboard calls (:class:`engine.run.controller.Controller` has them all).
 
     Each returns a short human-readable result (shown as a toast) and raises ``ValueError`` naming
     the unknown dataset/class/provider or the out-of-range value; sync or async (the app awaits
@@ -149,13 +149,13 @@ class _LogLines(io.TextIOBase):
 class EngineHost:
     """One job's lifecycle on the current event loop (a :class:`DashboardHost`).
 
-    Engine members it uses: ``runner.prepare``/``run_job``; ``Job.scheduler``, ``Job.controller``,
-    ``Job.store.path``; ``Scheduler.snapshot()``, ``stop()``, ``drain()``, ``drain_limit_s()`` and
-    ``dataset_class()``; everything else comes from snapshots.
+    Engine members it uses: ``runner.prepare``/``run_job``; ``Job.controller`` (snapshots and every
+    command: ``stop()``, ``drain()``, ``drain_limit_s()``, ``dataset_class()``) and ``Job.store.path``;
+    ``Job.scheduler`` only through :attr:`scheduler`, for tests that check the engine itself.
 
     Attributes:
         job: the prepared job (None until :meth:`run` has prepared it).
-        exit_code: the run's exit code once :meth:`run` returned (see ``engine.runner``).
+        exit_code: the run's exit code once :meth:`run` returned (see ``engine.run.runner``).
         error: the exception that ended :meth:`run`, if any (config/data errors included).
         quit_mode: ``"drain"`` or ``"abort"`` once a quit was requested.
         interrupted: the signal or key (``"SIGTERM"``, ``"Ctrl-C"``) that stopped the run (exit 130).
@@ -195,15 +195,15 @@ class EngineHost:
 
     def snapshot(self) -> RunSnapshot | None:
         """The scheduler's snapshot now (also after the job closed); None before ``prepare`` finished."""
-        return self.job.scheduler.snapshot() if self.job is not None else None
+        return self.job.controller.snapshot() if self.job is not None else None
 
     def dataset_class(self, dataset: str) -> str | None:
-        """``Scheduler.dataset_class(dataset)``; None before ``prepare`` finished or for an unknown name."""
+        """``Controller.dataset_class(dataset)``; None before ``prepare`` finished or for an unknown name."""
         if self.job is None:
             return None
         try:
-            return self.job.scheduler.dataset_class(dataset)
-        except KeyError:
+            return self.job.controller.dataset_class(dataset)
+        except ValueError:
             return None
 
     async def run(self) -> int:
@@ -267,21 +267,21 @@ class EngineHost:
         why = f"{self.interrupted}: interrupted" if self.interrupted else "quit"
         if self.job is None:
             return "quitting as soon as the engine has started"
-        sched = self.job.scheduler
-        snap = sched.snapshot()
+        ctl = self.job.controller
+        snap = ctl.snapshot()
         n, usd = snap.in_flight, snap.cost_in_flight_usd
         if mode == "abort":
-            sched.stop(f"{why} (abort)", exit_code=code, abort=True)
+            ctl.stop(f"{why} (abort)", abort=True, exit_code=code)
             return f"aborting {n:,} in-flight request(s) (est. ${usd:.4f})"
         if self._drain_task is None:
-            self._drain_task = asyncio.ensure_future(sched.drain(reason=f"{why} (drain)", exit_code=code))
-        return (f"draining {n:,} in-flight request(s) (est. ${usd:.4f}, up to {fmt_limit(sched.drain_limit_s())}); "
+            self._drain_task = asyncio.ensure_future(ctl.drain(reason=f"{why} (drain)", exit_code=code))
+        return (f"draining {n:,} in-flight request(s) (est. ${usd:.4f}, up to {fmt_limit(ctl.drain_limit_s())}); "
                 f"again to abort")
 
     def close_limit_s(self) -> float:
         """Seconds the app may wait for the engine to stop once asked: the drain limit plus the
         5 s abort grace and time to flush and close (used as a hard bound at unmount)."""
-        limit = self.job.scheduler.drain_limit_s() if self.job is not None else 0.0
+        limit = self.job.controller.drain_limit_s() if self.job is not None else 0.0
         return limit + 30.0
 
 

@@ -25,7 +25,7 @@ class PaneLogHandler(logging.Handler):
         maxlen: records kept between two drains (older ones are dropped and counted).
         level: minimum level (default INFO).
 
-    Records that ``engine.scheduler`` logs from its ``event`` method are skipped (the same run
+    Records that ``engine.run.scheduler`` logs from its ``event`` method are skipped (the same run
     events reach the pane through ``snapshot.events``), and so are per-request records below
     WARNING of the HTTP and SQLite libraries (one line per request would bury everything else).
     """
@@ -39,7 +39,7 @@ class PaneLogHandler(logging.Handler):
         self.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(message)s", "%H:%M:%S"))
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.name == "engine.scheduler" and record.funcName == "event":
+        if record.name == "engine.run.scheduler" and record.funcName == "event":
             return
         if record.levelno < logging.WARNING and record.name.split(".", 1)[0] in self.QUIET:
             return

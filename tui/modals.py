@@ -42,13 +42,13 @@ ARROWS = [
 """Left/Right move the focus between a dialog's buttons (like Shift-Tab/Tab)."""
 
 
-def abort_estimate(snap) -> str:  # noqa: ANN001 - engine.snapshot.RunSnapshot
+def abort_estimate(snap) -> str:  # noqa: ANN001 - engine.report.snapshot.RunSnapshot
     """``"Abort now: est. $4.52 billed (from the billing of 40 aborted stream(s): ...)"``: the
     estimated bill of aborting the streams in flight, labelled as an estimate with its basis."""
     return f"Abort now: est. {money(snap.abort_cost_usd)} billed ({snap.abort_cost_basis or 'estimate'})."
 
 
-def quit_body(snap) -> str:  # noqa: ANN001 - engine.snapshot.RunSnapshot
+def quit_body(snap) -> str:  # noqa: ANN001 - engine.report.snapshot.RunSnapshot
     """The quit dialog's text: streams in flight, what they cost when they finish, what an abort
     is estimated to bill, and what drain and abort do."""
     return (f"{snap.in_flight:,} requests in flight (est. {money(snap.cost_in_flight_usd)} when they finish).\n"
@@ -57,7 +57,7 @@ def quit_body(snap) -> str:  # noqa: ANN001 - engine.snapshot.RunSnapshot
             "Abort: cancel them now (prompts return to pending; streamed tokens are billed).")
 
 
-def abort_body(snap) -> str:  # noqa: ANN001 - engine.snapshot.RunSnapshot
+def abort_body(snap) -> str:  # noqa: ANN001 - engine.report.snapshot.RunSnapshot
     """The abort confirmation's text (see :func:`quit_body`)."""
     return (f"{snap.in_flight:,} requests in flight, est. {money(snap.cost_in_flight_usd)} when they finish.\n"
             f"{abort_estimate(snap)}\n"

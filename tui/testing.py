@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import Config, parse_config
-from engine.gpu import GpuReading, GpuSnapshot
-from engine.snapshot import ClassSnapshot, DatasetSnapshot, RunSnapshot, SampleSnapshot
-from engine.stats import ProviderSnapshot
+from engine.extract.gpu import GpuReading, GpuSnapshot
+from engine.report.snapshot import ClassSnapshot, DatasetSnapshot, RunSnapshot, SampleSnapshot
+from engine.metrics.stats import ProviderSnapshot
 
 SAMPLES = Path(__file__).resolve().parents[1] / "engine" / "samples"
 """The bundled sample dataset files."""
@@ -58,7 +58,7 @@ def sim_config(
 
 
 class FakeController:
-    """Stands in for :class:`engine.controller.Controller` (a :class:`tui.host.InjectedCommands`);
+    """Stands in for :class:`engine.run.controller.Controller` (a :class:`tui.host.InjectedCommands`);
     ``calls`` lists ``(method, args)``; ``failed`` are the counts :meth:`failed_counts` returns."""
 
     def __init__(self, failed: dict[str, int] | None = None) -> None:

@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Callable
 
 from textual.widgets import Footer
 
-from engine.gpu import GpuReading
-from engine.snapshot import RunSnapshot
+from engine.extract.gpu import GpuReading
+from engine.report.snapshot import RunSnapshot
 from tui.layout import shown
 from tui.logbridge import PaneLogHandler
 from tui.panes import (

@@ -117,7 +117,7 @@ class ErrorClass(str, enum.Enum):
     @property
     def fatal(self) -> bool:
         """True for conditions of the account or the route (401, 402, 404) that pause the whole run
-        rather than fail one prompt (see :mod:`engine.runwide`)."""
+        rather than fail one prompt (see :mod:`engine.run.runwide`)."""
         return self in (ErrorClass.AUTH, ErrorClass.CREDITS, ErrorClass.ROUTE)
 
 

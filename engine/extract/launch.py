@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from engine import runlock
+from engine.proc import runlock
 from engine.extract.disk import check_job_fits, fmt_bytes
 from engine.extract.job import ExtractError, ExtractJob, resolve_job
 from engine.extract.plan import project
@@ -72,12 +72,12 @@ def run_extract(cfg: Any, *, data: Path | None = None, gpus: list[int] | None = 
                 free_bytes: int | None = None, progress_s: float = 5.0, say: Callable[[str], None] = print) -> int:
     """Run the whole extraction job of ``cfg``; returns the exit code (0 done, 1 error/failed, 130 interrupted).
 
-    Outside torchrun the launcher holds ``OUT_DIR/extract.lock`` (:mod:`engine.runlock`) for the whole
+    Outside torchrun the launcher holds ``OUT_DIR/extract.lock`` (:mod:`engine.proc.runlock`) for the whole
     job: a second ``datagen extract`` on the same output directory is refused before it touches it.
 
     Raises:
         ExtractError: bad settings, missing input or model, not enough disk (nothing started).
-        engine.runlock.DirectoryInUse: another live ``datagen extract`` writes the same output directory.
+        engine.proc.runlock.DirectoryInUse: another live ``datagen extract`` writes the same output directory.
     """
     tr = torchrun_env()
     job = resolve_job(cfg, data=data, gpus=gpus, workers=None if tr else workers, free_bytes=free_bytes)
@@ -155,7 +155,7 @@ def _wait(procs: list[subprocess.Popen], out_dir: str, progress_s: float, say: C
                     continue  # workers still importing
                 line = format_line(doc)
                 if gpus:
-                    from engine.gpu import read_gpus
+                    from engine.extract.gpu import read_gpus
 
                     line += " | " + gpu_line(read_gpus())
                 say(line)

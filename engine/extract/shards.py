@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from engine.pids import pid_alive
+from engine.proc.pids import pid_alive
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ a second and at every state change: ``state`` (``loading running paused done fai
 ``reason``, ``samples_done/total`` and ``tokens_done/total`` (its share; done includes samples
 found done at start), ``tokens_per_s`` (last ~30 s), ``bytes_written``, ``eta_s``, ``gpus``
 (physical ids), ``host``, ``pid``, ``updated_at`` (epoch s). Any process reads them with
-:func:`collect` (no lock, no store); :func:`gpus_json` adds NVML readings from :mod:`engine.gpu`.
+:func:`collect` (no lock, no store); :func:`gpus_json` adds NVML readings from :mod:`engine.extract.gpu`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.extract.shards import MANIFEST
-from engine.pids import pid_alive
+from engine.proc.pids import pid_alive
 
 STATES = ("loading", "running", "paused", "done", "failed")
 ACTIVE = ("loading", "running", "paused")
@@ -138,7 +138,7 @@ def read_workers(out_dir: str | Path) -> list[dict[str, Any]]:
 
 def _holder(out_dir: str | Path) -> dict[str, Any] | None:
     """Who holds ``out_dir/extract.lock`` (the live ``datagen extract`` launcher), or None."""
-    from engine.runlock import EXTRACT_LOCK, holder
+    from engine.proc.runlock import EXTRACT_LOCK, holder
 
     h = holder(Path(out_dir), EXTRACT_LOCK)
     return h.as_dict() if h is not None else None
@@ -150,7 +150,7 @@ def collect(out_dir: str | Path) -> dict[str, Any]:
     Returns:
         ``{"out_dir", "state", "reason", "workers": [...], "samples_total", "samples_done",
         "tokens_total", "tokens_done", "tokens_per_s", "bytes_written", "eta_s", "manifest_samples", "lock"}``
-        (``lock``: the live launcher holding ``out_dir/extract.lock``, :meth:`engine.runlock.Holder.as_dict`, or null);
+        (``lock``: the live launcher holding ``out_dir/extract.lock``, :meth:`engine.proc.runlock.Holder.as_dict`, or null);
         ``state`` is ``not_started`` when no worker has reported, ``failed`` if any worker failed
         and none is active, else ``loading``/``running``/``paused`` (any worker) or ``done`` (all).
     """
@@ -187,7 +187,7 @@ def collect(out_dir: str | Path) -> dict[str, Any]:
 
 
 def gpus_json(reading: Any, extract: dict[str, Any] | None = None) -> dict[str, Any]:
-    """An :class:`engine.gpu.GpuReading` as JSON, each GPU's ``worker`` filled from ``extract``.
+    """An :class:`engine.extract.gpu.GpuReading` as JSON, each GPU's ``worker`` filled from ``extract``.
 
     Returns:
         ``{"available", "reason", "gpus": [{index, name, util_pct, mem_used_bytes, mem_total_bytes,
@@ -233,7 +233,7 @@ def format_line(doc: dict[str, Any]) -> str:
 def status_fields(run_dir: str | Path) -> dict[str, Any]:
     """``{"extract": collect(...), "gpus": gpus_json(read_gpus(), ...)}`` for ``datagen status --json``
     of ``run_dir`` (never raises for a missing extraction or GPU: ``not_started`` / ``available: false``)."""
-    from engine.gpu import read_gpus
+    from engine.extract.gpu import read_gpus
 
     extract = collect(run_dir_out_dir(run_dir))
     return {"extract": extract, "gpus": gpus_json(read_gpus(), extract)}

@@ -193,7 +193,7 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
         engine.errors.NothingToExport: no record qualifies (nothing is written).
         ExportError, TokenizerError, engine.tokens.vstore.NoStoreError.
     """
-    from engine.atomic import write_lines, write_unless_empty
+    from engine.storage.atomic import write_lines, write_unless_empty
     from engine.tokens.service import section_for_run
 
     if fmt not in FORMATS:

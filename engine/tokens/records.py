@@ -20,7 +20,7 @@ from typing import Iterable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.atomic import atomic_path
+from engine.storage.atomic import atomic_path
 
 SCHEMA = pa.schema([
     ("id", pa.string()),

@@ -25,7 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from engine.childproc import quiet_child, spawn_context, spawn_guard
+from engine.proc.childproc import quiet_child, spawn_context, spawn_guard
 from engine.config import TokenizerSection
 from engine.tokens import vstore
 from engine.tokens.reconstruct import Record, reconstruct
@@ -70,7 +70,7 @@ def _work_with(tok: Tokenizer, records: list[Record]) -> list[tuple]:
 
 def _make_pool(section: TokenizerSection, tok: Tokenizer, workers: int, kind: str) -> cf.Executor:
     """A reconstruction pool: threads, or spawned processes born immune to terminal signals (Ctrl-C
-    and a process-group SIGTERM/SIGHUP reach the parent only: see :mod:`engine.childproc`)."""
+    and a process-group SIGTERM/SIGHUP reach the parent only: see :mod:`engine.proc.childproc`)."""
     if kind == "thread":
         return cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reconstruct")
     with spawn_guard():  # the pool's queues may start the resource tracker

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from engine.errors import DatagenError
-from engine.store import migrate
+from engine.storage.store import migrate
 from engine.tokens.reconstruct import Reconstruction, Record
 from engine.tokens.validate import Verdict
 
@@ -119,7 +119,7 @@ def get_meta(conn: sqlite3.Connection, key: str) -> Any:
     return None if row is None else json.loads(row[0])
 
 
-# Tokens we counted or estimated ourselves (usage_source, engine.usage) are no billed figure to check
+# Tokens we counted or estimated ourselves (usage_source, engine.money.usage) are no billed figure to check
 # the rebuilt lengths against: such records read as "no usage".
 _BILLED = "CASE WHEN r.usage_source IN ('counted', 'estimated') THEN 0 ELSE r.{} END"
 _SELECT = ("SELECT r.prompt_id, r.dataset, r.key, p.messages, p.tools, r.reasoning, r.content, r.tool_calls, "

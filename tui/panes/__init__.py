@@ -1,7 +1,7 @@
 """One module per dashboard pane; each pane is a widget with ``update_from(...)``.
 
-Panes are pure views: they read an immutable :class:`~engine.snapshot.RunSnapshot` (or a
-:class:`~engine.gpu.GpuReading`) and redraw only what changed since their last update.
+Panes are pure views: they read an immutable :class:`~engine.report.snapshot.RunSnapshot` (or a
+:class:`~engine.extract.gpu.GpuReading`) and redraw only what changed since their last update.
 """
 
 from tui.panes.datasets import DatasetsTable

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual.widgets import DataTable
 
-from engine.projection import range_text
-from engine.snapshot import DatasetSnapshot, RunSnapshot
+from engine.money.projection import range_text
+from engine.report.snapshot import DatasetSnapshot, RunSnapshot
 from tui.fmt import bar_parts, fmt_count, fmt_duration, money
 
 DS_STATE_STYLE = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from engine.gpu import GpuReading, GpuSnapshot
+from engine.extract.gpu import GpuReading, GpuSnapshot
 from tui.fmt import GIB, bar
 
 
@@ -57,7 +57,7 @@ def gpus_text(r: GpuReading) -> Text:
 
 
 class GpusPane(Static):
-    """Per-GPU figures; ``update_from`` takes a :class:`~engine.gpu.GpuReading`."""
+    """Per-GPU figures; ``update_from`` takes a :class:`~engine.extract.gpu.GpuReading`."""
 
     def __init__(self, **kw) -> None:
         super().__init__("", **kw)

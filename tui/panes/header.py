@@ -9,8 +9,8 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from engine.projection import range_text
-from engine.snapshot import RunSnapshot
+from engine.money.projection import range_text
+from engine.report.snapshot import RunSnapshot
 from tui.fmt import fmt_duration, money
 
 STATE_STYLE = {

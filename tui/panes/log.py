@@ -6,7 +6,7 @@ from collections.abc import Iterable
 
 from textual.widgets import Log
 
-from engine.snapshot import RunSnapshot
+from engine.report.snapshot import RunSnapshot
 
 MAX_LINES = 2000
 """Lines kept in the pane (older ones are dropped)."""

@@ -6,8 +6,8 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from engine.snapshot import RunSnapshot
-from engine.stats import ProviderSnapshot
+from engine.report.snapshot import RunSnapshot
+from engine.metrics.stats import ProviderSnapshot
 from tui.fmt import money, pct, secs
 
 

@@ -7,7 +7,7 @@ import re
 from rich.text import Text
 from textual.widgets import Static
 
-from engine.snapshot import DatasetSnapshot
+from engine.report.snapshot import DatasetSnapshot
 from tui.fmt import trim
 
 REASONING_CHARS = 400

@@ -1,0 +1,331 @@
+"""Projections: where a dataset and the run will end in tokens, dollars and time.
+
+Pure functions on figures the caller already holds (no I/O, no clocks: rates are passed in).
+Token figures are in the token budget's unit (completion tokens unless the dataset counts
+prompt + completion). Until a dataset has ``calibrate_after`` completions (``spend.calibrate_after``,
+50 by default) its projection is not one number but a range: the low end uses the mean completion
+length observed so far (the dataset's own, else the run's), the high end ``max_tokens`` per request;
+:func:`range_text` renders it as ``"$0.31–$2.26 (calibrating 12/50)"`` or, with nothing observed
+yet, ``"calibrating (0/50)"``. Two ETAs are always kept apart and labelled: one from the recent
+rate, one from the since-start rate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from engine.money.budget import fmt_usd
+from engine.metrics.rates import eta_seconds
+
+
+@dataclass(frozen=True)
+class DatasetProjection:
+    """Projected end state of one dataset.
+
+    Attributes:
+        tokens_to_come: tokens still expected (tokens): ``(prompts_left + in_flight) * mean``,
+            capped by what the token budget has left.
+        projected_final_tokens: ``used_tokens + tokens_to_come`` (tokens).
+        projected_cost_usd: ``cost_so_far + tokens_to_come * cost_per_completion_token +
+            requests_to_come * prompt_usd_per_request`` (USD), where ``requests_to_come`` is
+            ``tokens_to_come / mean`` (at most ``prompts_left + in_flight``); None when the price per
+            token is unknown. ``cost_so_far`` includes what aborted and failed attempts cost, but
+            nothing is extrapolated from it: the rest is priced from per-token prices only.
+        cost_so_far: spend so far (USD), as given.
+        eta_s_recent / eta_s_since_start: ``tokens_to_come`` over the recent / since-start
+            token rate (seconds); None when that rate is 0 and tokens remain; 0.0 when none remain.
+        over_cap: projected cost exceeds the dataset's ``max_cost_usd``.
+        calibrated: True once ``observed >= calibrate_after`` and a mean is known; before that the
+            point figures above use the mean when known, else ``max_tokens`` (pessimistic).
+        mean_completion_tokens: the per-request figure used (tokens).
+        observed / calibrate_after: completions behind the mean, and how many calibration needs.
+        tokens_to_come_low / _high: the range of tokens still expected (tokens); equal to
+            ``tokens_to_come`` once calibrated; ``_low`` is None when no mean is known at all.
+        cost_low_usd / cost_high_usd: projected final cost range (USD), low <= high; None where unknown. The high
+            end is at most ``cost_so_far + (prompts_left + in_flight) * (prompt_usd_per_request +
+            max_tokens * cost_per_completion_token)``: every remaining prompt completed once at
+            ``max_tokens`` (retried attempts that fail part-way are not included).
+        eta_s_low / eta_s_high: the range of ETAs at the recent rate (seconds); None where unknown.
+    """
+
+    tokens_to_come: float
+    projected_final_tokens: float
+    projected_cost_usd: float | None
+    cost_so_far: float
+    eta_s_recent: float | None
+    eta_s_since_start: float | None
+    over_cap: bool
+    calibrated: bool
+    mean_completion_tokens: float
+    observed: int = 0
+    calibrate_after: int = 0
+    tokens_to_come_low: float | None = None
+    tokens_to_come_high: float = 0.0
+    cost_low_usd: float | None = None
+    cost_high_usd: float | None = None
+    eta_s_low: float | None = None
+    eta_s_high: float | None = None
+
+
+def project_dataset(
+    *,
+    prompts_left: int,
+    in_flight: int,
+    used_tokens: int,
+    token_budget: int | None,
+    mean_completion_tokens: float | None,
+    max_tokens: float,
+    cost_so_far: float,
+    cost_per_completion_token: float | None,
+    recent_tok_per_s: float,
+    since_start_tok_per_s: float,
+    cost_cap: float | None,
+    observed: int | None = None,
+    calibrate_after: int = 0,
+    fallback_mean_tokens: float | None = None,
+    prompt_usd_per_request: float = 0.0,
+) -> DatasetProjection:
+    """Project one dataset's final tokens, cost and time to finish.
+
+    Args:
+        prompts_left: prompts not yet dispatched.
+        in_flight: requests dispatched and not yet finished.
+        used_tokens: budget tokens spent so far (tokens).
+        token_budget: the dataset's token budget (tokens) or None.
+        mean_completion_tokens: mean tokens per request (tokens); None before any completion.
+        max_tokens: per-request cap used when the mean is unknown (tokens).
+        cost_so_far: spend so far (USD).
+        cost_per_completion_token: the completion price (USD per completion token), or None when
+            unknown. Not a ratio of spend to tokens: spend of aborted attempts would inflate it.
+        recent_tok_per_s / since_start_tok_per_s: token rates (tokens per second).
+        cost_cap: the dataset's ``max_cost_usd`` or None.
+        observed: completions behind ``mean_completion_tokens``; None: calibrated whenever a mean is known.
+        calibrate_after: completions needed before the projection is one number (``spend.calibrate_after``).
+        fallback_mean_tokens: the run's mean completion length (tokens), the low end of the range
+            while this dataset has no completion of its own; None when nothing completed yet.
+        prompt_usd_per_request: the prompt's cost of one request (USD; mean prompt tokens x the
+            prompt price), added once per request still to come.
+
+    Raises:
+        ValueError: negative counts.
+    """
+    if prompts_left < 0 or in_flight < 0 or used_tokens < 0:
+        raise ValueError("prompts_left, in_flight and used_tokens must be >= 0")
+    n_obs = (0 if mean_completion_tokens is None else calibrate_after) if observed is None else int(observed)
+    calibrated = mean_completion_tokens is not None and n_obs >= calibrate_after
+    mean = float(mean_completion_tokens) if mean_completion_tokens is not None else float(max_tokens)
+    left = prompts_left + in_flight
+    room = None if token_budget is None else max(0.0, float(token_budget - used_tokens))
+
+    def tokens(per_request: float) -> float:
+        t = left * per_request
+        return t if room is None else min(t, room)
+
+    def cost_of(t: float | None, per_request: float) -> float | None:
+        if t is None or cost_per_completion_token is None:
+            return None
+        requests = min(float(left), t / per_request) if per_request > 0 else float(left)
+        return cost_so_far + t * cost_per_completion_token + requests * max(0.0, prompt_usd_per_request)
+
+    to_come = tokens(mean)
+    cost = cost_of(to_come, mean)
+    if calibrated:
+        low: float | None = to_come
+        high = to_come
+        cost_low, cost_high = cost, cost
+    else:
+        low_mean = mean_completion_tokens if mean_completion_tokens is not None else fallback_mean_tokens
+        low_per = min(float(low_mean), float(max_tokens)) if low_mean is not None else None
+        low = tokens(low_per) if low_per is not None else None
+        high = tokens(float(max_tokens))
+        cost_low = cost_of(low, low_per) if low_per is not None else None
+        cost_high = cost_of(high, float(max_tokens))
+        if cost_low is not None and cost_high is not None and cost_low > cost_high:
+            # a token budget that binds caps both ends at the same tokens: the low end's shorter
+            # completions then mean more requests, so more prompt cost. The range is [min, max].
+            cost_low, cost_high = cost_high, cost_low
+    return DatasetProjection(
+        tokens_to_come=to_come,
+        projected_final_tokens=used_tokens + to_come,
+        projected_cost_usd=cost,
+        cost_so_far=cost_so_far,
+        eta_s_recent=eta_seconds(to_come, recent_tok_per_s),
+        eta_s_since_start=eta_seconds(to_come, since_start_tok_per_s),
+        over_cap=cost is not None and cost_cap is not None and cost > cost_cap,
+        calibrated=calibrated,
+        mean_completion_tokens=mean,
+        observed=n_obs,
+        calibrate_after=calibrate_after,
+        tokens_to_come_low=low,
+        tokens_to_come_high=high,
+        cost_low_usd=cost_low,
+        cost_high_usd=cost_high,
+        eta_s_low=None if low is None else eta_seconds(low, recent_tok_per_s),
+        eta_s_high=eta_seconds(high, recent_tok_per_s),
+    )
+
+
+@dataclass(frozen=True)
+class RunProjection:
+    """Projected end state of the whole run.
+
+    Attributes:
+        tokens_to_come: sum over datasets (tokens).
+        projected_cost_usd: run cost so far + every dataset's remaining cost (USD); None when a
+            dataset with tokens still to come has no known price.
+        eta_s: the sum of the unfinished datasets' ETAs (seconds): each at its own recent token
+            rate while it runs, else at the run's (datasets mostly run one after another, so their
+            ETAs add up rather than overlap; with one dataset left it equals that dataset's ETA);
+            None when a dataset with tokens to come has no rate to go by.
+        spend_rate_usd_per_h: current spend rate (USD per hour); None while not known yet.
+        over_cap: projected cost exceeds the run cost cap.
+        calibrated: every unfinished dataset's projection is calibrated.
+        cost_low_usd / cost_high_usd: projected cost range (USD; equal to ``projected_cost_usd``
+            when calibrated); None where unknown.
+        eta_s_low / eta_s_high: ETA range (seconds), like ``eta_s``; None where unknown.
+        calibration: ``(observed, needed)`` completions of the first unfinished dataset (config
+            order) not yet calibrated; None when all are.
+    """
+
+    tokens_to_come: float
+    projected_cost_usd: float | None
+    eta_s: float | None
+    spend_rate_usd_per_h: float | None
+    over_cap: bool
+    calibrated: bool
+    cost_low_usd: float | None = None
+    cost_high_usd: float | None = None
+    eta_s_low: float | None = None
+    eta_s_high: float | None = None
+    calibration: tuple[int, int] | None = None
+
+
+def _sum_eta(parts: list[tuple[float | None, float | None]], run_rate: float) -> float | None:
+    """Sum of ETAs given ``(tokens_to_come, own_eta)`` pairs; tokens None -> unknown."""
+    total = 0.0
+    for tokens, own in parts:
+        if tokens is None:
+            return None
+        if tokens <= 0:
+            continue
+        eta = own if own is not None else eta_seconds(tokens, run_rate)
+        if eta is None:
+            return None
+        total += eta
+    return total
+
+
+def _sum_cost(cost_so_far: float, parts: list[tuple[float, float | None]]) -> float | None:
+    """Run cost so far plus each dataset's remaining cost; ``parts`` = ``(cost_so_far, projected)``."""
+    total = cost_so_far
+    for so_far, projected in parts:
+        if projected is None:
+            return None
+        total += projected - so_far
+    return total
+
+
+def project_run(
+    datasets: list[DatasetProjection],
+    spend_rate_usd_per_h: float | None,
+    cost_so_far: float,
+    *,
+    recent_tok_per_s: float,
+    cost_cap: float | None = None,
+) -> RunProjection:
+    """Combine dataset projections into the run's.
+
+    Args:
+        datasets: projections of the datasets not yet finished (config order).
+        spend_rate_usd_per_h: recent spend rate (USD per hour), reported as is.
+        cost_so_far: run spend so far (USD), including finished datasets.
+        recent_tok_per_s: the run's recent token rate (tokens per second), the rate of datasets
+            that have none of their own yet.
+        cost_cap: run-wide cost cap (USD) or None.
+    """
+    live = [d for d in datasets if d.tokens_to_come_high > 0 or d.tokens_to_come > 0]
+    to_come = sum(d.tokens_to_come for d in datasets)
+    cost = _sum_cost(cost_so_far, [(d.cost_so_far, d.projected_cost_usd) for d in live if d.tokens_to_come > 0])
+    low = _sum_cost(cost_so_far, [(d.cost_so_far, d.cost_low_usd) for d in live])
+    high = _sum_cost(cost_so_far, [(d.cost_so_far, d.cost_high_usd) for d in live])
+    eta = _sum_eta([(d.tokens_to_come, d.eta_s_recent) for d in live], recent_tok_per_s)
+    eta_low = _sum_eta([(d.tokens_to_come_low, d.eta_s_low) for d in live], recent_tok_per_s)
+    eta_high = _sum_eta([(d.tokens_to_come_high, d.eta_s_high) for d in live], recent_tok_per_s)
+    first = next((d for d in live if not d.calibrated), None)
+    return RunProjection(
+        tokens_to_come=to_come,
+        projected_cost_usd=cost,
+        eta_s=eta,
+        spend_rate_usd_per_h=spend_rate_usd_per_h,
+        over_cap=cost is not None and cost_cap is not None and cost > cost_cap,
+        calibrated=first is None,
+        cost_low_usd=low,
+        cost_high_usd=high,
+        eta_s_low=eta_low,
+        eta_s_high=eta_high,
+        calibration=None if first is None else (first.observed, first.calibrate_after),
+    )
+
+
+def range_text(
+    point: float | None,
+    low: float | None,
+    high: float | None,
+    calibration: tuple[int, int] | None,
+    fmt: Callable[[float | None], str],
+    *,
+    short: bool = False,
+) -> str:
+    """A projected figure as text: one number once calibrated, else a range or "calibrating".
+
+    Args:
+        point: the figure when calibrated (``calibration`` None).
+        low / high: the range while calibrating (None where unknown).
+        calibration: ``(observed, needed)`` completions, or None when calibrated.
+        fmt: formats one value (e.g. dollars, a duration).
+        short: leave out the ``(calibrating n/N)`` label after a range.
+
+    Returns:
+        ``fmt(point)`` when calibrated; ``"$0.31–$2.26 (calibrating 12/50)"`` (or without the label
+        when ``short``) while calibrating with both ends known; ``"calibrating (0/50)"`` when the
+        low end is not known yet.
+    """
+    if calibration is None:
+        return fmt(point)
+    n, need = calibration
+    if low is None or high is None:
+        return f"calibrating ({n}/{need})"
+    lo, hi = fmt(min(low, high)), fmt(max(low, high))  # never "$0.0638–$0.0632"
+    text = lo if lo == hi else f"{lo}–{hi}"
+    return text if short else f"{text} (calibrating {n}/{need})"
+
+
+def calibration_gate(
+    done: int,
+    prompts: int,
+    projected_cost: float | None,
+    cost_cap: float | None,
+    min_samples: int = 50,
+    fraction: float = 0.01,
+) -> str | None:
+    """Pause reason once early completions project the dataset past its dollar cap.
+
+    After ``max(min_samples, ceil(fraction * prompts))`` completions, returns e.g.
+    ``"projected cost $123.45 exceeds max_cost_usd $100.00 after 50 completions"`` when a cap is
+    set and ``projected_cost`` (USD) exceeds it. None otherwise: too few completions, no cap,
+    unknown projection, or within the cap.
+    """
+    needed = max(min_samples, math.ceil(fraction * prompts - 1e-9))
+    if done < needed or cost_cap is None or projected_cost is None or projected_cost <= cost_cap:
+        return None
+    return (
+        f"projected cost {fmt_usd(projected_cost)} exceeds max_cost_usd {fmt_usd(cost_cap)} "
+        f"after {done:,} completions"
+    )
+
+
+def spend_rate_usd_per_h(rate_window_usd_per_s: float) -> float:
+    """USD per hour from a :class:`engine.metrics.rates.RateWindow` rate fed with USD (USD per second)."""
+    return rate_window_usd_per_s * 3600.0

@@ -1,0 +1,355 @@
+"""Spend control for one run: budgets with in-flight reservation, prices, projections.
+
+Pure bookkeeping (no I/O, no clocks read): the scheduler calls :meth:`SpendControl.reserve` before
+dispatching a request, :meth:`settle` when it completes and :meth:`release` when it fails or is
+aborted; the supervisor feeds credits readings. Reservations follow ``engine.money.budget``: the class
+``max_tokens`` until a dataset+class has ``spend.calibrate_after`` completions, then the observed
+``spend.reserve_percentile`` (see :class:`engine.money.budget.CompletionEstimator`), growing with each
+stream's progress once :meth:`SpendControl.track` follows it, so ``used + reserved`` bounds what can
+still be spent and a budget is overshot by at most the in-flight tail that runs past its percentile
+(``spend.hard_cap``: ``max_tokens`` is reserved, never overshot). :attr:`SpendControl.aborts` learns
+what providers bill for aborted streams.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from engine.money.budget import Budget, DatasetBudgets, Reservations, fmt_usd
+from engine.config import Config
+from engine.money.creditsfloor import CreditsFloorReached, CreditsHolds  # noqa: F401 - re-exported
+from engine.money.inflight import AbortBilling
+from engine.money.prices import PriceObserver, Prices
+from engine.money.projection import DatasetProjection, project_dataset
+
+
+class _Naive:
+    """Marker reservation of the naive mode (``spend.reservation = "none"``): reserves nothing."""
+
+    __slots__ = ("cls",)
+
+    def __init__(self, cls: str) -> None:
+        self.cls = cls
+
+
+@dataclass(frozen=True, slots=True)
+class CreditsReading:
+    """Provider credits at one moment.
+
+    Attributes:
+        remaining_usd: credits left (USD; ``/key`` ``limit_remaining`` or ``/credits`` total - usage),
+            None when the provider has no limit to report.
+        usage_usd: the key's total usage (USD), the truth spend is reconciled against; None if unknown.
+        source: ``key`` | ``credits``.
+        at: monotonic time of the reading (s).
+    """
+
+    remaining_usd: float | None
+    usage_usd: float | None
+    source: str
+    at: float
+
+
+class SpendControl:
+    """Budgets, prices and credits of one run.
+
+    Args:
+        cfg: the validated config (datasets' ``token_budget`` / ``budget_counts`` / ``max_cost_usd``,
+            ``[spend]``, ``[pricing]``, classes' ``max_tokens``).
+    """
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        s = cfg.spend
+        self.run_cost = Budget(s.max_cost_usd)
+        max_tokens = {c: k.max_tokens for c, k in cfg.classes.items()}
+        self.budgets = {
+            d.name: DatasetBudgets(
+                max_tokens, token_budget=d.token_budget, max_cost_usd=d.max_cost_usd, run_cost=self.run_cost,
+                counts_total=d.budget_counts == "total", calibrate_after=s.calibrate_after,
+                percentile=s.reserve_percentile, hard_cap=s.hard_cap,
+            )
+            for d in cfg.datasets
+        }
+        self.naive = s.reservation == "none"
+        self.observer = PriceObserver()
+        p = cfg.pricing
+        self.config_prices = (
+            Prices(p.prompt_usd_per_m / 1e6, p.completion_usd_per_m / 1e6, "config")
+            if p.prompt_usd_per_m is not None and p.completion_usd_per_m is not None
+            else None
+        )
+        self.endpoint_prices: Prices | None = None
+        self.credits: CreditsReading | None = None
+        self.usage_at_start: float | None = None
+        self._spent_at_reading = 0.0
+        #: dollars held against the credits left above ``spend.credits_floor_usd`` (checked at dispatch)
+        self.credit_holds = CreditsHolds(s.credits_floor_usd)
+        self.credits_waiting = False  # the last reserve() was refused for credits held in flight
+        self.spent_since_start = 0.0  # USD accounted by this process (results + partial spend)
+        self.lost_usd: dict[str, float] = {d.name: 0.0 for d in cfg.datasets}
+        #: USD accounted per dataset, the run's earlier processes included: results, failed and
+        #: aborted attempts, late true-ups. THE dollars of a dataset (snapshots and status read them
+        #: here); every method that records spend adds to it, so it cannot disagree with the budgets.
+        self.dataset_usd: dict[str, float] = {d.name: 0.0 for d in cfg.datasets}
+        #: what providers billed for streams this engine aborted (the abort estimate learns from it)
+        self.aborts = AbortBilling()
+        self._abort_rows: list[tuple[str, str, str, int, int, float]] = []
+
+    # ---- prices -----------------------------------------------------------------------------
+    @property
+    def has_cost_cap(self) -> bool:
+        """True when a dollar cap is configured anywhere."""
+        return self.cfg.spend.max_cost_usd is not None or any(d.max_cost_usd for d in self.cfg.datasets)
+
+    def prices(self) -> Prices | None:
+        """Best known prices: observed from billed usage, else ``[pricing]``, else ``/models``; or None."""
+        return self.observer.prices(self.config_prices or self.endpoint_prices)
+
+    # ---- seeding from the store -----------------------------------------------------------
+    def seed(self, dataset: str, prompt_tokens: int, completion_tokens: int, cost_usd: float,
+             recent: dict[str, list[int]]) -> None:
+        """Count what earlier processes already spent and calibrate estimators with ``recent``
+        completion lengths per class (oldest first)."""
+        b = self.budgets[dataset]
+        b.tokens.add_used(completion_tokens + (prompt_tokens if b.counts_total else 0))
+        b.cost.add_used(cost_usd)
+        self.run_cost.add_used(cost_usd)
+        self.dataset_usd[dataset] = self.dataset_usd.get(dataset, 0.0) + cost_usd
+        for cls, values in recent.items():
+            est = b.estimators.get(cls)
+            if est is not None:
+                for v in values:
+                    est.observe(v)
+
+    def seed_aborts(self, rows: list[tuple[str, str, str, int, int, float]]) -> None:
+        """Bills of streams earlier processes aborted, ``(dataset, class, provider, prompt tokens,
+        tokens received, billed USD)`` (:meth:`engine.storage.store.Store.aborted_bills`); priced into
+        :attr:`aborts` once a price is known (:meth:`abort_share`)."""
+        self._abort_rows = list(rows)
+
+    def abort_share(self, provider: str) -> float | None:
+        """The observed share of a dropped stream's rest that ``provider`` bills
+        (:meth:`engine.money.inflight.AbortBilling.share_for`), the bills of earlier processes included:
+        those are compared with what they had generated at the current prices (rows of datasets no
+        longer configured are ignored)."""
+        if self._abort_rows:
+            p = self.prices()
+            if p is not None:
+                rows, self._abort_rows = self._abort_rows, []
+                for ds, _cls, prov, prompt, got, billed in rows:
+                    if ds in self.budgets:
+                        self.aborts.add_earlier(prov, p.cost(prompt, got), billed)
+        return self.aborts.share_for(provider)
+
+    # ---- reservation lifecycle ------------------------------------------------------------
+    def reserve(self, dataset: str, cls: str, est_prompt_tokens: int) -> Reservations | _Naive | None:
+        """Reserve a request's expected tokens/dollars; None when a budget refuses or the credits
+        held by requests in flight leave no room for it now (nothing reserved; see
+        :attr:`credits_waiting`).
+
+        Once credits were read, the request's expected cost (its class's completion estimate and
+        ``est_prompt_tokens`` at :meth:`prices`; 0 while no price is known) is also held against the
+        credits left above ``spend.credits_floor_usd`` (:class:`engine.money.creditsfloor.CreditsHolds`).
+
+        Raises:
+            engine.money.budget.NoPriceError: a dollar cap is set and no price is known.
+            engine.money.creditsfloor.CreditsFloorReached: the request would take credits below the floor
+                (nothing reserved; the message is the pause reason).
+        """
+        b = self.budgets[dataset]
+        est = b.estimators[cls]
+        expected = est.max_tokens if b.hard_cap else est.expected()
+        usd = self.estimate_cost(est_prompt_tokens, expected)
+        self.credits_waiting = not self.credit_holds.check(usd, self.spent_since_start)
+        if self.credits_waiting:
+            return None
+        if self.naive:
+            over = (b.tokens.limit is not None and b.tokens.used >= b.tokens.limit) or (
+                b.cost.limit is not None and b.cost.used >= b.cost.limit) or (
+                self.run_cost.limit is not None and self.run_cost.used >= self.run_cost.limit)
+            r: Reservations | _Naive | None = None if over else _Naive(cls)
+        else:
+            r = b.try_reserve(cls, est_prompt_tokens, self.prices() if self.has_cost_cap else None)
+        if r is not None:
+            self.credit_holds.hold(id(r), usd)
+        return r
+
+    def track(self, dataset: str, r: Reservations | _Naive, progress: Any) -> None:
+        """Follow the stream of an open reservation (``progress.tokens_received``: completion tokens
+        so far), so its reservation grows with its progress (:meth:`DatasetBudgets.track`)."""
+        if not isinstance(r, _Naive):
+            self.budgets[dataset].track(r, progress)
+
+    def refresh(self, dataset: str) -> None:
+        """Recompute the overrun of the dataset's tracked streams (after the censored lengths were
+        set): :meth:`DatasetBudgets.refresh`."""
+        self.budgets[dataset].refresh(self.prices() if self.has_cost_cap else None)
+
+    def settle(self, dataset: str, r: Reservations | _Naive, prompt_tokens: int, completion_tokens: int,
+               cost_usd: float | None, *, billed: bool = True) -> None:
+        """Settle a completed request with its usage (tokens, USD). ``billed`` False: the figures are
+        ours (counted, estimated or priced, see :mod:`engine.money.usage`): they count in the budgets but do
+        not teach the price observer."""
+        if billed:
+            self.observer.observe(prompt_tokens, completion_tokens, cost_usd)
+        self.credit_holds.close(id(r))
+        b = self.budgets[dataset]
+        if isinstance(r, _Naive):
+            b.estimators[r.cls].observe(completion_tokens)
+            b.tokens.add_used(completion_tokens + (prompt_tokens if b.counts_total else 0))
+            cost = cost_usd or 0.0
+            b.cost.add_used(cost)
+            self.run_cost.add_used(cost)
+        else:
+            b.settle(r, prompt_tokens, completion_tokens, cost_usd, self.prices())
+        self.spent_since_start += cost_usd or 0.0
+        self.dataset_usd[dataset] += cost_usd or 0.0
+
+    def release(self, dataset: str, r: Reservations | _Naive, tokens_spent: int = 0, cost_spent: float = 0.0) -> None:
+        """Release a failed/aborted request's reservation, counting what it spent (a lower bound)."""
+        self.credit_holds.close(id(r))
+        b = self.budgets[dataset]
+        if isinstance(r, _Naive):
+            b.tokens.add_used(tokens_spent)
+            b.cost.add_used(cost_spent)
+            self.run_cost.add_used(cost_spent)
+        else:
+            b.release(r, tokens_spent, cost_spent)
+        self.spent_since_start += cost_spent
+        self.lost_usd[dataset] += cost_spent
+        self.dataset_usd[dataset] += cost_spent
+
+    def add_partial(self, dataset: str, cost_usd: float, tokens: int = 0) -> None:
+        """Add spend (USD, tokens) of attempts that produced no result: failed attempts of a prompt
+        that later completed, or a late-known cost from ``/generation``."""
+        b = self.budgets[dataset]
+        b.tokens.add_used(tokens)
+        b.cost.add_used(cost_usd)
+        self.run_cost.add_used(cost_usd)
+        self.spent_since_start += cost_usd
+        self.lost_usd[dataset] += cost_usd
+        self.dataset_usd[dataset] += cost_usd
+
+    def correct(self, dataset: str, prompt_tokens: int, completion_tokens: int, cost_usd: float) -> None:
+        """Correct a settled result's figures by the given differences (tokens, USD; may be negative),
+        e.g. when a ``/generation`` true-up replaces counted or estimated usage: the budgets then hold
+        the true figures, counted once. ``used`` never drops below 0."""
+        b = self.budgets[dataset]
+        tokens = completion_tokens + (prompt_tokens if b.counts_total else 0)
+        for budget, amount in ((b.tokens, tokens), (b.cost, cost_usd), (self.run_cost, cost_usd)):
+            budget.used = max(0.0, budget.used + amount)
+        self.spent_since_start += cost_usd
+        self.dataset_usd[dataset] += cost_usd
+
+    def estimate_cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        """Cost (USD) of the given tokens at the best known prices; 0.0 when no price is known."""
+        p = self.prices()
+        return p.cost(prompt_tokens, completion_tokens) if p else 0.0
+
+    def budget_met(self, dataset: str, cls: str, est_prompt_tokens: int = 0) -> str | None:
+        """The reason the dataset can take no more requests, or None."""
+        b = self.budgets[dataset]
+        if self.naive:
+            if b.tokens.limit is not None and b.tokens.used >= b.tokens.limit:
+                return f"token budget met: {b.tokens.used:,.0f} / {b.tokens.limit:,.0f} tokens"
+            if b.cost.limit is not None and b.cost.used >= b.cost.limit:
+                return f"cost cap met: ${b.cost.used:.2f} / ${b.cost.limit:.2f}"
+            return None
+        if b.budget_met(cls, self.prices() if self.has_cost_cap else None, est_prompt_tokens):
+            return b.reason()
+        return None
+
+    def refusal_reason(self, dataset: str, cls: str, est_prompt_tokens: int = 0) -> str:
+        """Why :meth:`reserve` refuses the dataset's next request of ``cls`` when nothing is in flight
+        run-wide (so nothing can settle and make room): what the request needs against what each
+        budget has left (tokens, USD), e.g. ``"budgets cannot hold the next request with nothing in
+        flight: needs ~1,850 tokens / ~$0.0195; left: run cost cap $0.0124"``."""
+        b = self.budgets[dataset]
+        est = b.estimators[cls]
+        expected = est.max_tokens if b.hard_cap else est.expected()
+        usd = self.estimate_cost(est_prompt_tokens, expected)
+        left = []
+        for name, budget, money in (("token budget", b.tokens, False), ("cost cap", b.cost, True),
+                                    ("run cost cap", b.run_cost, True)):
+            if budget.limit is not None:
+                room = budget.limit - budget.used - budget.reserved
+                left.append(f"{name} {fmt_usd(room) if money else f'{room:,.0f} tokens'}")
+        return (f"budgets cannot hold the next request with nothing in flight: needs ~{expected:,} tokens / "
+                f"~${usd:,.4f}; left: {', '.join(left) or 'unlimited (overrun of finished streams)'}")
+
+    def observed_lengths(self, dataset: str, cls: str) -> list[float]:
+        """Recent completion lengths (tokens, sorted) of ``dataset``'s class ``cls``; the class's
+        over every dataset while this one has none; [] when none at all."""
+        own = self.budgets[dataset].estimators[cls].recent_lengths()
+        if own:
+            return own
+        out: list[float] = []
+        for b in self.budgets.values():
+            est = b.estimators.get(cls)
+            if est is not None:
+                out += est.recent_lengths()
+        return out
+
+    def reserved_tokens(self, dataset: str) -> int:
+        """Tokens reserved by the dataset's in-flight requests."""
+        return int(self.budgets[dataset].tokens.reserved)
+
+    # ---- credits ----------------------------------------------------------------------------
+    def on_credits(self, reading: CreditsReading) -> None:
+        """Record a credits reading (the first one fixes the usage baseline for reconciliation)."""
+        if self.usage_at_start is None and reading.usage_usd is not None:
+            self.usage_at_start = reading.usage_usd - self.spent_since_start
+        self.credits = reading
+        self._spent_at_reading = self.spent_since_start
+        self.credit_holds.on_reading(reading.remaining_usd, self.spent_since_start)
+
+    def drift_usd(self) -> float | None:
+        """Provider-reported usage since start minus our accounted spend since start, both as of the
+        last credits reading (USD). Positive: the provider billed more than we accounted."""
+        c = self.credits
+        if c is None or c.usage_usd is None or self.usage_at_start is None:
+            return None
+        return (c.usage_usd - self.usage_at_start) - self._spent_at_reading
+
+    # ---- projections ------------------------------------------------------------------------
+    def project(self, dataset: str, *, prompts_left: int, in_flight: int, cost_so_far: float,
+                completion_tokens: int, recent_tok_per_s: float, since_start_tok_per_s: float,
+                fallback_mean_tokens: float | None = None, mean_prompt_tokens: float = 0.0,
+                pending_by_class: Mapping[str, int] | None = None) -> DatasetProjection:
+        """Project the dataset's final tokens, cost and ETA (see :func:`engine.money.projection.project_dataset`;
+        calibrated after ``spend.calibrate_after`` completions, a range before).
+
+        The rest is priced at :meth:`prices` (observed from billed results, else ``[pricing]`` or
+        ``/models``; the fit over whatever results were seen when none of those is known), never
+        from ``cost_so_far`` / ``completion_tokens``, which spend of aborted attempts inflates.
+        ``mean_prompt_tokens`` (tokens per request) prices each request's prompt.
+        ``pending_by_class`` (prompts per request class) sets the per-request cap of the range's
+        high end to the classes' ``max_tokens`` weighted by what is left of each (in-flight requests
+        taken in the same mix): a dataset of short prompts is never projected at the long class's
+        cap. Without it, or with nothing pending, the largest ``max_tokens`` of the classes."""
+        b = self.budgets[dataset]
+        means = [e.mean() for e in b.estimators.values() if e.mean() is not None]
+        mean = (sum(means) / len(means)) if means else None
+        budget = b.tokens.limit
+        p = self.prices() or self.observer.fitted()
+        return project_dataset(
+            prompts_left=prompts_left, in_flight=in_flight, used_tokens=int(b.tokens.used),
+            token_budget=int(budget) if budget is not None else None, mean_completion_tokens=mean,
+            max_tokens=_weighted_max_tokens(b.estimators, pending_by_class), cost_so_far=cost_so_far,
+            cost_per_completion_token=p.completion_usd_per_token if p else None, recent_tok_per_s=recent_tok_per_s,
+            since_start_tok_per_s=since_start_tok_per_s, cost_cap=b.cost.limit,
+            observed=sum(e.count for e in b.estimators.values()), calibrate_after=self.cfg.spend.calibrate_after,
+            fallback_mean_tokens=fallback_mean_tokens,
+            prompt_usd_per_request=(p.prompt_usd_per_token * mean_prompt_tokens) if p else 0.0,
+        )
+
+
+def _weighted_max_tokens(estimators: Mapping[str, Any], pending_by_class: Mapping[str, int] | None) -> float:
+    """The per-request ``max_tokens`` (tokens) of what is left: the classes' caps weighted by their
+    pending prompts; the largest cap when no class has any pending (an upper bound)."""
+    left = {c: n for c, n in (pending_by_class or {}).items() if n > 0 and c in estimators}
+    if not left:
+        return float(max(e.max_tokens for e in estimators.values()))
+    return sum(n * estimators[c].max_tokens for c, n in left.items()) / sum(left.values())

@@ -1,0 +1,392 @@
+"""``datagen status``: the run's figures read from its store, from any shell, live or after the run.
+
+Committed rows give done/failed/tokens/cost/errors; the live engine's ``runtime`` row (refreshed
+in the same transaction as every commit) gives in-flight counts and the run state. A run whose
+engine is gone (no such pid, or no heartbeat for :data:`STALE_S`) has nothing in flight.
+Invariant of every dataset entry: ``done + failed + skipped + pending + in_flight == prompts``.
+``special_text_in_prompt`` (per dataset and in ``totals``) counts prompts flagged at ingest for
+special-token text typed in their messages (:mod:`engine.tokens.promptcheck`; 0 without ``[tokenizer]``).
+``usage_sources`` (per dataset and in ``totals``) counts the stored results by where their tokens
+and cost come from: ``reported`` | ``generation`` | ``counted`` | ``estimated`` (:mod:`engine.money.usage`).
+
+Ages and durations are computed when the document is read: ``credits_age_s`` from the wall-clock
+time of the credits reading, ``elapsed_s`` from the last heartbeat while the engine runs (never past
+the figure the engine stored once its run has ended, so it does not go backwards at exit).
+``providers`` come from the live engine, or from the stored results and attempts when it is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from engine.errors import DatagenError
+from engine.proc.pids import pid_alive
+from engine.money.projection import range_text
+from engine.metrics.rates import fmt_count, fmt_duration
+from engine.metrics.stats import UNKNOWN_PROVIDER, nearest_rank
+from engine.storage.store import db_path, table_columns
+from engine.money.usage import SOURCES
+
+#: Seconds without a heartbeat after which a run is considered not running.
+STALE_S = 15.0
+
+
+class StatusError(DatagenError):
+    """The run directory has no readable store."""
+
+
+def connect_ro(run_dir: Path) -> sqlite3.Connection:
+    """Open the run's store read-only.
+
+    Raises:
+        StatusError: no store in ``run_dir``.
+    """
+    path = db_path(Path(run_dir))
+    if not path.exists():
+        raise StatusError(f"{run_dir}: no run store here (expected {path})")
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+    conn.execute("PRAGMA busy_timeout=10000")
+    return conn
+
+
+def providers_from_store(conn: sqlite3.Connection, excluded: list[str], window: int = 20_000) -> list[dict[str, Any]]:
+    """Per-provider figures (the fields of :class:`engine.metrics.stats.ProviderSnapshot`) from stored rows:
+    counts, errors and cost over the whole run, latency / TTFT / tokens-per-second percentiles over
+    the latest ``window`` results. ``cost_usd`` is everything the provider billed (:func:`provider_costs`).
+    Sorted by requests descending, then name."""
+    ok = {p or UNKNOWN_PROVIDER: (n, c or 0, cost or 0.0) for p, n, c, cost in conn.execute(
+        "SELECT provider, COUNT(*), SUM(completion_tokens), SUM(COALESCE(cost_usd, 0)) FROM results GROUP BY provider")}
+    billed = provider_costs(conn)
+    errs: dict[str, dict[str, int]] = {}
+    for prov, cls, n in conn.execute(
+            "SELECT provider, error_class, COUNT(*) FROM attempts WHERE outcome='error' GROUP BY 1, 2"):
+        errs.setdefault(prov or UNKNOWN_PROVIDER, {})[cls or "other"] = n
+    lat: dict[str, tuple[list[float], list[float], list[float]]] = {}
+    for prov, latency, ttft, ctok in conn.execute(
+            "SELECT provider, latency_s, ttft_s, completion_tokens FROM results ORDER BY created_at DESC LIMIT ?", (window,)):
+        ls, ts, tps = lat.setdefault(prov or UNKNOWN_PROVIDER, ([], [], []))
+        ls.append(latency)
+        if ttft is not None:
+            ts.append(ttft)
+        stream = latency - (ttft or 0.0)
+        if stream > 0:
+            tps.append(ctok / stream)
+    out = []
+    for name in set(ok) | set(errs) | set(billed):
+        n_ok, ctok, _ = ok.get(name, (0, 0, 0.0))
+        e = errs.get(name, {})
+        requests = n_ok + sum(e.values())
+        ls, ts, tps = (sorted(v) for v in lat.get(name, ([], [], [])))
+        out.append({
+            "name": name, "requests": requests, "errors": e, "error_rate": sum(e.values()) / requests if requests else 0.0,
+            "latency_p50_s": nearest_rank(ls, 0.5), "latency_p95_s": nearest_rank(ls, 0.95),
+            "ttft_p50_s": nearest_rank(ts, 0.5), "ttft_p95_s": nearest_rank(ts, 0.95),
+            "tok_per_s_per_stream": nearest_rank(tps, 0.5),
+            "mean_completion_tokens": ctok / n_ok if n_ok else None, "cost_usd": round(billed.get(name, 0.0), 8),
+            "excluded": name in excluded,
+        })
+    out.sort(key=lambda p: (-p["requests"], p["name"]))
+    return out
+
+
+def provider_costs(conn: sqlite3.Connection) -> dict[str, float]:
+    """USD billed per provider over the whole run: results' cost plus failed and aborted attempts'
+    (the same rows as the datasets' ``cost_usd``, so the providers add up to the run's spend)."""
+    out: dict[str, float] = {}
+    for prov, cost in conn.execute(
+            "SELECT provider, SUM(COALESCE(cost_usd, 0)) FROM results GROUP BY provider UNION ALL "
+            "SELECT provider, SUM(cost_usd) FROM attempts WHERE outcome!='ok' AND cost_usd IS NOT NULL GROUP BY provider"):
+        name = prov or UNKNOWN_PROVIDER
+        out[name] = out.get(name, 0.0) + (cost or 0.0)
+    return out
+
+
+def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
+    """Return the status document (see module docstring and README 'datagen status').
+
+    Raises:
+        StatusError: no store in ``run_dir``.
+    """
+    now = time.time() if now is None else now
+    conn = connect_ro(run_dir)
+    try:
+        try:
+            conn.execute("SELECT 1 FROM meta, datasets, prompts, results, attempts, runtime LIMIT 0")
+        except sqlite3.DatabaseError as e:
+            raise StatusError(f"{run_dir}: the store is not initialised yet (a run is starting, or one was killed "
+                              f"while creating it: run it again) ({e})") from None
+        name = (conn.execute("SELECT value FROM meta WHERE key='run_name'").fetchone() or ["?"])[0]
+        rt = conn.execute("SELECT pid, started_at, heartbeat_at, state, state_reason, elapsed_s, live FROM runtime").fetchone()
+        pid, started_at, hb, rstate, reason, elapsed, live_json = rt if rt else (None, None, None, None, "", 0.0, None)
+        live = json.loads(live_json) if live_json else {}
+        alive = bool(rt) and pid_alive(pid) and hb is not None and now - hb < STALE_S
+        counts: dict[str, dict[str, int]] = {}
+        for d, s, n in conn.execute("SELECT dataset, state, COUNT(*) FROM prompts GROUP BY 1, 2"):
+            counts.setdefault(d, {})[s] = n
+        usage = {
+            d: (p or 0, c or 0, r or 0, cost or 0.0)
+            for d, p, c, r, cost in conn.execute(
+                "SELECT dataset, SUM(prompt_tokens), SUM(completion_tokens), SUM(reasoning_tokens), "
+                "SUM(COALESCE(cost_usd,0)) FROM results GROUP BY dataset"
+            )
+        }
+        sources: dict[str, dict[str, int]] = {}
+        if "usage_source" in table_columns(conn, ["results"])["results"]:  # older stores: all reported
+            for d, src, n in conn.execute("SELECT dataset, usage_source, COUNT(*) FROM results GROUP BY 1, 2"):
+                sources.setdefault(d, {})[src] = n
+        else:
+            for d, n in conn.execute("SELECT dataset, COUNT(*) FROM results GROUP BY 1"):
+                sources[d] = {"reported": n}
+        special = special_text_counts(conn)
+        lost = {d: c or 0.0 for d, c in conn.execute(
+            "SELECT dataset, SUM(cost_usd) FROM attempts WHERE outcome!='ok' AND cost_usd IS NOT NULL GROUP BY dataset")}
+        errors: dict[str, dict[str, int]] = {}
+        for d, c, n in conn.execute("SELECT dataset, error_class, COUNT(*) FROM attempts WHERE outcome='error' GROUP BY 1, 2"):
+            errors.setdefault(d, {})[c] = n
+        datasets = []
+        for dname, control, reason_d, rejected, budget in conn.execute(
+            "SELECT name, state, state_reason, rejected, token_budget FROM datasets ORDER BY position"
+        ):
+            c = counts.get(dname, {})
+            done, failed, pend = c.get("done", 0), c.get("failed", 0), c.get("pending", 0)
+            prompts = done + failed + pend
+            in_flight = min(int(live.get("in_flight", {}).get(dname, 0)), pend) if alive else 0
+            skipped = pend - in_flight if control in ("skipped", "budget_met") else 0
+            pending = pend - in_flight - skipped
+            if alive and dname in live.get("datasets", {}):
+                state = live["datasets"][dname]
+            elif control in ("skipped", "budget_met") or (control == "paused" and pend):  # paused, nothing left: done
+                state = control
+            elif pend == 0:
+                state = "done"
+            elif done or failed:
+                state = "stopped"
+            else:
+                state = "pending"
+            p, ct, r, cost = usage.get(dname, (0, 0, 0, 0.0))
+            lost_d = lost.get(dname, 0.0)
+            datasets.append({
+                "name": dname, "state": state, "state_reason": reason_d, "prompts": prompts, "rejected": rejected,
+                "done": done, "failed": failed, "skipped": skipped, "pending": pending, "in_flight": in_flight,
+                "prompt_tokens": p, "completion_tokens": ct, "reasoning_tokens": r,
+                "cost_usd": round(cost + lost_d, 8), "lost_cost_usd": round(lost_d, 8),
+                "token_budget": budget, "errors": errors.get(dname, {}),
+                "usage_sources": _sources(sources.get(dname, {})),
+                "special_text_in_prompt": special.get(dname, 0),
+                "reserved_tokens": int(live.get("reserved_tokens", {}).get(dname, 0)) if alive else 0,
+                "cost_in_flight_usd": float(live.get("cost_in_flight", {}).get(dname, 0.0)) if alive and in_flight else 0.0,
+                "projected_cost_usd": live.get("projected_cost_usd", {}).get(dname) if live else None,
+                "eta_s": live.get("eta_s", {}).get(dname) if alive else None,
+                **_projection(live.get("projection", {}).get(dname), alive),
+                "limit_reason": live.get("limit_reason", {}).get(dname, "") if alive else "",
+            })
+        if alive:
+            run_state = rstate
+            # extrapolate from the heartbeat while the run goes on; once it has ended the engine's own
+            # figure is final (extrapolating past it would go backwards when the process exits)
+            ended = rstate in ("completed", "stopped")
+            elapsed_s = (elapsed or 0.0) + (0.0 if ended else max(0.0, now - hb))
+        else:
+            finished = all(d["state"] in ("done", "skipped", "budget_met") for d in datasets)
+            run_state = "completed" if finished else "stopped" if rt else "not started"
+            elapsed_s = elapsed or 0.0
+            reason = reason if rstate not in ("running",) else "engine not running"
+        totals: dict[str, Any] = {}
+        for k in ("prompts", "rejected", "done", "failed", "skipped", "pending", "in_flight",
+                  "prompt_tokens", "completion_tokens", "reasoning_tokens", "special_text_in_prompt"):
+            totals[k] = sum(d[k] for d in datasets)
+        totals["cost_usd"] = round(sum(d["cost_usd"] for d in datasets), 8)
+        totals["lost_cost_usd"] = round(sum(d["lost_cost_usd"] for d in datasets), 8)
+        err_tot: dict[str, int] = {}
+        for d in datasets:
+            for k, v in d["errors"].items():
+                err_tot[k] = err_tot.get(k, 0) + v
+        totals["errors"] = err_tot
+        totals["usage_sources"] = _sources({k: sum(d["usage_sources"][k] for d in datasets) for k in SOURCES})
+        excluded = json.loads((conn.execute("SELECT value FROM meta WHERE key='excluded_providers'")
+                               .fetchone() or ["[]"])[0])
+        providers = live.get("providers") if alive else None
+        if not providers:
+            providers = providers_from_store(conn, excluded)
+        else:  # live counters are since the engine started; dollars are the whole run's, like `spent`
+            billed = provider_costs(conn)
+            providers = [dict(p, cost_usd=round(billed.pop(p["name"], 0.0), 8)) for p in providers]
+            providers += [p for p in providers_from_store(conn, excluded) if p["name"] in billed]
+        if live.get("credits_usd") is None:
+            credits_age = None
+        elif live.get("credits_at") is not None:
+            credits_age = max(0.0, now - live["credits_at"])
+        else:
+            credits_age = (live.get("credits_age_s") or 0.0) + (now - hb) if hb else None
+        classes = [dict(c, in_flight=c.get("in_flight", 0) if alive else 0) for c in live.get("classes", [])]
+        run_proj = _projection(live.get("run_projection"), alive)
+        doc = {
+            "run": {"name": name, "state": run_state, "state_reason": reason or "", "elapsed_s": round(elapsed_s, 3),
+                    "pid": pid if alive else None, "alive": alive},
+            "datasets": datasets,
+            "totals": totals,
+            "credits_usd": live.get("credits_usd"),
+            "credits_age_s": None if credits_age is None else round(credits_age, 3),
+            "credits_drift_usd": live.get("credits_drift_usd"),
+            "spend_rate_usd_per_h": live.get("spend_rate_usd_per_h", 0.0) if alive else 0.0,
+            "projected_total_cost_usd": live.get("projected_total_cost_usd"),
+            "cost_in_flight_usd": live.get("cost_in_flight_usd", 0.0) if alive else 0.0,
+            "abort_cost_usd": live.get("abort_cost_usd", 0.0) if alive else 0.0,  # an estimate; basis below
+            "abort_cost_basis": live.get("abort_cost_basis", "") if alive else "",
+            "eta_s": live.get("eta_s_run") if alive else None,
+            "projected_total_cost_low_usd": run_proj["projected_cost_low_usd"],
+            "projected_total_cost_high_usd": run_proj["projected_cost_high_usd"],
+            "eta_s_low": run_proj["eta_s_low"],
+            "eta_s_high": run_proj["eta_s_high"],
+            "calibration": run_proj["calibration"],
+            "classes": classes,
+            "providers": providers,
+            "excluded_providers": excluded,
+            "live": {"cost_in_flight_usd": live.get("cost_in_flight_usd", 0.0) if alive else 0.0},
+        }
+    finally:
+        conn.close()
+    from engine.extract.status import status_fields
+    from engine.proc.runlock import holder
+
+    h = holder(Path(run_dir))  # who holds RUN_DIR/run.lock (the live `datagen run` or `validate`), or None
+    doc["lock"] = h.as_dict() if h is not None else None
+    doc.update(status_fields(Path(run_dir)))  # "extract" (per worker) and "gpus" (NVML, or why not)
+    return doc
+
+
+def special_text_counts(conn: sqlite3.Connection) -> dict[str, int]:
+    """Prompts per dataset flagged ``special_text_in_prompt`` at ingest (special-token text typed in
+    their messages, :mod:`engine.tokens.promptcheck`); ``{}`` for a store without the column."""
+    if "special_text" not in table_columns(conn, ["prompts"])["prompts"]:
+        return {}
+    return {d: n for d, n in conn.execute(
+        "SELECT dataset, COUNT(*) FROM prompts WHERE special_text IS NOT NULL GROUP BY dataset")}
+
+
+def _sources(counts: dict[str, int]) -> dict[str, int]:
+    """Results per ``usage_source`` (every source of :data:`engine.money.usage.SOURCES`, 0 when none)."""
+    return {k: int(counts.get(k, 0)) for k in SOURCES}
+
+
+def _projection(p: dict[str, Any] | None, alive: bool) -> dict[str, Any]:
+    """A live row's projection range as status fields (ETAs only while the engine runs)."""
+    p = p or {}
+    cal = p.get("calibration")
+    return {
+        "projected_cost_low_usd": p.get("cost_low_usd"), "projected_cost_high_usd": p.get("cost_high_usd"),
+        "eta_s_low": p.get("eta_s_low") if alive else None, "eta_s_high": p.get("eta_s_high") if alive else None,
+        "calibration": {"observed": cal[0], "needed": cal[1]} if cal else None,
+    }
+
+
+def _usd(v: float | None) -> str:
+    return "--" if v is None else f"${v:,.4f}" if abs(v) < 1 else f"${v:,.2f}"
+
+
+def _cal(d: dict[str, Any]) -> tuple[int, int] | None:
+    c = d.get("calibration")
+    return (c["observed"], c["needed"]) if c else None
+
+
+def format_status(doc: dict[str, Any]) -> str:
+    """Human-readable rendering of :func:`collect_status`'s document: the run line, money and time
+    (spent, spend rate, projection, ETA, credits), class limits, then one row per dataset."""
+    r = doc["run"]
+    lines = [f"run {r['name']}: {r['state']}" + (f" ({r['state_reason']})" if r["state_reason"] else "")
+             + f", elapsed {fmt_duration(r['elapsed_s'])}"]
+    if doc.get("lock"):
+        k = doc["lock"]
+        lines.append(f"run directory held by pid {k['pid']} on {k['host']} since {k['since_utc']} ({k['command']})")
+    t = doc["totals"]
+    cal = _cal(doc)
+    proj = range_text(doc.get("projected_total_cost_usd"), doc.get("projected_total_cost_low_usd"),
+                      doc.get("projected_total_cost_high_usd"), cal, _usd)
+    if not r["alive"]:
+        eta = "--" if r["state"] != "completed" else "0s"
+        eta += " (engine not running)" if r["state"] != "completed" else ""
+    elif r["state"] not in ("running", "starting"):
+        eta = f"-- ({r['state']})"
+    else:
+        eta = range_text(doc.get("eta_s"), doc.get("eta_s_low"), doc.get("eta_s_high"), cal, fmt_duration, short=True)
+    credits = "--"
+    if doc.get("credits_usd") is not None:
+        credits = _usd(doc["credits_usd"])
+        if doc.get("credits_age_s") is not None:
+            credits += f" (read {fmt_duration(doc['credits_age_s'])} ago)"
+    lines.append(f"spent {_usd(t['cost_usd'])}  rate {_usd(doc.get('spend_rate_usd_per_h'))}/h  "
+                 f"projected {proj}  ETA {eta}  credits {credits}")
+    if doc.get("classes"):
+        lines.append("concurrency " + "  ".join(
+            f"{c['name']} {c['in_flight']}/{c['concurrency']}" + (f" (configured {c['configured']}, max {c['max']})"
+                                                                  if c.get("configured") and c["concurrency"] != c["configured"] else "")
+            for c in doc["classes"]))
+    src = t.get("usage_sources") or {}
+    other = {k: n for k, n in src.items() if k != "reported" and n}
+    if other:
+        lines.append(f"usage: {sum(other.values())} result(s) without the provider's usage in the response: "
+                     + ", ".join(f"{n} {k}" for k, n in other.items()) + " (usage_source)")
+    hdr = (f"{'dataset':<24} {'state':<9} {'done':>7} {'failed':>6} {'skip':>6} {'pend':>7} {'infl':>5} {'rej':>4} "
+           f"{'compl tok':>10} {'cost $':>9} {'ETA':>11}  errors")
+    lines.append(hdr)
+    for d in doc["datasets"] + [dict(doc["totals"], name="TOTAL", state="")]:
+        errs = ", ".join(f"{k} {v}" for k, v in sorted(d["errors"].items()))
+        note = d.get("limit_reason") or ""
+        if d["name"] == "TOTAL" or d["state"] in ("done", "skipped", "budget_met"):
+            eta_d = ""
+        elif d["state"] != "running" or not r["alive"]:
+            eta_d = "--"
+        else:
+            eta_d = range_text(d.get("eta_s"), d.get("eta_s_low"), d.get("eta_s_high"), _cal(d), fmt_duration, short=True)
+            if eta_d.startswith("calibrating"):
+                eta_d = "cal {observed}/{needed}".format(**d["calibration"])
+        lines.append(
+            f"{d['name'][:24]:<24} {d['state']:<9} {d['done']:>7} {d['failed']:>6} {d['skipped']:>6} {d['pending']:>7} "
+            f"{d['in_flight']:>5} {d['rejected']:>4} {fmt_count(d['completion_tokens']):>10} {d['cost_usd']:>9.4f} "
+            f"{eta_d:>11}  {errs}" + (f"  [{note}]" if note else "")
+        )
+    flagged = [(d["name"], d["special_text_in_prompt"]) for d in doc["datasets"] if d.get("special_text_in_prompt")]
+    if flagged:
+        lines.append("special_text_in_prompt: " + ", ".join(f"{name} {n}" for name, n in flagged)
+                     + " prompt(s) with special-token text typed in their messages (sent as special ids; "
+                       "[tokenizer] prompt_special_text = \"reject\" rejects them at ingest)")
+    return "\n".join(lines)
+
+
+def watch_status(run_dir: Path, interval_s: float, *, as_json: bool = False, out: TextIO | None = None,
+                 max_updates: int | None = None) -> int:
+    """``datagen status --watch``: print the status every ``interval_s`` seconds until the engine
+    exits (the last document shows the run's end), ``max_updates`` prints, or Ctrl-C.
+
+    Text mode redraws the screen on a terminal (and separates frames with a blank line otherwise);
+    ``as_json`` prints one JSON document per line. Returns 0, or 1 when the run directory has no store.
+    """
+    out = out or sys.stdout
+    tty = out.isatty()
+    seen_alive = False
+    n = 0
+    while True:
+        try:
+            doc = collect_status(Path(run_dir))
+        except StatusError as e:
+            if not Path(db_path(Path(run_dir))).exists():
+                print(f"error: {e}", file=sys.stderr)
+                return 1
+            doc = None  # the store is being created: wait for it
+        if doc is not None:
+            if as_json:
+                out.write(json.dumps(doc) + "\n")
+            else:
+                out.write(("\x1b[H\x1b[2J" if tty else ("\n" if n else "")) + format_status(doc) + "\n")
+            out.flush()
+            n += 1
+            alive = doc["run"]["alive"]
+            seen_alive = seen_alive or alive
+            if not alive or (max_updates is not None and n >= max_updates):
+                return 0
+        time.sleep(interval_s)

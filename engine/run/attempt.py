@@ -1,0 +1,167 @@
+"""The lifecycle of one prompt's request: attempts with retries, then exactly one outcome.
+
+:func:`run_request` runs from the dispatcher's task for a prompt (:class:`engine.run.scheduler.Scheduler`
+takes the class's concurrency slot and the budget reservation before it starts it) and ends in one
+of three outcomes, each handed back to the run (:class:`AttemptHost`):
+
+- completed: the response is accounted (:meth:`engine.run.accounting.Accounting.account`: usage, counted or estimated)
+  and recorded (:meth:`AttemptHost._completed`);
+- failed: the retries are spent, the error is final, or the code hit a bug (an unexpected
+  exception costs one prompt, never the run: it fails as ``other`` with ``internal error: ...``);
+  the spend of the failed attempts is recorded once (:meth:`AttemptHost._failed`);
+- aborted (cancelled): what was streamed is counted as spent and the prompt returns to pending
+  (:meth:`AttemptHost._aborted`); the cancellation propagates.
+
+The slot is released in ONE place, the ``finally`` around the attempts, whatever the outcome (a
+task cancelled before it ever started is undone by the dispatcher's done-callback instead). Every
+failed attempt is written as an attempt row with its partial spend (tokens, USD: a lower bound,
+trued up later from ``/generation`` when its generation id is known), feeds the anomaly guard
+unless the error is the run's (:mod:`engine.run.runwide`), and retries follow ``policy``
+(:func:`engine.client.retry.call_with_retries`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from engine.client.accumulate import StreamProgress
+from engine.client.retry import RetryPolicy, call_with_retries
+from engine.client.types import Completion, ErrorClass, RequestError
+
+if TYPE_CHECKING:
+    from engine.run.accounting import Accounting
+    from engine.client.types import ChatRequest
+    from engine.run.limiter import AdjustableLimiter
+    from engine.run.runstate import DatasetRuntime
+    from engine.run.runwide import Condition
+    from engine.money.spend import SpendControl
+    from engine.storage.store import PendingPrompt
+    from engine.run.telemetry import Telemetry
+    from engine.money.usage import Accounted
+    from engine.storage.writer import StoreWriter
+
+log = logging.getLogger("engine.run.scheduler")
+
+
+@dataclass
+class Spent:
+    """Tokens and USD billed for the failed attempts of one request so far (a lower bound)."""
+
+    tokens: int = 0
+    usd: float = 0.0
+
+
+@dataclass
+class AttemptClock:
+    """Per attempt: its wall-clock start (s since the epoch), its count, and its dispatch sequence
+    number for the anomaly guard (:mod:`engine.run.anomaly`)."""
+
+    attempts: int
+    started: float = 0.0
+    seq: int = 0
+
+
+class AttemptHost(Protocol):
+    """What :func:`run_request` needs of the run (:class:`engine.run.scheduler.Scheduler` fits it)."""
+
+    spend: "SpendControl"
+    telemetry: "Telemetry"
+    writer: "StoreWriter"
+    policy: RetryPolicy
+    clock: Callable[[], float]
+    _complete: Any
+    _begun: set[int]
+    accounting: "Accounting"
+
+    def _request_for(self, p: "PendingPrompt") -> "ChatRequest": ...
+    def _anomaly(self, rt: "DatasetRuntime", reason: str | None) -> None: ...
+    def run_wide(self, e: RequestError) -> "Condition | None": ...
+    def _aborted(self, rt: "DatasetRuntime", p: "PendingPrompt", res: Any, progress: StreamProgress,
+                 spent: Spent, at: AttemptClock) -> None: ...
+    def _failed(self, rt: "DatasetRuntime", p: "PendingPrompt", res: Any, spent: Spent, e: RequestError,
+                attempts: int) -> None: ...
+    def _completed(self, rt: "DatasetRuntime", p: "PendingPrompt", res: Any, c: Completion, acc: "Accounted",
+                   spent: Spent, at: AttemptClock) -> None: ...
+
+
+async def run_request(host: AttemptHost, rt: "DatasetRuntime", p: "PendingPrompt", lim: "AdjustableLimiter",
+                      res: Any) -> None:
+    """Run prompt ``p``'s request to one outcome (see the module docstring), holding one slot of
+    ``lim`` and the budget reservation ``res`` until then.
+
+    Raises:
+        asyncio.CancelledError: the request was aborted (the prompt is back to pending first).
+    """
+    host._begun.add(p.id)
+    req = host._request_for(p)
+    progress = StreamProgress()
+    spent = Spent()
+    at = AttemptClock(p.attempts, started=time.time())
+    rt.streams[p.id] = (p.cls, progress, p.est_prompt_tokens)
+    host.spend.track(rt.name, res, progress)
+    failure: RequestError | None = None
+    try:
+        try:
+            c = await call_with_retries(_one_attempt(host, rt, req, progress, at), host.policy,
+                                        on_attempt=_on_attempt(host, rt, p, spent, at))
+        except asyncio.CancelledError:
+            host.telemetry.attempt_over(rt.name, at.seq)
+            host._aborted(rt, p, res, progress, spent, at)
+            raise
+        except RequestError as e:
+            failure = e
+        except Exception as e:  # noqa: BLE001 - a bug must cost one prompt, not the run
+            host.telemetry.attempt_over(rt.name, at.seq)
+            log.exception("[%s] unexpected error on prompt %s", rt.name, p.key)
+            failure = RequestError(ErrorClass.OTHER, f"internal error: {type(e).__name__}: {e}")
+        else:
+            acc = await host.accounting.account(p, c)  # tokens and cost even when the response carried no usage
+    finally:
+        lim.release()
+        rt.streams.pop(p.id, None)
+    if failure is not None:
+        host._failed(rt, p, res, spent, failure, at.attempts)
+        return
+    host._completed(rt, p, res, c, acc, spent, at)
+
+
+def _one_attempt(host: AttemptHost, rt: "DatasetRuntime", req: "ChatRequest", progress: StreamProgress,
+                 at: AttemptClock) -> Callable[[], Any]:
+    async def one_attempt() -> Completion:
+        at.attempts += 1
+        at.started = time.time()
+        progress.chars_received = 0
+        at.seq = host.telemetry.dispatched(rt.name)
+        c = await host._complete(req, progress=progress)
+        host._anomaly(rt, host.telemetry.attempt_ok(rt.name, at.seq))
+        return c
+
+    return one_attempt
+
+
+def _on_attempt(host: AttemptHost, rt: "DatasetRuntime", p: "PendingPrompt", spent: Spent,
+                at: AttemptClock) -> Callable[[int, BaseException | None, float | None], None]:
+    def on_attempt(n: int, err: BaseException | None, wait_s: float | None) -> None:
+        now = time.time()
+        if err is None or not isinstance(err, RequestError):
+            return
+        rt.errors[err.error_class.value] += 1
+        tok, usd = host.accounting.partial_spend(rt, err, p.est_prompt_tokens, err.provider)
+        host.telemetry.on_cost(err.provider, usd, host.clock())
+        spent.tokens += tok
+        spent.usd += usd
+        host.writer.add_attempt(
+            p.id, rt.name, at.attempts, at.started, now, "error", err.error_class.value, err.status or None,
+            err.message, err.provider or None, err.generation_id or None, err.tokens_received, usd or None,
+        )
+        host._anomaly(rt, host.telemetry.on_error(rt.name, err.provider, err.error_class.value, err.message,
+                                                  guard=host.run_wide(err) is None, seq=at.seq))
+
+    return on_attempt
+
+
+__all__ = ["AttemptClock", "AttemptHost", "Spent", "run_request"]

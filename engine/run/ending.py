@@ -1,0 +1,173 @@
+"""How a run ends: stop, abort of the streams in flight, a drain with a deadline, and what the
+streams in flight cost (USD) while that is decided.
+
+The :class:`~engine.run.scheduler.Scheduler` owns one :class:`RunEnding` and forwards its
+``stop``/``abort``/``drain`` commands to it; the controller and the dashboard reach it through them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+from engine.config import Config
+from engine.money.inflight import InFlightCost, abort_basis, abort_line, streams_cost
+from engine.money.spend import SpendControl
+from engine.run.runstate import RunPhase, RunState
+
+log = logging.getLogger(__name__)
+
+#: Seconds the run may still take once everything was aborted (tasks that ignore cancellation).
+ABORT_GRACE_S = 5.0
+
+
+class RunEnding:
+    """Stops, aborts and drains one run; prices the streams in flight.
+
+    Args:
+        cfg: validated config (``run.drain_timeout_s``, ``provider.timeouts.total_s``, class ``max_tokens``).
+        runstate: the run's state: its datasets' streams and tasks, phase, exit code, ``done`` event.
+        spend: the money ledger (prices, observed lengths, abort billing).
+        clock: monotonic clock in seconds.
+        event: ``event(level, kind, dataset, message)`` records a run event.
+        notify: wakes every dispatcher.
+        check_finished: sets ``runstate.done`` when nothing is left to wait for.
+    """
+
+    def __init__(self, cfg: Config, runstate: RunState, spend: SpendControl, clock: Callable[[], float],
+                 event: Callable[[str, str, str | None, str], None], notify: Callable[[], None],
+                 check_finished: Callable[[], None]) -> None:
+        self.cfg = cfg
+        self.run = runstate
+        self.spend = spend
+        self.clock = clock
+        self._event = event
+        self._notify = notify
+        self._check_finished = check_finished
+        #: abort estimates (USD) of aborted streams that had no generation id yet (keyed by the id() of
+        #: their StreamProgress), from observed abort billing: no true-up can reach them.
+        self.unidentified_aborts: dict[int, float] = {}
+        #: the task that ends the run within the grace after an abort of everything (None: none yet).
+        self.ender: asyncio.Task | None = None
+
+    # ---- dollars in flight ------------------------------------------------------------------
+    def in_flight_cost(self, dataset: str | None = None) -> InFlightCost:
+        """Dollars of the streams in flight (of ``dataset`` or all), from :mod:`engine.money.inflight`: what
+        was generated so far, what they cost when completed, and what an abort now is estimated to
+        bill (each provider's observed billing of aborted streams). Zero dollars while no price is known."""
+        total = InFlightCost()
+        for _prog, c in self.stream_costs(dataset):
+            total = total + c
+        return total
+
+    def stream_costs(self, dataset: str | None = None) -> list[tuple[Any, InFlightCost]]:
+        """``(progress, InFlightCost)`` per stream in flight (of ``dataset`` or all)."""
+        prices = self.spend.prices()
+        out: list[tuple[Any, InFlightCost]] = []
+        for rt in self.run.datasets.values():
+            if (dataset is not None and rt.name != dataset) or not rt.streams:
+                continue
+            if prices is None:
+                out += [(prog, InFlightCost(1)) for _c, prog, _p in rt.streams.values()]
+                continue
+            out += streams_cost(
+                rt.streams.values(), lambda cls, rt=rt: self.spend.observed_lengths(rt.name, cls),
+                lambda cls: self.cfg.classes[cls].max_tokens, prices.prompt_usd_per_token,
+                prices.completion_usd_per_token, self.spend.abort_share)
+        return out
+
+    # ---- commands ---------------------------------------------------------------------------
+    def abort(self, dataset: str | None = None) -> int:
+        """Cancel in-flight requests (of ``dataset`` or all); they return to pending. Returns the count.
+
+        Logs one line (and a run event) when anything is aborted (:func:`engine.money.inflight.abort_line`):
+        how many streams, the dollars generated so far and what they cost if billed in full. While
+        the run is stopping, the run ends within :data:`ABORT_GRACE_S` of an abort of everything even
+        if a request ignores its cancellation."""
+        cost = InFlightCost()
+        for prog, c in self.stream_costs(dataset):
+            cost = cost + c
+            self.spend.aborts.note(prog.generation_id, prog.provider, c)  # its bill teaches the abort estimate
+            if not prog.generation_id and c.abort_observed:  # a learned share; before any bill: the lower bound
+                self.unidentified_aborts[id(prog)] = c.abort_usd
+        n = 0
+        for rt in self.run.datasets.values():
+            if dataset is None or rt.name == dataset:
+                for t in list(rt.tasks):
+                    if not t.done():
+                        t.cancel()
+                        n += 1
+        if n:
+            self._event("warning", "abort", dataset, abort_line(n, dataset, cost, abort_basis(cost, self.spend.aborts)))
+        if dataset is None and self.run.stopping:
+            self.end_soon(ABORT_GRACE_S)
+        return n
+
+    def end_soon(self, grace_s: float) -> None:
+        """End the run within ``grace_s`` seconds even if aborted tasks do not finish (a hard limit)."""
+        done = self.run.done
+        if done.is_set() or self.ender is not None:
+            return
+
+        async def end() -> None:
+            tasks = [t for rt in self.run.datasets.values() for t in rt.tasks if not t.done()]
+            if tasks:
+                await asyncio.wait(tasks, timeout=grace_s)
+            if not done.is_set():
+                left = sum(1 for rt in self.run.datasets.values() for t in rt.tasks if not t.done())
+                if left:
+                    log.error("%d aborted request(s) did not finish within %.0f s; ending the run anyway", left, grace_s)
+                done.set()
+
+        try:
+            self.ender = asyncio.get_running_loop().create_task(end(), name="end-soon")
+        except RuntimeError:  # no loop running (a synchronous caller): the run bounds its own wait
+            pass
+
+    def stop(self, reason: str, exit_code: int = 0, abort: bool = True) -> None:
+        """Stop the run: no more dispatch; abort in-flight requests unless ``abort`` is False (drain).
+        The first non-zero ``exit_code`` given is kept (a later stop does not hide an earlier failure)."""
+        self.run.stopping = True
+        self.run.phase, self.run.reason = RunPhase.STOPPING, reason
+        if not self.run.exit_code:
+            self.run.exit_code = exit_code
+        self._event("error" if exit_code and exit_code != 130 else "info", "stop", None, f"run stopping: {reason}")
+        if abort:
+            self.abort()
+        self._notify()
+        self._check_finished()
+
+    def drain_limit_s(self) -> float:
+        """Seconds a drain waits for in-flight requests: ``run.drain_timeout_s``, or with ``"auto"``
+        (the default) the requests' own bound, ``provider.timeouts.total_s``: every attempt in flight
+        ends by then, so a drain never cuts a stream that could still finish."""
+        v = self.cfg.run.drain_timeout_s
+        return float(self.cfg.provider.timeouts.total_s if v == "auto" else v)
+
+    def drain_left_s(self) -> float | None:
+        """Seconds left before a drain in progress aborts what is still in flight (None: no drain)."""
+        if self.run.drain_deadline is None or self.run.done.is_set():
+            return None
+        return max(0.0, self.run.drain_deadline - self.clock())
+
+    async def drain(self, timeout_s: float | None = None, *, reason: str = "drain requested",
+                    exit_code: int = 0) -> None:
+        """Stop dispatching, wait up to ``timeout_s`` (default :meth:`drain_limit_s`) for in-flight
+        requests, then abort the rest; the run ends within :data:`ABORT_GRACE_S` of the limit in every case.
+
+        Args:
+            reason: shown as the state reason; exit_code: the run's exit code (130: interrupted).
+        """
+        limit = self.drain_limit_s() if timeout_s is None else float(timeout_s)
+        self.run.drain_deadline = self.clock() + limit
+        self.stop(reason, exit_code=exit_code, abort=False)
+        n = sum(rt.in_flight for rt in self.run.datasets.values())
+        if n:
+            log.info("draining %d in-flight request(s) (est. $%.4f) for up to %.0f s", n,
+                     self.in_flight_cost().expected_usd, limit)
+        try:
+            await asyncio.wait_for(self.run.done.wait(), limit)
+        except TimeoutError:
+            self.abort()
+            self.end_soon(ABORT_GRACE_S)

@@ -1,0 +1,193 @@
+"""Every rule that pauses a dataset or the whole run, and the one place that applies them.
+
+Each rule is a pure function of what it observed that returns a decision: a :class:`Pause` (what
+to pause, why, and which guard) or None. :func:`apply` carries a decision out on the run (a
+:class:`Pausable`: :class:`engine.run.scheduler.Scheduler` fits it). The rules:
+
+- :func:`anomaly`: the anomaly guard fired on a dataset (error rate, degenerate output:
+  :mod:`engine.run.anomaly`, :mod:`engine.run.telemetry`);
+- :func:`validation`: a dataset's token-validation failure rate passed ``tokenizer.max_failure_rate``;
+- :func:`calibration`: after its first 1% / 50 completions a dataset projects past its cost cap
+  (:func:`engine.money.projection.calibration_gate`);
+- :func:`credits_floor`: credits minus the dollars in flight fell below ``spend.credits_floor_usd``
+  (the supervisor's backstop; dispatch checks the floor itself: :func:`reserve_refused`);
+- :func:`reserve_refused`: a reservation was refused for credits, or could not be priced;
+- :func:`run_wide`: an error of the account, the route or the config (:mod:`engine.run.runwide`);
+- :func:`store_failing`: store commits fail (:func:`store_recovered` says when to resume);
+- :func:`exit_on_pause`: whether a run paused by a guard with nothing in flight should end
+  (``--exit-on-pause``, or a rejected key headless), and the reason.
+
+Messages and kinds are part of the interface: events, notices, the status JSON and tests read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Protocol
+
+from engine.run.runstate import Control, DatasetState
+
+if TYPE_CHECKING:
+    from engine.money.spend import CreditsReading
+    from engine.run.runstate import DatasetRuntime, RunState
+    from engine.run.runwide import Condition
+    from engine.report.snapshot import RunSnapshot
+
+#: ``Pause.dataset`` None: the whole run.
+RUN = None
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A guard's decision: pause ``dataset`` (None: the whole run) with ``reason``.
+
+    ``kind``: for a run pause, which guard (``credits``, ``price``, ``auth``, ``route``, ``config``,
+    ``store``...; ``pause`` is the user's); unused for a dataset pause (always a guard's).
+    """
+
+    dataset: str | None
+    reason: str
+    kind: str = "guard"
+
+    @property
+    def scope(self) -> str:
+        """``"run"`` or ``"dataset"``."""
+        return "run" if self.dataset is None else "dataset"
+
+
+class Pausable(Protocol):
+    """What :func:`apply` acts on."""
+
+    def pause_all(self, reason: str, kind: str = "pause") -> None: ...
+    def set_dataset_control(self, name: str, control: str, reason: str, guard: bool = False) -> Awaitable[None]: ...
+
+
+# ---- dataset rules ----------------------------------------------------------------------------
+def anomaly(rt: "DatasetRuntime", reason: str | None) -> Pause | None:
+    """Pause ``rt`` when the anomaly guard fired (``reason``) and it is still active."""
+    if reason and rt.control == Control.ACTIVE:
+        return Pause(rt.name, f"anomaly guard: {reason}")
+    return None
+
+
+def validation(rt: "DatasetRuntime | None", reason: str | None) -> Pause | None:
+    """Pause ``rt`` when its validation failure rate passed the limit (``reason``, from
+    :meth:`engine.tokens.service.ReconstructionService.guard`) and it is still active."""
+    if reason and rt is not None and rt.control == Control.ACTIVE:
+        return Pause(rt.name, f"anomaly guard (validation): {reason}")
+    return None
+
+
+def calibration(rt: "DatasetRuntime", gate_reason: str | None) -> Pause | None:
+    """Pause ``rt`` once when the calibration gate fired (``gate_reason``) and it is still active
+    (marks ``rt.gate_fired``: the gate fires once per dataset and process)."""
+    if rt.gate_fired or rt.control != Control.ACTIVE or not gate_reason:
+        return None
+    rt.gate_fired = True
+    return Pause(rt.name, f"calibration gate: {gate_reason}")
+
+
+# ---- run rules --------------------------------------------------------------------------------
+def credits_floor(cr: "CreditsReading | None", floor_usd: float, in_flight_usd: float,
+                  run: "RunState") -> Pause | None:
+    """Pause the run (not paused yet) when the credits left (USD) minus the dollars in flight fall below the floor."""
+    if cr is None or cr.remaining_usd is None or run.paused:
+        return None
+    if cr.remaining_usd - in_flight_usd < floor_usd:
+        return Pause(RUN, f"credits floor: ${cr.remaining_usd:.2f} left minus ${in_flight_usd:.2f} "
+                          f"in flight is below credits_floor_usd ${floor_usd:.2f}", kind="credits")
+    return None
+
+
+def reserve_refused(e: BaseException) -> Pause:
+    """Pause the run when a reservation was refused: credits would fall below the floor
+    (:class:`engine.money.creditsfloor.CreditsFloorReached`), or no price for a dollar cap (never spend blind)."""
+    from engine.money.creditsfloor import CreditsFloorReached
+
+    if isinstance(e, CreditsFloorReached):
+        return Pause(RUN, str(e), kind="credits")
+    return Pause(RUN, f"cannot reserve: {e}", kind="price")
+
+
+def run_wide(cond: "Condition", api_key_env: str) -> Pause:
+    """Pause the run for a run-wide condition (:mod:`engine.run.runwide`), with what to do about it."""
+    reason = cond.reason
+    if cond.kind == "auth":
+        reason += f". Check the key in ${api_key_env}."
+    elif cond.kind == "route":
+        reason += ". Check [provider] model and [provider.routing]; resume when the provider serves it again."
+    elif cond.kind == "config":
+        reason += ". Fix the config and run again (nothing failed), or resume to fail such prompts one by one."
+    return Pause(RUN, reason, kind=cond.kind)
+
+
+def store_failing(e: BaseException, run: "RunState") -> Pause | None:
+    """Pause the run when store commits fail (once: not while already paused for it)."""
+    if run.paused and run.pause_kind == "store":
+        return None
+    return Pause(RUN, f"store commits fail ({type(e).__name__}: {e}); nothing is lost: results wait in "
+                      f"memory and are committed when the disk works again", kind="store")
+
+
+def store_recovered(run: "RunState") -> bool:
+    """Whether a commit that succeeded again lifts the run's pause (only a pause for the store)."""
+    return run.paused and run.pause_kind == "store"
+
+
+def guard_paused(snap: "RunSnapshot", run: "RunState") -> str | None:
+    """The reason when the whole run is paused by a guard (credits, 402, price, or every unfinished
+    dataset paused by the anomaly guard / calibration gate) with nothing in flight; else None."""
+    if snap.in_flight:
+        return None
+    if run.paused and run.pause_kind != "pause":
+        return snap.state_reason
+    open_ = [d for d in snap.datasets if d.state not in (DatasetState.DONE, DatasetState.SKIPPED,
+                                                         DatasetState.BUDGET_MET)]
+    if open_ and all(d.state == DatasetState.PAUSED and d.state_reason.startswith(("anomaly guard", "calibration gate"))
+                     for d in open_):
+        return "; ".join(f"{d.name}: {d.state_reason}" for d in open_)
+    return None
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A decision to end the run: ``reason`` (the state reason), ``exit_code``, ``why`` (for the line)."""
+
+    reason: str
+    exit_code: int
+    why: str
+    paused_for: str
+
+
+def exit_on_pause(snap: "RunSnapshot", run: "RunState", *, exit_on_pause: bool, stop_on_auth: bool) -> Stop | None:
+    """End a run paused by a guard with nothing in flight: always with ``exit_on_pause`` (exit 3, or
+    2 for a rejected key), and for a rejected key (401) with ``stop_on_auth`` (headless: the key comes
+    from the process's environment, nothing can fix it while the run waits); else None."""
+    reason = guard_paused(snap, run)
+    if not reason:
+        return None
+    auth = run.paused and run.pause_kind == "auth"
+    if not (exit_on_pause or (stop_on_auth and auth)):
+        return None
+    why = "--exit-on-pause" if exit_on_pause else "the key comes from this process's environment"
+    return Stop(reason if auth else f"exit on pause: {reason}", 2 if auth else 3, why, reason)
+
+
+# ---- the one place decisions are applied --------------------------------------------------------
+def apply(run: Pausable, decision: Pause | None) -> Any:
+    """Carry ``decision`` out on ``run``: a run pause at once (:meth:`Pausable.pause_all` with its
+    kind); a dataset pause as a task on the running loop (it persists the state:
+    :meth:`Pausable.set_dataset_control` with ``guard=True``). Returns that task, or None."""
+    if decision is None:
+        return None
+    if decision.dataset is None:
+        run.pause_all(decision.reason, kind=decision.kind)
+        return None
+    import asyncio
+
+    return asyncio.get_running_loop().create_task(
+        run.set_dataset_control(decision.dataset, Control.PAUSED, decision.reason, guard=True))  # type: ignore[arg-type]
+
+
+__all__ = ["Pause", "Pausable", "Stop", "anomaly", "apply", "calibration", "credits_floor", "exit_on_pause",
+           "guard_paused", "reserve_refused", "run_wide", "store_failing", "store_recovered", "validation"]

@@ -1,0 +1,189 @@
+"""Ingest: turn each configured dataset file into prompt rows in the store, once.
+
+A dataset is re-read only when its fingerprint (path, size, mtime, format, field mapping,
+``max_prompts``) changed since the last ingest, so resuming a run with 80,000 stored prompts does
+not re-parse the files. Rows keep their first key: re-ingesting never touches stored results.
+Reading and parsing run in a worker thread (off the event loop).
+
+With a ``[tokenizer]``, each prompt is also rendered and encoded there, through the code validation
+uses (:mod:`engine.tokens.promptcheck`): an unrenderable prompt is rejected before any request, the
+special-token texts typed in its messages are stored with it (``special_text_in_prompt``; rejected
+under ``prompt_special_text = "reject"``), and its class is picked by its real token count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from engine.config import Config, DatasetSection
+from engine.datasets import Reject, iter_prompts
+from engine.prompts import Became, Prompt
+from engine.storage.store import Store
+
+if TYPE_CHECKING:
+    from engine.tokens.promptcheck import PromptChecker
+
+log = logging.getLogger(__name__)
+
+#: Characters per token for the prompt-length estimate used to pick a request class.
+CHARS_PER_TOKEN = 4
+#: Extra tokens per message for chat-template markers in the estimate.
+TOKENS_PER_MESSAGE = 4
+_BATCH = 2000
+
+
+@dataclass
+class IngestReport:
+    """What ingest did for one dataset.
+
+    Attributes:
+        dataset: name; skipped_unchanged: True when the file was not re-read (fingerprint equal).
+        prompts: valid unique prompts now in the store; inserted: new rows this time;
+        rejected: rows rejected (bad rows + duplicates); examples: the first few rejects as text;
+        normalised: prompts whose turns ingest brought into SpecForge's role order (merged or dropped
+        turns, :mod:`engine.datasets.roles`); normalised_examples: the first few as ``"path:line: what"``.
+        whole: prompts that are their row's whole conversation (it ended on a user or tool turn);
+        cut: prompts cut before their row's final assistant turn; reasoning_moved: prompts with an
+        earlier assistant turn whose inline reasoning moved to ``reasoning_content``
+        (``docs/prompt-construction.md``). All three count this ingest's stored rows (0 when skipped).
+        stale_deleted / stale_failed / stale_kept: stored prompts whose row is no longer in the
+        re-read file (``Store.drop_stale``): pending and never sent (deleted), pending with billed
+        attempts (marked failed, class ``removed``), done or failed (kept with their results).
+    """
+
+    dataset: str
+    skipped_unchanged: bool
+    prompts: int
+    inserted: int = 0
+    rejected: int = 0
+    examples: list[str] = field(default_factory=list)
+    normalised: int = 0
+    normalised_examples: list[str] = field(default_factory=list)
+    whole: int = 0
+    cut: int = 0
+    reasoning_moved: int = 0
+    stale_deleted: int = 0
+    stale_failed: int = 0
+    stale_kept: int = 0
+
+    def stale_summary(self) -> str | None:
+        """One line on stored prompts whose row left the file, or None when there are none."""
+        if not (self.stale_deleted or self.stale_failed or self.stale_kept):
+            return None
+        return (f"{self.stale_deleted + self.stale_failed + self.stale_kept} stored prompt(s) no longer in the file "
+                f"(row edited, deleted or now rejected): {self.stale_deleted} pending removed (never sent), "
+                f"{self.stale_failed} pending with billed attempts marked failed (removed), {self.stale_kept} "
+                f"with stored results kept (still exported)")
+
+    def became_summary(self) -> str:
+        """One line: ``"N prompt(s) whole (ended on a user or tool turn), M cut before the final
+        assistant turn, K with inline reasoning moved to reasoning_content (docs/prompt-construction.md)"``."""
+        return (f"{self.whole} prompt(s) whole (ended on a user or tool turn), {self.cut} cut before the final "
+                f"assistant turn, {self.reasoning_moved} with inline reasoning moved to reasoning_content "
+                f"(docs/prompt-construction.md)")
+
+
+def estimate_prompt_tokens(p: Prompt) -> int:
+    """Estimated prompt tokens: characters / 4 + 4 per message (a class-routing heuristic, not billing)."""
+    return p.char_count() // CHARS_PER_TOKEN + TOKENS_PER_MESSAGE * len(p.messages)
+
+
+def fingerprint(d: DatasetSection) -> str:
+    """A hash of everything that changes which prompts a dataset yields."""
+    st = Path(d.path).stat()
+    raw = json.dumps([str(d.path), st.st_size, st.st_mtime_ns, d.format, d.fields, d.max_prompts], sort_keys=True)
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def _read(d: DatasetSection, cfg: Config, checker: "PromptChecker | None" = None
+          ) -> tuple[list[tuple], list[tuple[str, str]], list[tuple[str, str]], list[tuple[str, Became]]]:
+    rows: list[tuple] = []
+    rejects: list[tuple[str, str]] = []
+    normalised: list[tuple[str, str]] = []
+    became: list[tuple[str, Became]] = []
+    seen: dict[str, str] = {}
+    for item in iter_prompts(d.path, d.format, d.fields or None):
+        if isinstance(item, Reject):
+            rejects.append((item.source, item.reason))
+            continue
+        if item.key in seen:
+            rejects.append((item.source, f"duplicate prompt (same key as {seen[item.key]})"))
+            continue
+        if d.max_prompts is not None and len(rows) >= d.max_prompts:
+            break
+        est, special = estimate_prompt_tokens(item), None
+        if checker is not None:
+            verdict = checker.check(item.messages, item.tools)
+            why = checker.reject_reason(verdict)
+            if why is not None:
+                rejects.append((item.source, why))
+                continue
+            est, special = verdict.tokens or est, verdict.special_summary()
+        seen[item.key] = item.source
+        if item.notes:
+            normalised.append((item.source, "; ".join(item.notes)))
+        if item.became is not None:
+            became.append((item.source, item.became))
+        rows.append(
+            (item.key, item.source, cfg.class_for(d.name, est), est,
+             json.dumps(item.messages, ensure_ascii=False), json.dumps(item.tools, ensure_ascii=False), special)
+        )
+    return rows, rejects, normalised, became
+
+
+async def ingest_all(cfg: Config, store: Store, checker: "PromptChecker | None" = None) -> list[IngestReport]:
+    """Register and (re)ingest every configured dataset; returns one report per dataset, in order.
+
+    ``checker`` (given when ``[tokenizer]`` is configured) renders every prompt read: unrenderable
+    ones (and, under ``prompt_special_text = "reject"``, ones with special-token text) are rejected.
+
+    Raises:
+        engine.datasets.DatasetError: a whole file cannot be read (named in the message).
+    """
+    reports = []
+    rows = await store.datasets()
+    for pos, d in enumerate(cfg.datasets):
+        await store.register_dataset(d.name, pos, str(d.path), d.token_budget)
+        fp = fingerprint(d)
+        prev = rows.get(d.name)
+        if prev is not None and prev["fingerprint"] == fp:
+            await store.reclassify(d.name, lambda est, _n=d.name: cfg.class_for(_n, est))
+            reports.append(IngestReport(d.name, True, prev["prompts"], rejected=prev["rejected"]))
+            continue
+        new_rows, rejects, normalised, became = await asyncio.to_thread(_read, d, cfg, checker)
+        inserted = 0
+        for i in range(0, len(new_rows), _BATCH):
+            inserted += await store.ingest_batch(d.name, new_rows[i : i + _BATCH])
+        await store.replace_rejects(d.name, rejects)
+        stale = await store.drop_stale(d.name, {r[0] for r in new_rows})
+        n = await store.finish_ingest(d.name, fp, len(rejects))
+        rep = IngestReport(d.name, False, n, inserted, len(rejects), [f"{s}: {r}" for s, r in rejects[:5]],
+                           len(normalised), [f"{s}: {r}" for s, r in normalised[:5]],
+                           whole=sum(not b.cut for _, b in became), cut=sum(b.cut for _, b in became),
+                           reasoning_moved=sum(bool(b.reasoning) for _, b in became),
+                           stale_deleted=stale[0], stale_failed=stale[1], stale_kept=stale[2])
+        if rep.stale_summary():
+            log.warning("[%s] %s", d.name, rep.stale_summary())
+        for s, r in rejects[:20]:
+            log.warning("[%s] rejected %s: %s", d.name, s, r)
+        flagged = [(r[1], r[6]) for r in new_rows if r[6]]
+        if flagged:  # special_text_in_prompt: kept (prompt_special_text = "keep"), sent as special ids
+            log.warning("[%s] %d prompt(s) with special-token text in their messages (kept: it is sent as special "
+                        "ids; [tokenizer] prompt_special_text = \"reject\" rejects them), e.g. %s: %s",
+                        d.name, len(flagged), *flagged[0])
+        if normalised:
+            log.info("[%s] %d prompt(s) brought into SpecForge's role order at ingest (docs/specforge-roles.md)",
+                     d.name, len(normalised))
+        for s, r in normalised[:20]:
+            log.info("[%s] normalised %s: %s", d.name, s, r)
+        log.info("[%s] %s", d.name, rep.became_summary())
+        for s, b in became[:20]:
+            log.info("[%s] prompt %s: %s", d.name, s, b.describe())
+        reports.append(rep)
+    return reports

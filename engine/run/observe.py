@@ -1,0 +1,219 @@
+"""Building the engine's immutable snapshot and the store's live row from scheduler counters.
+
+Pure reads of in-memory state: no I/O, no awaits. Kept apart from :mod:`engine.run.scheduler` so the
+dispatch logic and the reporting logic can be read separately.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import time
+import weakref
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from engine.money.inflight import InFlightCost, abort_basis
+from engine.run.limiter import concurrency_cap
+from engine.money.projection import project_run
+from engine.run.runstate import TERMINAL_CONTROLS, Control, DatasetState, RunPhase, RunState
+from engine.report.snapshot import ClassSnapshot, DatasetSnapshot, RunSnapshot
+
+if TYPE_CHECKING:
+    from engine.config import Config
+    from engine.run.limiter import AdjustableLimiter
+    from engine.money.spend import SpendControl
+    from engine.run.telemetry import Telemetry
+    from engine.storage.writer import StoreWriter
+
+
+class RunView(Protocol):
+    """What the snapshot builder reads of a run (:class:`engine.run.scheduler.Scheduler` fits it):
+    the run state, the config, the spend ledger, the telemetry, the class limiters, the writer's
+    queue and the dollars in flight. Reads only."""
+
+    runstate: RunState
+    cfg: "Config"
+    spend: "SpendControl"
+    telemetry: "Telemetry"
+    limiters: "dict[str, AdjustableLimiter]"
+    writer: "StoreWriter"
+    clock: Callable[[], float]
+
+    def elapsed_s(self) -> float: ...
+    def drain_left_s(self) -> float | None: ...
+    def in_flight_cost(self, dataset: str | None = None) -> InFlightCost: ...
+    def cost_in_flight_usd(self, dataset: str | None = None) -> float: ...
+
+#: Seconds after its budget last held dispatch back that a dataset still reads "budget-limited".
+LIMITED_HOLD_S = 2.0
+#: Run states in which the run makes progress (an ETA counts down only in these).
+PROGRESSING = (RunPhase.STARTING, RunPhase.RUNNING)
+
+
+_ENDED_AT: "weakref.WeakKeyDictionary[RunView, float]" = weakref.WeakKeyDictionary()
+
+
+def run_elapsed_s(sched: "RunView") -> float:
+    """The run's elapsed seconds (``Scheduler.elapsed_s``), frozen once the run has ended (its done
+    event set: completed, or stopped with nothing left in flight), so the dashboard's header, the
+    store's runtime row and ``datagen status`` read the same figure after the end instead of a clock
+    that keeps counting. The first snapshot taken after the end fixes the value."""
+    ended = _ENDED_AT.get(sched)
+    if ended is not None:
+        return ended
+    now = sched.elapsed_s()
+    if sched.runstate.done.is_set():
+        _ENDED_AT[sched] = now
+    return now
+
+
+def live_row(sched: "RunView") -> dict[str, Any]:
+    """Fields of the store's ``runtime`` row written at every commit (see :class:`~engine.storage.writer.StoreWriter`):
+    pid, start, state, elapsed and the live figures ``datagen status`` merges with committed rows."""
+    snap = build_snapshot(sched)
+    cr = sched.spend.credits
+    routing = sched.cfg.provider.routing
+    return {
+        "pid": os.getpid(),
+        "started_at": sched.runstate.started_wall,
+        "state": sched.runstate.phase,
+        "state_reason": sched.runstate.reason,
+        "elapsed_s": snap.elapsed_s,
+        "live": {
+            "in_flight": {d.name: d.in_flight for d in snap.datasets},
+            "cost_in_flight": {d.name: sched.cost_in_flight_usd(d.name) for d in snap.datasets if d.in_flight},
+            "datasets": {d.name: d.state for d in snap.datasets},
+            "reserved_tokens": {d.name: d.reserved_tokens for d in snap.datasets},
+            "projected_cost_usd": {d.name: d.projected_cost_usd for d in snap.datasets},
+            "eta_s": {d.name: d.eta_s for d in snap.datasets},
+            "projection": {d.name: {"cost_low_usd": d.projected_cost_low_usd, "cost_high_usd": d.projected_cost_high_usd,
+                                    "eta_s_low": d.eta_s_low, "eta_s_high": d.eta_s_high,
+                                    "calibration": list(d.calibration) if d.calibration else None}
+                           for d in snap.datasets},
+            "limit_reason": {d.name: d.limit_reason for d in snap.datasets},
+            "concurrency": {c.name: c.concurrency for c in snap.classes},
+            "classes": [{"name": c.name, "concurrency": c.concurrency, "configured": c.configured,
+                         "max": c.max_concurrency, "in_flight": c.in_flight, "max_tokens": c.max_tokens}
+                        for c in snap.classes],
+            "credits_usd": snap.credits_usd,
+            "credits_age_s": snap.credits_age_s,
+            "credits_at": (time.time() - (sched.clock() - cr.at)) if cr else None,
+            "credits_drift_usd": sched.spend.drift_usd(),
+            "spend_rate_usd_per_h": snap.spend_rate_usd_per_h,
+            "projected_total_cost_usd": snap.projected_total_cost_usd,
+            "cost_in_flight_usd": snap.cost_in_flight_usd,
+            "abort_cost_usd": snap.abort_cost_usd,
+            "abort_cost_basis": snap.abort_cost_basis,
+            "eta_s_run": snap.eta_s,
+            "run_projection": {"cost_low_usd": snap.projected_cost_low_usd, "cost_high_usd": snap.projected_cost_high_usd,
+                               "eta_s_low": snap.eta_s_low, "eta_s_high": snap.eta_s_high,
+                               "calibration": list(snap.calibration) if snap.calibration else None},
+            "providers": [dataclasses.asdict(p) for p in snap.providers],
+            "excluded_providers": list(sched.runstate.excluded_providers),
+            "routing_providers": sorted({n for lst in (routing.order, routing.only, routing.ignore) for n in lst or ()}),
+        },
+    }
+
+def build_snapshot(sched: "RunView") -> RunSnapshot:
+    """Return an immutable snapshot of the scheduler's run (O(datasets + classes + providers))."""
+    now = sched.clock()
+    tel = sched.telemetry
+    run = sched.runstate
+    dss = []
+    projections = []
+    errors: collections.Counter = collections.Counter()
+    progressing = run.phase in PROGRESSING and not run.paused
+    n_done = sum(rt.done for rt in run.datasets.values())
+    run_mean = sum(rt.completion_tokens for rt in run.datasets.values()) / n_done if n_done else None
+    run_prompt = sum(rt.prompt_tokens for rt in run.datasets.values()) / n_done if n_done else 0.0
+    for rt in run.datasets.values():
+        terminal = rt.control in TERMINAL_CONTROLS
+        skipped = rt.pending_total if terminal else 0
+        pending = 0 if terminal else rt.pending_total
+        proj = sched.spend.project(
+            rt.name, prompts_left=pending, in_flight=rt.in_flight, cost_so_far=sched.spend.dataset_usd[rt.name],
+            completion_tokens=rt.completion_tokens, recent_tok_per_s=rt.tok_rate.rate(now),
+            since_start_tok_per_s=rt.tok_rate.rate_since_start(now), fallback_mean_tokens=run_mean,
+            mean_prompt_tokens=(rt.prompt_tokens / rt.done) if rt.done else run_prompt,
+            pending_by_class=rt.pending,
+        )
+        projections.append(proj)
+        b = sched.spend.budgets[rt.name]
+        recent = [e.mean() for e in b.estimators.values() if e.count]
+        state = stopping_state(rt.state(run.paused), run.phase, rt.in_flight)
+        moving = progressing and state in (DatasetState.RUNNING, DatasetState.PENDING)  # a paused dataset's ETA does not count down
+        calibration = None if proj.calibrated or proj.tokens_to_come_high <= 0 else (proj.observed, proj.calibrate_after)
+        dss.append(
+            DatasetSnapshot(
+                name=rt.name, state=state, state_reason=rt.reason, prompts=rt.prompts,
+                rejected=rt.rejected, done=rt.done, failed=rt.failed, skipped=skipped, pending=pending,
+                in_flight=rt.in_flight, prompt_tokens=rt.prompt_tokens, completion_tokens=rt.completion_tokens,
+                reasoning_tokens=rt.reasoning_tokens, cost_usd=sched.spend.dataset_usd[rt.name], token_budget=rt.token_budget,
+                errors=dict(rt.errors), req_per_s=rt.rate.rate(now), req_per_s_since_start=rt.rate.rate_since_start(now),
+                tok_per_s=rt.tok_rate.rate(now),
+                avg_completion_tokens=(rt.completion_tokens / rt.done) if rt.done else 0.0,
+                eta_s=proj.eta_s_recent if moving else None,
+                eta_s_since_start=proj.eta_s_since_start if moving else None,
+                avg_completion_tokens_recent=(sum(recent) / len(recent)) if recent else 0.0,
+                reserved_tokens=sched.spend.reserved_tokens(rt.name), max_cost_usd=b.cost.limit,
+                projected_cost_usd=proj.projected_cost_usd, latest_sample=tel.sample(rt.name),
+                projected_cost_low_usd=proj.cost_low_usd, projected_cost_high_usd=proj.cost_high_usd,
+                eta_s_low=proj.eta_s_low if moving else None, eta_s_high=proj.eta_s_high if moving else None,
+                calibration=calibration, limit_reason=_limit_reason(sched, rt, state, now),
+            )
+        )
+        errors.update(rt.errors)
+    classes = tuple(
+        ClassSnapshot(c, lim.capacity, lim.in_use, sched.cfg.classes[c].max_tokens, sched.cfg.classes[c].concurrency,
+                      concurrency_cap(sched.cfg.classes[c].concurrency))
+        for c, lim in sched.limiters.items()
+    )
+    spend_rate = tel.spend_rate_usd_per_h(now, sum(d.in_flight for d in dss))
+    cost = sum(d.cost_usd for d in dss)
+    run_proj = project_run(projections, spend_rate, cost, recent_tok_per_s=tel.tok_rate.rate(now),
+                           cost_cap=sched.spend.run_cost.limit)
+    cr = sched.spend.credits
+    fly = sched.in_flight_cost()
+    return RunSnapshot(
+        name=sched.cfg.run.name, state=run.phase, state_reason=run.reason, elapsed_s=run_elapsed_s(sched),
+        datasets=tuple(dss), classes=classes, in_flight=sum(d.in_flight for d in dss),
+        req_per_s=run.rate.rate(now), cost_usd=cost, errors=dict(errors), writer_queue=sched.writer.queued,
+        credits_usd=cr.remaining_usd if cr else None, credits_age_s=(now - cr.at) if cr else None,
+        spend_rate_usd_per_h=spend_rate, projected_total_cost_usd=run_proj.projected_cost_usd,
+        max_cost_usd=sched.spend.run_cost.limit, cost_in_flight_usd=fly.expected_usd,
+        abort_cost_usd=fly.abort_usd, abort_cost_basis=abort_basis(fly, sched.spend.aborts),
+        eta_s=run_proj.eta_s if progressing else None, tok_per_s=tel.tok_rate.rate(now), loop_lag_ms=tel.loop_lag_ms,
+        providers=tel.providers.snapshot(), latest_errors=dict(tel.latest_errors), history=tuple(tel.history),
+        events=tuple(list(tel.events)[-50:]), notices=tuple(tel.notices), drain_left_s=sched.drain_left_s(),
+        events_total=tel.events_total,
+        projected_cost_low_usd=run_proj.cost_low_usd, projected_cost_high_usd=run_proj.cost_high_usd,
+        eta_s_low=run_proj.eta_s_low if progressing else None, eta_s_high=run_proj.eta_s_high if progressing else None,
+        calibration=run_proj.calibration,
+    )
+
+
+def stopping_state(state: str, run_state: str, in_flight: int) -> str:
+    """A dataset's shown state while the run stops (display only: the store's states are unchanged):
+    ``"draining"`` when it still has requests in flight, ``"stopping"`` (``"stopped"`` once the run
+    has stopped) for a running or pending one with none; otherwise (run not stopping, or a
+    finished/paused dataset with nothing in flight) ``state``."""
+    if run_state not in (RunPhase.STOPPING, RunPhase.STOPPED) or state in (
+            DatasetState.DONE, DatasetState.SKIPPED, DatasetState.BUDGET_MET):
+        return state
+    if in_flight:
+        return DatasetState.DRAINING
+    return DatasetState(run_state) if state in (DatasetState.RUNNING, DatasetState.PENDING) else state
+
+
+def _limit_reason(sched: "RunView", rt: Any, state: str, now: float) -> str:
+    """``"budget-limited 5/24"`` (in flight / class slots) while the dataset's token budget holds its
+    dispatch below the class's concurrency (now, or within the last :data:`LIMITED_HOLD_S`); "" otherwise."""
+    if state != DatasetState.RUNNING or rt.control != Control.ACTIVE:
+        return ""
+    for cls, at in rt.limited_at.items():
+        lim = sched.limiters.get(cls)
+        held = cls in rt.blocked or now - at <= LIMITED_HOLD_S  # blocked now, or moments ago (no flicker)
+        if lim is not None and held and rt.in_flight < lim.capacity and rt.pending.get(cls):
+            return f"budget-limited {rt.in_flight}/{lim.capacity}"
+    return ""

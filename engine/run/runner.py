@@ -1,0 +1,605 @@
+"""``datagen run``: wire config, store, ingest, provider, scheduler, writer and reporter together.
+
+Exit codes: 0 completed (or drained on request), 1 configuration/data error, 2 the key was rejected
+(401: the run pauses; headless, or with ``--exit-on-pause``, it then ends), 3 whole run paused by a
+guard with ``--exit-on-pause``, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import os
+import signal
+import stat
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, TextIO
+
+from engine.run import guards
+from engine.client.chat import ChatClient, check_header_secret
+from engine.client.types import RequestError
+from engine.config import Config, ConfigError, ProviderSection
+from engine.loopback import is_loopback_url
+from engine.run.controller import Controller
+from engine.run.ingest import ingest_all
+from engine.money.prices import prices_from_models_endpoint
+from engine.report.progress import final_report, format_notices, format_progress
+from engine.run.runstate import RunPhase
+from engine.run.scheduler import Scheduler
+from engine.proc import runlock
+from engine.storage.store import Store, make_run_dir
+from engine.run.supervisor import Supervisor
+from engine.storage.writer import StoreWriter
+
+log = logging.getLogger("engine")
+
+
+class SafeOut:
+    """A text stream wrapper that stops writing, instead of raising, once the terminal or pipe is gone
+    (``datagen run | head``, a closed tmux pane): the run goes on and the file log keeps everything."""
+
+    def __init__(self, f: TextIO) -> None:
+        self.f = f
+        self.dead = False
+
+    def write(self, s: str) -> int:
+        if not self.dead:
+            try:
+                return self.f.write(s)
+            except (OSError, ValueError):
+                self.dead = True
+        return len(s)
+
+    def flush(self) -> None:
+        if not self.dead:
+            try:
+                self.f.flush()
+            except (OSError, ValueError):
+                self.dead = True
+
+
+class KeyError_(ConfigError):
+    """The API key cannot be found (names the variable or file, never the key)."""
+
+
+def key_required(p: ProviderSection) -> bool:
+    """Whether ``p`` must have a key before anything is sent.
+
+    ``openrouter``: always. ``openai``: when the config names where the key lives (``api_key_env``
+    set explicitly, or ``api_key_file``); otherwise the server may need none (a local or LAN
+    vLLM/SGLang), which :func:`probe_keyless_server` checks at start. ``simulated``: never.
+    """
+    if p.kind == "openrouter":
+        return True
+    return p.kind == "openai" and ("api_key_env" in p.model_fields_set or p.api_key_file is not None)
+
+
+def _missing_key_message(p: ProviderSection, why: str, sent: str = "Nothing was sent") -> str:
+    file = f" and provider.api_key_file ({p.api_key_file}) is empty" if p.api_key_file else " (nor provider.api_key_file)"
+    return (f"provider.api_key_env: environment variable {p.api_key_env} is not set{file}; {why}. "
+            f"{sent}. Export {p.api_key_env}, or use [provider] kind = \"simulated\"")
+
+
+def resolve_api_key(p: ProviderSection, environ: dict[str, str] | None = None) -> str | None:
+    """Return the API key for ``p``: the env var named ``api_key_env``, else ``api_key_file``.
+
+    Returns None for ``simulated``, and for ``openai`` with no key found and no key source named
+    in the config (servers that need no key: see :func:`probe_keyless_server`).
+
+    Raises:
+        KeyError_: no key found where :func:`key_required` (kind ``openrouter``, or ``openai`` whose
+            config names ``api_key_env``/``api_key_file``), naming the variable and the file; an
+            unreadable key file; a key with a bad character (its position, never the key).
+        ConfigError: a key would be sent over plain http to a non-loopback host.
+    """
+    env = os.environ if environ is None else environ
+    if p.kind == "simulated":
+        return None
+    key = env.get(p.api_key_env, "").strip()
+    if not key and p.api_key_file is not None:
+        try:
+            st = p.api_key_file.stat()
+            if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+                log.warning("key file %s is readable by group/others; chmod 600 it", p.api_key_file)
+            key = p.api_key_file.read_text().strip()
+        except OSError as e:
+            raise KeyError_(f"provider.api_key_file: cannot read {p.api_key_file}: {e.strerror}") from None
+    if key:
+        try:
+            check_header_secret(key)
+        except ValueError as e:
+            src = (f"provider.api_key_env (${p.api_key_env})" if env.get(p.api_key_env, "").strip()
+                   else f"provider.api_key_file ({p.api_key_file})")
+            raise KeyError_(f"{src}: {e}") from None
+    if not key:
+        if key_required(p):
+            why = ("kind \"openrouter\" needs a key" if p.kind == "openrouter"
+                   else "the config sets provider.api_key_env or api_key_file, so kind \"openai\" expects a key")
+            raise KeyError_(_missing_key_message(p, why))
+        return None
+    url = p.resolved_base_url() or ""
+    if url.startswith("http://") and not is_loopback_url(url):
+        raise ConfigError(f"provider.base_url: refusing to send the API key over plain http to {url}; use https")
+    return key
+
+
+async def probe_keyless_server(p: ProviderSection, timeout_s: float = 10.0) -> None:
+    """Before dispatching without a key (kind ``openai``, no key found, none configured): ``GET /key``
+    once, without credentials (nothing secret, no completion). A 401/403 means the server wants a
+    key: refuse the start instead of sending every request to be refused. Any other answer, or
+    none within ``timeout_s`` seconds, lets the run start.
+
+    Raises:
+        KeyError_: the server answered 401/403, naming the variable (no chat request was sent).
+    """
+    import httpx
+
+    url = (p.resolved_base_url() or "").rstrip("/") + "/key"
+    try:
+        async with httpx.AsyncClient(timeout=timeout_s, trust_env=not is_loopback_url(url)) as http:
+            status = (await http.get(url)).status_code
+    except (httpx.HTTPError, OSError):
+        return
+    if status in (401, 403):
+        raise KeyError_(_missing_key_message(p, f"the server at {p.resolved_base_url()} wants one "
+                                               f"(HTTP {status} on GET /key without a key)",
+                                       "No completion was requested"))
+
+
+def sim_config_from_section(cfg: Config):
+    """Build the simulator's :class:`~engine.sim.SimConfig` from ``[provider.sim]``."""
+    from engine.sim import SimConfig, parse_faults
+
+    s = cfg.provider.sim
+    return SimConfig(
+        seed=s.seed, latency_ms=s.latency_ms, tokens_per_s=s.tokens_per_s,
+        mean_completion_tokens=s.mean_completion_tokens, credits_usd=s.credits_usd, price_in=s.price_in,
+        price_out=s.price_out, tokenizer=str(s.tokenizer) if s.tokenizer else None,
+        faults=parse_faults(s.faults) if s.faults else {}, providers=tuple(s.providers),
+        cancellable_providers=tuple(s.cancellable), model=cfg.provider.model,
+        log_path=str(s.log) if s.log else None,
+    )
+
+
+def setup_file_logging(run_dir: Path, *, stderr_level: int | None = logging.WARNING) -> None:
+    """Log to ``RUN_DIR/datagen.log`` (owner-only) and, optionally, warnings to stderr."""
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    for h in list(root.handlers):
+        if getattr(h, "_datagen", False):
+            root.removeHandler(h)
+    path = Path(run_dir) / "datagen.log"
+    fh = logging.FileHandler(path, encoding="utf-8")
+    os.chmod(path, 0o600)
+    fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    fh._datagen = True  # type: ignore[attr-defined]
+    root.addHandler(fh)
+    if stderr_level is not None:
+        sh = logging.StreamHandler(sys.stderr)
+        sh.setLevel(stderr_level)
+        sh.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+        sh._datagen = True  # type: ignore[attr-defined]
+        root.addHandler(sh)
+    for noisy in ("httpx", "httpcore", "aiosqlite"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@dataclass
+class Job:
+    """A prepared run: everything opened, nothing dispatched yet. Close with :meth:`close`."""
+
+    cfg: Config
+    store: Store
+    writer: StoreWriter
+    scheduler: Scheduler
+    client: ChatClient
+    sim: object | None
+    writer_stop: asyncio.Event
+    controller: Controller
+    supervisor: Supervisor
+    recon: object | None = None
+    writer_task: asyncio.Task | None = None
+    supervisor_task: asyncio.Task | None = None
+    lock: object | None = None  # engine.proc.runlock.DirLock on the run directory, released by close()
+
+    async def close(self) -> None:
+        """Stop supervision, flush, close the client, the store and the simulator."""
+        if self.supervisor_task is not None:
+            self.supervisor_task.cancel()
+            await asyncio.gather(self.supervisor_task, return_exceptions=True)
+        if self.recon is not None:  # finish queued reconstructions before the store closes
+            # A stopped run waits 10 s at most: what is left stays stored, unvalidated, for `datagen validate`.
+            stopped = self.scheduler.state in ("stopping", "stopped")
+            await self.recon.close(timeout_s=10.0 if stopped else None)  # type: ignore[attr-defined]
+        self.writer_stop.set()
+        if self.writer_task is not None:
+            await self.writer_task
+        else:
+            await self.writer.flush()
+        await self.client.aclose()
+        await self.store.close()
+        if self.sim is not None:
+            self.sim.stop()  # type: ignore[attr-defined]
+        if self.lock is not None:
+            self.lock.release()  # type: ignore[attr-defined]
+
+
+async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
+    """Open the store, ingest, start the simulator if configured and build the scheduler.
+
+    Raises:
+        ConfigError: key missing, plain-http key, etc.
+        engine.datasets.DatasetError / engine.storage.store.StoreError: unusable input or store.
+        engine.proc.runlock.DirectoryInUse: another process runs on this run directory (nothing opened).
+    """
+    api_key = resolve_api_key(cfg.provider)
+    if api_key is None and cfg.provider.kind == "openai":
+        await probe_keyless_server(cfg.provider)
+    checked = await load_checked_tokenizer(cfg)  # before the store: a refused tokenizer leaves nothing behind
+    make_run_dir(cfg.run.dir)
+    async with contextlib.AsyncExitStack() as opened:  # on any failure: closed in reverse order, re-raised
+        lock = runlock.acquire(cfg.run.dir)  # shared with `datagen run`'s own hold; refused if another process has it
+        opened.callback(lock.release)
+        store = await Store.open(cfg.run.dir)
+        opened.push_async_callback(store.close)
+        prev = await store.get_meta("run_name")
+        if prev is None:
+            await store.set_meta("run_name", cfg.run.name)
+        checker = None
+        if checked is not None:
+            from engine.tokens.promptcheck import PromptChecker
+
+            checker = PromptChecker(checked[0], cfg.tokenizer.prompt_special_text)  # type: ignore[union-attr]
+        for rep in await ingest_all(cfg, store, checker):
+            if rep.skipped_unchanged:
+                print(f"[{rep.dataset}] {rep.prompts} prompts (already ingested), {rep.rejected} rejected rows", file=out)
+            else:
+                print(f"[{rep.dataset}] ingested {rep.prompts} prompts ({rep.inserted} new), {rep.rejected} rejected rows", file=out)
+                for ex in rep.examples:
+                    print(f"    rejected {ex}", file=out)
+                if rep.normalised:
+                    print(f"[{rep.dataset}] {rep.normalised} prompt(s) brought into SpecForge's role order "
+                          f"(turns merged or dropped; docs/specforge-roles.md), e.g. {rep.normalised_examples[0]}", file=out)
+                print(f"[{rep.dataset}] {rep.became_summary()}", file=out)
+                if rep.stale_summary():
+                    print(f"[{rep.dataset}] {rep.stale_summary()}", file=out)
+        sim = None
+        if cfg.provider.kind == "simulated":
+            from engine.sim import SimThread
+
+            sim = SimThread(sim_config_from_section(cfg))
+            opened.callback(sim.stop)
+            base_url = sim.start()
+            api_key = "sim-local"
+            print(f"simulator listening on {base_url}", file=out)
+        else:
+            base_url = cfg.provider.resolved_base_url()
+        t = cfg.provider.timeouts
+        total_conc = sum(c.concurrency for c in cfg.classes.values())
+        client = ChatClient(
+            base_url, api_key, stream=cfg.provider.stream, stream_usage=cfg.provider.stream_usage,
+            connect_timeout_s=t.connect_s,
+            stall_timeout_s=t.stall_s, total_timeout_s=t.total_s, max_connections=max(total_conc, 16),
+        )
+        opened.push_async_callback(client.aclose)
+        # The writer, the reconstruction service and the controller call back into the scheduler
+        # built just after them: their callbacks look `sched` up when called, never before.
+        sched: Scheduler
+
+        def store_failed(e: BaseException) -> None:
+            guards.apply(sched, guards.store_failing(e, sched.runstate))
+
+        def store_recovered() -> None:
+            if guards.store_recovered(sched.runstate):
+                sched.resume_all()
+
+        writer = StoreWriter(store, cfg.run.commit_interval_s, live=lambda: sched.live(),
+                             on_error=store_failed, on_recover=store_recovered)
+        recon = reconstruction_service(cfg, checked, lambda ds, ok, reasons: on_validation_verdict(sched, recon, ds, ok, reasons))
+        account_api = cfg.provider.kind in ("openrouter", "simulated")
+        sched = Scheduler(cfg, store, writer, client.complete, get_json=client.get_json if account_api else None,
+                          recon=recon)
+        check_fd_limit(sum(c.concurrency for c in cfg.classes.values()), out)
+        await sched.load()
+        await discover_prices(cfg, sched, client, out)
+        sup: Supervisor
+        ctl = Controller(sched, credits_check=lambda: sup.poll_credits())
+        # Credits from /key (fallback /credits) wherever the server offers them, kind openai included
+        # (e.g. a rehearsal against `datagen sim`); a server with neither is probed once and left unknown.
+        sup = Supervisor(sched, ctl, client.get_json)
+        await sup.poll_credits()  # credits known before the first dispatch: the floor is checked at each one
+        if recon is not None:
+            print(format_startup_line(await recon.start()), file=out)
+        # Long-lived start-up objects (config, tokenizer, imports) leave the GC's young generations,
+        # and collections run less often: full collections stalled the loop 170-230 ms under load.
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(50_000, 20, 100)
+        opened.pop_all()  # everything opened now belongs to the job (Job.close)
+        return Job(cfg, store, writer, sched, client, sim, asyncio.Event(), ctl, sup, recon, lock=lock)
+    raise AssertionError("unreachable")  # pragma: no cover - the block returns or raises
+
+
+async def load_checked_tokenizer(cfg: Config):
+    """Load ``[tokenizer]`` and run its start-up check, off the loop; None without a ``[tokenizer]``.
+
+    Returns:
+        ``(engine.tokens.tokenizer.Tokenizer, start-up description)``: ingest renders every prompt
+        with it, and the reconstruction service validates with the same object.
+
+    Raises:
+        engine.tokens.tokenizer.TokenizerError: the tokenizer cannot be loaded, or the start-up check
+            refused it (generation is refused).
+    """
+    if cfg.tokenizer is None:
+        return None
+    from engine.tokens.startup import startup_check
+    from engine.tokens.tokenizer import load_tokenizer
+
+    tok = await asyncio.to_thread(load_tokenizer, cfg.tokenizer)
+    return tok, await asyncio.to_thread(startup_check, tok)
+
+
+def reconstruction_service(cfg: Config, checked, on_verdict):
+    """The token reconstruction service of results as they arrive (not started), when
+    ``[tokenizer]`` is configured; else None. Start it with ``await recon.start()``.
+
+    ``checked``: the ``(tokenizer, start-up description)`` of :func:`load_checked_tokenizer` (None:
+    the service loads and checks the tokenizer itself at start). ``on_verdict(dataset, ok,
+    reasons)``: called with each validation verdict (see :func:`on_validation_verdict`).
+
+    Raises (at ``start``):
+        engine.tokens.tokenizer.TokenizerError: the tokenizer, its special tokens or the chat
+            template disagree with the configured mode (generation is refused).
+    """
+    if cfg.tokenizer is None:
+        return None
+    from engine.tokens.service import ReconstructionService
+
+    return ReconstructionService(cfg.tokenizer, cfg.run.dir, on_verdict=on_verdict, checked=checked)
+
+
+def format_startup_line(info) -> str:
+    """The reconstruction service's start-up line (:func:`engine.tokens.startup.format_startup`)."""
+    from engine.tokens.startup import format_startup
+
+    return format_startup(info)
+
+
+def on_validation_verdict(sched: Scheduler, recon, dataset: str, ok: bool, reasons: list[str]) -> None:
+    """Record a validation verdict of ``dataset`` and feed the anomaly guard: a dataset whose
+    failure rate passes ``tokenizer.max_failure_rate`` is paused with the reason."""
+    sched.telemetry.validation[dataset] = "valid" if ok else "INVALID: " + ", ".join(reasons)
+    guards.apply(sched, guards.validation(sched.datasets.get(dataset), recon.guard(dataset)))
+
+
+def check_fd_limit(concurrency: int, out: TextIO) -> int:
+    """Raise the soft open-files limit toward ``concurrency + 256`` (one socket per in-flight
+    request plus the store, logs and the simulator); warn when the hard limit is too low.
+    Returns the soft limit in force."""
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return -1
+    need = concurrency + 256
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft < need:
+        print(f"warning: open-files limit {soft} is below {need} needed for {concurrency} concurrent requests; "
+              f"run `ulimit -n {need}` first or lower classes.*.concurrency", file=out)
+    return soft
+
+
+async def discover_prices(cfg: Config, sched: Scheduler, client: ChatClient, out: TextIO) -> None:
+    """Learn the model's prices from ``/models`` when ``[pricing]`` does not give them.
+
+    Raises:
+        ConfigError: a dollar cap is configured and no price is known (never price at $0).
+    """
+    spend = sched.spend
+    if spend.config_prices is None:
+        try:
+            spend.endpoint_prices = prices_from_models_endpoint(await client.get_json("/models"), cfg.provider.model)
+        except RequestError as e:
+            log.info("/models unavailable (%s); prices from [pricing] or observed usage only", e.error_class.value)
+    p = spend.prices()
+    if p is not None:
+        print(f"prices ({p.source}): ${p.prompt_usd_per_token * 1e6:.3f} / ${p.completion_usd_per_token * 1e6:.3f} "
+              f"per million prompt / completion tokens", file=out)
+    elif spend.has_cost_cap:
+        raise ConfigError(
+            f"a max_cost_usd cap is set but no price is known for model {cfg.provider.model!r} "
+            f"(not in the provider's /models): set [pricing] prompt_usd_per_m and completion_usd_per_m"
+        )
+
+
+def guard_pause_reason(sched: Scheduler) -> str | None:
+    """The reason when the whole run is paused by a guard (credits, 402, price, or every unfinished
+    dataset paused by the anomaly guard / calibration gate) with nothing in flight; else None."""
+    return guards.guard_paused(sched.snapshot(), sched.runstate)
+
+
+async def run_job(job: Job, *, exit_on_pause: bool = False, stop_on_auth: bool = False,
+                  out: TextIO = sys.stdout) -> int:
+    """Run a prepared job to its end: writer, supervisor and scheduler; closes the job. Returns the exit code.
+
+    Args:
+        exit_on_pause: end the run (drained) when a guard pauses it: exit 2 when the pause is a
+            rejected key (401), else 3.
+        stop_on_auth: end the run with exit 2 when a 401 pauses it (headless: the key comes from
+            this process's environment, so nothing can fix it while the run waits).
+    """
+    sched = job.scheduler
+    job.writer_task = asyncio.create_task(job.writer.run(job.writer_stop))
+    job.supervisor_task = asyncio.create_task(job.supervisor.run())
+
+    async def pause_watch() -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            end = guards.exit_on_pause(sched.snapshot(), sched.runstate,
+                                       exit_on_pause=exit_on_pause, stop_on_auth=stop_on_auth)
+            if end is None:
+                continue
+            try:
+                print(f"run paused by a guard: {end.paused_for}; exiting ({end.why})", file=out, flush=True)
+            except (OSError, ValueError):
+                log.warning("run paused by a guard: %s; exiting (%s)", end.paused_for, end.why)
+            sched.stop(end.reason, exit_code=end.exit_code, abort=False)
+            return
+
+    watch = asyncio.create_task(pause_watch()) if exit_on_pause or stop_on_auth else None
+    try:
+        code = await sched.run()
+        await job.supervisor.poll_credits()  # final reading: reconcile spend with the provider's usage
+        d = sched.spend.drift_usd()
+        if d is not None:
+            log.info("spend reconciliation: provider usage minus accounted spend = $%.6f", d)
+        return code
+    finally:
+        if watch is not None:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+        await job.close()
+
+
+def interrupt_action(signame: str, stopping: bool) -> str:
+    """What an interrupt does: the one rule of the headless runner and the dashboard.
+
+    Args:
+        signame: ``"SIGINT"``, ``"SIGTERM"``, ``"SIGHUP"`` or ``"Ctrl-C"`` (the key in the dashboard).
+        stopping: True when a stop is already in progress: an earlier interrupt, the dashboard's
+            "Drain, then quit", an exit on pause (see :func:`run_stopping`).
+
+    Returns:
+        ``"drain"`` for the first interrupt (in-flight requests finish and are stored);
+        ``"abort"`` for any interrupt while a stop is in progress: that stop counted as the first;
+        ``"continue"`` for SIGHUP while stopping: the terminal went away, nobody asked to lose the
+        streams, so the stop in progress goes on unchanged (a SIGHUP is never an escalation).
+    """
+    if not stopping:
+        return "drain"
+    return "continue" if signame == "SIGHUP" else "abort"
+
+
+def run_stopping(sched: Scheduler | None) -> bool:
+    """True when ``sched``'s run is stopping or stopped (a drain or stop is in progress or done)."""
+    return sched is not None and sched.runstate.phase in (RunPhase.STOPPING, RunPhase.STOPPED)
+
+
+def fmt_limit(seconds: float) -> str:
+    """A drain limit for people: ``"15s"``, ``"30m"``, ``"1h05m"``."""
+    s = int(round(seconds))
+    if s < 120:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m" + (f"{s % 60:02d}s" if s % 60 else "")
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def drain_line(snap) -> str:
+    """The headless line shown while a drain runs: in-flight count, their estimated USD, time left.
+
+    Args:
+        snap: an ``engine.report.snapshot.RunSnapshot`` with ``drain_left_s`` set.
+    """
+    return (f"draining: {snap.in_flight:,} in flight (est. ${snap.cost_in_flight_usd:.4f}); "
+            f"aborting them in {fmt_limit(snap.drain_left_s or 0.0)}")
+
+
+async def run_headless(
+    cfg: Config,
+    out: TextIO = sys.stdout,
+    *,
+    exit_on_pause: bool = False,
+    install_signals: bool = True,
+    on_ready: Callable[[Job], None] | None = None,
+) -> int:
+    """Run the job printing one progress line per active dataset every ``run.progress_interval_s``.
+
+    Returns the exit code (see module docstring).
+    """
+    out = out if isinstance(out, SafeOut) else SafeOut(out)
+    job = await prepare(cfg, out)
+    sched = job.scheduler
+    loop = asyncio.get_running_loop()
+    signals_seen = 0
+    drains: list[asyncio.Future] = []
+
+    def on_signal(signame: str) -> None:
+        nonlocal signals_seen
+        action = interrupt_action(signame, signals_seen > 0 or run_stopping(sched))
+        signals_seen += 1
+        # Act first: the terminal may be gone (SIGHUP, a closed pipe) and printing may fail.
+        if action == "continue":
+            log.warning("%s received: the stop in progress continues (again with SIGINT/SIGTERM to abort)", signame)
+        elif action == "drain":
+            n, usd = sched.snapshot().in_flight, sched.cost_in_flight_usd()
+            drains.append(asyncio.ensure_future(sched.drain(reason=f"{signame}: interrupted", exit_code=130)))
+            say(f"{signame}: draining {n:,} in-flight request(s) (est. ${usd:.4f}, up to "
+                f"{fmt_limit(sched.drain_limit_s())}); again to abort")
+        else:
+            say(f"{signame}: aborting in-flight requests")
+            sched.stop(f"{signame}: interrupted (abort)", exit_code=130, abort=True)
+
+    def say(line: str) -> None:
+        try:
+            print(line, file=out, flush=True)
+        except (OSError, ValueError):  # stdout closed: keep running, the file log has everything
+            log.info("%s", line)
+
+    if install_signals:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            try:
+                loop.add_signal_handler(sig, on_signal, sig.name)
+            except (NotImplementedError, RuntimeError):
+                pass
+
+    async def reporter() -> None:
+        printed_final: set[str] = set()
+        while True:
+            await asyncio.sleep(cfg.run.progress_interval_s)
+            snap = sched.snapshot()
+            for line in format_progress(snap, printed_final):
+                say(line)
+            if snap.drain_left_s is not None:
+                say(drain_line(snap))
+
+    async def announce() -> None:  # guard pauses get their own line at once, like a user's pause
+        seen = 0
+        while True:
+            await asyncio.sleep(0.25)
+            lines, seen = format_notices(sched.telemetry.notices, seen)
+            for line in lines:
+                say(line)
+
+    rep = asyncio.create_task(reporter())
+    note = asyncio.create_task(announce())
+    if on_ready:
+        on_ready(job)
+    try:
+        code = await run_job(job, exit_on_pause=exit_on_pause, stop_on_auth=True, out=out)
+    finally:
+        rep.cancel()
+        note.cancel()
+        for d in drains:
+            d.cancel()
+        await asyncio.gather(rep, note, *drains, return_exceptions=True)
+        if install_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                try:
+                    loop.remove_signal_handler(sig)
+                except (NotImplementedError, RuntimeError):
+                    pass
+    for line in final_report(sched.snapshot(), job.store.path):
+        say(line)
+    return code

@@ -1,0 +1,617 @@
+"""The dispatch core: datasets in config order, per-class concurrency, bounded prefetch, retries.
+
+How work flows:
+
+- One dispatcher coroutine per request class. It takes a slot from the class's
+  :class:`~engine.run.limiter.AdjustableLimiter`, picks the first dataset in config order that has
+  dispatchable prompts of that class, takes the next prompt from a small prefetch buffer (pages of
+  ``PAGE`` rows read by id cursor from the store) and starts one task for it. So the number of
+  tasks equals the requests in flight, never the number of prompts, and memory stays flat with
+  80,000 prompts. When a dataset runs out of prompts to dispatch, the next one starts at once while
+  the previous one's tail drains.
+- A request task (:func:`engine.run.attempt.run_request`) runs the attempts (:func:`engine.client.retry.call_with_retries`), queues every
+  attempt and the result or failure on the :class:`~engine.storage.writer.StoreWriter`, and releases its
+  slot. A prompt stays ``pending`` in the store until its result is committed, so a crash only
+  ever re-requests prompts whose result was not stored.
+- Errors of the account, the route or the config (401, 402, 404 "No endpoints found", the same 4xx
+  on the first few prompts) pause the whole run with the reason and leave the prompt pending
+  (:mod:`engine.run.failures`, rules in :mod:`engine.run.runwide`); other 400/403 fail the prompt with the
+  reason; transient errors are retried with backoff up to ``run.max_attempts`` and then fail the
+  prompt with the last reason.
+
+All mutable state lives on the event loop; :meth:`Scheduler.snapshot` returns an immutable copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from engine.client.accumulate import StreamProgress
+from engine.run.accounting import Accounting
+from engine.run.attempt import AttemptClock, Spent, run_request
+from engine.run.ending import RunEnding
+from engine.client.retry import RetryPolicy
+from engine.client.types import ChatRequest, Completion, RequestError
+from engine.config import Config
+from engine.run import guards
+from engine.run.failures import Failures
+from engine.money.inflight import InFlightCost
+from engine.run.limiter import AdjustableLimiter
+from engine.run.observe import build_snapshot, live_row
+from engine.report.snapshot import RunSnapshot
+from engine.run.runstate import PERSISTED_CONTROLS, TERMINAL_CONTROLS, Control, DatasetRuntime, RunPhase, RunState
+from engine.run.seams import CompleteFn, GetJsonFn, Reconstructor
+from engine.money.spend import SpendControl
+from engine.storage.store import PendingPrompt, Store
+from engine.run.telemetry import Telemetry
+from engine.money.usage import Accounted
+from engine.storage.writer import StoreWriter
+
+if TYPE_CHECKING:
+    from engine.run.runwide import Condition
+
+log = logging.getLogger(__name__)
+
+#: Prompts read from the store per page, per (dataset, class).
+PAGE = 256
+#: Seconds between refreshes of a dataset's in-flight (censored) lengths while dispatching.
+CENSOR_EVERY_S = 0.25
+
+
+class _OnRunState:
+    """A :class:`Scheduler` attribute kept on its :class:`~engine.run.runstate.RunState` (``field``)."""
+
+    def __init__(self, field_name: str) -> None:
+        self.field = field_name
+
+    def __get__(self, obj: Any, owner: Any = None) -> Any:
+        return self if obj is None else getattr(obj.runstate, self.field)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(obj.runstate, self.field, value)
+
+
+class Scheduler:
+    """Runs one generation job over a prepared store.
+
+    Args:
+        cfg: validated config.
+        store: the run's open store, already ingested.
+        writer: the batched writer for ``store``.
+        complete: coroutine function doing ONE attempt: ``complete(req, progress) -> Completion``,
+            raising :class:`~engine.client.types.RequestError` (normally ``ChatClient.complete``).
+        policy: retry timing (attempts, backoff).
+        clock: monotonic clock in seconds (injectable for tests).
+        get_json: ``get_json(path, params)`` of the provider, for late costs of failed attempts and
+            ``/generation`` true-ups (None: estimate).
+        recon: token reconstruction service (:class:`~engine.run.seams.Reconstructor`) or None.
+    """
+
+    # The run state's fields under the names callers use (kept on self.runstate).
+    datasets = _OnRunState("datasets")
+    state = _OnRunState("phase")
+    state_reason = _OnRunState("reason")
+    run_paused = _OnRunState("paused")
+    pause_kind = _OnRunState("pause_kind")
+    exit_code = _OnRunState("exit_code")
+    excluded_providers = _OnRunState("excluded_providers")
+    drain_deadline = _OnRunState("drain_deadline")
+    rate = _OnRunState("rate")
+    _stopping = _OnRunState("stopping")
+    _credits_wait = _OnRunState("credits_wait")
+    _done = _OnRunState("done")
+
+    def __init__(
+        self,
+        cfg: Config,
+        store: Store,
+        writer: StoreWriter,
+        complete: CompleteFn,
+        policy: RetryPolicy | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        get_json: GetJsonFn | None = None,
+        recon: Reconstructor | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.writer = writer
+        self._complete = complete
+        self.policy = policy or RetryPolicy(max_attempts=cfg.run.max_attempts)
+        self.clock = clock
+        #: the run's shared mutable state (phase, pause, per-dataset counters): engine.run.runstate.
+        self.runstate = RunState(t0=clock())
+        self.limiters = {name: AdjustableLimiter(c.concurrency) for name, c in cfg.classes.items()}
+        self._changed: dict[str, asyncio.Event] = {}
+        self.on_event: Callable[[str, str, str | None, str], None] | None = None
+        self.spend = SpendControl(cfg)
+        self.telemetry = Telemetry(cfg.spend.anomaly_error_rate, cfg.spend.anomaly_window)
+        #: ``get_json(path, params)`` of the provider, for late costs of failed attempts (None: estimate).
+        self.get_json: GetJsonFn | None = get_json
+        #: what happens to prompts whose request failed, and retry-failed (engine.run.failures).
+        self.failures = Failures(self.runstate, writer, store, self.telemetry, api_key_env=cfg.provider.api_key_env,
+                                 pausable=self, return_to_pending=self._return_to_pending, notify=self.notify,
+                                 check_finished=self._check_finished, event=self.event)
+        self._begun: set[int] = set()
+        #: token reconstruction service (``submit(prompt_id, dataset, key, messages, tools, completion)``) or None.
+        self.recon: Reconstructor | None = recon
+        #: a request's costs: results, partial spend, /generation true-ups (engine.run.accounting).
+        self.accounting = Accounting(self.spend, self.telemetry, writer, lambda: self.clock(), get_json, recon)
+        #: stop, abort, drain, and the dollars in flight (engine.run.ending).
+        self.ending = RunEnding(cfg, self.runstate, self.spend, clock, self.event, self.notify, self._check_finished)
+        body: dict[str, Any] = {"model": cfg.provider.model}
+        g = cfg.generation
+        for k in ("temperature", "top_p", "seed", "reasoning"):
+            v = getattr(g, k)
+            if v is not None:
+                body[k] = v
+        routing = cfg.provider.routing.to_provider_object()
+        if routing:
+            body["provider"] = routing
+        body.update(g.extra_body)
+        self.base_body = body
+        self._config_body = dict(body)
+
+    def _apply_exclusions(self) -> None:
+        body = dict(self._config_body)
+        if self.excluded_providers:
+            prov = dict(body.get("provider") or {})
+            ignore = list(prov.get("ignore") or [])
+            prov["ignore"] = ignore + [p for p in self.excluded_providers if p not in ignore]
+            body["provider"] = prov
+        self.base_body = body
+
+    # ---- setup ------------------------------------------------------------------------------
+    async def load(self) -> None:
+        """Load counters and persisted control states from the store."""
+        rows = await self.store.datasets()
+        self.spend.seed_aborts(await self.store.aborted_bills())  # what providers billed for aborted streams
+        counts = await self.store.state_counts()
+        usage = await self.store.usage_totals()
+        errors = await self.store.error_counts()
+        lost = await self.store.lost_costs()
+        for name, row in (await self.store.latest_results()).items():
+            self.telemetry.restore_sample(name, row)
+        self.runstate.prior_elapsed_s = await self.store.prior_elapsed_s()
+        for pos, d in enumerate(self.cfg.datasets):
+            row = rows[d.name]
+            rt = DatasetRuntime(d.name, pos, row["prompts"], row["rejected"], d.token_budget)
+            if row["state"] in PERSISTED_CONTROLS:
+                rt.control, rt.reason = Control(row["state"]), row["state_reason"]
+            for cls in self.cfg.classes:
+                rt.pending[cls] = counts.get((d.name, cls, "pending"), 0)
+                rt.cursor[cls] = 0
+                rt.buffer[cls] = collections.deque()
+                rt.requeue[cls] = collections.deque()
+            rt.done = sum(n for (ds, _, s), n in counts.items() if ds == d.name and s == "done")
+            rt.failed = sum(n for (ds, _, s), n in counts.items() if ds == d.name and s == "failed")
+            p, c, r, cost, _ = usage.get(d.name, (0, 0, 0, 0.0, 0))
+            rt.prompt_tokens, rt.completion_tokens, rt.reasoning_tokens = p, c, r
+            rt.errors.update(errors.get(d.name, {}))
+            self.datasets[d.name] = rt
+            self.spend.seed(d.name, p, c, cost + lost.get(d.name, 0.0), await self.store.recent_completion_tokens(d.name))
+            self.spend.lost_usd[d.name] = lost.get(d.name, 0.0)
+            if rt.control == Control.BUDGET_MET and not any(
+                self.spend.budget_met(d.name, cls) for cls in self.cfg.classes if rt.pending.get(cls)
+            ):
+                rt.control, rt.reason = Control.ACTIVE, ""  # the budget was raised since
+        excl = await self.store.get_meta("excluded_providers")
+        if excl:
+            self.excluded_providers = json.loads(excl)
+            for name in self.excluded_providers:
+                self.telemetry.providers.exclude(name)
+            self._apply_exclusions()
+
+    # ---- events -----------------------------------------------------------------------------
+    def event(self, level: str, kind: str, dataset: str | None, message: str) -> None:
+        """Record a run event in the store (batched) and the log."""
+        self.writer.add_event(level, kind, dataset, message)
+        getattr(log, "warning" if level == "warning" else "error" if level == "error" else "info")(
+            "%s%s", f"[{dataset}] " if dataset else "", message
+        )
+        self.telemetry.on_event(level, dataset, message)
+        if self.on_event:
+            self.on_event(level, kind, dataset, message)
+
+    def notify(self) -> None:
+        """Wake every dispatcher (state changed: resume, requeue, concurrency...)."""
+        for ev in self._changed.values():
+            ev.set()
+
+    # ---- dispatch ---------------------------------------------------------------------------
+    def _pick(self, cls: str) -> DatasetRuntime | None:
+        if self.run_paused or self._stopping:
+            return None
+        if self._credits_wait:  # run-wide: until a request in flight settles and frees its credits hold
+            if any(rt.in_flight for rt in self.datasets.values()):
+                return None
+            self._credits_wait = False
+        for rt in self.datasets.values():
+            if rt.control == Control.ACTIVE and rt.pending.get(cls, 0) > 0 and cls not in rt.blocked:
+                return rt
+        return None
+
+    def _could_have_work(self, cls: str) -> bool:
+        if self._stopping:
+            return False
+        # In-flight prompts may come back to pending (abort, 402, 401), so they count as possible work.
+        return any(
+            rt.control not in TERMINAL_CONTROLS and (rt.pending.get(cls, 0) > 0 or rt.in_flight > 0)
+            for rt in self.datasets.values()
+        )
+
+    async def _next_prompt(self, rt: DatasetRuntime, cls: str) -> PendingPrompt | None:
+        rq = rt.requeue[cls]
+        if rq:
+            return rq.popleft()
+        buf = rt.buffer[cls]
+        if not buf:
+            page = await self.store.fetch_pending(rt.name, cls, rt.cursor[cls], PAGE)
+            if not page:
+                # Store and counters disagree (should not happen): trust the store.
+                log.warning("[%s] no pending %s prompts found in store; counter was %d", rt.name, cls, rt.pending[cls])
+                rt.pending[cls] = 0
+                return None
+            rt.cursor[cls] = page[-1].id
+            buf.extend(page)
+        return buf.popleft()
+
+    async def _dispatch_class(self, cls: str) -> None:
+        lim = self.limiters[cls]
+        changed = self._changed[cls]
+        while True:
+            await lim.acquire()
+            rt = self._pick(cls)
+            if rt is None:
+                lim.release()
+                if not self._could_have_work(cls):
+                    return
+                changed.clear()
+                await changed.wait()
+                continue
+            p = await self._next_prompt(rt, cls)
+            if p is None:
+                lim.release()
+                continue
+            if rt.control != Control.ACTIVE or self.run_paused or self._stopping:  # changed while fetching
+                rt.requeue[cls].appendleft(p)
+                lim.release()
+                continue
+            now = self.clock()
+            if now - rt.censored_at >= CENSOR_EVERY_S:  # in-flight lengths feed the reservation percentile
+                rt.censored_at = now
+                self._censor(rt)
+            try:
+                res = self.spend.reserve(rt.name, cls, p.est_prompt_tokens)
+            except Exception as e:  # noqa: BLE001 - credits floor (checked before dispatch), or a dollar cap
+                rt.requeue[cls].appendleft(p)  # with no price: the request stays pending, never spend blind
+                lim.release()
+                guards.apply(self, guards.reserve_refused(e))
+                continue
+            if res is None:
+                rt.requeue[cls].appendleft(p)
+                lim.release()
+                if self.spend.credits_waiting:  # credits left above the floor are held in flight: wait for them
+                    self._credits_wait = True
+                    continue
+                reason = self.spend.budget_met(rt.name, cls, p.est_prompt_tokens)
+                if not reason and self.runstate.in_flight() == 0:
+                    # refused with nothing in flight anywhere: no reservation can settle, it never fits
+                    reason = self.spend.refusal_reason(rt.name, cls, p.est_prompt_tokens)
+                if reason:
+                    await self._budget_met(rt, reason)
+                else:
+                    rt.blocked.add(cls)  # wait for in-flight reservations to settle
+                    rt.limited_at[cls] = self.clock()
+                continue
+            rt.pending[cls] -= 1
+            rt.in_flight += 1
+            if not rt.started:
+                rt.started = True
+                rt.rate.start(self.clock())
+                rt.tok_rate.start(self.clock())
+                self.telemetry.usd_rate.start(self.clock())  # the spend rate counts from the first dispatch
+            task = asyncio.get_running_loop().create_task(run_request(self, rt, p, lim, res))
+            rt.tasks.add(task)
+            task.add_done_callback(lambda t, rt=rt, p=p, lim=lim, res=res: self._task_done(t, rt, p, lim, res))
+
+    def _request_for(self, p: PendingPrompt) -> ChatRequest:
+        return ChatRequest(
+            messages=p.messages, tools=p.tools, max_tokens=self.cfg.classes[p.cls].max_tokens, body=self.base_body
+        )
+
+    async def _budget_met(self, rt: DatasetRuntime, reason: str) -> None:
+        if rt.control != Control.ACTIVE:
+            return
+        await self.set_dataset_control(rt.name, Control.BUDGET_MET, reason)
+        if self.cfg.spend.on_budget == "abort":
+            self.abort(rt.name)
+
+    def _unblock(self, rt: DatasetRuntime) -> None:
+        """A reservation settled or was released: every dataset waiting for room may fit now (the run
+        cost cap and the credits holds are shared, so a settle in one dataset can unblock another)."""
+        blocked = [d for d in self.runstate.datasets.values() if d.blocked]
+        if blocked or self._credits_wait:
+            for d in blocked:
+                d.blocked.clear()
+            self._credits_wait = False
+            self.notify()
+
+    def _task_done(self, t: asyncio.Task, rt: DatasetRuntime, p: PendingPrompt, lim: AdjustableLimiter,
+                   res: Any) -> None:
+        rt.tasks.discard(t)
+        if p.id in self._begun:
+            self._begun.discard(p.id)
+            return
+        # Cancelled before its first step (an abort right after dispatch): undo the dispatch.
+        lim.release()
+        self.spend.release(rt.name, res)
+        self._return_to_pending(rt, p, p.attempts)
+        self._unblock(rt)
+
+    def update_censored(self) -> None:
+        """Give each dataset+class estimator the tokens streamed so far by its in-flight requests
+        (right-censored lengths, see :meth:`engine.money.estimator.CompletionEstimator.set_censored`)."""
+        for rt in self.datasets.values():
+            self._censor(rt)
+
+    def _censor(self, rt: DatasetRuntime) -> None:
+        by_cls: dict[str, list[float]] = {c: [] for c in self.cfg.classes}
+        for cls, prog, _est in rt.streams.values():
+            by_cls[cls].append(prog.tokens_received)
+        for cls, vals in by_cls.items():
+            self.spend.budgets[rt.name].estimators[cls].set_censored(vals)
+        self.spend.refresh(rt.name)
+
+    # ---- outcomes of a request (engine.run.attempt.run_request) ---------------------------------
+    def _aborted(self, rt: DatasetRuntime, p: PendingPrompt, res: Any, progress: StreamProgress, spent: Spent,
+                 at: AttemptClock) -> None:
+        """Aborted: back to pending; what was streamed is counted as spent (a lower bound). A stream
+        cut before its generation id arrived can never be trued up, yet providers that keep
+        generating bill it: once aborted streams' bills were observed, its abort estimate (from
+        that share, labelled so in the abort line) is accounted; before, what it generated."""
+        tok, usd = self.accounting.partial_spend(rt, progress, p.est_prompt_tokens, progress.provider)
+        usd = max(usd, self.ending.unidentified_aborts.pop(id(progress), 0.0))
+        self.telemetry.on_cost(progress.provider, usd, self.clock())
+        self.writer.add_attempt(p.id, rt.name, at.attempts, at.started, time.time(), "aborted",
+                                provider=progress.provider or None, generation_id=progress.generation_id or None,
+                                tokens_received=tok, cost_usd=usd or None)
+        self.spend.release(rt.name, res, spent.tokens + tok, spent.usd + usd)
+        self.writer.set_attempts(p.id, at.attempts)
+        self._return_to_pending(rt, p, at.attempts)
+        self._unblock(rt)
+
+    def _failed(self, rt: DatasetRuntime, p: PendingPrompt, res: Any, spent: Spent, e: RequestError,
+                attempts: int) -> None:
+        """The request failed for good (``e``): its failed attempts' spend is recorded (once, in the
+        spend ledger) and the prompt fails or, for a run-wide error, returns to pending."""
+        self.spend.release(rt.name, res, spent.tokens, spent.usd)
+        self._unblock(rt)
+        self.failures.on_failure(rt, p, e, attempts)
+
+    def _completed(self, rt: DatasetRuntime, p: PendingPrompt, res: Any, c: Completion, acc: Accounted,
+                   spent: Spent, at: AttemptClock) -> None:
+        """The request completed: settle its reservation, record the result and its attempts."""
+        attempts = at.attempts
+        u = acc.usage
+        received, c = c, dataclasses.replace(c, usage=u)
+        self.spend.settle(rt.name, res, u.prompt_tokens, u.completion_tokens, u.cost_usd, billed=acc.cost_billed)
+        if spent.tokens or spent.usd:
+            self.spend.add_partial(rt.name, spent.usd, tokens=spent.tokens)  # earlier failed attempts of this prompt
+        self.writer.add_attempt(p.id, rt.name, attempts, at.started, time.time(), "ok", provider=c.provider,
+                                generation_id=c.generation_id, cost_usd=u.cost_usd)
+        self.writer.add_result(p.id, rt.name, p.key, c, attempts, usage_source=acc.source)
+        if self.recon is not None:  # the response as received: only billed figures are checked against
+            try:
+                self.recon.submit(p.id, rt.name, p.key, p.messages, p.tools, received)
+            except Exception:  # noqa: BLE001 - the result is stored; `datagen validate` rebuilds it
+                log.exception("[%s] reconstruction of %s could not be queued", rt.name, p.key)
+        if acc.provisional and c.generation_id and self.get_json is not None:
+            self.accounting.trueup_result(rt, p.id, c.generation_id, acc, c.provider)
+        now = self.clock()
+        rt.in_flight -= 1
+        rt.done += 1
+        rt.prompt_tokens += u.prompt_tokens
+        rt.completion_tokens += u.completion_tokens
+        rt.reasoning_tokens += u.reasoning_tokens
+        rt.rate.add(now)
+        rt.tok_rate.add(now, u.completion_tokens)
+        self.rate.add(now)
+        last = p.messages[-1].get("content") if p.messages else ""
+        self._anomaly(rt, self.telemetry.on_success(rt.name, p.key, last if isinstance(last, str) else "", c, now,
+                                                    seq=at.seq))
+        self.failures.on_success()  # a success: held 4xx are the prompts' own
+        self._unblock(rt)
+        self._check_finished()
+
+    def _anomaly(self, rt: DatasetRuntime, reason: str | None) -> None:
+        """Pause ``rt`` when the anomaly guard fired (``reason``) and it is still active (:func:`engine.run.guards.anomaly`)."""
+        guards.apply(self, guards.anomaly(rt, reason))
+
+    def _return_to_pending(self, rt: DatasetRuntime, p: PendingPrompt, attempts: int) -> None:
+        rt.in_flight -= 1
+        rt.pending[p.cls] += 1
+        rt.requeue[p.cls].appendleft(
+            PendingPrompt(p.id, p.dataset, p.key, p.cls, p.messages, p.tools, attempts)
+        )
+        self.notify()
+        self._check_finished()
+
+    def _check_finished(self) -> None:
+        if all(rt.finished for rt in self.datasets.values()) and not any(rt.in_flight for rt in self.datasets.values()):
+            if not self._stopping:
+                self.state, self.state_reason = RunPhase.COMPLETED, ""  # a guard's pause reason no longer holds
+            self._done.set()
+        elif self._stopping and not any(rt.in_flight for rt in self.datasets.values()):
+            self._done.set()
+
+    # ---- failures (engine.run.failures) ---------------------------------------------------------
+    def run_wide(self, e: RequestError) -> "Condition | None":
+        """The run-wide condition ``e`` shows, or None (:meth:`engine.run.failures.Failures.run_wide`)."""
+        return self.failures.run_wide(e)
+
+    def release_held_failures(self) -> None:
+        """Write the failures the config check still holds (:meth:`engine.run.failures.Failures.release_held`)."""
+        self.failures.release_held()
+
+    async def retry_failed(self, dataset: str | None = None, reason: str | None = None) -> int:
+        """Return failed prompts to pending; how many (:meth:`engine.run.failures.Failures.retry_failed`).
+
+        Raises:
+            ValueError: unknown dataset.
+        """
+        return await self.failures.retry_failed(dataset, reason)
+
+    # ---- control (used by engine.run.controller) ----------------------------------------------
+    def pause_all(self, reason: str, kind: str = "pause") -> None:
+        """Stop dispatching everywhere; in-flight requests finish and are saved (drain).
+
+        ``kind`` says which guard paused (``pause`` = the user, ``credits``, ``price``...).
+        """
+        self.run_paused = True
+        self.pause_kind = kind
+        self.state, self.state_reason = RunPhase.PAUSED, reason
+        self.event("warning", kind, None, f"run paused: {reason}")
+        if kind != "pause":
+            self.telemetry.notice(f"run paused by a guard: {reason}. Resume: R in the dashboard, or "
+                                  f"datagen ctl {self.cfg.run.dir} resume")
+
+    def resume_all(self) -> None:
+        """Resume dispatching (datasets paused individually stay paused)."""
+        self.run_paused = False
+        self.pause_kind = ""
+        self.failures.on_resume()
+        self.state, self.state_reason = RunPhase.RUNNING, ""
+        self.event("info", "resume", None, "run resumed")
+        self.notify()
+
+    async def set_dataset_control(self, name: str, control: str, reason: str, guard: bool = False) -> None:
+        """Set a dataset's control state (``active`` | ``paused`` | ``skipped``) and persist it.
+
+        ``guard``: a guard (anomaly guard, calibration gate), not the user, made the change: it is
+        logged at WARNING and announced (:meth:`engine.run.telemetry.Telemetry.notice`).
+        """
+        rt = self.datasets[name]
+        rt.control, rt.reason = Control(control), reason
+        await self.store.set_dataset_state(name, control, reason, time.time())
+        self.event("warning" if guard else "info", control, name,
+                   f"dataset {control}" + (f": {reason}" if reason else ""))
+        if guard:
+            self.telemetry.notice(f"[{name}] {control} by a guard: {reason}. Resume: p on the dataset in the "
+                                  f"dashboard, or datagen ctl {self.cfg.run.dir} resume {name}")
+        self.notify()
+        self._check_finished()
+
+    async def set_concurrency(self, cls: str, n: int) -> None:
+        """Change class ``cls``'s concurrency now (in-flight requests are never cancelled)."""
+        await self.limiters[cls].set_capacity(n)
+        self.event("info", "concurrency", None, f"class {cls} concurrency set to {n}")
+        self.notify()
+
+    async def exclude_provider(self, name: str) -> None:
+        """Add provider ``name`` to the routing ``ignore`` list for new requests, persistently."""
+        if name not in self.excluded_providers:
+            self.excluded_providers.append(name)
+        self.telemetry.providers.exclude(name)
+        self._apply_exclusions()
+        await self.store.set_meta("excluded_providers", json.dumps(self.excluded_providers))
+        self.event("warning", "exclude", None, f"provider {name} excluded (routing ignore)")
+
+    async def include_provider(self, name: str) -> None:
+        """Undo :meth:`exclude_provider`: route new requests to ``name`` again (unless the config's
+        own ``ignore`` lists it), persistently."""
+        if name in self.excluded_providers:
+            self.excluded_providers.remove(name)
+        self.telemetry.providers.include(name)
+        self._apply_exclusions()
+        await self.store.set_meta("excluded_providers", json.dumps(self.excluded_providers))
+        self.event("info", "include", None, f"provider {name} included again")
+
+    def dataset_class(self, name: str) -> str:
+        """The request class most of dataset ``name``'s remaining prompts use (the first class if none)."""
+        rt = self.datasets[name]
+        if rt.pending and max(rt.pending.values()) > 0:
+            return max(rt.pending, key=lambda c: rt.pending[c])
+        return next(iter(self.cfg.classes))
+
+    # ---- ending (engine.run.ending) ------------------------------------------------------------
+    def cost_in_flight_usd(self, dataset: str | None = None) -> float:
+        """Expected USD of the streams in flight (of ``dataset`` or all): ``in_flight_cost().expected_usd``."""
+        return self.ending.in_flight_cost(dataset).expected_usd
+
+    def in_flight_cost(self, dataset: str | None = None) -> InFlightCost:
+        """Dollars of the streams in flight (see :meth:`engine.run.ending.RunEnding.in_flight_cost`)."""
+        return self.ending.in_flight_cost(dataset)
+
+    def abort(self, dataset: str | None = None) -> int:
+        """Cancel in-flight requests (of ``dataset`` or all); see :meth:`engine.run.ending.RunEnding.abort`."""
+        return self.ending.abort(dataset)
+
+    def stop(self, reason: str, exit_code: int = 0, abort: bool = True) -> None:
+        """Stop the run; see :meth:`engine.run.ending.RunEnding.stop`."""
+        self.ending.stop(reason, exit_code, abort)
+
+    def drain_limit_s(self) -> float:
+        """Seconds a drain waits for in-flight requests (:meth:`engine.run.ending.RunEnding.drain_limit_s`)."""
+        return self.ending.drain_limit_s()
+
+    def drain_left_s(self) -> float | None:
+        """Seconds left before a drain in progress aborts the rest (None: no drain)."""
+        return self.ending.drain_left_s()
+
+    async def drain(self, timeout_s: float | None = None, *, reason: str = "drain requested",
+                    exit_code: int = 0) -> None:
+        """Stop dispatching and drain; see :meth:`engine.run.ending.RunEnding.drain`."""
+        await self.ending.drain(timeout_s, reason=reason, exit_code=exit_code)
+
+    # ---- running ----------------------------------------------------------------------------
+    async def run(self) -> int:
+        """Dispatch until every dataset is done/skipped, or the run is stopped. Returns an exit code."""
+        if not self.datasets:
+            await self.load()
+        self.state = RunPhase.PAUSED if self.run_paused else RunPhase.RUNNING
+        self._check_finished()
+        dispatchers = []
+        for cls in self.cfg.classes:
+            self._changed[cls] = asyncio.Event()
+            dispatchers.append(asyncio.create_task(self._dispatch_class(cls), name=f"dispatch-{cls}"))
+        try:
+            await self._done.wait()
+        finally:
+            self._stopping = True
+            self.notify()
+            for d in dispatchers:
+                d.cancel()
+            await asyncio.gather(*dispatchers, return_exceptions=True)
+            tasks = [t for rt in self.datasets.values() for t in rt.tasks]
+            if tasks:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.wait(tasks, timeout=10)  # bounded: a request ignoring cancellation cannot hang exit
+            if self.ending.ender is not None:
+                self.ending.ender.cancel()
+            self.release_held_failures()
+            if self.accounting.trueups:  # late costs of failed/aborted attempts (/generation), bounded wait
+                await asyncio.wait(list(self.accounting.trueups), timeout=15)
+        if self.state == RunPhase.STOPPING:
+            self.state = RunPhase.STOPPED
+        return self.exit_code
+
+    # ---- snapshot ---------------------------------------------------------------------------
+    def elapsed_s(self) -> float:
+        """Run seconds: this process's time plus what earlier processes of the run accumulated."""
+        return self.runstate.elapsed_s(self.clock())
+
+    def live(self) -> dict[str, Any]:
+        """Fields of the store's ``runtime`` row (see :func:`engine.run.observe.live_row`)."""
+        return live_row(self)
+
+    def snapshot(self) -> RunSnapshot:
+        """Return an immutable snapshot of the run (see :func:`engine.run.observe.build_snapshot`)."""
+        return build_snapshot(self)

@@ -1,0 +1,151 @@
+"""The run's supervisor: the periodic work beside dispatch.
+
+- every ``TICK_S`` (1 s): apply control commands queued by ``datagen ctl`` (the store's
+  ``commands`` table), measure event-loop lag, sample throughput history, run the calibration gate
+  (pause a dataset whose projected cost exceeds its cap after its first 1% / 50 completions) and
+  the credits floor as a backstop (pause everything when credits minus the dollars in flight fall
+  below ``spend.credits_floor_usd``; dispatch itself checks the floor first, :mod:`engine.money.creditsfloor`);
+- every ``spend.credits_poll_s``: read credits from ``/key`` (fallback ``/credits``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable
+
+from engine.run import guards
+from engine.run.controller import Controller
+from engine.money.credits import read_credits
+from engine.money.projection import calibration_gate
+from engine.run.runstate import Control
+from engine.run.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
+
+TICK_S = 1.0
+
+
+class Supervisor:
+    """Runs beside a :class:`~engine.run.scheduler.Scheduler` until stopped.
+
+    Args:
+        scheduler: the scheduler to supervise.
+        controller: its controller (commands are applied through it).
+        get_json: ``get_json(path, params=None)`` of the provider for ``/key`` and ``/credits``;
+            None disables credits polling (e.g. a local vLLM server).
+        clock: monotonic clock (s).
+    """
+
+    def __init__(self, scheduler: Scheduler, controller: Controller,
+                 get_json: Callable[..., Any] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.s = scheduler
+        self.ctl = controller
+        self.get_json = get_json
+        self.clock = clock
+        self._floor_paused_at: float | None = None
+        self.credits_task: asyncio.Task | None = None
+
+    async def poll_credits(self) -> None:
+        """Read credits once and record them (no-op without ``get_json``)."""
+        if self.get_json is None:
+            return
+        try:
+            reading = await read_credits(self.get_json, self.clock)
+        except Exception as e:  # noqa: BLE001 - a monitoring read must never stop the run
+            log.warning("credits read failed: %s", e)
+            return
+        if reading is None:
+            log.info("credits: provider exposes neither /key nor /credits; credits not tracked")
+            self.get_json = None
+            return
+        self.s.spend.on_credits(reading)
+
+    async def _credits_loop(self) -> None:
+        while True:
+            await self.poll_credits()
+            if self.get_json is None:
+                return
+            await asyncio.sleep(self.s.cfg.spend.credits_poll_s)
+
+    async def apply_commands(self) -> None:
+        """Apply queued ``datagen ctl`` commands in order and record their results."""
+        for cid, verb, dataset, arg in await self.s.store.pending_commands():
+            try:
+                result = await self._apply(verb, dataset, arg)
+            except ValueError as e:
+                result = f"error: {e}"
+            await self.s.store.mark_command(cid, time.time(), result)
+            self.s.event("info", "ctl", dataset, f"ctl {verb}{' ' + dataset if dataset else ''}"
+                         f"{' ' + arg if arg else ''}: {result}")
+
+    async def _apply(self, verb: str, dataset: str | None, arg: str | None) -> str:
+        if verb == "pause":
+            return await self.ctl.pause(dataset)
+        if verb == "resume":
+            return await self.ctl.resume(dataset)
+        if verb == "skip":
+            if not dataset:
+                raise ValueError("skip needs a dataset")
+            return await self.ctl.skip(dataset, abort=arg == "abort")
+        if verb == "abort":
+            return self.ctl.abort(dataset)
+        if verb == "concurrency":
+            if not dataset or arg is None:
+                raise ValueError("concurrency needs CLASS and N")
+            try:
+                n = int(arg)
+            except ValueError:
+                raise ValueError(f"concurrency N must be a whole number, got {arg!r}") from None
+            return await self.ctl.set_concurrency(dataset, n)
+        if verb == "exclude-provider":
+            if not arg:
+                raise ValueError("exclude-provider needs a provider name")
+            return await self.ctl.exclude_provider(arg)
+        if verb == "include-provider":
+            if not arg:
+                raise ValueError("include-provider needs a provider name")
+            return await self.ctl.include_provider(arg)
+        if verb == "retry-failed":
+            return await self.ctl.retry_failed(dataset, arg or None)
+        raise ValueError(f"unknown command {verb!r}")
+
+    def guards(self) -> None:
+        """Calibration gate per dataset and the credits floor (see module docstring)."""
+        snap = self.s.snapshot()
+        for d in snap.datasets:
+            rt = self.s.runstate.datasets[d.name]
+            if rt.gate_fired or rt.control != Control.ACTIVE:
+                continue
+            guards.apply(self.s, guards.calibration(
+                rt, calibration_gate(d.done, d.prompts, d.projected_cost_usd, d.max_cost_usd)))
+        cr = self.s.spend.credits
+        pause = guards.credits_floor(cr, self.s.cfg.spend.credits_floor_usd, snap.cost_in_flight_usd, self.s.runstate)
+        if pause is not None and cr is not None and self._floor_paused_at != cr.at:  # once per credits reading
+            self._floor_paused_at = cr.at
+            guards.apply(self.s, pause)
+
+    async def run(self) -> None:
+        """Tick until cancelled."""
+        if self.get_json is not None:
+            self.credits_task = asyncio.create_task(self._credits_loop())
+        try:
+            next_t = self.clock()
+            while True:
+                next_t += TICK_S
+                await asyncio.sleep(max(0.0, next_t - self.clock()))
+                lag = max(0.0, self.clock() - next_t)
+                self.s.telemetry.loop_lag_ms = lag * 1000.0
+                if lag > 5 * TICK_S:
+                    next_t = self.clock()
+                try:
+                    await self.apply_commands()
+                    self.s.update_censored()
+                    self.guards()
+                    self.s.telemetry.tick(self.s.elapsed_s(), self.clock())
+                except Exception:  # noqa: BLE001 - supervision must survive its own bugs
+                    log.exception("supervisor tick failed")
+        finally:
+            if self.credits_task:
+                self.credits_task.cancel()
