@@ -6,7 +6,7 @@ Contenders, each in a fresh process pinned to the other core, over the SAME prom
 order (the simulator's lengths are a function of the prompt, so every contender gets the same
 completions):
 
-- ``ours``: the engine's full headless run (``engine.run.runner.run_headless``: ingest, store, batched
+- ``ours``: the engine's full headless run (``engine.run.headless.run_headless``: ingest, store, batched
   commits, spend accounting, telemetry, supervisor); reconstruction is not in the engine yet.
 - ``httpx``: the minimal httpx loop (``bench/baseline_httpx.py``) with one connection pool sized to
   the concurrency.
@@ -65,7 +65,7 @@ LABELS = {
 # ---- worker: the engine -----------------------------------------------------------------------------
 async def engine_worker(a: argparse.Namespace) -> dict:
     raise_fd_limit()
-    from engine.run.runner import run_headless, setup_file_logging
+    from engine.run.headless import run_headless, setup_file_logging
 
     tmp = Path(a.tmp)
     # The anomaly guard is off: the burst of 2,000 connects on a saturated loop gives ~10% ConnectTimeouts

@@ -45,7 +45,7 @@ def used_tokens(run_dir: Path) -> int:
 
 async def worker(a: argparse.Namespace) -> dict:
     raise_fd_limit()
-    from engine.run.runner import run_headless
+    from engine.run.headless import run_headless
     from engine.report.status import collect_status
 
     tmp = Path(a.tmp)

@@ -41,7 +41,7 @@ SIM = dict(tokens_per_s=4000, latency_ms=50, mean_tokens=2000)
 
 async def worker(a: argparse.Namespace) -> dict:
     raise_fd_limit()
-    from engine.run.runner import run_headless
+    from engine.run.headless import run_headless
     from engine.report.status import collect_status
 
     tmp = Path(a.tmp)

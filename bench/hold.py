@@ -82,6 +82,7 @@ async def worker(a: argparse.Namespace) -> dict[str, Any]:
     if a.probe_idle:
         res["probe"] = await phase(probe, PROBE_S)
 
+    import engine.run.headless as headless
     import engine.run.runner as runner
 
     tmp = Path(a.tmp)
@@ -107,7 +108,7 @@ async def worker(a: argparse.Namespace) -> dict[str, Any]:
         holder["job"] = job
         return job
 
-    runner.prepare = prepare
+    headless.prepare = prepare  # run_headless calls the name it imported
     if a.mode == "dashboard":
         import tui.host
 
@@ -118,7 +119,7 @@ async def worker(a: argparse.Namespace) -> dict[str, Any]:
         async with app.run_test(size=SIZE):
             await phases(res, probe, holder, live, a, app)
     else:
-        asyncio.get_running_loop().create_task(runner.run_headless(cfg, io.StringIO(), install_signals=False))
+        asyncio.get_running_loop().create_task(headless.run_headless(cfg, io.StringIO(), install_signals=False))
         await phases(res, probe, holder, live, a, None)
     return res
 

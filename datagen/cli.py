@@ -25,7 +25,7 @@ from engine.errors import DatagenError
 def _cmd_run(args: argparse.Namespace) -> int:
     """``datagen run``: 0 completed, 2 stopped by a fatal provider error, 3 paused with --exit-on-pause,
     130 interrupted; a bad config, a missing key or a directory in use raise :class:`DatagenError` (exit 1)."""
-    from engine.run.runner import resolve_api_key
+    from engine.run.apikey import resolve_api_key
     from engine.storage.store import make_run_dir
 
     cfg = load_config(args.config)
@@ -51,7 +51,7 @@ def _run_locked(cfg, args: argparse.Namespace, lock: runlock.DirLock, fresh: tup
     """The rest of ``datagen run`` once this process holds the run directory's lock; ``fresh``:
     (run dir, datagen.log, lock file) did not exist before this start. A start refused by a
     :class:`DatagenError` (bad dataset, store, tokenizer...) removes what it created, then re-raises."""
-    from engine.run.runner import run_headless, setup_file_logging
+    from engine.run.headless import run_headless, setup_file_logging
 
     try:
         setup_file_logging(cfg.run.dir)

@@ -1,7 +1,7 @@
 """Whether a host or URL is this machine's loopback interface.
 
 A key is never sent over plain ``http://`` except to loopback (:class:`engine.client.chat.ChatClient`,
-:func:`engine.run.runner.resolve_api_key`'s key check), and a loopback server is reached without the
+:func:`engine.run.apikey.resolve_api_key`'s key check), and a loopback server is reached without the
 environment's proxy settings. One definition for both.
 """
 

@@ -10,7 +10,7 @@ import sqlite3
 from pathlib import Path
 
 from engine.config import load_config
-from engine.run.runner import run_headless
+from engine.run.headless import run_headless
 
 DONE = {"role": "assistant", "content": "Done."}
 GOOD_CALL = {"id": "c1", "type": "function", "function": {"name": "open", "arguments": "{\"path\": \"a.py\"}"}}

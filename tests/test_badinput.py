@@ -22,7 +22,7 @@ from datagen import cli
 from engine.config import parse_config
 from engine.datasets import DatasetError, iter_prompts
 from engine.prompts import Prompt, Reject, prompt_key
-from engine.run.runner import run_headless
+from engine.run.headless import run_headless
 
 from e2e import read_log
 

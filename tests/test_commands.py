@@ -28,7 +28,7 @@ import pytest
 from datagen.cli import main
 from engine.config import ProviderSection
 from engine.prompts import prompt_key
-from engine.run.runner import resolve_api_key
+from engine.run.apikey import resolve_api_key
 from engine.sim import SimConfig, SimThread
 from e2e import PY, SimProcess, run_cmd, status_json, write_prompts
 from fixtures_tokens import kimi_dir

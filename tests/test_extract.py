@@ -261,7 +261,7 @@ def test_extract_straight_from_a_run_directory(tmp_path: Path) -> None:
     import io
 
     from engine.extract.launch import run_extract
-    from engine.run.runner import run_headless
+    from engine.run.headless import run_headless
     from engine.tokens.exports import export_validated, iter_token_records
     from fixtures_tokens import HF_MARKERS, hf_dir
     from helpers import SAMPLES

@@ -18,7 +18,7 @@ from engine.config import load_config
 from engine.datasets import iter_prompts
 from engine.datasets.reasoning import ReasoningError, Split, move_reasoning, split_inline
 from engine.prompts import Prompt, Reject
-from engine.run.runner import run_headless
+from engine.run.headless import run_headless
 from engine.tokens.tokenizer import load_tokenizer
 from fixtures_tokens import kimi_dir
 from promptcheck_helpers import write_config

@@ -172,7 +172,7 @@ def test_completion_is_stored_when_reconstruction_cannot_be_queued_and_validated
     completion: the run completes, every prompt is done, none returns to pending (bought again), and
     ``validate_run(only_missing=True)`` (what exports and ``datagen validate`` do) rebuilds them later."""
     from engine.config import parse_config
-    from engine.run.runner import run_headless
+    from engine.run.headless import run_headless
     from engine.tokens.service import ReconstructionService, validate_run
 
     def broken_submit(self, *a, **k):

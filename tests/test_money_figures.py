@@ -20,7 +20,7 @@ import pytest
 from engine.config import parse_config
 from engine.money.inflight import InFlightCost, LengthModel, abort_line, stream_cost
 from engine.money.projection import project_dataset
-from engine.run.runner import run_headless
+from engine.run.headless import run_headless
 from engine.report.status import collect_status
 
 PRICE_IN, PRICE_OUT = 0.40e-6, 1.90e-6  # the simulator's defaults (USD per token)

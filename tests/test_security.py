@@ -31,7 +31,8 @@ import pytest
 from datagen import cli
 from engine.client.chat import ChatClient
 from engine.config import ConfigError, ProviderSection, parse_config
-from engine.run.runner import resolve_api_key, run_headless
+from engine.run.apikey import resolve_api_key
+from engine.run.headless import run_headless
 from engine.sim import SimConfig, SimThread
 
 from e2e import PY, SimProcess, integrity, live_status, run_cmd, status_json, wait_for, write_prompts

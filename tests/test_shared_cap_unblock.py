@@ -13,7 +13,7 @@ import io
 from pathlib import Path
 
 from engine.config import load_config
-from engine.run.runner import run_headless
+from engine.run.headless import run_headless
 from engine.report.status import collect_status
 
 SAMPLES = Path(__file__).resolve().parents[1] / "engine" / "samples"

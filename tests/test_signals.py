@@ -30,7 +30,7 @@ import uuid
 import pytest
 
 from engine.config import parse_config
-from engine.run.runner import run_headless
+from engine.run.headless import run_headless
 
 from e2e import PY, SimProcess, integrity, live_status, read_log, run_cmd, run_env, socket_count, wait_for, write_prompts
 

@@ -4,7 +4,7 @@
 (default 300) against ``datagen sim`` with 25% of requests faulty, spread over every retryable
 fault kind, stalls included (the simulator keeps a stalled socket silent for an hour; the client's
 stall timeout is 2 s). The engine runs in its own process (a small driver around
-``engine.run.runner.run_headless`` that also reports its open sockets before and after the job);
+``engine.run.headless.run_headless`` that also reports its open sockets before and after the job);
 the test samples that process's ``VmRSS`` and open sockets from ``/proc`` every half second.
 
 Checked: no hang (a watchdog kills the run and fails the test past 3x the planned time + 90 s);
@@ -44,7 +44,7 @@ WATCHDOG_S = 3 * SOAK_S + 90
 DRIVER = r"""
 import asyncio, ctypes, ctypes.util, os, sys, threading, time
 from engine.config import load_config
-from engine.run.runner import run_headless, setup_file_logging
+from engine.run.headless import run_headless, setup_file_logging
 from engine.storage.store import make_run_dir
 
 def sockets():

@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 
 from engine.config import parse_config
-from engine.run.runner import run_headless
+from engine.run.headless import run_headless
 
 from e2e import PY, SimProcess, read_log, run_env, status_json, wait_for
 

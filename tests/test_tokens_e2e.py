@@ -17,7 +17,7 @@ from datagen.cli import main
 from engine.client.types import ToolCall
 from engine.config import load_config
 from engine.prompts import prompt_key
-from engine.run.runner import run_headless
+from engine.run.headless import run_headless
 from engine.sim.generator import DATA_FAULTS
 from engine.tokens.reconstruct import count_tool_calls, native_tool_calls
 from engine.tokens.service import ReconstructionService

@@ -87,7 +87,7 @@ def test_repeated_event_lines_are_all_shown():
 # ---- 2. any stop in progress counts as the first interrupt ---------------------------------------------
 
 def test_interrupt_rule():
-    from engine.run.runner import interrupt_action
+    from engine.run.headless import interrupt_action
 
     assert [interrupt_action(s, False) for s in ("SIGINT", "SIGTERM", "SIGHUP", "Ctrl-C")] == ["drain"] * 4
     assert [interrupt_action(s, True) for s in ("SIGINT", "SIGTERM", "Ctrl-C")] == ["abort"] * 3

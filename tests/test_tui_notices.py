@@ -11,7 +11,7 @@ import sqlite3
 import time
 
 from engine.report.progress import format_notices
-from engine.run.runner import run_headless
+from engine.run.headless import run_headless
 from tui.app import DashboardApp
 from tui.panes import LogPane
 from tui.testing import SAMPLES, FakeController, fixed_snapshot, screen_text, sim_config

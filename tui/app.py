@@ -370,7 +370,7 @@ class DashboardApp(App[int]):
 
 
 def run_dashboard(cfg: Config, *, exit_on_pause: bool = False, refresh_hz: float = 2.0) -> int:
-    """Run ``cfg``'s job under the dashboard; returns :func:`engine.run.runner.run_headless`'s exit codes
+    """Run ``cfg``'s job under the dashboard; returns :func:`engine.run.headless.run_headless`'s exit codes
     (0 completed or quit with ``q``, 2 stopped by a fatal provider error, 3 paused with ``exit_on_pause``,
     130 interrupted: Ctrl-C, SIGINT/SIGTERM/SIGHUP or the terminal lost).
 

@@ -4,7 +4,7 @@ The dashboard reads the engine only through immutable snapshots (:class:`engine.
 and sends commands only through :class:`Commands` (what :class:`engine.run.controller.Controller`
 offers) and :class:`DashboardHost`. Two hosts implement it:
 
-- :class:`EngineHost` does what :func:`engine.run.runner.run_headless` does, minus the printing: it runs
+- :class:`EngineHost` does what :func:`engine.run.headless.run_headless` does, minus the printing: it runs
   ``prepare(cfg)`` and :func:`engine.run.runner.run_job` (writer, supervisor, scheduler; closes the
   job). The app runs :meth:`EngineHost.run` as an async Textual worker on its own loop.
 - :class:`StaticHost` shows an injected snapshot source and command target (tests, screenshots).
@@ -20,7 +20,8 @@ from typing import Callable, Protocol
 
 from engine.config import Config
 from engine.run.controller import Controller
-from engine.run.runner import Job, fmt_limit, prepare, run_job
+from engine.run.runner import Job, prepare, run_job
+from engine.run.headless import fmt_limit
 from engine.run.scheduler import Scheduler
 from engine.report.snapshot import RunSnapshot
 

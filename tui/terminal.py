@@ -15,7 +15,7 @@ import os
 import signal
 from typing import TYPE_CHECKING, Any
 
-from engine.run.runner import interrupt_action
+from engine.run.headless import interrupt_action
 
 if TYPE_CHECKING:
     from tui.app import DashboardApp
@@ -75,7 +75,7 @@ class TerminalWatch:
 
     def on_signal(self, signame: str) -> None:
         """SIGTERM/SIGINT/Ctrl-C: drain and exit 130 like quit; while any stop is in progress (an
-        earlier signal, "Drain, then quit", an exit on pause): abort at once (``engine.run.runner.interrupt_action``).
+        earlier signal, "Drain, then quit", an exit on pause): abort at once (``engine.run.headless.interrupt_action``).
         SIGHUP: the terminal is gone; stop drawing and reading it, then drain and exit."""
         action = interrupt_action(signame, self.stopping())
         self.signals_seen += 1

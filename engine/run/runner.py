@@ -11,143 +11,25 @@ import asyncio
 import contextlib
 import gc
 import logging
-import os
-import signal
-import stat
 import sys
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
 from engine.run import guards
-from engine.client.chat import ChatClient, check_header_secret
+from engine.client.chat import ChatClient
 from engine.client.types import RequestError
-from engine.config import Config, ConfigError, ProviderSection
-from engine.loopback import is_loopback_url
+from engine.config import Config, ConfigError
 from engine.run.controller import Controller
 from engine.run.ingest import ingest_all
 from engine.money.prices import prices_from_models_endpoint
-from engine.report.progress import final_report, format_notices, format_progress
-from engine.run.runstate import RunPhase
 from engine.run.scheduler import Scheduler
 from engine.proc import runlock
 from engine.storage.store import Store, make_run_dir
+from engine.run.apikey import probe_keyless_server, resolve_api_key
 from engine.run.supervisor import Supervisor
 from engine.storage.writer import StoreWriter
 
 log = logging.getLogger("engine")
-
-
-class SafeOut:
-    """A text stream wrapper that stops writing, instead of raising, once the terminal or pipe is gone
-    (``datagen run | head``, a closed tmux pane): the run goes on and the file log keeps everything."""
-
-    def __init__(self, f: TextIO) -> None:
-        self.f = f
-        self.dead = False
-
-    def write(self, s: str) -> int:
-        if not self.dead:
-            try:
-                return self.f.write(s)
-            except (OSError, ValueError):
-                self.dead = True
-        return len(s)
-
-    def flush(self) -> None:
-        if not self.dead:
-            try:
-                self.f.flush()
-            except (OSError, ValueError):
-                self.dead = True
-
-
-class KeyError_(ConfigError):
-    """The API key cannot be found (names the variable or file, never the key)."""
-
-
-def key_required(p: ProviderSection) -> bool:
-    """Whether ``p`` must have a key before anything is sent.
-
-    ``openrouter``: always. ``openai``: when the config names where the key lives (``api_key_env``
-    set explicitly, or ``api_key_file``); otherwise the server may need none (a local or LAN
-    vLLM/SGLang), which :func:`probe_keyless_server` checks at start. ``simulated``: never.
-    """
-    if p.kind == "openrouter":
-        return True
-    return p.kind == "openai" and ("api_key_env" in p.model_fields_set or p.api_key_file is not None)
-
-
-def _missing_key_message(p: ProviderSection, why: str, sent: str = "Nothing was sent") -> str:
-    file = f" and provider.api_key_file ({p.api_key_file}) is empty" if p.api_key_file else " (nor provider.api_key_file)"
-    return (f"provider.api_key_env: environment variable {p.api_key_env} is not set{file}; {why}. "
-            f"{sent}. Export {p.api_key_env}, or use [provider] kind = \"simulated\"")
-
-
-def resolve_api_key(p: ProviderSection, environ: dict[str, str] | None = None) -> str | None:
-    """Return the API key for ``p``: the env var named ``api_key_env``, else ``api_key_file``.
-
-    Returns None for ``simulated``, and for ``openai`` with no key found and no key source named
-    in the config (servers that need no key: see :func:`probe_keyless_server`).
-
-    Raises:
-        KeyError_: no key found where :func:`key_required` (kind ``openrouter``, or ``openai`` whose
-            config names ``api_key_env``/``api_key_file``), naming the variable and the file; an
-            unreadable key file; a key with a bad character (its position, never the key).
-        ConfigError: a key would be sent over plain http to a non-loopback host.
-    """
-    env = os.environ if environ is None else environ
-    if p.kind == "simulated":
-        return None
-    key = env.get(p.api_key_env, "").strip()
-    if not key and p.api_key_file is not None:
-        try:
-            st = p.api_key_file.stat()
-            if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-                log.warning("key file %s is readable by group/others; chmod 600 it", p.api_key_file)
-            key = p.api_key_file.read_text().strip()
-        except OSError as e:
-            raise KeyError_(f"provider.api_key_file: cannot read {p.api_key_file}: {e.strerror}") from None
-    if key:
-        try:
-            check_header_secret(key)
-        except ValueError as e:
-            src = (f"provider.api_key_env (${p.api_key_env})" if env.get(p.api_key_env, "").strip()
-                   else f"provider.api_key_file ({p.api_key_file})")
-            raise KeyError_(f"{src}: {e}") from None
-    if not key:
-        if key_required(p):
-            why = ("kind \"openrouter\" needs a key" if p.kind == "openrouter"
-                   else "the config sets provider.api_key_env or api_key_file, so kind \"openai\" expects a key")
-            raise KeyError_(_missing_key_message(p, why))
-        return None
-    url = p.resolved_base_url() or ""
-    if url.startswith("http://") and not is_loopback_url(url):
-        raise ConfigError(f"provider.base_url: refusing to send the API key over plain http to {url}; use https")
-    return key
-
-
-async def probe_keyless_server(p: ProviderSection, timeout_s: float = 10.0) -> None:
-    """Before dispatching without a key (kind ``openai``, no key found, none configured): ``GET /key``
-    once, without credentials (nothing secret, no completion). A 401/403 means the server wants a
-    key: refuse the start instead of sending every request to be refused. Any other answer, or
-    none within ``timeout_s`` seconds, lets the run start.
-
-    Raises:
-        KeyError_: the server answered 401/403, naming the variable (no chat request was sent).
-    """
-    import httpx
-
-    url = (p.resolved_base_url() or "").rstrip("/") + "/key"
-    try:
-        async with httpx.AsyncClient(timeout=timeout_s, trust_env=not is_loopback_url(url)) as http:
-            status = (await http.get(url)).status_code
-    except (httpx.HTTPError, OSError):
-        return
-    if status in (401, 403):
-        raise KeyError_(_missing_key_message(p, f"the server at {p.resolved_base_url()} wants one "
-                                               f"(HTTP {status} on GET /key without a key)",
-                                       "No completion was requested"))
 
 
 def sim_config_from_section(cfg: Config):
@@ -163,29 +45,6 @@ def sim_config_from_section(cfg: Config):
         cancellable_providers=tuple(s.cancellable), model=cfg.provider.model,
         log_path=str(s.log) if s.log else None,
     )
-
-
-def setup_file_logging(run_dir: Path, *, stderr_level: int | None = logging.WARNING) -> None:
-    """Log to ``RUN_DIR/datagen.log`` (owner-only) and, optionally, warnings to stderr."""
-    root = logging.getLogger()
-    root.setLevel(logging.INFO)
-    for h in list(root.handlers):
-        if getattr(h, "_datagen", False):
-            root.removeHandler(h)
-    path = Path(run_dir) / "datagen.log"
-    fh = logging.FileHandler(path, encoding="utf-8")
-    os.chmod(path, 0o600)
-    fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    fh._datagen = True  # type: ignore[attr-defined]
-    root.addHandler(fh)
-    if stderr_level is not None:
-        sh = logging.StreamHandler(sys.stderr)
-        sh.setLevel(stderr_level)
-        sh.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
-        sh._datagen = True  # type: ignore[attr-defined]
-        root.addHandler(sh)
-    for noisy in ("httpx", "httpcore", "aiosqlite"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 @dataclass
@@ -472,134 +331,3 @@ async def run_job(job: Job, *, exit_on_pause: bool = False, stop_on_auth: bool =
         await job.close()
 
 
-def interrupt_action(signame: str, stopping: bool) -> str:
-    """What an interrupt does: the one rule of the headless runner and the dashboard.
-
-    Args:
-        signame: ``"SIGINT"``, ``"SIGTERM"``, ``"SIGHUP"`` or ``"Ctrl-C"`` (the key in the dashboard).
-        stopping: True when a stop is already in progress: an earlier interrupt, the dashboard's
-            "Drain, then quit", an exit on pause (see :func:`run_stopping`).
-
-    Returns:
-        ``"drain"`` for the first interrupt (in-flight requests finish and are stored);
-        ``"abort"`` for any interrupt while a stop is in progress: that stop counted as the first;
-        ``"continue"`` for SIGHUP while stopping: the terminal went away, nobody asked to lose the
-        streams, so the stop in progress goes on unchanged (a SIGHUP is never an escalation).
-    """
-    if not stopping:
-        return "drain"
-    return "continue" if signame == "SIGHUP" else "abort"
-
-
-def run_stopping(sched: Scheduler | None) -> bool:
-    """True when ``sched``'s run is stopping or stopped (a drain or stop is in progress or done)."""
-    return sched is not None and sched.runstate.phase in (RunPhase.STOPPING, RunPhase.STOPPED)
-
-
-def fmt_limit(seconds: float) -> str:
-    """A drain limit for people: ``"15s"``, ``"30m"``, ``"1h05m"``."""
-    s = int(round(seconds))
-    if s < 120:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m" + (f"{s % 60:02d}s" if s % 60 else "")
-    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-
-
-def drain_line(snap) -> str:
-    """The headless line shown while a drain runs: in-flight count, their estimated USD, time left.
-
-    Args:
-        snap: an ``engine.report.snapshot.RunSnapshot`` with ``drain_left_s`` set.
-    """
-    return (f"draining: {snap.in_flight:,} in flight (est. ${snap.cost_in_flight_usd:.4f}); "
-            f"aborting them in {fmt_limit(snap.drain_left_s or 0.0)}")
-
-
-async def run_headless(
-    cfg: Config,
-    out: TextIO = sys.stdout,
-    *,
-    exit_on_pause: bool = False,
-    install_signals: bool = True,
-    on_ready: Callable[[Job], None] | None = None,
-) -> int:
-    """Run the job printing one progress line per active dataset every ``run.progress_interval_s``.
-
-    Returns the exit code (see module docstring).
-    """
-    out = out if isinstance(out, SafeOut) else SafeOut(out)
-    job = await prepare(cfg, out)
-    sched = job.scheduler
-    loop = asyncio.get_running_loop()
-    signals_seen = 0
-    drains: list[asyncio.Future] = []
-
-    def on_signal(signame: str) -> None:
-        nonlocal signals_seen
-        action = interrupt_action(signame, signals_seen > 0 or run_stopping(sched))
-        signals_seen += 1
-        # Act first: the terminal may be gone (SIGHUP, a closed pipe) and printing may fail.
-        if action == "continue":
-            log.warning("%s received: the stop in progress continues (again with SIGINT/SIGTERM to abort)", signame)
-        elif action == "drain":
-            n, usd = sched.snapshot().in_flight, sched.cost_in_flight_usd()
-            drains.append(asyncio.ensure_future(sched.drain(reason=f"{signame}: interrupted", exit_code=130)))
-            say(f"{signame}: draining {n:,} in-flight request(s) (est. ${usd:.4f}, up to "
-                f"{fmt_limit(sched.drain_limit_s())}); again to abort")
-        else:
-            say(f"{signame}: aborting in-flight requests")
-            sched.stop(f"{signame}: interrupted (abort)", exit_code=130, abort=True)
-
-    def say(line: str) -> None:
-        try:
-            print(line, file=out, flush=True)
-        except (OSError, ValueError):  # stdout closed: keep running, the file log has everything
-            log.info("%s", line)
-
-    if install_signals:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            try:
-                loop.add_signal_handler(sig, on_signal, sig.name)
-            except (NotImplementedError, RuntimeError):
-                pass
-
-    async def reporter() -> None:
-        printed_final: set[str] = set()
-        while True:
-            await asyncio.sleep(cfg.run.progress_interval_s)
-            snap = sched.snapshot()
-            for line in format_progress(snap, printed_final):
-                say(line)
-            if snap.drain_left_s is not None:
-                say(drain_line(snap))
-
-    async def announce() -> None:  # guard pauses get their own line at once, like a user's pause
-        seen = 0
-        while True:
-            await asyncio.sleep(0.25)
-            lines, seen = format_notices(sched.telemetry.notices, seen)
-            for line in lines:
-                say(line)
-
-    rep = asyncio.create_task(reporter())
-    note = asyncio.create_task(announce())
-    if on_ready:
-        on_ready(job)
-    try:
-        code = await run_job(job, exit_on_pause=exit_on_pause, stop_on_auth=True, out=out)
-    finally:
-        rep.cancel()
-        note.cancel()
-        for d in drains:
-            d.cancel()
-        await asyncio.gather(rep, note, *drains, return_exceptions=True)
-        if install_signals:
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-                try:
-                    loop.remove_signal_handler(sig)
-                except (NotImplementedError, RuntimeError):
-                    pass
-    for line in final_report(sched.snapshot(), job.store.path):
-        say(line)
-    return code
