@@ -126,7 +126,7 @@ GPU_COLUMNS: tuple[Column, ...] = (
     Column("temp", "temp", 4),
     Column("power", "power", 8),
     Column("rank", "wkr", 3),
-    Column("state", "state", 10),
+    Column("state", "state", 13),  # "restarting ↻2"
     Column("samples", "samples", 11),
     Column("tokens", "tokens", 11),
     Column("tps", "tok/s 1m", 8),

@@ -99,7 +99,7 @@ class GpuWorkerTable(KeyedTable):
     def update_from(self, snapshot: ExtractSnapshot | None) -> None:
         """Show ``snapshot``'s GPUs and workers (None: nothing yet); the border subtitle says why
         there are no GPU readings (``gpu_reason``)."""
-        width = (self.size.width or self.app.size.width - 2) - 2  # the vertical scrollbar's cells
+        width = self.size.width or self.app.size.width - 2  # no scrollbars (CSS scrollbar-size 0)
         rows = gpu_worker_rows(snapshot) if snapshot is not None else []
         self.sync(gpu_columns(width), rows)
         reason = snapshot.gpu_reason if snapshot is not None else ""
