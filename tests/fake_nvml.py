@@ -3,8 +3,8 @@
 :class:`FakePynvml` answers the NVML calls :mod:`engine.extract.gpu` makes, for ``n`` H200-like
 devices (141 GB: 143,771 MiB as NVML reports it; 700 W enforced limit; NVML's units: bytes,
 milliwatts, °C, percent), with readings that change on every call (a deterministic walk per
-device). :func:`install` makes :func:`engine.extract.gpu._load_nvml` return it, so ``read_gpus()`` and ``GpuPoller()`` without an
-``nvml`` argument read the fake, exactly as they would import the real module.
+device). :func:`install` makes :func:`engine.extract.gpu._load_nvml` return it, so ``read_gpus()``
+and ``GpuPoller()`` without an ``nvml`` argument read the fake, exactly as they would import the real module.
 """
 
 from __future__ import annotations

@@ -270,3 +270,37 @@ def test_demo_job_obeys_its_commands():
     now[0] = 8.0
     s = demo.snapshot()
     assert s.state == "stopped" and s.quit_mode == "drain" and exit_code(s) == 0
+
+
+@pytest.mark.parametrize("key", ["ctrl+c", "ctrl+q"])
+async def test_ctrl_c_and_ctrl_q_drain_like_q_instead_of_leaving_workers_behind(key):
+    app, box, cmds = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press(key)
+        await settle(pilot)
+        assert cmds.calls == [("quit", ())] and app.is_running
+        await pilot.press(key)
+        await settle(pilot)
+        assert cmds.calls == [("quit", ()), ("quit", ())]
+        box.snap = with_state(box.snap, "stopped", quit_mode="abort")
+        await settle(pilot, 0.3)
+    assert app.return_code == 130
+
+
+async def test_a_failed_worker_shows_failed_with_its_error():
+    snap = fixed_extract_snapshot()
+    ws = list(snap.workers)
+    ws[5] = dataclasses.replace(ws[5], state="failed", last_error="RuntimeError: NCCL timeout\nrank 5", restarts=2)
+    app, box, _ = make_app(dataclasses.replace(snap, workers=tuple(ws)))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot, 0.3)
+        text = screen_text(app)
+        assert "workers 7/8 running  1 failed" in text
+        row5 = next(ln for ln in text.split("\n") if ln.startswith("│ 5 "))
+        assert "failed ↻2" in row5 and "RuntimeError: NCCL timeout rank 5" in row5
+        await pilot.resize_terminal(80, 24)
+        await settle(pilot, 0.3)
+        text = screen_text(app)
+        row5 = next(ln for ln in text.split("\n") if ln.startswith("│ 5 "))
+        assert "failed ↻2" in row5

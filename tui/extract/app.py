@@ -43,6 +43,11 @@ class ExtractApp(App[int]):
             self.set_keymap(self._keymap)
         self.push_screen(self.view)
 
+    async def action_quit(self) -> None:
+        """Textual's own quit (Ctrl-Q, the command palette) quits like ``q``: drain first, never a
+        silent exit while workers write."""
+        self.view.action_quit_extract()
+
     def on_extract_screen_done(self, message: ExtractScreen.Done) -> None:
         """The job ended after a quit: exit with its code."""
         self.exit(message.code, return_code=message.code)

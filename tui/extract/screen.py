@@ -8,9 +8,9 @@ GPU rows and the footer stay visible (the datasets and log panes get what is lef
 
 Keys (binding ids in parentheses, remappable with ``App.set_keymap``): ``p`` pause / resume
 (``extract.pause``/``extract.resume``: the footer shows the one that applies), ``s`` skip the
-highlighted dataset after a confirmation (``extract.skip``), ``q`` quit (``extract.quit``: first
-drain, then abort; at once once the job has ended). Each key calls the host's commands object and
-toasts its answer. The screen is the same inside the generation dashboard and in
+highlighted dataset after a confirmation (``extract.skip``), ``q`` or Ctrl-C quit (``extract.quit``,
+``extract.interrupt``: first drain, then abort; at once once the job has ended). Each key calls
+the host's commands object and toasts its answer. The screen is the same inside the generation dashboard and in
 :class:`tui.extract.app.ExtractApp`: when the job has ended after a quit (or ``q`` is pressed
 after it ended) it posts :class:`ExtractScreen.Done` with the exit code; the app decides what to do.
 """
@@ -71,6 +71,8 @@ class ExtractScreen(Screen[None]):
         Binding("p", "resume", "Resume", id="extract.resume"),
         Binding("s", "skip", "Skip dataset", id="extract.skip"),
         Binding("q", "quit_extract", "Quit", id="extract.quit"),
+        # Ctrl-C reaches a raw-mode terminal as a key, not SIGINT: it quits like q (drain, then abort).
+        Binding("ctrl+c", "quit_extract", "Quit", show=False, priority=True, id="extract.interrupt"),
     ]
 
     class Done(Message):
