@@ -182,8 +182,8 @@ async def test_80x24_keeps_header_every_gpu_and_the_footer():
         await settle(pilot, 0.3)
         lines = screen_text(app).split("\n")
         assert lines[0].startswith(" extract  RUNNING")
-        assert "samples 9.88k/10.4k (95%)" in lines[1] and "ETA 14s" in lines[1]
-        assert "written 1.01 TB / projected 1.04 TB" in lines[2] and "disk free 6.40 TB" in lines[2]
+        assert "samples 9.82k/9.88k (99%)" in lines[1] and "tokens 17.5M/17.7M" in lines[1] and "ETA 2s" in lines[1]
+        assert "written 1.01 TB / projected 1.02 TB" in lines[2] and "disk free 6.40 TB" in lines[2]
         gpu_rows = [ln for ln in lines if ln.startswith("│ ") and "/140.4" in ln]
         assert [r.split()[1] for r in gpu_rows] == [str(i) for i in range(8)]
         assert "restarting" in gpu_rows[5] and "w5" in gpu_rows[5]
@@ -202,8 +202,8 @@ async def test_160_columns_show_every_worker_field_and_the_last_error():
         row5 = next(ln for ln in text.split("\n") if ln.startswith("│ 5 "))
         assert "torch.OutOfMemoryError: CUDA out o" in row5 and row5.rstrip(" │").endswith("…")
         row0 = next(ln for ln in text.split("\n") if ln.startswith("│ 0 "))
-        for cell in ("91%", "118.0/140.4", "66°C", "640/700W", "w0", "running", "1.21k/1.29k", "2.17M/2.32M",
-                     "11.8k", "16×4.1k", "124.44 GB"):
+        for cell in ("91%", "118.0/140.4", "66°C", "640/700W", "w0", "running", "1.23k/1.24k", "2.17M/2.22M",
+                     "11.8k", "16×4.1k", "124.72 GB"):
             assert cell in row0, cell
         assert "worker 5 restarting (1st restart)" in text  # the log pane
 
@@ -221,6 +221,13 @@ async def test_cells_change_in_place_and_the_cursor_stays():
         await settle(pilot)
         assert table.selected == "b1_glaive"
         assert "9.8k/9.8k" in screen_text(app)
+
+
+def test_the_fixed_snapshot_adds_up():
+    s = fixed_extract_snapshot()
+    assert sum(w.samples_done for w in s.workers) == sum(d.samples_done for d in s.datasets) == s.samples_done
+    assert sum(w.tokens_done for w in s.workers) == sum(d.tokens_done for d in s.datasets) == s.tokens_done
+    assert sum(w.samples_total for w in s.workers) == s.samples_total == 75 + 9_800  # the skipped one left out
 
 
 def test_exit_codes():

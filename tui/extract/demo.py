@@ -23,17 +23,18 @@ BYTES_PER_TOKEN = 4 * 7168 * 2
 
 def fixed_extract_snapshot() -> ExtractSnapshot:
     """A literal mid-job state on 8 GPUs: seven workers running, worker 5 restarting after an
-    out-of-memory error, one dataset done, one running, one skipped; disk comfortably above its margin."""
+    out-of-memory error, one dataset done, one running, one skipped (its samples left out of the totals);
+    the workers' figures add up to the datasets'; disk comfortably above its margin."""
     errors = {5: "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB (GPU 5; 139.8 GiB total)"}
     workers = []
     for r in range(8):
         restarting = r == 5
         workers.append(WorkerView(
             rank=r, state="restarting" if restarting else "running", host="gpu-node-1", pid=41000 + r, gpus=(r,),
-            samples_done=1210 + 7 * r, samples_total=1288, tokens_done=2_170_000 + 9_000 * r,
-            tokens_total=2_318_000, tokens_per_s=0.0 if restarting else 11_800.0 + 120 * r,
+            samples_done=1228 + (r == 0), samples_total=1234 + (r < 3), tokens_done=2_175_000 + 5_000 * r,
+            tokens_total=2_216_250, tokens_per_s=0.0 if restarting else 11_800.0 + 120 * r,
             batch_size=0 if restarting else 16, max_len=0 if restarting else 4096,
-            bytes_written=(2_170_000 + 9_000 * r) * BYTES_PER_TOKEN, last_error=errors.get(r, ""),
+            bytes_written=(2_175_000 + 5_000 * r) * BYTES_PER_TOKEN, last_error=errors.get(r, ""),
             restarts=1 if restarting else 0))
     gpus = tuple(
         GpuRow(index=i, name=GPU_NAME, util_pct=3.0 if i == 5 else 91.0 + i % 4, mem_used_bytes=(
@@ -48,9 +49,9 @@ def fixed_extract_snapshot() -> ExtractSnapshot:
     done = sum(w.tokens_done for w in workers)
     return ExtractSnapshot(
         state="running", out_dir="/data/hs/kimi-k2.5", model="moonshotai/Kimi-K2.5", elapsed_s=1840.0,
-        samples_done=sum(w.samples_done for w in workers), samples_total=10_375, tokens_done=done,
-        tokens_total=18_180_000, tokens_per_s=82_900.0, eta_s=14.0,
-        bytes_written=done * BYTES_PER_TOKEN, bytes_projected=18_180_000 * BYTES_PER_TOKEN,
+        samples_done=sum(w.samples_done for w in workers), samples_total=9_875, tokens_done=done,
+        tokens_total=17_730_000, tokens_per_s=82_900.0, eta_s=2.3,
+        bytes_written=done * BYTES_PER_TOKEN, bytes_projected=17_730_000 * BYTES_PER_TOKEN,
         disk_free_bytes=6_400_000_000_000, disk_margin_bytes=200_000_000_000, workers=tuple(workers),
         datasets=datasets, gpus=gpus,
         events=(
