@@ -148,9 +148,9 @@ async def test_q_after_the_job_ended_exits_at_once_without_a_command():
     assert cmds.calls == [] and app.return_code == 0
 
 
-async def test_a_failed_job_exits_1_and_keys_are_remappable():
+async def test_a_failed_job_exits_1_and_keys_are_remappable(monkeypatch):
+    monkeypatch.setenv("DATAGEN_KEYS", "extract.quit=x")
     app, box, cmds = make_app(with_state(fixed_extract_snapshot(), "failed", reason="worker 5 failed 3 times"))
-    app._keymap = {"extract.quit": "x"}
     async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
         assert "FAILED (worker 5 failed 3 times)" in screen_text(app)

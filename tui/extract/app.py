@@ -9,10 +9,13 @@ exits with the screen's code once the job has ended after a quit (0 done or drai
 
 from __future__ import annotations
 
+import os
+
 from textual.app import App
 
 from tui.extract.host import ExtractHost
 from tui.extract.screen import ExtractScreen
+from tui.layout import parse_keymap
 
 
 class ExtractApp(App[int]):
@@ -21,7 +24,8 @@ class ExtractApp(App[int]):
     Args:
         host: snapshots and commands (see :class:`tui.extract.host.ExtractHost`).
         refresh_hz: snapshot polls per second (> 0; default 2).
-        keymap: ``{binding id: keys}`` overrides, e.g. ``{"extract.quit": "ctrl+x"}``.
+        keymap: ``{binding id: keys}`` overrides, e.g. ``{"extract.quit": "ctrl+x"}`` (also read from
+            ``$DATAGEN_KEYS``, like the generation dashboard: ``"extract.pause=f5;extract.quit=ctrl+x"``).
 
     Attributes:
         view: the :class:`~tui.extract.screen.ExtractScreen` (pushed on mount).
@@ -36,7 +40,7 @@ class ExtractApp(App[int]):
         super().__init__()
         self.host = host
         self.view = ExtractScreen(host, refresh_hz)
-        self._keymap = dict(keymap or {})
+        self._keymap = {**parse_keymap(os.environ.get("DATAGEN_KEYS", "")), **(keymap or {})}
 
     def on_mount(self) -> None:
         if self._keymap:
