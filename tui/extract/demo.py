@@ -104,7 +104,7 @@ class DemoExtraction:
         return self
 
     def _line(self, level: str, text: str) -> str:
-        s = int(self.elapsed) if hasattr(self, "elapsed") else 0
+        s = int(self.elapsed)
         return f"00:{s // 60:02d}:{s % 60:02d} {level:<7} {text}"
 
     # ---- commands ---------------------------------------------------------------------------
