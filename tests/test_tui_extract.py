@@ -311,3 +311,27 @@ async def test_a_failed_worker_shows_failed_with_its_error():
         text = screen_text(app)
         row5 = next(ln for ln in text.split("\n") if ln.startswith("│ 5 "))
         assert "failed ↻2" in row5
+
+
+async def test_the_screen_works_inside_the_generation_dashboard():
+    """Chaining pushes the same screen onto the generation dashboard: its keys reach the extraction
+    commands, not the generation controller, and popping it shows the generation view again."""
+    from tui.app import DashboardApp
+    from tui.testing import FIXED_GPUS, FakeController, fixed_snapshot
+
+    ctl = FakeController()
+    box = Box(fixed_extract_snapshot())
+    cmds = RecordingCommands(DATASETS)
+    app = DashboardApp(snapshot_source=fixed_snapshot, controller=ctl, gpu_source=lambda: FIXED_GPUS)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        screen = ExtractScreen(StaticExtractHost(box, cmds), refresh_hz=20)
+        app.push_screen(screen)
+        await settle(pilot)
+        assert "GPUs · workers" in screen_text(app)
+        await pilot.press("p")
+        await settle(pilot)
+        assert cmds.calls == [("pause", ())] and ctl.calls == []
+        app.pop_screen()
+        await settle(pilot)
+        assert "b7_sharegpt" in screen_text(app) and "GPUs · workers" not in screen_text(app)
