@@ -1,0 +1,188 @@
+"""The ``speculators`` layout: what vllm-project/speculators 0.9.0's offline EAGLE-3 training reads.
+
+Sources (the speculators 0.9.0 wheel and its dependency hs-connectors 0.9.0):
+
+- ``speculators/train/data.py`` (``ArrowDataset``): ``datasets.load_from_disk(datapath)`` -- the
+  preprocessed dataset with columns ``input_ids`` ``[T]`` int64, ``loss_mask`` ``[T]`` int64 and
+  ``seq_len`` int64, torch format (``speculators/data_generation/preprocessing.py``:
+  ``_append_row``, ``set_format(type="torch")``; ``cli/prepare_data.py``: ``save_to_disk``) -- and
+  ``hs_connectors.FileTransfer(datapath / "hidden_states").get_cached(i)``:
+  ``load_file(hidden_states/hs_{i}.safetensors)`` for dataset row ``i``;
+- each ``hs_{i}.safetensors`` holds ``token_ids`` ``[T]`` int64 (must equal row ``i``'s
+  ``input_ids``) and ``hidden_states`` ``[T, n_aux + 1, H]`` in the model dtype
+  (``hs_connectors/fp8_hidden_states_connector.py`` documents vLLM's file): the aux layers in
+  order, then the final state; ``ArrowDataset`` takes ``[:, :-1].flatten(1)`` as ``hidden_states``
+  and ``[:, -1]`` as ``verifier_last_hidden_states``;
+- the final state is the last decoder layer's output BEFORE the final norm (vLLM's layer id ``L``):
+  ``speculators/models/eagle3/core.py`` computes the targets as
+  ``verifier_lm_head(verifier_norm(verifier_last_hidden_states))``;
+- layer ids: speculators' ``target_layer_ids`` count hidden states (id ``k`` = output of 0-based
+  layer ``k - 1``), default ``[2, L // 2, L - 3]`` (``models/utils.py``), i.e. this project's
+  ``aux_layers`` + 1 (default ``[1, L//2 - 1, L - 4]``): train with ``--target-layer-ids`` set
+  to ``aux_layers + 1`` (``aux_layers`` is in ``job.json`` beside the data);
+- ``token_freq.pt`` beside the dataset: ``torch.save({token_id: count})`` over the loss-masked
+  tokens (``train/vocab_mapping.py``: ``save_token_frequency_distribution``), for the draft vocabulary.
+
+Row ``i`` of the dataset is the sample of ``hs_{i}``; rows are written once every sample is saved
+(:meth:`SpeculatorsLayout.finish`), so the dataset never lists a sample without its file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from engine.extract.job import ExtractError
+from engine.extract.layouts.base import Lookup, PerSampleLayout
+
+HS_DIR = "hidden_states"
+_FILE_RE = re.compile(r"^hs_(\d+)\.safetensors$")
+#: Written last by :meth:`SpeculatorsLayout.finish`: how many rows the dataset holds.
+DONE_FILE = "speculators_dataset.json"
+
+
+def final_norm(model: Any) -> Any:
+    """The decoder's final norm module (``model.model.norm`` for Llama/DeepSeek-style models).
+
+    Raises:
+        ExtractError: the model has none where expected.
+    """
+    dec = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    norm = getattr(dec, "norm", None) if dec is not None else None
+    if norm is None:
+        raise ExtractError(f"layout 'speculators' saves the final state BEFORE the final norm, but "
+                           f"{type(model).__name__} has no decoder `.norm` module to hook")
+    return norm
+
+
+class PreNormLast:
+    """Wraps :class:`engine.extract.model.HiddenStates`: ``forward`` returns ``(aux, last)`` with
+    ``last`` ``[B, T, H]`` = the input of the final norm (the last decoder layer's output), captured
+    by a forward pre-hook, instead of the normed state."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.model = inner.model
+        self.device = inner.device
+        self._seen: list[Any] = []
+        final_norm(self.model).register_forward_pre_hook(self._hook)
+
+    def _hook(self, _module: Any, args: tuple[Any, ...]) -> None:
+        self._seen.append(args[0])
+
+    def collate(self, samples: list[Any]) -> Any:
+        return self.inner.collate(samples)
+
+    def forward(self, input_ids: Any, attention_mask: Any) -> tuple[Any, Any]:
+        self._seen.clear()
+        aux, last = self.inner.forward(input_ids, attention_mask)
+        if len(self._seen) != 1:
+            raise ExtractError(f"the final norm ran {len(self._seen)} times in one forward pass (expected 1)")
+        pre = self._seen.pop()
+        if pre.shape != last.shape:
+            raise ExtractError(f"final norm input {tuple(pre.shape)} != final state {tuple(last.shape)}")
+        return aux, pre.to(last.device)
+
+
+class SpeculatorsLayout(PerSampleLayout):
+    """``hidden_states/hs_{i}.safetensors`` per sample + the preprocessed dataset (module doc)."""
+
+    name = "speculators"
+
+    def __init__(self, hidden_size: int, n_aux: int) -> None:
+        import importlib.util
+
+        if importlib.util.find_spec("datasets") is None:
+            raise ExtractError("[extract] layout = 'speculators' writes the dataset speculators loads with the "
+                               "`datasets` library, which is not installed (pip install datasets)")
+        super().__init__(hidden_size, n_aux)
+
+    def wrap(self, hidden_states: Any) -> Any:
+        return PreNormLast(hidden_states)
+
+    def file_name(self, index: int) -> str:
+        return f"{HS_DIR}/hs_{index}.safetensors"
+
+    def record(self, tensors: dict[str, Any], sid: str) -> dict[str, Any]:
+        import torch
+
+        aux = tensors[f"{sid}/aux_hidden_states"]
+        last = tensors[f"{sid}/last_hidden_state"]
+        t = aux.shape[0]
+        hs = torch.cat([aux.reshape(t, self.n_aux, self.hidden_size), last.reshape(t, 1, self.hidden_size)], dim=1)
+        return {"hidden_states": hs.contiguous(), "token_ids": tensors[f"{sid}/input_ids"].to(torch.int64)}
+
+    def save(self, record: dict[str, Any], path: Path) -> None:
+        from safetensors.torch import save_file
+
+        save_file(record, path)
+
+    def scan(self, path: Path) -> set[str]:
+        try:
+            with os.scandir(path / HS_DIR) as it:
+                return {f"{HS_DIR}/{e.name}" for e in it if _FILE_RE.match(e.name)}
+        except FileNotFoundError:
+            return set()
+
+    def finish(self, out: Any, ids: list[str], lookup: Lookup) -> bool:
+        """Once every id in ``ids`` has its ``hs_{i}``: write the dataset (row ``i`` = the sample of
+        ``hs_{i}``: ``input_ids``, ``loss_mask``, ``seq_len``) and ``token_freq.pt`` into ``out_dir``
+        (idempotent; under the job lock). Returns False while samples are missing.
+
+        Raises:
+            ExtractError: indices with a gap (see :meth:`PerSampleLayout.listed`).
+        """
+        with out.locked():
+            entries = self.listed(out)
+            if not set(ids) <= {e["id"] for e in entries}:
+                return False
+            done = out.path / DONE_FILE
+            try:
+                if json.loads(done.read_text()).get("rows") == len(entries):
+                    return True
+            except (OSError, ValueError, AttributeError):
+                pass
+            write_dataset(out.path, [lookup(e["id"]) for e in entries])
+            tmp = done.with_name(done.name + ".tmp")
+            tmp.write_text(json.dumps({"rows": len(entries), "layout": "speculators"}))
+            os.replace(tmp, done)
+        return True
+
+
+def write_dataset(path: Path, rows: list[tuple[Any, Any]]) -> None:
+    """``save_to_disk`` the preprocessed dataset of ``rows`` (``(input_ids, loss_mask)``) into
+    ``path`` (files moved in, ``state.json`` last) and write ``token_freq.pt`` beside it."""
+    import numpy as np
+    import torch
+    from datasets import Dataset, Features, Sequence, Value
+
+    ids = [np.asarray(r[0], dtype=np.int64) for r in rows]
+    masks = [np.asarray(r[1], dtype=np.int64) for r in rows]
+    feats = Features({"input_ids": Sequence(Value("int64")), "loss_mask": Sequence(Value("int64")),
+                      "seq_len": Value("int64")})
+    ds = Dataset.from_dict({"input_ids": [a.tolist() for a in ids], "loss_mask": [m.tolist() for m in masks],
+                            "seq_len": [len(a) for a in ids]}, features=feats)
+    ds.set_format(type="torch")
+    tmp = path / f".tmp-dataset-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    ds.save_to_disk(str(tmp))
+    names = sorted(os.listdir(tmp), key=lambda n: n == "state.json")  # state.json last
+    for n in names:
+        os.replace(tmp / n, path / n)
+    keep = set(names)
+    for old in path.glob("data-*-of-*.arrow"):
+        if old.name not in keep:
+            old.unlink()
+    shutil.rmtree(tmp, ignore_errors=True)
+    freq: Counter[int] = Counter()
+    for a, m in zip(ids, masks):
+        u, c = np.unique(a[m.astype(bool)], return_counts=True)
+        freq.update(dict(zip(u.tolist(), c.tolist())))
+    ftmp = path / f".token_freq.pt.{os.getpid()}.tmp"
+    torch.save(dict(freq), ftmp)
+    os.replace(ftmp, path / "token_freq.pt")
