@@ -56,8 +56,11 @@ $(TBIN)/speculators: pyproject.toml
 	$(PY) -m venv $(TRAIN_VENV)
 	$(TBIN)/pip install --quiet --upgrade pip
 	$(TBIN)/pip install --quiet torch==2.13.0 || echo "torch==2.13.0 CPU wheel not found locally; pip will pick a torch build"
-	# torch stays pinned at the CPU build; speculators also pulls torchvision/torchaudio (unused by the check).
-	$(TBIN)/pip install --quiet torch==2.13.0 'torchvision==0.28.*' 'torchaudio>=2.11' -e '.[dev,train-check]'
+	$(TBIN)/pip install --quiet torch==2.13.0 -e '.[dev,train-check]'
+	# speculators declares torchvision/torchaudio but never imports them; PyPI's torchvision is a CUDA build
+	# whose ops do not register against the CPU torch ("operator torchvision::nms does not exist") and
+	# transformers imports torchvision whenever it is installed: remove both.
+	$(TBIN)/pip uninstall --quiet -y torchvision torchaudio
 	touch $(TBIN)/speculators
 
 train-venv: $(TBIN)/speculators

@@ -63,8 +63,11 @@ class Layout:
         """Committed-looking per-sample files under ``path`` (relative names)."""
         return set()
 
-    def finish(self, out: Any, ids: list[str], lookup: Lookup) -> bool:
-        """Write job-level files once all ``ids`` are saved. Returns True when the output is complete."""
+    def finish(self, out: Any, ids: list[str], lookup: Lookup | None) -> bool:
+        """Write job-level files once all ``ids`` are saved. Returns True when the output is complete.
+
+        Args:
+            lookup: the samples' tokens (faster); None reads them back from the output."""
         return set(ids) <= out.done_ids()
 
 
@@ -91,6 +94,10 @@ class PerSampleLayout(Layout):
     def save(self, record: dict[str, Any], path: Path) -> None:
         """Write ``record`` to ``path`` (not yet fsynced)."""
         raise NotImplementedError
+
+    def entry_extra(self, tensors: dict[str, Any], sid: str) -> dict[str, Any]:
+        """Extra manifest fields of one sample (default none)."""
+        return {}
 
     def _next_index(self, out: Any) -> int:
         """Next free index (caller holds the lock): one past the largest listed index, reading only
@@ -134,7 +141,8 @@ class PerSampleLayout(Layout):
                     os.rename(tmp, dest)
                     moved.append(dest)
                     dirs.add(dest.parent)
-                    lines.append(json.dumps({**e, "file": name, "index": base + k}, ensure_ascii=False) + "\n")
+                    line = {**e, **self.entry_extra(tensors, e["id"]), "file": name, "index": base + k}
+                    lines.append(json.dumps(line, ensure_ascii=False) + "\n")
                 for d in dirs:
                     fsync_path(d, directory=True)
                 size = sum(p.stat().st_size for p in moved)

@@ -122,6 +122,11 @@ class SpeculatorsLayout(PerSampleLayout):
 
         save_file(record, path)
 
+    def entry_extra(self, tensors: dict[str, Any], sid: str) -> dict[str, Any]:
+        """``"mask"``: the loss mask as ``[start, end)`` runs of 1s, so the dataset can be written
+        from the output alone (conversion with ``--delete-source``)."""
+        return {"mask": mask_runs(tensors[f"{sid}/loss_mask"].numpy())}
+
     def scan(self, path: Path) -> set[str]:
         try:
             with os.scandir(path / HS_DIR) as it:
@@ -129,7 +134,7 @@ class SpeculatorsLayout(PerSampleLayout):
         except FileNotFoundError:
             return set()
 
-    def finish(self, out: Any, ids: list[str], lookup: Lookup) -> bool:
+    def finish(self, out: Any, ids: list[str], lookup: Lookup | None) -> bool:
         """Once every id in ``ids`` has its ``hs_{i}``: write the dataset (row ``i`` = the sample of
         ``hs_{i}``: ``input_ids``, ``loss_mask``, ``seq_len``) and ``token_freq.pt`` into ``out_dir``
         (idempotent; under the job lock). Returns False while samples are missing.
@@ -147,11 +152,34 @@ class SpeculatorsLayout(PerSampleLayout):
                     return True
             except (OSError, ValueError, AttributeError):
                 pass
-            write_dataset(out.path, [lookup(e["id"]) for e in entries])
+            get = lookup or (lambda sid, by={e["id"]: e for e in entries}: _from_files(out.path, by[sid]))
+            write_dataset(out.path, [get(e["id"]) for e in entries])
             tmp = done.with_name(done.name + ".tmp")
             tmp.write_text(json.dumps({"rows": len(entries), "layout": "speculators"}))
             os.replace(tmp, done)
         return True
+
+
+def mask_runs(mask: Any) -> list[list[int]]:
+    """``[T]`` 0/1 mask -> ``[[start, end), ...]`` runs of 1s."""
+    import numpy as np
+
+    m = np.concatenate([[0], np.asarray(mask, dtype=np.int8) != 0, [0]]).astype(np.int8)
+    d = np.diff(m)
+    return [[int(a), int(b)] for a, b in zip(np.flatnonzero(d == 1), np.flatnonzero(d == -1))]
+
+
+def _from_files(path: Path, entry: dict[str, Any]) -> tuple[Any, Any]:
+    """``(input_ids, loss_mask)`` of a listed sample: ``token_ids`` of its ``hs_i`` + the manifest's mask runs."""
+    import numpy as np
+    from safetensors import safe_open
+
+    with safe_open(path / entry["file"], framework="np") as st:
+        ids = st.get_tensor("token_ids")
+    mask = np.zeros(len(ids), dtype=np.int64)
+    for a, b in entry["mask"]:
+        mask[a:b] = 1
+    return ids, mask
 
 
 def write_dataset(path: Path, rows: list[tuple[Any, Any]]) -> None:
