@@ -8,13 +8,16 @@ second run after ``kill -9`` recovers the destination (removes temp and unlisted
 only what is missing: no sample is redone or listed twice. ``delete_source=True`` removes each
 source shard once all its samples are committed in the destination (a 14 TB job need not fit twice).
 
-The final state: shards hold it AFTER the final norm (``y = w * x / rms(x)``), which is what
-SpecForge reads. speculators reads the state BEFORE the norm and applies the verifier's norm itself;
-the raw pre-norm ``x`` cannot be recovered from ``y``, so the converted file holds ``z = y / w``
-(= ``x / rms(x)``, ``w`` read from the model checkpoint's ``model.norm.weight``): RMSNorm is
-scale-invariant, so ``norm(z) = y`` up to the norm's epsilon and speculators' targets
-``lm_head(norm(z))`` are the verifier's logits (tests/test_extract_layouts.py checks it to 1e-5).
-A fresh extraction with ``layout = "speculators"`` saves ``x`` itself.
+The final state: shards hold it AFTER the final norm, ``y = w * x / sqrt(mean(x^2) + eps)``, which
+is what SpecForge reads. speculators reads the state BEFORE the norm (``x``) and applies the
+verifier's norm itself. Per token, ``u = y / w`` (``w``: the checkpoint's ``model.norm.weight``) and
+``m = mean(u^2)`` give ``x = u * sqrt(eps / (1 - m))`` (``eps``: the config's ``rms_norm_eps``),
+computed in float64. Where ``1 - m`` is at the rounding level (``mean(x^2) >> eps``) the scale is
+not recoverable, but then it does not matter: RMSNorm is scale-invariant up to ``eps``, and the
+norm's output is insensitive to the scale in proportion to ``1 - m``. Either way
+``norm(z) == y`` and speculators' targets ``lm_head(norm(z))`` are the verifier's logits
+(tests/test_extract_layouts.py checks it to 1e-5); the saved ``z`` may differ from the raw ``x`` in
+scale. A fresh extraction with ``layout = "speculators"`` saves ``x`` itself.
 """
 
 from __future__ import annotations
@@ -53,12 +56,13 @@ class ConvertReport:
     complete: bool = False
 
 
-def final_norm_weight(model: str) -> Any:
-    """The final norm's weight ``[H]`` (fp32) of a local Hugging Face checkpoint directory: the one
-    tensor named ``model.norm.weight`` (any prefix, e.g. Kimi-K2.5's ``language_model.``).
+def final_norm_weight(model: str) -> tuple[Any, float]:
+    """The final norm's weight ``[H]`` (float64) and epsilon of a local Hugging Face checkpoint
+    directory: the one tensor named ``model.norm.weight`` (any prefix, e.g. Kimi-K2.5's
+    ``language_model.``) and ``rms_norm_eps`` of ``config.json`` (or its ``text_config``).
 
     Raises:
-        ExtractError: not a local directory, no or several candidates, or zeros in the weight.
+        ExtractError: not a local directory, no or several candidates, zeros in the weight, no epsilon.
     """
     import torch
     from safetensors import safe_open
@@ -80,10 +84,26 @@ def final_norm_weight(model: str) -> Any:
     if len(keys) != 1:
         raise ExtractError(f"{d}: expected one final norm weight named '*model.norm.weight', found {keys or 'none'}")
     with safe_open(files[keys[0]], framework="pt") as st:
-        w = st.get_tensor(keys[0]).to(torch.float32)
+        w = st.get_tensor(keys[0]).to(torch.float64)
     if bool((w.abs() < 1e-12).any()):
         raise ExtractError(f"{d}: {keys[0]} has zero entries; the normalized final state cannot be divided by it")
-    return w
+    try:
+        cfg = json.loads((d / "config.json").read_text())
+        eps = float((cfg.get("text_config") or cfg)["rms_norm_eps"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ExtractError(f"{d / 'config.json'}: no rms_norm_eps ({e})") from None
+    return w, eps
+
+
+def unnormalize(y: Any, w: Any, eps: float) -> Any:
+    """``[T, H]`` final states after an RMSNorm of weight ``w`` -> states ``z`` with ``norm(z) == y``
+    (module doc), in ``y``'s dtype."""
+    import torch
+
+    u = y.to(torch.float64) / w
+    m = (u * u).mean(-1, keepdim=True)
+    scale = torch.sqrt(eps / torch.clamp(1.0 - m, min=1e-12))
+    return (u * scale).to(y.dtype)
 
 
 def _source(src: Path) -> tuple[OutDir, list[dict[str, Any]], ExtractJob | None]:
@@ -117,7 +137,6 @@ def convert(src: str | Path, dst: str | Path, to: str, *, model: str | None = No
     Raises:
         ExtractError: bad arguments, unreadable source, a sample's tensors missing, not enough disk.
     """
-    import torch
     from safetensors import safe_open
 
     if to not in TARGETS:
@@ -141,14 +160,13 @@ def convert(src: str | Path, dst: str | Path, to: str, *, model: str | None = No
         hidden = st.get_slice(f"{sid}/last_hidden_state").get_shape()[-1]
         n_aux = st.get_slice(f"{sid}/aux_hidden_states").get_shape()[-1] // hidden
         dtype_bytes = st.get_tensor(f"{sid}/last_hidden_state").element_size()
-    inv_w = None
+    norm_w = None
     if to == "speculators":
         if not (model or job):
             raise ExtractError(f"{src}: no job.json names the model; pass --model DIR (its final norm weight is needed)")
-        w = final_norm_weight(model or job.model)
-        if w.shape != (hidden,):
-            raise ExtractError(f"final norm weight {tuple(w.shape)} does not match hidden size {hidden}")
-        inv_w = 1.0 / w
+        norm_w = final_norm_weight(model or job.model)
+        if norm_w[0].shape != (hidden,):
+            raise ExtractError(f"final norm weight {tuple(norm_w[0].shape)} does not match hidden size {hidden}")
     layout = make_layout(to, hidden, n_aux)
     d_out = OutDir(dst, layout)
     rep0 = d_out.recover()
@@ -178,9 +196,8 @@ def convert(src: str | Path, dst: str | Path, to: str, *, model: str | None = No
                     k = e["id"]
                     for key in ("input_ids", "loss_mask", "aux_hidden_states", "last_hidden_state"):
                         tensors[f"{k}/{key}"] = st.get_tensor(f"{k}/{key}")
-                    if inv_w is not None:
-                        last = tensors[f"{k}/last_hidden_state"]
-                        tensors[f"{k}/last_hidden_state"] = (last.to(torch.float32) * inv_w).to(last.dtype)
+                    if norm_w is not None:
+                        tensors[f"{k}/last_hidden_state"] = unnormalize(tensors[f"{k}/last_hidden_state"], *norm_w)
             clean = [{x: v for x, v in e.items() if x != "shard"} for e in todo]
             report.bytes_written += layout.write(d_out, tensors, clean)
             report.converted += len(todo)
