@@ -33,6 +33,7 @@ from engine.tokens.records import write_parquet  # noqa: E402
 LAYERS = 6
 AUX = [0, 2, 4]
 SEQ = 512
+LOSS_FN = "kl_div"
 
 
 def _job(tmp: Path, tiny: Path, layout: str, out: str):
@@ -78,7 +79,7 @@ def _drafter(tiny: Path):
     return Eagle3DraftModel.from_training_args(
         verifier_config=cfg, t2d=None, d2t=None, draft_vocab_size=cfg.vocab_size, norm_before_residual=True,
         ttt_steps=3, verifier_name_or_path=str(tiny), target_layer_ids=[i + 1 for i in AUX],
-        draft_attn_impl="simple_flex_attention")
+        draft_attn_impl="sdpa")  # its option for non-CUDA devices (flex attention has no CPU backward)
 
 
 def test_speculators_reads_our_files_and_its_targets_are_the_verifier_logits(setup) -> None:
@@ -103,18 +104,23 @@ def test_speculators_reads_our_files_and_its_targets_are_the_verifier_logits(set
 
 
 def _train(loader, draft, steps: int) -> list[float]:
+    from speculators.models.eagle3.core import Eagle3DraftModel
+
+    # its trainer's call kwargs; the "fused" loss needs Triton, "eager" is its portable implementation
+    kw, _ = Eagle3DraftModel.get_trainer_kwargs(loss_fn=LOSS_FN, loss_implementation="eager", ttt_steps=3,
+                                                ttt_step_loss_decay=1.0)
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=3e-3)
     losses: list[float] = []
     draft.train()
     while len(losses) < steps:
         for batch in loader:
             b = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
-            _draft_tokens, loss, metrics = draft(**b, ttt_steps=3, ttt_step_loss_decay=1.0)
+            _draft_tokens, loss, metrics = draft(**b, **kw)
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
             opt.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             if len(losses) == steps:
                 break
     return losses
@@ -134,7 +140,7 @@ def test_converted_shards_train_too(setup) -> None:
     tmp, tiny, hf, job, recs = setup
     shards = _job(tmp, tiny, "shards", "shards")
     assert run_worker(shards, model=hf).state == "done"
-    rep = convert(Path(shards.out_dir), tmp / "conv", "speculators")
+    rep = convert(Path(shards.out_dir), tmp / "conv", "speculators", model=str(tiny))
     assert rep.converted == len(recs)
     train, _ = _loaders(tmp / "conv", tiny, job.hidden_size)
     losses = _train(train, _drafter(tiny), 4)
