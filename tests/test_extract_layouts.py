@@ -368,3 +368,61 @@ def test_convert_cli_delete_source_and_errors(work, tiny: Path, tmp_path: Path, 
     assert len(sf_list_feature_files(str(tmp_path / "shards-specforge"))) == 30
     assert main(["extract", "--convert", str(tmp_path / "nothing"), "--to", "specforge"]) == 1
     assert "no shards listed" in capsys.readouterr().err
+
+
+def test_kill9_then_restart_exactly_once_speculators(tmp_path: Path, tiny: Path) -> None:
+    """The real command: ``datagen extract`` (layout speculators) whose worker is killed with -9 mid-run,
+    then run again: every sample exactly once, indices 0..N-1, the dataset written at the end."""
+    import signal
+    import subprocess
+    import time
+
+    from datasets import load_from_disk
+
+    repo = Path(__file__).resolve().parents[1]
+    recs = synth_records(60, 8, 160, seed=11)
+    write_parquet(tmp_path / "data" / "a.parquet", recs)
+    (tmp_path / "config.toml").write_text(
+        f'[run]\ndir = "run"\n[[datasets]]\nname = "a"\npath = "a.jsonl"\n'
+        f'[extract]\nmodel = "{tiny}"\naux_layers = [0, 2, 4]\nmax_tokens_per_batch = 256\n'
+        f'disk_margin_gb = 0\nlayout = "speculators"\n')
+    out = tmp_path / "run" / "extract"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def extract() -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "datagen", "extract", str(tmp_path / "config.toml"), "--data",
+                                 str(tmp_path / "data"), "--progress-s", "0.5"], cwd=repo, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def listed() -> int:
+        try:
+            return (out / "manifest.jsonl").read_bytes().count(b"\n")
+        except FileNotFoundError:
+            return 0
+
+    p = extract()
+    status = out / "status" / "worker-0.json"
+    deadline = time.monotonic() + 90
+    pid = None
+    while time.monotonic() < deadline and p.poll() is None:
+        if listed() >= 4 and status.exists():
+            pid = json.loads(status.read_text())["pid"]
+            os.kill(pid, signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    assert pid is not None, p.communicate()[0]
+    log = p.communicate(timeout=60)[0]
+    killed_at = listed()
+    assert p.returncode == 1 and 4 <= killed_at < len(recs), (killed_at, log)
+    assert not (out / "state.json").exists()
+    p = extract()
+    log = p.communicate(timeout=180)[0]
+    assert p.returncode == 0, log
+    assert f"already extracted: {killed_at}" in log
+    man = OutDir(out).read_manifest()
+    assert sorted(e["id"] for e in man) == sorted(r.id for r in recs)
+    assert sorted(e["index"] for e in man) == list(range(len(recs)))
+    assert len(list((out / "hidden_states").iterdir())) == len(recs) and not list(out.glob(".tmp-*"))
+    ds = load_from_disk(str(out))
+    by_id = {r.id: r for r in recs}
+    assert all(ds[e["index"]]["input_ids"].tolist() == by_id[e["id"]].input_ids for e in man)

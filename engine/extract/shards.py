@@ -133,7 +133,7 @@ class OutDir:
         done, missing = set(), set()
         for e in self.read_manifest():
             f = e.get("file", e.get("shard"))
-            if f in present:
+            if f in present or (self.layout is None and "file" in e and (self.path / f).is_file()):
                 done.add(e["id"])
             else:
                 missing.add(f)
