@@ -226,13 +226,22 @@ def test_specforge_own_reader(work, monkeypatch) -> None:
     tmp, rows, jobs, _ = work
     refs = OfflineManifestReader(jobs["specforge"].out_dir, validate_files=True).read()
     assert len(refs) == 30 and sum(r.num_tokens for r in refs) == sum(len(r.input_ids) for r in rows.values())
+    from specforge.data.utils import DataCollatorWithPadding
+
     store = LocalFeatureStore()
+    samples = []
     for ref in refs[:5]:
         got = store.get(ref)
         raw = got[0] if isinstance(got, tuple) else got
         n = normalize_offline_sample(raw, max_len=2048)
         rec = next(r for r in rows.values() if r.input_ids == n["input_ids"][0].tolist())
         assert n["loss_mask"][0, :-1].tolist() == rec.loss_mask[:-1]
+        samples.append(n)
+    batch = DataCollatorWithPadding()(samples)  # its offline collator
+    T = max(s["input_ids"].shape[1] for s in samples)
+    H = jobs["specforge"].hidden_size
+    assert batch["hidden_state"].shape == (5, T, 3 * H) and batch["target"].shape == (5, T, H)
+    assert batch["loss_mask"].shape == batch["input_ids"].shape == (5, T)
     sys.modules.pop("specforge", None)
 
 
