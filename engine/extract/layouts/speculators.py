@@ -69,8 +69,8 @@ class PreNormLast:
         self.inner = inner
         self.model = inner.model
         self.device = inner.device
+        self.norm = final_norm(self.model)
         self._seen: list[Any] = []
-        final_norm(self.model).register_forward_pre_hook(self._hook)
 
     def _hook(self, _module: Any, args: tuple[Any, ...]) -> None:
         self._seen.append(args[0])
@@ -80,7 +80,11 @@ class PreNormLast:
 
     def forward(self, input_ids: Any, attention_mask: Any) -> tuple[Any, Any]:
         self._seen.clear()
-        aux, last = self.inner.forward(input_ids, attention_mask)
+        handle = self.norm.register_forward_pre_hook(self._hook)  # only for this call: the model may be shared
+        try:
+            aux, last = self.inner.forward(input_ids, attention_mask)
+        finally:
+            handle.remove()
         if len(self._seen) != 1:
             raise ExtractError(f"the final norm ran {len(self._seen)} times in one forward pass (expected 1)")
         pre = self._seen.pop()
@@ -182,19 +186,36 @@ def _from_files(path: Path, entry: dict[str, Any]) -> tuple[Any, Any]:
     return ids, mask
 
 
-def write_dataset(path: Path, rows: list[tuple[Any, Any]]) -> None:
+def write_dataset(path: Path, rows: list[tuple[Any, Any]], chunk: int = 8192) -> None:
     """``save_to_disk`` the preprocessed dataset of ``rows`` (``(input_ids, loss_mask)``) into
-    ``path`` (files moved in, ``state.json`` last) and write ``token_freq.pt`` beside it."""
-    import numpy as np
-    import torch
-    from datasets import Dataset, Features, Sequence, Value
+    ``path`` (files moved in, ``state.json`` last) and write ``token_freq.pt`` beside it.
 
-    ids = [np.asarray(r[0], dtype=np.int64) for r in rows]
-    masks = [np.asarray(r[1], dtype=np.int64) for r in rows]
+    Built column-wise with pyarrow (``chunk`` rows per Arrow chunk), never as Python lists: 240 M
+    tokens take about 4 GB here, not tens of GB.
+    """
+    import numpy as np
+    import pyarrow as pa
+    import torch
+    from datasets import Dataset, DatasetInfo, Features, Sequence, Value
+    from datasets.table import InMemoryTable
+
     feats = Features({"input_ids": Sequence(Value("int64")), "loss_mask": Sequence(Value("int64")),
                       "seq_len": Value("int64")})
-    ds = Dataset.from_dict({"input_ids": [a.tolist() for a in ids], "loss_mask": [m.tolist() for m in masks],
-                            "seq_len": [len(a) for a in ids]}, features=feats)
+    ids_chunks, mask_chunks, freq = [], [], Counter()
+    for s in range(0, len(rows), chunk):
+        part = rows[s:s + chunk]
+        lens = np.array([len(r[0]) for r in part], dtype=np.int64)
+        offsets = pa.array(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32), pa.int32())
+        flat_ids = np.concatenate([np.asarray(r[0], dtype=np.int64) for r in part]) if part else np.zeros(0, np.int64)
+        flat_mask = np.concatenate([np.asarray(r[1], dtype=np.int64) for r in part]) if part else np.zeros(0, np.int64)
+        ids_chunks.append(pa.ListArray.from_arrays(offsets, pa.array(flat_ids, pa.int64())))
+        mask_chunks.append(pa.ListArray.from_arrays(offsets, pa.array(flat_mask, pa.int64())))
+        u, c = np.unique(flat_ids[flat_mask != 0], return_counts=True)
+        freq.update(dict(zip(u.tolist(), c.tolist())))
+    seq_len = pa.array(np.array([len(r[0]) for r in rows], dtype=np.int64), pa.int64())
+    table = pa.table({"input_ids": pa.chunked_array(ids_chunks, pa.list_(pa.int64())),
+                      "loss_mask": pa.chunked_array(mask_chunks, pa.list_(pa.int64())), "seq_len": seq_len})
+    ds = Dataset(InMemoryTable(table), info=DatasetInfo(features=feats))
     ds.set_format(type="torch")
     tmp = path / f".tmp-dataset-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -207,10 +228,6 @@ def write_dataset(path: Path, rows: list[tuple[Any, Any]]) -> None:
         if old.name not in keep:
             old.unlink()
     shutil.rmtree(tmp, ignore_errors=True)
-    freq: Counter[int] = Counter()
-    for a, m in zip(ids, masks):
-        u, c = np.unique(a[m.astype(bool)], return_counts=True)
-        freq.update(dict(zip(u.tolist(), c.tolist())))
     ftmp = path / f".token_freq.pt.{os.getpid()}.tmp"
     torch.save(dict(freq), ftmp)
     os.replace(ftmp, path / "token_freq.pt")
