@@ -435,3 +435,21 @@ def test_kill9_then_restart_exactly_once_speculators(tmp_path: Path, tiny: Path)
     ds = load_from_disk(str(out))
     by_id = {r.id: r for r in recs}
     assert all(ds[e["index"]]["input_ids"].tolist() == by_id[e["id"]].input_ids for e in man)
+
+
+@pytest.mark.parametrize("scale", [1e-2, 1.0, 30.0])
+def test_unnormalize_inverts_the_final_norm(tiny: Path, hf, scale: float) -> None:
+    """Small states (``mean(x^2)`` near eps: the scale is recovered) and large ones (it is not, and does not
+    matter): the model's own final norm maps the rebuilt state back onto the saved one."""
+    from engine.extract.convert import final_norm_weight, unnormalize
+
+    w, eps = final_norm_weight(str(tiny))
+    assert eps == hf.config.rms_norm_eps and torch.equal(w.float(), hf.model.norm.weight)
+    torch.manual_seed(0)
+    x = torch.randn(50, hf.config.hidden_size) * scale
+    with torch.no_grad():
+        y = hf.model.norm(x)
+        z = unnormalize(y, w, eps)
+        torch.testing.assert_close(hf.model.norm(z), y, rtol=1e-5, atol=1e-6)
+    if scale == 1e-2:
+        torch.testing.assert_close(z, x, rtol=1e-3, atol=1e-6)
