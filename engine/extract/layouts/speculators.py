@@ -76,9 +76,12 @@ class PreNormLast:
         self._seen.append(args[0])
 
     def collate(self, samples: list[Any]) -> Any:
+        """As :meth:`engine.extract.model.HiddenStates.collate`."""
         return self.inner.collate(samples)
 
     def forward(self, input_ids: Any, attention_mask: Any) -> tuple[Any, Any]:
+        """``(aux [B, T, n_aux*H], pre-norm last [B, T, H])``; raises ExtractError when the final
+        norm did not run exactly once or its input's shape differs from the final state's."""
         self._seen.clear()
         handle = self.norm.register_forward_pre_hook(self._hook)  # only for this call: the model may be shared
         try:
