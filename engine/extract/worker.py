@@ -32,6 +32,7 @@ import numpy as np
 from engine.errors import DatagenError
 from engine.extract.disk import DiskGuard
 from engine.extract.job import ExtractError, ExtractJob
+from engine.extract.layouts import finish_layout, layout_for
 from engine.extract.plan import Batch, make_batches, pending, per_token_bytes, split
 from engine.extract.shards import OutDir
 from engine.extract.source import TokenTable, load_table
@@ -110,8 +111,6 @@ class ShardWriter:
                 self.error = e
 
     def _write(self, tensors: dict[str, Any], entries: list[dict[str, Any]], est_bytes: int, tokens: int, ready: Any) -> None:
-        from safetensors.torch import save_file
-
         if ready is not None:
             ready.synchronize()
         while True:
@@ -120,19 +119,15 @@ class ShardWriter:
             if not ok:
                 raise Stopped("stopped while paused for disk space")
             t0 = time.perf_counter()
-            tmp = self.out.tmp_path()
             try:
-                save_file(tensors, tmp)
-                name = self.out.commit(tmp, entries)
+                size = self.out.layout.write(self.out, tensors, entries)  # temp file(s), fsync, commit
             except OSError as e:
-                tmp.unlink(missing_ok=True)
                 if e.errno == 28:  # ENOSPC despite the guard (another writer on the disk): wait, retry
                     self.status.set_state("paused", f"disk full while writing a shard: {e.strerror}; waiting")
                     if self.stop.wait(10.0):
                         raise Stopped("stopped while paused for disk space") from None
                     continue
                 raise
-            size = os.path.getsize(self.out.path / name)
             self.write_s += time.perf_counter() - t0
             self.guard.note_written(size)
             self.bytes += size
@@ -199,7 +194,7 @@ def run_worker(job: ExtractJob, rank: int = 0, world: int | None = None, local_r
 def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: TokenTable | None, model: Any,
          stop: threading.Event, status: StatusWriter, res: WorkerResult, guard: DiskGuard) -> None:
     t = res.timings
-    out = OutDir(job.out_dir)
+    out = OutDir(job.out_dir, layout_for(job))
     rep = out.recover()
     if any(rep.values()):
         log.warning("worker %d: recovered %s", rank, rep)
@@ -216,17 +211,19 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
     res.skipped_done = share_samples - left_samples
     status.set_totals(share_samples, share_tokens, share_samples - left_samples, share_tokens - left_tokens)
     if not todo:
+        finish_layout(out, table)
         status.set_state("done", "nothing left to do" if share_samples else "no samples for this worker")
         res.state = "done"
         return
     from engine.extract.model import HiddenStates, load_model
 
     t0 = time.perf_counter()
-    hs = HiddenStates(model if model is not None else load_model(job, gpus), job.aux_layers, job.num_layers)
+    hs = out.layout.wrap(HiddenStates(model if model is not None else load_model(job, gpus), job.aux_layers,
+                                      job.num_layers))
     t["load"] = time.perf_counter() - t0
     writer = ShardWriter(out, guard, status, stop)
     status.set_state("running")
-    tok_bytes = per_token_bytes(job.hidden_size, len(job.aux_layers), job.dtype_bytes)
+    tok_bytes = per_token_bytes(job.hidden_size, len(job.aux_layers), job.dtype_bytes, job.layout)
     fwd = prep = blocked = 0.0
     loop0 = time.perf_counter()
     try:
@@ -270,6 +267,7 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
         raise
     t.update(loop=time.perf_counter() - loop0, forward=fwd, prep=prep, blocked=blocked, write=writer.write_s)
     res.samples, res.tokens, res.bytes_written = writer.samples, writer.tokens, writer.bytes
+    finish_layout(out, table)
     res.state = "done"
     status.set_state("done")
 
