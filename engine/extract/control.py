@@ -140,7 +140,8 @@ def reset_for_start(out_dir: str | Path) -> Control:
 
 
 class ControlReader:
-    """A worker's view of the control file, re-read only when its mtime/size changed.
+    """A worker's view of the control file, re-read at every :meth:`read` (a few hundred bytes: no
+    change detection by mtime, whose granularity could hide two quick writes of the same size).
 
     A malformed file keeps the last good control (and ``error`` says why), so a bad hand edit never
     crashes a worker.
@@ -148,25 +149,23 @@ class ControlReader:
 
     def __init__(self, out_dir: str | Path) -> None:
         self.path = control_path(out_dir)
-        self._key: tuple[int, int] | None = None
         self.current = Control()
         self.error = ""
 
     def read(self) -> Control:
-        """The current control (cheap: one ``stat`` when nothing changed)."""
+        """The current control."""
         try:
-            st = self.path.stat()
+            text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            self._key, self.current = None, Control()
+            self.current, self.error = Control(), ""
             return self.current
-        key = (st.st_mtime_ns, st.st_size)
-        if key != self._key:
-            try:
-                self.current = Control.parse(self.path.read_text(encoding="utf-8"), str(self.path))
-                self.error = ""
-            except (OSError, ControlError) as e:
-                self.error = str(e)
-            self._key = key
+        except OSError as e:
+            self.error = str(e)
+            return self.current
+        try:
+            self.current, self.error = Control.parse(text, str(self.path)), ""
+        except ControlError as e:
+            self.error = str(e)
         return self.current
 
 

@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any, Callable
 
-from engine.extract.control import (ControlError, ExtractControl, read_control, reset_for_start, update_control,
+from engine.extract.control import (Control, ControlError, ExtractControl, read_control, reset_for_start, update_control,
                                     write_plan)
 from engine.extract.disk import check_job_fits, fmt_bytes
 from engine.extract.job import ExtractJob, resolve_job
@@ -140,7 +140,8 @@ class ExtractRun:
             poller = GpuPoller()
         self.poller = poller
         self.events: collections.deque[str] = collections.deque(maxlen=events_max)
-        self.commands = ExtractControl(self.job.out_dir, on_change=lambda _c, line: self.say(line))
+        self.commands = ExtractControl(self.job.out_dir, on_change=self._own_change)
+        self._ctl_seen: Control | None = None
         self.info: dict[str, Any] | None = None
         self.final_state: str | None = None
         self.final_reason = ""
@@ -162,6 +163,31 @@ class ExtractRun:
             self._say(line)
         except (OSError, ValueError, RuntimeError):  # a closed terminal; print re-entered from a signal
             pass
+
+    def _own_change(self, c: Control, line: str) -> None:
+        self._ctl_seen = c
+        self.say(line)
+
+    def _watch_control(self) -> None:
+        """Log what another shell (``datagen ctl``) changed in the control file."""
+        try:
+            c = read_control(self.job.out_dir)
+        except ControlError as e:
+            c = self._ctl_seen
+            if c is not None and not any(str(e) in ev for ev in list(self.events)[-3:]):
+                self.say(f"warning: {e}; workers keep the last good control")
+            return
+        old = self._ctl_seen
+        self._ctl_seen = c
+        if old is None or old.seq == c.seq:
+            return
+        if c.paused != old.paused:
+            self.say("extraction " + ("paused" if c.paused else "resumed") + " (control file)")
+        for ds in c.skip:
+            if ds not in old.skip:
+                self.say(f"{ds} skipped (control file): its pending samples are dropped")
+        if c.quit != old.quit and c.quit is not None:
+            self.say(f"quit: {c.quit} (control file)")
 
     # ------------------------------------------------------------------ prepare
     def prepare(self) -> dict[str, Any]:
@@ -193,7 +219,7 @@ class ExtractRun:
             if run_dir.is_dir():
                 (run_dir / "extract.json").write_text(json.dumps({"out_dir": job.out_dir}))
             write_plan(job.out_dir, info["plan"])
-            reset_for_start(job.out_dir)
+            self._ctl_seen = reset_for_start(job.out_dir)
             sd = status_dir(job.out_dir)
             for p in sd.glob("worker-*.json") if sd.is_dir() else []:
                 p.unlink(missing_ok=True)  # a previous run may have had more workers
@@ -284,7 +310,8 @@ class ExtractRun:
         if self._interrupts == 1:
             self.say(f"{name}: stopping workers after their current batch; again to kill them")
             try:
-                update_control(self.job.out_dir, lambda c: replace(c, quit=c.quit or "drain", paused=False))
+                self._ctl_seen = update_control(self.job.out_dir,
+                                                lambda c: replace(c, quit=c.quit or "drain", paused=False))
             except (ControlError, OSError) as e:
                 self.say(f"cannot write the control file ({e}); signalling the workers")
                 self._signal_all(signal.SIGTERM)
@@ -350,6 +377,7 @@ class ExtractRun:
                     if code is not None:
                         self._ended_proc(rank, code)
             self._restart_due()
+            self._watch_control()
             if all(p is None for p in self._procs.values()) and not self._restart_at:
                 return
             if self.progress_s is not None and time.monotonic() - last >= self.progress_s:

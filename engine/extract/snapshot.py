@@ -167,8 +167,10 @@ def worker_view(doc: Mapping[str, Any] | None, rank: int, launcher: LauncherWork
     state = str(doc.get("state") or "starting")
     pid = doc.get("pid")
     reason = str(doc.get("reason") or "")
-    if lw.failed_at is not None or lw.gave_up:
+    last_error = str(doc.get("last_error") or "") or lw.last_error
+    if lw.failed_at is not None or lw.gave_up:  # the launcher saw it end: it knows the exit status
         state, reason = "failed", lw.last_error or reason
+        last_error = lw.last_error or last_error
     elif lw.pid is not None and pid is not None and int(pid) != lw.pid:
         state, pid, reason = "restarting", lw.pid, ""  # the new process has not written its file yet
     running = state == "running"
@@ -180,8 +182,7 @@ def worker_view(doc: Mapping[str, Any] | None, rank: int, launcher: LauncherWork
         tokens_per_s=float(doc.get("tokens_per_s") or 0.0) if running else 0.0,
         batch_size=_i(doc, "batch_size") if running else 0, max_len=_i(doc, "max_len") if running else 0,
         bytes_written=_i(doc, "bytes_written"), reason=reason,
-        last_error=str(doc.get("last_error") or "") or lw.last_error,
-        restarts=max(_i(doc, "restarts"), lw.restarts))
+        last_error=last_error, restarts=max(_i(doc, "restarts"), lw.restarts))
 
 
 def _job_state(views: Sequence[WorkerView], paused: bool, quit_mode: str | None, final: str | None) -> tuple[str, str]:

@@ -83,6 +83,11 @@ class Gate:
             self.drain.set()
         return c
 
+    def aborting(self) -> bool:
+        """True when an abort was asked (never waits: for the batch in hand, which is written before any pause)."""
+        self._read()
+        return self.stop.is_set()
+
     def check(self, flush: Any = None) -> str | None:
         """Before a batch: ``"abort"``/``"drain"`` when the worker should stop, else None. While the
         control says paused, ``flush()`` the shards in hand, report ``paused`` and wait."""
@@ -376,7 +381,7 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
                 tensors[f"{sid}/aux_hidden_states"] = aux_h[k, :n]  # contiguous prefix of row k
                 tensors[f"{sid}/last_hidden_state"] = last_h[k, :n]
             d = time.perf_counter()
-            if gate.check() == "abort":  # the batch in hand is dropped; a rerun redoes it
+            if gate.aborting():  # the batch in hand is dropped; a rerun redoes it
                 quit_mode = "abort"
                 break
             writer.submit(tensors, entries, batch.tokens * tok_bytes, batch.tokens, ready)
