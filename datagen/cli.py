@@ -423,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "(pause/resume/skip DATASET, exclude/include-provider, retry-failed); 1 refused or not applied "
                        "(no engine running for abort, concurrency and a run-wide pause/resume; not confirmed within "
                        "10 s).")
-    c.add_argument("run_dir")
+    c.add_argument("run_dir", help="the run directory (extract-*: the extraction output directory, or a run directory)")
     c.add_argument("verb", choices=["pause", "resume", "skip", "abort", "concurrency", "exclude-provider",
                                     "include-provider", "retry-failed", "extract-pause", "extract-resume",
                                     "extract-skip"])

@@ -45,7 +45,9 @@ class StatusWriter:
     Args:
         out_dir: the job's output directory; rank: the worker's global rank; world: worker count.
         gpus: physical GPU ids it uses; min_interval_s: least seconds between routine writes.
-        restarts: how often the launcher restarted this worker; last_error: the previous run's failure.
+        restarts: how often the launcher restarted this worker (from 1 on, ``bytes_written`` starts
+            from the previous process's file: the job's bytes, up to the last second before it died);
+            last_error: the previous run's failure.
     """
 
     def __init__(self, out_dir: str | Path, rank: int, world: int, gpus: tuple[int, ...] = (),
@@ -61,6 +63,13 @@ class StatusWriter:
             "batch_size": 0, "max_len": 0, "last_error": last_error, "restarts": restarts, "datasets": {},
             "started_at": now, "updated_at": now,
         }
+        if restarts:  # a restarted worker: the bytes its earlier processes wrote still count for the job
+            try:
+                old = json.loads(self.path.read_text())
+                if old.get("worker") == rank:
+                    self.doc["bytes_written"] = int(old.get("bytes_written") or 0)
+            except (OSError, ValueError, TypeError):
+                pass
         self._last_write = 0.0
         self._lock = threading.RLock()
         self._window: collections.deque[tuple[float, int]] = collections.deque()
