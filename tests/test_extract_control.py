@@ -243,24 +243,35 @@ def test_pause_skip_resume_through_the_file_and_ctl(tmp_path: Path, tiny: Path) 
     assert any("to do: 0 samples" in s and "skipped datasets: b" in s for s in said), said
 
 
-def test_quit_drains_then_a_second_quit_aborts(tmp_path: Path, tiny: Path) -> None:
-    cfg, ids, _ = make_job(tmp_path, tiny, n=160, max_tokens=160)
+def _quit_after(cfg: Any, tmp: Path, said: list[str], n_quits: int, pause_first: bool = False
+                ) -> tuple[int, ExtractSnapshot]:
     out = Path(cfg.run.dir) / "extract"
     manifest = out / "manifest.jsonl"
-    said: list[str] = []
 
-    async def quit_after(n_quits: int) -> tuple[int, ExtractSnapshot]:
-        run = new_run(cfg, tmp_path, said)
+    async def drive() -> tuple[int, ExtractSnapshot]:
+        run = new_run(cfg, tmp, said)
         task = asyncio.create_task(run.run())
         start = lines(manifest)
         await until(lambda: lines(manifest) >= start + 2 and (read_workers(out) or [{}])[0].get("state") == "running",
                     what="running")
+        if pause_first:  # from another shell, straight at the output directory; a quit ends the pause
+            p = await asyncio.to_thread(ctl, out, "extract-pause")
+            assert p.returncode == 0 and "extraction paused" in p.stdout, p.stderr
+            await until(lambda: read_workers(out)[0]["state"] == "paused", what="paused")
+            assert run.snapshot().state == "paused"
         for _ in range(n_quits):
             run.commands.quit()
         rc = await asyncio.wait_for(task, 60)
         return rc, run.snapshot()
 
-    rc, snap = asyncio.run(quit_after(1))
+    return asyncio.run(drive())
+
+
+def test_quit_while_paused_drains_and_exits_0(tmp_path: Path, tiny: Path) -> None:
+    cfg, ids, _ = make_job(tmp_path, tiny, n=120, max_tokens=160)
+    out = Path(cfg.run.dir) / "extract"
+    said: list[str] = []
+    rc, snap = _quit_after(cfg, tmp_path, said, 1, pause_first=True)
     assert rc == 0, said
     w = read_workers(out)[0]
     assert w["state"] == "stopped" and "drained" in w["reason"]
@@ -268,7 +279,17 @@ def test_quit_drains_then_a_second_quit_aborts(tmp_path: Path, tiny: Path) -> No
     check_snapshot_matches_files(snap, out)
     drained = len(check_exactly_once(out))
     assert 2 <= drained < len(ids)
-    rc, snap = asyncio.run(quit_after(2))
+    assert any("quit again to abort" in e for e in snap.events)
+
+
+@pytest.mark.slow  # ~30 s on a shared machine: three runs of the tiny model
+def test_second_quit_aborts_and_the_next_start_finishes(tmp_path: Path, tiny: Path) -> None:
+    cfg, ids, _ = make_job(tmp_path, tiny, n=120, max_tokens=160)
+    out = Path(cfg.run.dir) / "extract"
+    said: list[str] = []
+    assert _quit_after(cfg, tmp_path, said, 1)[0] == 0
+    drained = len(check_exactly_once(out))
+    rc, snap = _quit_after(cfg, tmp_path, said, 2)
     assert rc == 130 and snap.state == "stopped" and snap.quit_mode == "abort", said
     assert "aborted" in read_workers(out)[0]["reason"]
     assert drained < len(check_exactly_once(out)) < len(ids)
@@ -277,11 +298,13 @@ def test_quit_drains_then_a_second_quit_aborts(tmp_path: Path, tiny: Path) -> No
 
 
 def test_kill9_worker_shows_failed_restarts_and_output_equals_a_clean_run(tmp_path: Path, tiny: Path) -> None:
-    from engine.extract.launch import run_extract
+    from engine.extract.job import resolve_job
+    from engine.extract.worker import run_worker
 
-    cfg_clean, ids, _ = make_job(tmp_path, tiny, n=80, max_tokens=192, out="clean")
-    assert run_extract(cfg_clean, data=tmp_path / "data", say=lambda s: None) == 0
-    cfg, _, _ = make_job(tmp_path, tiny, n=80, max_tokens=192)
+    torch.set_num_threads(1)
+    cfg_clean, ids, _ = make_job(tmp_path, tiny, n=64, max_tokens=192, out="clean")
+    assert run_worker(resolve_job(cfg_clean, data=tmp_path / "data", device="cpu")).state == "done"  # in process
+    cfg, _, _ = make_job(tmp_path, tiny, n=64, max_tokens=192)
     out = Path(cfg.run.dir) / "extract"
     manifest = out / "manifest.jsonl"
     said: list[str] = []
@@ -292,6 +315,7 @@ def test_kill9_worker_shows_failed_restarts_and_output_equals_a_clean_run(tmp_pa
         await until(lambda: lines(manifest) >= 3 and bool(read_workers(out)), what="first shards")
         pid = read_workers(out)[0]["pid"]
         os.kill(pid, signal.SIGKILL)
+        assert lines(manifest) < len(ids)  # mid-run
         seen: list[ExtractSnapshot] = []
         while not task.done():
             seen.append(run.snapshot())
