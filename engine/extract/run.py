@@ -27,14 +27,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any, Callable
 
-from engine.extract.control import (Control, ControlError, ExtractControl, read_control, reset_for_start, update_control,
-                                    write_plan)
-from engine.extract.disk import check_job_fits, fmt_bytes
+from engine.extract.control import (Control, ControlError, ExtractControl, read_control, reset_for_start,
+                                    update_control, write_plan)
 from engine.extract.job import ExtractJob, resolve_job
-from engine.extract.plan import project
-from engine.extract.shards import OutDir
+from engine.extract.prepare import prepare
 from engine.extract.snapshot import ExtractSnapshot, LauncherWorker, build_snapshot
-from engine.extract.source import load_table
 from engine.extract.status import collect, format_line, gpu_line, read_workers, status_dir
 from engine.proc import runlock
 
@@ -44,53 +41,6 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
-
-
-def prepare(job: ExtractJob, say: Callable[[str], None], check_disk: bool = True,
-            skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Recover the output dir, project the bytes still to write (pending samples of ``skip``
-    datasets left out), check the disk.
-
-    Returns:
-        ``{"samples", "tokens", "projected_bytes", "projected_hidden_bytes"}`` still to do, plus
-        ``"plan"`` (``{dataset: {"samples", "tokens"}}`` of the whole input) and ``"done"`` (the same,
-        already in the manifest).
-
-    Raises:
-        ExtractError: the input cannot be read, or the projection does not fit on the disk.
-    """
-    out = OutDir(job.out_dir)
-    out.recover()
-    table = load_table(job)
-    done = out.done_ids()
-    plan: dict[str, dict[str, int]] = {}
-    already: dict[str, dict[str, int]] = {}
-    left = []
-    for i, sid in enumerate(table.ids):
-        ds, n = table.datasets[i], int(table.lengths[i])
-        p = plan.setdefault(ds, {"samples": 0, "tokens": 0})
-        p["samples"] += 1
-        p["tokens"] += n
-        if sid in done:
-            a = already.setdefault(ds, {"samples": 0, "tokens": 0})
-            a["samples"] += 1
-            a["tokens"] += n
-        elif ds not in skip:
-            left.append(i)
-    proj = project(table.lengths[left], job.hidden_size, len(job.aux_layers), job.dtype_bytes)
-    n_done = sum(a["samples"] for a in already.values())
-    say(f"input: {len(table)} samples ({int(table.lengths.sum())} tokens); already extracted: {n_done}; "
-        f"to do: {proj.samples} samples, {proj.tokens} tokens"
-        + (f"; skipped datasets: {', '.join(skip)}" if skip else "")
-        + (f"; left out: {table.dropped}" if any(table.dropped.values()) else ""))
-    say(f"model {job.model}: H={job.hidden_size}, L={job.num_layers}, aux layers {list(job.aux_layers)} "
-        f"(0-based layer outputs), {job.dtype}; per token {(len(job.aux_layers) + 1)} x {job.hidden_size} x "
-        f"{job.dtype_bytes} B")
-    if check_disk:
-        say(check_job_fits(job.out_dir, proj.total, job.disk_margin_bytes, job.free_bytes)
-            + f" [hidden states {fmt_bytes(proj.hidden_bytes)} + ids/masks/headers {fmt_bytes(proj.overhead_bytes)}]")
-    return {"samples": proj.samples, "tokens": proj.tokens, "projected_bytes": proj.total,
-            "projected_hidden_bytes": proj.hidden_bytes, "plan": plan, "done": already}
 
 
 def _signal_name(code: int) -> str:
