@@ -341,3 +341,32 @@ def test_kill9_worker_shows_failed_restarts_and_output_equals_a_clean_run(tmp_pa
         a, b = got[got.index(sid)], ref[ref.index(sid)]
         for k in ("input_ids", "loss_mask", "aux_hidden_states", "last_hidden_state"):
             assert torch.equal(a[k], b[k]), (sid, k)
+
+
+def test_abort_reaches_a_writer_waiting_for_disk_space(tmp_path: Path) -> None:
+    """A shard waiting for disk space (stated free 0) holds the worker in ``flush``; a second quit
+    (abort) through the control file ends the wait without writing. Before: the wait only ended on space."""
+    import threading
+
+    from engine.extract.disk import DiskGuard
+    from engine.extract.gate import Gate
+    from engine.extract.status import StatusWriter
+    from engine.extract.worker import ShardWriter, Stopped
+
+    out = OutDir(tmp_path)
+    status = StatusWriter(tmp_path, 0, 1)
+    stop = threading.Event()
+    gate = Gate(ControlReader(tmp_path), status, stop)
+    writer = ShardWriter(out, DiskGuard(tmp_path, 0, stated_free=0, poll_s=30.0), status, stop, poll=gate.aborting)
+    writer.submit({"x/input_ids": torch.zeros(3, dtype=torch.int64)}, [{"id": "x", "length": 3, "dataset": "a"}], 100, 3)
+    deadline = time.monotonic() + 10
+    while json.loads(status.path.read_text())["state"] != "paused" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "low disk space" in json.loads(status.path.read_text())["reason"]
+    ctl_ = ExtractControl(tmp_path, datasets=["a"])
+    threading.Timer(0.3, lambda: (ctl_.quit(), ctl_.quit())).start()
+    t0 = time.monotonic()
+    with pytest.raises(Stopped, match="disk space"):
+        writer.flush()
+    assert time.monotonic() - t0 < 10  # liveness (the guard polls every 30 s)
+    assert out.read_manifest() == [] and not list(tmp_path.glob("shard-*"))

@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -70,11 +70,15 @@ class WorkerResult:
 class ShardWriter:
     """Background thread writing shards in order; ``submit`` blocks while ``depth`` shards wait.
 
-    Errors in the thread are re-raised by the next :meth:`submit` or by :meth:`close`.
+    Errors in the thread are re-raised by the next :meth:`submit` or by :meth:`close`. ``poll`` is
+    called about every 0.5 s while the caller waits in :meth:`submit` or :meth:`flush` (the worker's
+    :meth:`Gate.aborting`, so an abort reaches a writer waiting for disk space).
     """
 
-    def __init__(self, out: OutDir, guard: DiskGuard, status: StatusWriter, stop: threading.Event, depth: int = 1) -> None:
+    def __init__(self, out: OutDir, guard: DiskGuard, status: StatusWriter, stop: threading.Event, depth: int = 1,
+                 poll: Callable[[], Any] | None = None) -> None:
         self.out, self.guard, self.status, self.stop = out, guard, status, stop
+        self.poll = poll
         self.q: queue.Queue[Any] = queue.Queue(maxsize=depth)
         self.error: BaseException | None = None
         self.write_s = 0.0
@@ -94,10 +98,18 @@ class ShardWriter:
                 return
             except queue.Full:
                 self._raise()
+                if self.poll is not None:
+                    self.poll()
 
     def flush(self) -> None:
         """Wait until every queued shard is written (or dropped after a stop); re-raise the thread's error."""
-        self.q.join()
+        while True:
+            with self.q.all_tasks_done:
+                if not self.q.unfinished_tasks:
+                    break
+                self.q.all_tasks_done.wait(0.5)
+            if self.poll is not None:
+                self.poll()
         self._raise()
 
     def close(self) -> None:
@@ -284,7 +296,7 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
     t["load"] = time.perf_counter() - t0
     if gate.check() is not None:  # a quit while the model loaded
         raise Stopped("quit before the first batch")
-    writer = ShardWriter(out, guard, status, stop)
+    writer = ShardWriter(out, guard, status, stop, poll=gate.aborting)
     status.set_state("running")
     quit_mode: str | None = None
     tok_bytes = per_token_bytes(job.hidden_size, len(job.aux_layers), job.dtype_bytes)
