@@ -298,7 +298,7 @@ def _cmd_make_tokenizer(args: argparse.Namespace) -> int:
 
 
 def _cmd_ctl_extract(args: argparse.Namespace) -> int:
-    from engine.extract.control import ControlError, send as send_extract
+    from engine.extract.control import send as send_extract
 
     if args.value is not None or (args.verb == "extract-skip") != (args.dataset is not None):
         print(f"error: usage: datagen ctl OUT_OR_RUN_DIR {args.verb}" + (" DATASET" if args.verb == "extract-skip" else ""),
@@ -306,7 +306,7 @@ def _cmd_ctl_extract(args: argparse.Namespace) -> int:
         return 1
     try:
         result = send_extract(Path(args.run_dir), args.verb, args.dataset)
-    except (ValueError, ControlError) as e:
+    except ValueError as e:  # a missing or unknown dataset (ControlError: main)
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(result.text, file=sys.stdout if result.ok else sys.stderr)
