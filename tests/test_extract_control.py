@@ -203,6 +203,16 @@ def test_pause_skip_resume_through_the_file_and_ctl(tmp_path: Path, tiny: Path) 
 
     async def drive() -> tuple[int, ExtractSnapshot, ExtractSnapshot, int]:
         run = new_run(cfg, tmp_path, said, workers=2)
+        gaps: list[float] = []
+
+        async def ticker() -> None:  # the event loop stays free while the run prepares and supervises
+            last = time.monotonic()
+            while True:
+                await asyncio.sleep(0.02)
+                gaps.append(time.monotonic() - last)
+                last = time.monotonic()
+
+        tick = asyncio.create_task(ticker())
         task = asyncio.create_task(run.run())
         await until(lambda: lines(manifest) >= 3, what="first shards")
         run.commands.pause()  # the dashboard's key
@@ -221,6 +231,8 @@ def test_pause_skip_resume_through_the_file_and_ctl(tmp_path: Path, tiny: Path) 
         p = await asyncio.to_thread(ctl, out, "extract-resume")
         assert p.returncode == 0 and "resumed" in p.stdout, p.stderr
         rc = await asyncio.wait_for(task, 120)
+        tick.cancel()
+        assert len(gaps) > 100 and max(gaps) < 2.0, max(gaps)  # liveness, generous: never blocked for long
         return rc, snap, run.snapshot(), b_at_skip
 
     rc, _, end, b_at_skip = asyncio.run(drive())

@@ -290,7 +290,7 @@ class ExtractRun:
             ExtractError / DirectoryInUse: from :meth:`prepare` (nothing started).
         """
         try:
-            info = self.prepare()
+            info = self.info if self.info is not None else await asyncio.to_thread(self.prepare)  # reads the input
             self._started = time.monotonic()
             if info["samples"] == 0:
                 self.say("nothing to do: every sample is already in the manifest"
