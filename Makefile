@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv demo test slow bench chaos clean
+.PHONY: venv demo test slow bench chaos clean train-venv train-check
 
 $(BIN)/datagen: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -44,7 +44,29 @@ bench: venv
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(TRAIN_VENV) runs
+
+# Trainer check (issue 13): speculators==0.9.0 pins transformers<=5.19 and needs torchvision/torchaudio, so it lives in
+# its own venv. The test builds speculators' own dataset, collate and EAGLE-3 drafter over our `speculators` layout
+# and runs a few optimizer steps on CPU against the tiny verifier (tests/test_train_check_speculators.py).
+TRAIN_VENV ?= .venv-train
+TBIN := $(TRAIN_VENV)/bin
+
+$(TBIN)/speculators: pyproject.toml
+	$(PY) -m venv $(TRAIN_VENV)
+	$(TBIN)/pip install --quiet --upgrade pip
+	$(TBIN)/pip install --quiet torch==2.13.0 || echo "torch==2.13.0 CPU wheel not found locally; pip will pick a torch build"
+	$(TBIN)/pip install --quiet torch==2.13.0 -e '.[dev,train-check]'
+	# speculators declares torchvision/torchaudio but never imports them; PyPI's torchvision is a CUDA build
+	# whose ops do not register against the CPU torch ("operator torchvision::nms does not exist") and
+	# transformers imports torchvision whenever it is installed: remove both.
+	$(TBIN)/pip uninstall --quiet -y torchvision torchaudio
+	touch $(TBIN)/speculators
+
+train-venv: $(TBIN)/speculators
+
+train-check: train-venv
+	$(TBIN)/python -m pytest -q -x -p no:cacheprovider tests/test_train_check_speculators.py
 
 # The long robustness suite (issue 7): 20 kill -9 chaos, a ten-minute fault soak, 2,000 streams in flight.
 chaos: venv

@@ -370,6 +370,14 @@ def _cmd_ctl(args: argparse.Namespace) -> int:
 
 
 def _cmd_extract(args: argparse.Namespace) -> int:
+    if args.convert:
+        from engine.extract.convert_cli import run_convert
+
+        return run_convert(args.convert, args.to, out=args.convert_out, model=args.model,
+                           delete_source=args.delete_source)
+    if not args.config:
+        print("error: datagen extract needs CONFIG (or --convert OUT --to LAYOUT)", file=sys.stderr)
+        return 1
     from engine.extract.launch import run_extract
 
     cfg = load_config(args.config, check_files=False)
@@ -437,12 +445,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_cmd_ctl)
 
     xt = sub.add_parser("extract", help="run the target model over the token records and save EAGLE-3 hidden states")
-    xt.add_argument("config", help="path of config.toml (its [extract] section)")
+    xt.add_argument("config", nargs="?", help="path of config.toml (its [extract] section)")
     xt.add_argument("--gpus", help="comma-separated GPU ids to use (default: all visible)")
     xt.add_argument("--workers", type=int, help="worker processes (default: GPUs // gpus_per_worker, 1 on CPU)")
     xt.add_argument("--data", help="a `tokens` Parquet export (dir or file) instead of the run directory")
     xt.add_argument("--free-bytes", type=int, help="assume this much free disk space (bytes) instead of asking the OS")
     xt.add_argument("--progress-s", type=float, default=5.0, help=argparse.SUPPRESS)
+    xt.add_argument("--convert", metavar="OUT", help="rewrite the shards in OUT into another layout (no model run)")
+    xt.add_argument("--to", choices=["speculators", "specforge"], help="with --convert: the layout to write")
+    xt.add_argument("--convert-out", metavar="DIR", help="with --convert: destination (default OUT-<layout> beside OUT)")
+    xt.add_argument("--model", help="with --convert --to speculators: model dir for the final norm (default: job.json's)")
+    xt.add_argument("--delete-source", action="store_true", help="with --convert: delete each shard once converted")
     xt.set_defaults(func=_cmd_extract)
 
     ex = sub.add_parser("export", help="export stored results (exit 0 exported, 1 nothing exported, 2 error)")

@@ -321,6 +321,11 @@ class ExtractSection(_Strict):
             job refuses to start when the projected bytes exceed free space minus this margin, and
             workers pause while free space is under it.
         trust_remote_code: passed to transformers (models with custom code, e.g. Kimi-K2.5).
+        layout: how the hidden states are written (README "Hidden-state layouts"): ``shards``
+            (default: this project's shards, read by ``engine.extract.loader``), ``speculators``
+            (vLLM speculators' offline EAGLE-3 data: ``hidden_states/hs_{i}.safetensors`` + its
+            preprocessed dataset) or ``specforge`` (SpecForge's offline EAGLE-3 files
+            ``rows_*/data_{i}.ckpt``).
     """
 
     model: str | None = None
@@ -334,6 +339,7 @@ class ExtractSection(_Strict):
     out_dir: Path | None = None
     disk_margin_gb: float = Field(10.0, ge=0)
     trust_remote_code: bool = False
+    layout: Literal["shards", "speculators", "specforge"] = "shards"
 
     @field_validator("aux_layers")
     @classmethod

@@ -204,10 +204,10 @@ def test_a_worker_status_without_a_pid_is_not_taken_for_alive(tmp_path):
 
 def test_one_loopback_predicate_for_the_client_and_the_key_check():
     from engine import loopback
-    from engine.run import runner
+    from engine.run import apikey
     from engine.client import chat
 
-    assert runner.is_loopback_url is loopback.is_loopback_url and chat.is_loopback_host is loopback.is_loopback_host
+    assert apikey.is_loopback_url is loopback.is_loopback_url and chat.is_loopback_host is loopback.is_loopback_host
     for url in ("http://localhost:8000/v1", "http://api.localhost/v1", "http://LOCALHOST./v1",
                 "http://127.0.0.9/v1", "http://[::1]:9/v1", "http://[::ffff:127.0.0.1]/v1"):
         assert loopback.is_loopback_url(url), url

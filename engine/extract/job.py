@@ -103,6 +103,7 @@ class ExtractJob:
         workers: number of worker processes (world size when not under torchrun).
         disk_margin_bytes: bytes always kept free; free_bytes: stated free space (tests) or None.
         trust_remote_code: passed to transformers.
+        layout: output layout, ``shards`` | ``speculators`` | ``specforge`` (:mod:`engine.extract.layouts`).
     """
 
     model: str
@@ -123,6 +124,7 @@ class ExtractJob:
     disk_margin_bytes: int = 10 * 10**9
     free_bytes: int | None = None
     trust_remote_code: bool = False
+    layout: str = "shards"
 
     @property
     def dtype_bytes(self) -> int:
@@ -232,4 +234,5 @@ def resolve_job(cfg: Any, *, data: Path | None = None, gpus: list[int] | None = 
         max_tokens_per_batch=ex.max_tokens_per_batch, max_seq_len=ex.max_seq_len, over_length=ex.over_length,
         device=device, gpus=tuple(avail), gpus_per_worker=ex.gpus_per_worker, workers=n,
         disk_margin_bytes=int(ex.disk_margin_gb * 1e9), free_bytes=free_bytes, trust_remote_code=ex.trust_remote_code,
+        layout=ex.layout,
     )

@@ -100,7 +100,7 @@ class Projection:
 
     Attributes:
         hidden_bytes: sum of lengths x (n_aux + 1) x H x dtype bytes (the hidden states).
-        overhead_bytes: ``input_ids`` (int64) + ``loss_mask`` (int8) per token + header per sample.
+        overhead_bytes: token ids and masks per token + headers per sample (:data:`LAYOUT_OVERHEAD`).
         samples / tokens: what is projected.
     """
 
@@ -114,14 +114,30 @@ class Projection:
         return self.hidden_bytes + self.overhead_bytes
 
 
-def project(lengths: np.ndarray | Sequence[int], hidden_size: int, n_aux: int, dtype_bytes: int) -> Projection:
-    """Bytes the shards of these samples will take (see :class:`Projection`)."""
+#: Bytes besides the hidden states, per layout: (per token, per sample). Shards: input_ids int64 +
+#: loss_mask int8, a safetensors header per sample; speculators: token_ids int64 in ``hs_i`` plus
+#: input_ids and loss_mask int64 in its dataset; specforge: input_ids and loss_mask int64 and
+#: torch.save's zip framing per file (engine/extract/layouts/).
+LAYOUT_OVERHEAD = {"shards": (8 + 1, HEADER_BYTES_PER_SAMPLE), "speculators": (8 + 8 + 8, 2 * 110 + 16),
+                   "specforge": (8 + 8, 1_600)}
+
+
+def _overhead(layout: str) -> tuple[int, int]:
+    try:
+        return LAYOUT_OVERHEAD[layout]
+    except KeyError:
+        raise ValueError(f"unknown layout {layout!r}; expected one of {sorted(LAYOUT_OVERHEAD)}") from None
+
+
+def project(lengths: np.ndarray | Sequence[int], hidden_size: int, n_aux: int, dtype_bytes: int,
+            layout: str = "shards") -> Projection:
+    """Bytes the output files of these samples will take in ``layout`` (see :class:`Projection`)."""
     tokens = int(np.sum(np.asarray(lengths, dtype=np.int64)))
     n = len(lengths)
-    return Projection(tokens * (n_aux + 1) * hidden_size * dtype_bytes,
-                      tokens * (8 + 1) + n * HEADER_BYTES_PER_SAMPLE, n, tokens)
+    per_tok, per_sample = _overhead(layout)
+    return Projection(tokens * (n_aux + 1) * hidden_size * dtype_bytes, tokens * per_tok + n * per_sample, n, tokens)
 
 
-def per_token_bytes(hidden_size: int, n_aux: int, dtype_bytes: int) -> int:
-    """Shard bytes per token (hidden states + input id + mask), without headers."""
-    return (n_aux + 1) * hidden_size * dtype_bytes + 9
+def per_token_bytes(hidden_size: int, n_aux: int, dtype_bytes: int, layout: str = "shards") -> int:
+    """Output bytes per token in ``layout`` (hidden states + token ids + mask), without per-sample framing."""
+    return (n_aux + 1) * hidden_size * dtype_bytes + _overhead(layout)[0]

@@ -17,6 +17,11 @@ temp file, (b) a renamed shard with no manifest line, or (c) a torn last manifes
 :meth:`OutDir.recover` (run by every worker at start, under the lock, when no commit can be half
 done) removes (a) when its process is gone, removes (b) and truncates (c): no partial shard is ever
 listed and every listed sample is readable.
+
+The other output layouts (:mod:`engine.extract.layouts`: one file per sample for speculators or
+SpecForge) use the same directory, lock, manifest and recovery: their manifest lines name the file
+(``"file"``, relative to ``out_dir``) instead of a ``"shard"``, and the layout lists which files on
+disk look committed (:meth:`OutDir.committed`).
 """
 
 from __future__ import annotations
@@ -49,6 +54,11 @@ def shard_name(n: int) -> str:
     return f"shard-{n:05d}.safetensors"
 
 
+def fsync_path(path: Path, directory: bool = False) -> None:
+    """fsync a file (or, ``directory=True``, a directory entry list)."""
+    _fsync_path(path, directory)
+
+
 def _fsync_path(path: Path, directory: bool = False) -> None:
     fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
     try:
@@ -58,10 +68,15 @@ def _fsync_path(path: Path, directory: bool = False) -> None:
 
 
 class OutDir:
-    """The output directory of a job (created if missing)."""
+    """The output directory of a job (created if missing).
 
-    def __init__(self, path: str | Path) -> None:
+    Args:
+        layout: the output layout (:class:`engine.extract.layouts.Layout`); None = shards.
+    """
+
+    def __init__(self, path: str | Path, layout: Any = None) -> None:
         self.path = Path(path)
+        self.layout = layout
         self.path.mkdir(parents=True, exist_ok=True)
         self.manifest = self.path / MANIFEST
         self.host = socket.gethostname().replace("@", "_")
@@ -105,15 +120,23 @@ class OutDir:
                 out[int(m.group(1))] = e.name
         return out
 
+    def committed(self) -> set[str]:
+        """Committed-looking output files on disk (names relative to the directory): the shards,
+        or the layout's per-sample files."""
+        if self.layout is not None and self.layout.per_sample:
+            return self.layout.scan(self.path)
+        return set(self.shards().values())
+
     def done_ids(self) -> set[str]:
-        """Ids of samples in the manifest whose shard exists (a missing shard is logged, its samples redone)."""
-        present = set(self.shards().values())
+        """Ids of samples in the manifest whose file exists (a missing file is logged, its samples redone)."""
+        present = self.committed()
         done, missing = set(), set()
         for e in self.read_manifest():
-            if e.get("shard") in present:
+            f = e.get("file", e.get("shard"))
+            if f in present or (self.layout is None and "file" in e and (self.path / f).is_file()):
                 done.add(e["id"])
             else:
-                missing.add(e.get("shard"))
+                missing.add(f)
         if missing:
             log.warning("%s: %d listed shard(s) missing (%s...): their samples are extracted again",
                         self.path, len(missing), sorted(map(str, missing))[0])
@@ -138,8 +161,8 @@ class OutDir:
                     os.fsync(f.fileno())
                 rep["torn_lines"] = 1
                 log.warning("%s: removed a torn last line (%d bytes)", self.manifest, len(data) - keep)
-            listed = {e.get("shard") for e in self.read_manifest()}
-            for name in self.shards().values():
+            listed = {e.get("file", e.get("shard")) for e in self.read_manifest()}
+            for name in self.committed():
                 if name not in listed:
                     (self.path / name).unlink(missing_ok=True)
                     rep["orphan_shards"] += 1
@@ -187,19 +210,30 @@ class OutDir:
             os.rename(tmp, self.path / name)
             _fsync_path(self.path, directory=True)
             payload = "".join(json.dumps({**e, "shard": name}, ensure_ascii=False) + "\n" for e in entries).encode()
-            fd = os.open(self.manifest, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
-                size = os.fstat(fd).st_size
-                try:
-                    view = memoryview(payload)
-                    while view:
-                        view = view[os.write(fd, view):]
-                    os.fsync(fd)
-                except OSError:
-                    os.ftruncate(fd, size)  # ENOSPC mid-append: leave no partial line behind
-                    (self.path / name).unlink(missing_ok=True)
-                    raise
-            finally:
-                os.close(fd)
+                self.append_locked(payload)
+            except OSError:
+                (self.path / name).unlink(missing_ok=True)
+                raise
             self._next = n + 1
         return name
+
+    def append_locked(self, payload: bytes) -> None:
+        """Append manifest lines in ONE write and fsync (caller holds :meth:`locked`).
+
+        Raises:
+            OSError: the write failed (ENOSPC...); no partial line is left behind.
+        """
+        fd = os.open(self.manifest, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                view = memoryview(payload)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            except OSError:
+                os.ftruncate(fd, size)  # ENOSPC mid-append: leave no partial line behind
+                raise
+        finally:
+            os.close(fd)

@@ -40,6 +40,7 @@ from engine.extract.control import ControlReader
 from engine.extract.gate import Gate
 from engine.extract.disk import DiskGuard
 from engine.extract.job import ExtractError, ExtractJob
+from engine.extract.layouts import finish_layout, layout_for
 from engine.extract.plan import Batch, make_batches, pending, per_token_bytes, split
 from engine.extract.shards import OutDir
 from engine.extract.source import TokenTable, load_table
@@ -138,8 +139,6 @@ class ShardWriter:
                 self.q.task_done()
 
     def _write(self, tensors: dict[str, Any], entries: list[dict[str, Any]], est_bytes: int, tokens: int, ready: Any) -> None:
-        from safetensors.torch import save_file
-
         if ready is not None:
             ready.synchronize()
         while True:
@@ -148,19 +147,15 @@ class ShardWriter:
             if not ok:
                 raise Stopped("stopped while paused for disk space")
             t0 = time.perf_counter()
-            tmp = self.out.tmp_path()
             try:
-                save_file(tensors, tmp)
-                name = self.out.commit(tmp, entries)
+                size = self.out.layout.write(self.out, tensors, entries)  # temp file(s), fsync, commit
             except OSError as e:
-                tmp.unlink(missing_ok=True)
                 if e.errno == 28:  # ENOSPC despite the guard (another writer on the disk): wait, retry
                     self.status.set_state("paused", f"disk full while writing a shard: {e.strerror}; waiting")
                     if self.stop.wait(10.0):
                         raise Stopped("stopped while paused for disk space") from None
                     continue
                 raise
-            size = os.path.getsize(self.out.path / name)
             self.write_s += time.perf_counter() - t0
             self.guard.note_written(size)
             self.bytes += size
@@ -264,7 +259,7 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
          gate: Gate, status: StatusWriter, res: WorkerResult, guard: DiskGuard) -> None:
     stop = gate.stop
     t = res.timings
-    out = OutDir(job.out_dir)
+    out = OutDir(job.out_dir, layout_for(job))
     rep = out.recover()
     if any(rep.values()):
         log.warning("worker %d: recovered %s", rank, rep)
@@ -285,6 +280,7 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
         raise Stopped("quit before the first batch")
     todo = [b for b in (_without(table, b, gate.skipped) for b in todo) if b is not None]
     if not todo:
+        finish_layout(out, table, gate.skipped)
         status.set_state("done", ("nothing left to do" + (" (the rest is skipped)" if gate.skipped else ""))
                          if share_samples else "no samples for this worker")
         res.state = "done"
@@ -292,14 +288,15 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
     from engine.extract.model import HiddenStates, load_model
 
     t0 = time.perf_counter()
-    hs = HiddenStates(model if model is not None else load_model(job, gpus), job.aux_layers, job.num_layers)
+    hs = out.layout.wrap(HiddenStates(model if model is not None else load_model(job, gpus), job.aux_layers,
+                                      job.num_layers))
     t["load"] = time.perf_counter() - t0
     if gate.check() is not None:  # a quit while the model loaded
         raise Stopped("quit before the first batch")
     writer = ShardWriter(out, guard, status, stop, poll=gate.aborting)
     status.set_state("running")
     quit_mode: str | None = None
-    tok_bytes = per_token_bytes(job.hidden_size, len(job.aux_layers), job.dtype_bytes)
+    tok_bytes = per_token_bytes(job.hidden_size, len(job.aux_layers), job.dtype_bytes, job.layout)
     fwd = prep = blocked = 0.0
     loop0 = time.perf_counter()
     try:
@@ -356,6 +353,7 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
         status.set_state("stopped", ("drained: the batches in hand are written" if quit_mode == "drain" else
                                      "aborted after the write in progress") + "; rerun to resume")
         return
+    finish_layout(out, table, gate.skipped)
     res.state = "done"
     status.set_state("done")
 

@@ -1,0 +1,211 @@
+"""Rewrite existing ``shards`` output into the ``speculators`` or ``specforge`` layout, without the model.
+
+``datagen extract --convert OUT --to speculators|specforge`` calls :func:`convert`. It streams:
+one source shard is open at a time, and its samples not yet in the destination are written through
+the destination layout's own commit (temp file -> fsync -> rename under the job lock -> one
+manifest append; :mod:`engine.extract.layouts.base`), so each file appears whole or not at all and a
+second run after ``kill -9`` recovers the destination (removes temp and unlisted files) and converts
+only what is missing: no sample is redone or listed twice. ``delete_source=True`` removes each
+source shard once all its samples are committed in the destination (a 14 TB job need not fit twice).
+
+The final state: shards hold it AFTER the final norm, ``y = w * x / sqrt(mean(x^2) + eps)``, which
+is what SpecForge reads. speculators reads the state BEFORE the norm (``x``) and applies the
+verifier's norm itself. Per token, ``u = y / w`` (``w``: the checkpoint's ``model.norm.weight``) and
+``m = mean(u^2)`` give ``x = u * sqrt(eps / (1 - m))`` (``eps``: the config's ``rms_norm_eps``),
+computed in float64. Where ``1 - m`` is at the rounding level (``mean(x^2) >> eps``) the scale is
+not recoverable, but then it does not matter: RMSNorm is scale-invariant up to ``eps``, and the
+norm's output is insensitive to the scale in proportion to ``1 - m``. Either way
+``norm(z) == y`` and speculators' targets ``lm_head(norm(z))`` are the verifier's logits
+(tests/test_extract_layouts.py checks it to 1e-5); the saved ``z`` may differ from the raw ``x`` in
+scale. A fresh extraction with ``layout = "speculators"`` saves ``x`` itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from engine.extract.disk import fmt_bytes
+from engine.extract.job import ExtractError, ExtractJob
+from engine.extract.layouts import make_layout
+from engine.extract.plan import project
+from engine.extract.shards import OutDir
+
+log = logging.getLogger(__name__)
+
+TARGETS = ("speculators", "specforge")
+
+
+@dataclass
+class ConvertReport:
+    """What one :func:`convert` call did: samples ``converted`` now, ``already`` there before,
+    ``bytes_written`` (destination files), ``shards_deleted`` (with ``delete_source``), ``complete``
+    (every source sample is in the destination and the layout's job-level files are written)."""
+
+    converted: int = 0
+    already: int = 0
+    bytes_written: int = 0
+    shards_deleted: int = 0
+    complete: bool = False
+
+
+def final_norm_weight(model: str) -> tuple[Any, float]:
+    """The final norm's weight ``[H]`` (float64) and epsilon of a local Hugging Face checkpoint
+    directory: the one tensor named ``model.norm.weight`` (any prefix, e.g. Kimi-K2.5's
+    ``language_model.``) and ``rms_norm_eps`` of ``config.json`` (or its ``text_config``).
+
+    Raises:
+        ExtractError: not a local directory, no or several candidates, zeros in the weight, no epsilon.
+    """
+    import torch
+    from safetensors import safe_open
+
+    d = Path(model).expanduser()
+    if not d.is_dir():
+        raise ExtractError(f"converting to speculators reads the final norm weight from the model; {model!r} is not a "
+                           "local model directory (job.json's model; pass --model DIR)")
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = {k: d / f for k, f in weight_map.items()}
+    else:
+        files = {}
+        for f in sorted(d.glob("*.safetensors")):
+            with safe_open(f, framework="pt") as st:
+                files.update({k: f for k in st.keys()})
+    keys = [k for k in files if k == "model.norm.weight" or k.endswith(".model.norm.weight")]
+    if len(keys) != 1:
+        raise ExtractError(f"{d}: expected one final norm weight named '*model.norm.weight', found {keys or 'none'}")
+    with safe_open(files[keys[0]], framework="pt") as st:
+        w = st.get_tensor(keys[0]).to(torch.float64)
+    if bool((w.abs() < 1e-12).any()):
+        raise ExtractError(f"{d}: {keys[0]} has zero entries; the normalized final state cannot be divided by it")
+    try:
+        cfg = json.loads((d / "config.json").read_text())
+        eps = float((cfg.get("text_config") or cfg)["rms_norm_eps"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ExtractError(f"{d / 'config.json'}: no rms_norm_eps ({e})") from None
+    return w, eps
+
+
+def unnormalize(y: Any, w: Any, eps: float) -> Any:
+    """``[T, H]`` final states after an RMSNorm of weight ``w`` -> states ``z`` with ``norm(z) == y``
+    (module doc), in ``y``'s dtype."""
+    import torch
+
+    u = y.to(torch.float64) / w
+    m = (u * u).mean(-1, keepdim=True)
+    scale = torch.sqrt(eps / torch.clamp(1.0 - m, min=1e-12))
+    return (u * scale).to(y.dtype)
+
+
+def _source(src: Path) -> tuple[OutDir, list[dict[str, Any]], ExtractJob | None]:
+    out = OutDir(src)
+    entries = [e for e in out.read_manifest() if "shard" in e]
+    if not entries:
+        raise ExtractError(f"{src}: no shards listed in {out.manifest} (convert reads a `shards` output directory)")
+    job = None
+    if (src / "job.json").is_file():
+        try:
+            job = ExtractJob.from_json((src / "job.json").read_text())
+        except (ValueError, TypeError, KeyError) as e:
+            raise ExtractError(f"{src / 'job.json'}: unreadable ({e})") from None
+        if job.layout != "shards":
+            raise ExtractError(f"{src}: job.json says layout {job.layout!r}; convert reads `shards` output")
+    return out, entries, job
+
+
+def convert(src: str | Path, dst: str | Path, to: str, *, model: str | None = None, delete_source: bool = False,
+            margin_bytes: int = 0, stop: threading.Event | None = None,
+            progress: Callable[[int, int], None] | None = None) -> ConvertReport:
+    """Convert the ``shards`` output in ``src`` into layout ``to`` in ``dst`` (module doc).
+
+    Args:
+        to: ``speculators`` or ``specforge``.
+        model: checkpoint directory for the final norm weight (speculators; default: job.json's model).
+        delete_source: remove each source shard once all its samples are committed in ``dst``.
+        margin_bytes: bytes that must stay free on ``dst``'s file system (checked before starting).
+        stop: set it to stop after the current shard; progress: called ``(done, total)`` samples.
+
+    Raises:
+        ExtractError: bad arguments, unreadable source, a sample's tensors missing, not enough disk.
+    """
+    from safetensors import safe_open
+
+    if to not in TARGETS:
+        raise ExtractError(f"--to {to!r}: expected one of {', '.join(TARGETS)}")
+    src, dst = Path(src).resolve(), Path(dst).resolve()
+    if src == dst:
+        raise ExtractError("--convert: the destination must be another directory than the shards")
+    s_out, entries, job = _source(src)
+    by_id: "OrderedDict[str, dict[str, Any]]" = OrderedDict()
+    for e in entries:
+        by_id[e["id"]] = e  # the last listing of an id wins (as ExtractedDataset reads it)
+    present = set(s_out.shards().values())
+    shards: "OrderedDict[str, list[dict[str, Any]]]" = OrderedDict()
+    for e in by_id.values():
+        shards.setdefault(e["shard"], []).append(e)
+    first = next(iter(shards))
+    with safe_open(src / first, framework="pt") as st:
+        if first not in present:
+            raise ExtractError(f"{src / first}: listed but missing")
+        sid = shards[first][0]["id"]
+        hidden = st.get_slice(f"{sid}/last_hidden_state").get_shape()[-1]
+        n_aux = st.get_slice(f"{sid}/aux_hidden_states").get_shape()[-1] // hidden
+        dtype_bytes = st.get_tensor(f"{sid}/last_hidden_state").element_size()
+    norm_w = None
+    if to == "speculators":
+        if not (model or job):
+            raise ExtractError(f"{src}: no job.json names the model; pass --model DIR (its final norm weight is needed)")
+        norm_w = final_norm_weight(model or job.model)
+        if norm_w[0].shape != (hidden,):
+            raise ExtractError(f"final norm weight {tuple(norm_w[0].shape)} does not match hidden size {hidden}")
+    layout = make_layout(to, hidden, n_aux)
+    d_out = OutDir(dst, layout)
+    rep0 = d_out.recover()
+    if any(rep0.values()):
+        log.warning("convert: recovered %s in %s", rep0, dst)
+    if job is not None:
+        job.with_(layout=to, out_dir=str(dst)).save(dst / "job.json")
+    done = d_out.done_ids()
+    report = ConvertReport(already=len(done & by_id.keys()))
+    left = [e["length"] for e in by_id.values() if e["id"] not in done]
+    need = project(left, hidden, n_aux, dtype_bytes, to).total
+    free = shutil.disk_usage(dst).free
+    if not delete_source and need > free - margin_bytes:
+        raise ExtractError(f"converting {len(left)} samples needs about {fmt_bytes(need)} on {dst} but "
+                           f"{fmt_bytes(free)} is free (margin {fmt_bytes(margin_bytes)}); free space or use --delete-source")
+    total = len(by_id)
+    for name, group in shards.items():
+        todo = [e for e in group if e["id"] not in done]
+        if todo:
+            if stop is not None and stop.is_set():
+                break
+            if name not in present:
+                raise ExtractError(f"{src / name}: listed in the manifest but missing; its samples cannot be converted")
+            tensors: dict[str, Any] = {}
+            with safe_open(src / name, framework="pt") as st:
+                for e in todo:
+                    k = e["id"]
+                    for key in ("input_ids", "loss_mask", "aux_hidden_states", "last_hidden_state"):
+                        tensors[f"{k}/{key}"] = st.get_tensor(f"{k}/{key}")
+                    if norm_w is not None:
+                        tensors[f"{k}/last_hidden_state"] = unnormalize(tensors[f"{k}/last_hidden_state"], *norm_w)
+            clean = [{x: v for x, v in e.items() if x != "shard"} for e in todo]
+            report.bytes_written += layout.write(d_out, tensors, clean)
+            report.converted += len(todo)
+            done.update(e["id"] for e in todo)
+        if delete_source and all(e["id"] in done for e in group) and (src / name).exists():
+            os.unlink(src / name)
+            report.shards_deleted += 1
+        if progress is not None and todo:
+            progress(len(done & by_id.keys()), total)
+    report.complete = layout.finish(d_out, list(by_id), None)
+    return report
