@@ -43,7 +43,7 @@ def prepare(job: ExtractJob, say: Callable[[str], None], check_disk: bool = True
             a["tokens"] += n
         elif ds not in skip:
             left.append(i)
-    proj = project(table.lengths[left], job.hidden_size, len(job.aux_layers), job.dtype_bytes)
+    proj = project(table.lengths[left], job.hidden_size, len(job.aux_layers), job.dtype_bytes, job.layout)
     n_done = sum(a["samples"] for a in already.values())
     say(f"input: {len(table)} samples ({int(table.lengths.sum())} tokens); already extracted: {n_done}; "
         f"to do: {proj.samples} samples, {proj.tokens} tokens"
