@@ -297,9 +297,28 @@ def _cmd_make_tokenizer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_ctl_extract(args: argparse.Namespace) -> int:
+    from engine.extract.control import send as send_extract
+
+    if args.value is not None or (args.verb == "extract-skip") != (args.dataset is not None):
+        print(f"error: usage: datagen ctl OUT_OR_RUN_DIR {args.verb}" + (" DATASET" if args.verb == "extract-skip" else ""),
+              file=sys.stderr)
+        return 1
+    try:
+        result = send_extract(Path(args.run_dir), args.verb, args.dataset)
+    except ValueError as e:  # a missing or unknown dataset (ControlError: main)
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(result.text, file=sys.stdout if result.ok else sys.stderr)
+    return 0 if result.ok else 1
+
+
 def _cmd_ctl(args: argparse.Namespace) -> int:
     from engine.run.ctl import send
     from engine.report.status import collect_status
+
+    if args.verb.startswith("extract-"):
+        return _cmd_ctl_extract(args)
 
     dataset, arg = args.dataset, None
     if args.verb == "concurrency":
@@ -406,14 +425,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("ctl", help="control a run from another shell: pause|resume|skip|abort [DATASET], "
                        "concurrency CLASS N, exclude-provider|include-provider NAME, retry-failed [DATASET] "
-                       "[--reason CLASS]; exits 1 when not applied",
+                       "[--reason CLASS]; extraction: OUT_OR_RUN_DIR extract-pause|extract-resume|extract-skip DATASET; "
+                       "exits 1 when not applied",
                        description="Exit status: 0 applied by the live engine, or saved for the next start "
                        "(pause/resume/skip DATASET, exclude/include-provider, retry-failed); 1 refused or not applied "
                        "(no engine running for abort, concurrency and a run-wide pause/resume; not confirmed within "
                        "10 s).")
-    c.add_argument("run_dir")
+    c.add_argument("run_dir", help="the run directory (extract-*: the extraction output directory, or a run directory)")
     c.add_argument("verb", choices=["pause", "resume", "skip", "abort", "concurrency", "exclude-provider",
-                                    "include-provider", "retry-failed"])
+                                    "include-provider", "retry-failed", "extract-pause", "extract-resume",
+                                    "extract-skip"])
     c.add_argument("dataset", nargs="?", help="dataset (or CLASS for concurrency, NAME for the provider verbs)")
     c.add_argument("value", nargs="?", help="N for concurrency")
     c.add_argument("--yes", action="store_true", help="confirm abort without asking")

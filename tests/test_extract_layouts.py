@@ -31,6 +31,7 @@ from engine.extract.job import resolve_job
 from engine.extract.layouts import make_layout
 from engine.extract.plan import project
 from engine.extract.shards import OutDir
+from engine.proc.pids import pid_alive
 from engine.extract.tiny import build_tiny_model, synth_records
 from engine.extract.worker import run_worker
 from engine.tokens.records import read_parquet_dir, write_parquet
@@ -277,7 +278,7 @@ def test_recover_then_resume_exactly_once(tmp_path: Path, tiny: Path, hf, layout
     calls = [0]
     real = hf.forward
 
-    class Counting:  # stops the worker after its second batch, as SIGTERM would
+    class Counting:  # stops the worker after its second batch is written, as a drain quit would
         def __getattr__(self, name):
             return getattr(hf, name)
 
@@ -287,8 +288,8 @@ def test_recover_then_resume_exactly_once(tmp_path: Path, tiny: Path, hf, layout
                 stop.set()
             return real(*a, **kw)
 
-    res = run_worker(job, model=Counting(), stop=stop)
-    assert res.state == "failed"
+    res = run_worker(job, model=Counting(), drain=stop)
+    assert res.state == "stopped"  # drained: the batches in hand are written
     out = Path(job.out_dir)
     lay = make_layout(layout, job.hidden_size, len(AUX))
     man = OutDir(out).read_manifest()
@@ -416,13 +417,16 @@ def test_kill9_then_restart_exactly_once_speculators(tmp_path: Path, tiny: Path)
     while time.monotonic() < deadline and p.poll() is None:
         if listed() >= 4 and status.exists():
             pid = json.loads(status.read_text())["pid"]
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)  # the worker, mid-run; then the launcher, before it restarts it
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            os.kill(p.pid, signal.SIGKILL)
             break
         time.sleep(0.005)
     assert pid is not None, p.communicate()[0]
     log = p.communicate(timeout=60)[0]
     killed_at = listed()
-    assert p.returncode == 1 and 4 <= killed_at < len(recs), (killed_at, log)
+    assert p.returncode == -signal.SIGKILL and 4 <= killed_at < len(recs), (killed_at, log)
     assert not (out / "state.json").exists()
     p = extract()
     log = p.communicate(timeout=180)[0]

@@ -9,13 +9,14 @@ the workers' status files (:mod:`engine.extract.status`), the job's plan and NVM
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Mapping, Protocol, Sequence
 
 #: Job states: before any worker reported, working, paused by the user, finishing the batches in
 #: hand after a quit, finished, a worker failed for good, stopped before the end (quit or abort).
 JOB_STATES = ("not_started", "loading", "running", "paused", "draining", "done", "failed", "stopped")
 #: Worker states (``restarting``: it died and the launcher starts it again).
-WORKER_STATES = ("starting", "loading", "running", "paused", "draining", "done", "failed", "restarting")
+WORKER_STATES = ("starting", "loading", "running", "paused", "draining", "done", "failed", "restarting", "stopped")
+#: (``stopped``: it quit before the end of its share on a user's quit; a rerun resumes it.)
 
 
 @dataclass(frozen=True)
@@ -127,3 +128,164 @@ class ExtractCommands(Protocol):
         """First call: drain (finish the batches in hand, flush shards, exit 0). Second: abort after
         the current write."""
         ...
+
+
+@dataclass(frozen=True)
+class LauncherWorker:
+    """What the launcher knows of one rank that its status file may not say yet.
+
+    ``pid``: the process it started last; ``restarts``: how often it started it again;
+    ``last_error``: why the previous process ended; ``failed_at``: wall time (epoch s) the launcher saw
+    it die, while a restart is pending (None otherwise); ``gave_up``: no restart left.
+    """
+
+    rank: int
+    pid: int | None = None
+    restarts: int = 0
+    last_error: str = ""
+    failed_at: float | None = None
+    gave_up: bool = False
+
+
+def _i(d: Mapping[str, Any], k: str) -> int:
+    try:
+        return int(d.get(k) or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def worker_view(doc: Mapping[str, Any] | None, rank: int, launcher: LauncherWorker | None = None) -> WorkerView:
+    """One :class:`WorkerView` from a worker's status file (``doc``, as
+    :func:`engine.extract.status.read_workers` returns it; None: not written yet) and the launcher's
+    record. State: ``failed`` while the launcher waits to restart a dead worker, ``restarting`` once the
+    new process is started but has not written its file, ``starting`` before any file."""
+    lw = launcher or LauncherWorker(rank)
+    if doc is None:
+        state = "failed" if lw.failed_at is not None or lw.gave_up else ("restarting" if lw.restarts else "starting")
+        return WorkerView(rank=rank, state=state, pid=lw.pid, last_error=lw.last_error, restarts=lw.restarts,
+                          reason=lw.last_error if state == "failed" else "")
+    state = str(doc.get("state") or "starting")
+    pid = doc.get("pid")
+    reason = str(doc.get("reason") or "")
+    last_error = str(doc.get("last_error") or "") or lw.last_error
+    if lw.failed_at is not None or lw.gave_up:  # the launcher saw it end: it knows the exit status
+        state, reason = "failed", lw.last_error or reason
+        last_error = lw.last_error or last_error
+    elif lw.pid is not None and pid is not None and int(pid) != lw.pid:
+        state, pid, reason = "restarting", lw.pid, ""  # the new process has not written its file yet
+    running = state == "running"
+    return WorkerView(
+        rank=rank, state=state, host=str(doc.get("host") or ""), pid=int(pid) if pid is not None else None,
+        gpus=tuple(int(g) for g in doc.get("gpus") or ()), samples_done=_i(doc, "samples_done"),
+        samples_total=_i(doc, "samples_total"), tokens_done=_i(doc, "tokens_done"),
+        tokens_total=_i(doc, "tokens_total"),
+        tokens_per_s=float(doc.get("tokens_per_s") or 0.0) if running else 0.0,
+        batch_size=_i(doc, "batch_size") if running else 0, max_len=_i(doc, "max_len") if running else 0,
+        bytes_written=_i(doc, "bytes_written"), reason=reason,
+        last_error=last_error, restarts=max(_i(doc, "restarts"), lw.restarts))
+
+
+def _job_state(views: Sequence[WorkerView], paused: bool, quit_mode: str | None, final: str | None) -> tuple[str, str]:
+    if final is not None:
+        return final, ""
+    if not views or all(v.state == "starting" for v in views):
+        return ("loading" if views else "not_started"), ""
+    active = [v for v in views if v.state in ("starting", "loading", "running", "paused", "restarting")]
+    if quit_mode is not None and active:
+        return "draining", ("aborting after the write in progress" if quit_mode == "abort"
+                            else "finishing the batches in hand")
+    if paused and active:
+        busy = sum(v.state == "running" for v in active)
+        return "paused", (f"{busy} worker(s) finishing the batch in hand" if busy else "paused by user")
+    states = {v.state for v in views}
+    for s in ("running", "paused", "loading", "restarting"):
+        if s in states:
+            return s if s != "restarting" else "running", ""
+    if "starting" in states:
+        return "loading", ""
+    if "failed" in states:
+        return "failed", "; ".join(f"worker {v.rank}: {v.last_error or v.reason}" for v in views if v.state == "failed")
+    if "stopped" in states:
+        return "stopped", ""
+    return "done", ""
+
+
+def build_snapshot(*, workers: Sequence[Mapping[str, Any]], world: int, plan: Mapping[str, Mapping[str, int]],
+                   done_at_start: Mapping[str, Mapping[str, int]] | None = None,
+                   launcher: Mapping[int, LauncherWorker] | None = None, paused: bool = False,
+                   skip: Sequence[str] = (), quit_mode: str | None = None, final_state: str | None = None,
+                   final_reason: str = "", gpu_reading: Any = None, host: str = "", out_dir: str = "",
+                   model: str = "", elapsed_s: float = 0.0, bytes_projected: int = 0,
+                   disk_free_bytes: int | None = None, disk_margin_bytes: int = 0,
+                   events: Sequence[str] = ()) -> ExtractSnapshot:
+    """The whole job at one instant, from what the launcher read (pure: no I/O).
+
+    Args:
+        workers: the status files' documents (:func:`engine.extract.status.read_workers`).
+        world: the job's worker count (ranks without a file show as ``starting``).
+        plan: ``{dataset: {"samples", "tokens"}}`` of the whole input (done or not).
+        done_at_start: ``{dataset: {"samples", "tokens"}}`` already in the manifest at start (a floor
+            for the done counts until every worker has reported).
+        launcher: the launcher's record per rank (:class:`LauncherWorker`).
+        paused / skip / quit_mode: the control file (:mod:`engine.extract.control`).
+        final_state / final_reason: set once the run ended (``done``, ``failed``, ``stopped``).
+        gpu_reading: an :class:`engine.extract.gpu.GpuReading` (None: not read).
+        host: this host's name (GPUs join only this host's workers).
+        bytes_projected: bytes the plan projects for what was left at start.
+
+    Returns:
+        An :class:`ExtractSnapshot`: samples/tokens totals are the plan's, less the pending part of
+        skipped datasets; done counts sum the workers' per-dataset counts.
+    """
+    launcher = launcher or {}
+    docs = {_i(d, "worker"): d for d in workers}
+    views = tuple(worker_view(docs.get(r), r, launcher.get(r)) for r in range(max(world, len(docs))))
+    skipped = set(skip)
+    per_done: dict[str, list[int]] = {}
+    for d in workers:
+        for name, ds in (d.get("datasets") or {}).items():
+            acc = per_done.setdefault(name, [0, 0])
+            acc[0] += _i(ds, "samples_done")
+            acc[1] += _i(ds, "tokens_done")
+    floor = done_at_start or {}
+    datasets = []
+    for name in list(plan) + [n for n in per_done if n not in plan]:
+        tot = plan.get(name, {})
+        sd = max(per_done.get(name, [0, 0])[0], _i(floor.get(name, {}), "samples"))
+        td = max(per_done.get(name, [0, 0])[1], _i(floor.get(name, {}), "tokens"))
+        datasets.append(DatasetExtractView(name, sd, max(_i(tot, "samples"), sd), td, max(_i(tot, "tokens"), td),
+                                           name in skipped))
+    samples_done = sum(d.samples_done for d in datasets)
+    tokens_done = sum(d.tokens_done for d in datasets)
+    samples_total = sum(d.samples_done if d.skipped else d.samples_total for d in datasets)
+    tokens_total = sum(d.tokens_done if d.skipped else d.tokens_total for d in datasets)
+    if not datasets:  # no plan (another shell, an old job): the workers' sums
+        samples_done = sum(v.samples_done for v in views)
+        tokens_done = sum(v.tokens_done for v in views)
+        samples_total = sum(v.samples_total for v in views)
+        tokens_total = sum(v.tokens_total for v in views)
+    state, reason = _job_state(views, paused, quit_mode, final_state)
+    reason = final_reason or reason
+    tps = round(sum(v.tokens_per_s for v in views), 1)
+    left = max(0, tokens_total - tokens_done)
+    eta = 0.0 if left == 0 and state == "done" else (round(left / tps, 1) if tps > 0 else None)
+    owner: dict[int, int] = {}
+    for v in sorted(views, key=lambda v: v.state not in ("loading", "running", "paused")):
+        if v.host in ("", host):
+            for g in v.gpus:
+                owner.setdefault(g, v.rank)
+    gpus: tuple[GpuRow, ...] = ()
+    gpu_reason = ""
+    if gpu_reading is not None:
+        gpu_reason = str(getattr(gpu_reading, "reason", "") or "")
+        gpus = tuple(GpuRow(index=g.index, name=g.name, util_pct=g.util_pct, mem_used_bytes=g.mem_used_bytes,
+                            mem_total_bytes=g.mem_total_bytes, temp_c=g.temp_c, power_w=g.power_w,
+                            power_limit_w=g.power_limit_w, worker=owner.get(g.index))
+                     for g in getattr(gpu_reading, "gpus", ()))
+    return ExtractSnapshot(
+        state=state, out_dir=out_dir, model=model, reason=reason, elapsed_s=round(elapsed_s, 1),
+        samples_done=samples_done, samples_total=samples_total, tokens_done=tokens_done, tokens_total=tokens_total,
+        tokens_per_s=tps, eta_s=eta, bytes_written=sum(v.bytes_written for v in views),
+        bytes_projected=bytes_projected, disk_free_bytes=disk_free_bytes, disk_margin_bytes=disk_margin_bytes,
+        workers=views, datasets=tuple(datasets), gpus=gpus, gpu_reason=gpu_reason, events=tuple(events),
+        quit_mode=quit_mode)

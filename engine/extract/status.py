@@ -1,10 +1,14 @@
 """Extraction progress: one small JSON file per worker, and the job-wide view.
 
 Each worker rewrites ``out_dir/status/worker-<rank>.json`` atomically (temp + rename) at most once
-a second and at every state change: ``state`` (``loading running paused done failed``),
-``reason``, ``samples_done/total`` and ``tokens_done/total`` (its share; done includes samples
-found done at start), ``tokens_per_s`` (last ~30 s), ``bytes_written``, ``eta_s``, ``gpus``
-(physical ids), ``host``, ``pid``, ``updated_at`` (epoch s). Any process reads them with
+a second and at every state change: ``state`` (``loading running paused stopped done failed``;
+``stopped``: it quit before the end of its share, on a user's quit), ``reason``, ``samples_done/total``
+and ``tokens_done/total`` (its share, less the pending samples of skipped datasets; done includes
+samples found done at start), ``tokens_per_s`` (over the last minute), ``bytes_written``, ``eta_s``,
+``batch_size`` (samples) and ``max_len`` (tokens) of the batch in hand (0 between batches),
+``last_error`` (the last failure's message, kept across the launcher's restarts), ``restarts``,
+``datasets`` (``{name: {samples_total, samples_done, tokens_total, tokens_done, skipped}}``, its
+share per dataset), ``gpus`` (physical ids), ``host``, ``pid``, ``updated_at`` (epoch s). Any process reads them with
 :func:`collect` (no lock, no store); :func:`gpus_json` adds NVML readings from :mod:`engine.extract.gpu`.
 """
 
@@ -23,10 +27,12 @@ from typing import Any
 from engine.extract.shards import MANIFEST
 from engine.proc.pids import pid_alive
 
-STATES = ("loading", "running", "paused", "done", "failed")
+STATES = ("loading", "running", "paused", "stopped", "done", "failed")
 ACTIVE = ("loading", "running", "paused")
 #: A worker on another host that has not updated its file for this long is reported as failed.
 STALE_S = 120.0
+#: Seconds of history behind ``tokens_per_s``.
+RATE_WINDOW_S = 60.0
 
 
 def status_dir(out_dir: str | Path) -> Path:
@@ -39,10 +45,13 @@ class StatusWriter:
     Args:
         out_dir: the job's output directory; rank: the worker's global rank; world: worker count.
         gpus: physical GPU ids it uses; min_interval_s: least seconds between routine writes.
+        restarts: how often the launcher restarted this worker (from 1 on, ``bytes_written`` starts
+            from the previous process's file: the job's bytes, up to the last second before it died);
+            last_error: the previous run's failure.
     """
 
     def __init__(self, out_dir: str | Path, rank: int, world: int, gpus: tuple[int, ...] = (),
-                 device: str = "cpu", min_interval_s: float = 1.0) -> None:
+                 device: str = "cpu", min_interval_s: float = 1.0, restarts: int = 0, last_error: str = "") -> None:
         self.path = status_dir(out_dir) / f"worker-{rank}.json"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.min_interval_s = min_interval_s
@@ -51,8 +60,16 @@ class StatusWriter:
             "worker": rank, "world": world, "host": socket.gethostname(), "pid": os.getpid(), "device": device,
             "gpus": list(gpus), "state": "loading", "reason": "", "samples_total": 0, "samples_done": 0,
             "tokens_total": 0, "tokens_done": 0, "tokens_per_s": 0.0, "bytes_written": 0, "eta_s": None,
+            "batch_size": 0, "max_len": 0, "last_error": last_error, "restarts": restarts, "datasets": {},
             "started_at": now, "updated_at": now,
         }
+        if restarts:  # a restarted worker: the bytes its earlier processes wrote still count for the job
+            try:
+                old = json.loads(self.path.read_text())
+                if old.get("worker") == rank:
+                    self.doc["bytes_written"] = int(old.get("bytes_written") or 0)
+            except (OSError, ValueError, TypeError):
+                pass
         self._last_write = 0.0
         self._lock = threading.RLock()
         self._window: collections.deque[tuple[float, int]] = collections.deque()
@@ -63,33 +80,63 @@ class StatusWriter:
         assert state in STATES, state
         with self._lock:
             self.doc["state"], self.doc["reason"] = state, reason
+            if state == "failed" and reason:
+                self.doc["last_error"] = reason
+            if state != "running":
+                self.doc["batch_size"] = self.doc["max_len"] = 0
             if state == "done":
                 self.doc["eta_s"] = 0.0
             if state == "running":  # the rate counts from here (not model loading or a pause)
                 self._window = collections.deque([(time.monotonic(), self.doc["tokens_done"])])
             self.write(force=True)
 
-    def set_totals(self, samples_total: int, tokens_total: int, samples_done: int, tokens_done: int) -> None:
-        """The worker's share and what of it was already done at start."""
+    def set_totals(self, samples_total: int, tokens_total: int, samples_done: int, tokens_done: int,
+                   datasets: dict[str, dict[str, Any]] | None = None) -> None:
+        """The worker's share and what of it was already done at start (``datasets``: the same per
+        dataset, ``{name: {samples_total, samples_done, tokens_total, tokens_done, skipped}}``)."""
         with self._lock:
             self.doc.update(samples_total=samples_total, tokens_total=tokens_total, samples_done=samples_done,
-                            tokens_done=tokens_done)
+                            tokens_done=tokens_done, datasets=datasets or {})
             self._window = collections.deque([(time.monotonic(), tokens_done)])
             self.write(force=True)
 
-    def add_done(self, samples: int, tokens: int, nbytes: int) -> None:
-        """Count a committed shard; rate over the last ~30 s; written at most every ``min_interval_s``."""
+    def skip_dataset(self, name: str) -> None:
+        """``name`` was skipped: its pending samples leave the worker's totals (written at once)."""
         with self._lock:
-            self._add_done(samples, tokens, nbytes)
+            ds = self.doc["datasets"].get(name)
+            if ds is None or ds.get("skipped"):
+                return
+            ds["skipped"] = True
+            self.doc["samples_total"] -= ds["samples_total"] - ds["samples_done"]
+            self.doc["tokens_total"] -= ds["tokens_total"] - ds["tokens_done"]
+            self.write(force=True)
 
-    def _add_done(self, samples: int, tokens: int, nbytes: int) -> None:
+    def set_batch(self, batch_size: int, max_len: int) -> None:
+        """The batch in hand: ``batch_size`` samples, longest ``max_len`` tokens (0, 0: none)."""
+        with self._lock:
+            self.doc["batch_size"], self.doc["max_len"] = int(batch_size), int(max_len)
+            self.write()
+
+    def add_done(self, samples: int, tokens: int, nbytes: int,
+                 per_dataset: dict[str, tuple[int, int]] | None = None) -> None:
+        """Count a committed shard (``per_dataset``: ``{name: (samples, tokens)}`` of it); rate over
+        the last minute; written at most every ``min_interval_s``."""
+        with self._lock:
+            self._add_done(samples, tokens, nbytes, per_dataset or {})
+
+    def _add_done(self, samples: int, tokens: int, nbytes: int, per_dataset: dict[str, tuple[int, int]]) -> None:
         d = self.doc
         d["samples_done"] += samples
         d["tokens_done"] += tokens
         d["bytes_written"] += nbytes
+        for name, (ns, nt) in per_dataset.items():
+            ds = d["datasets"].setdefault(name, {"samples_total": 0, "samples_done": 0, "tokens_total": 0,
+                                                 "tokens_done": 0, "skipped": False})
+            ds["samples_done"] += ns
+            ds["tokens_done"] += nt
         now = time.monotonic()
         self._window.append((now, d["tokens_done"]))
-        while len(self._window) > 2 and now - self._window[1][0] > 30.0:
+        while len(self._window) > 2 and now - self._window[1][0] > RATE_WINDOW_S:
             self._window.popleft()
         t0, k0 = self._window[0]
         if now > t0:
@@ -130,8 +177,10 @@ def read_workers(out_dir: str | Path) -> list[dict[str, Any]]:
         if w.get("state") in ACTIVE:
             if w.get("host") == host and not pid_alive(int(w.get("pid", -1))):
                 w["state"], w["reason"] = "failed", f"worker process {w.get('pid')} is gone (killed?); rerun to resume"
+                w["last_error"] = w["reason"]
             elif w.get("host") != host and now - float(w.get("updated_at", 0)) > STALE_S:
                 w["state"], w["reason"] = "failed", f"no update for {now - float(w.get('updated_at', 0)):.0f} s"
+                w["last_error"] = w["reason"]
         out.append(w)
     return out
 
@@ -152,7 +201,7 @@ def collect(out_dir: str | Path) -> dict[str, Any]:
         "tokens_total", "tokens_done", "tokens_per_s", "bytes_written", "eta_s", "manifest_samples", "lock"}``
         (``lock``: the live launcher holding ``out_dir/extract.lock``, :meth:`engine.proc.runlock.Holder.as_dict`, or null);
         ``state`` is ``not_started`` when no worker has reported, ``failed`` if any worker failed
-        and none is active, else ``loading``/``running``/``paused`` (any worker) or ``done`` (all).
+        and none is active, ``stopped`` if one quit before its end and none is active, else ``loading``/``running``/``paused`` (any worker) or ``done`` (all).
     """
     ws = read_workers(out_dir)
     try:
@@ -166,6 +215,8 @@ def collect(out_dir: str | Path) -> dict[str, Any]:
         state = next(s for s in ("running", "paused", "loading") if s in states)
     elif "failed" in states:
         state = "failed"
+    elif "stopped" in states:
+        state = "stopped"
     else:
         state = "done"
     reason = "; ".join(f"worker {w['worker']}: {w['reason']}" for w in ws if w.get("reason"))

@@ -7,7 +7,13 @@ with nothing left is never sent to the model), loads the model only if there is 
 batch after batch: collate (right padding + attention mask) -> forward -> slice each sample's real
 positions -> hand the shard to a background writer thread (bounded queue) that waits for disk
 space, writes the temp file and commits it. The next forward runs while the previous shard is
-written. SIGTERM/SIGINT stop after the current batch (its shard is still committed).
+written.
+
+Between batches the worker obeys ``out_dir/control.json`` (:mod:`engine.extract.control`): pause
+(flush the shards in hand, status ``paused``, wait), skip a dataset (its pending samples leave every
+batch not yet started), quit ``drain`` (finish the batch in hand, flush, status ``stopped``, exit 0)
+or ``abort`` (drop what is not being written yet, status ``stopped``). The first SIGTERM/SIGINT is a
+drain, the second an abort.
 
 Run as ``python -m engine.extract.worker --job out_dir/job.json --rank R --world W --local-rank L``
 (the launcher does this), or call :func:`run_worker`.
@@ -25,11 +31,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from engine.errors import DatagenError
+from engine.extract.control import ControlReader
+from engine.extract.gate import Gate
 from engine.extract.disk import DiskGuard
 from engine.extract.job import ExtractError, ExtractJob
 from engine.extract.layouts import finish_layout, layout_for
@@ -63,11 +71,15 @@ class WorkerResult:
 class ShardWriter:
     """Background thread writing shards in order; ``submit`` blocks while ``depth`` shards wait.
 
-    Errors in the thread are re-raised by the next :meth:`submit` or by :meth:`close`.
+    Errors in the thread are re-raised by the next :meth:`submit` or by :meth:`close`. ``poll`` is
+    called about every 0.5 s while the caller waits in :meth:`submit` or :meth:`flush` (the worker's
+    :meth:`Gate.aborting`, so an abort reaches a writer waiting for disk space).
     """
 
-    def __init__(self, out: OutDir, guard: DiskGuard, status: StatusWriter, stop: threading.Event, depth: int = 1) -> None:
+    def __init__(self, out: OutDir, guard: DiskGuard, status: StatusWriter, stop: threading.Event, depth: int = 1,
+                 poll: Callable[[], Any] | None = None) -> None:
         self.out, self.guard, self.status, self.stop = out, guard, status, stop
+        self.poll = poll
         self.q: queue.Queue[Any] = queue.Queue(maxsize=depth)
         self.error: BaseException | None = None
         self.write_s = 0.0
@@ -87,6 +99,19 @@ class ShardWriter:
                 return
             except queue.Full:
                 self._raise()
+                if self.poll is not None:
+                    self.poll()
+
+    def flush(self) -> None:
+        """Wait until every queued shard is written (or dropped after a stop); re-raise the thread's error."""
+        while True:
+            with self.q.all_tasks_done:
+                if not self.q.unfinished_tasks:
+                    break
+                self.q.all_tasks_done.wait(0.5)
+            if self.poll is not None:
+                self.poll()
+        self._raise()
 
     def close(self) -> None:
         """Write everything queued, stop the thread, re-raise its error."""
@@ -101,14 +126,17 @@ class ShardWriter:
     def _run(self) -> None:
         while True:
             item = self.q.get()
-            if item is None:
-                return
-            if self.error is not None:
-                continue  # drain without writing after a failure
             try:
-                self._write(*item)
-            except BaseException as e:  # noqa: BLE001 - handed to the main thread
-                self.error = e
+                if item is None:
+                    return
+                if self.error is not None or self.stop.is_set():
+                    continue  # after a failure or an abort: drop without writing
+                try:
+                    self._write(*item)
+                except BaseException as e:  # noqa: BLE001 - handed to the main thread
+                    self.error = e
+            finally:
+                self.q.task_done()
 
     def _write(self, tensors: dict[str, Any], entries: list[dict[str, Any]], est_bytes: int, tokens: int, ready: Any) -> None:
         if ready is not None:
@@ -133,7 +161,11 @@ class ShardWriter:
             self.bytes += size
             self.samples += len(entries)
             self.tokens += tokens
-            self.status.add_done(len(entries), tokens, size)
+            per: dict[str, tuple[int, int]] = {}
+            for e in entries:
+                ns, nt = per.get(e["dataset"], (0, 0))
+                per[e["dataset"]] = (ns + 1, nt + int(e["length"]))
+            self.status.add_done(len(entries), tokens, size, per)
             return
 
 
@@ -157,18 +189,22 @@ def _to_host(t: Any) -> Any:
 
 def run_worker(job: ExtractJob, rank: int = 0, world: int | None = None, local_rank: int | None = None, *,
                table: TokenTable | None = None, model: Any = None, stop: threading.Event | None = None,
-               guard: DiskGuard | None = None) -> WorkerResult:
+               guard: DiskGuard | None = None, drain: threading.Event | None = None, restarts: int = 0,
+               last_error: str = "") -> WorkerResult:
     """Run worker ``rank`` of ``world`` (default ``job.workers``) to completion.
 
     Args:
         local_rank: index of this worker's GPU group on this host (default ``rank``).
         table: the input, already loaded (default: read from the job's source).
         model: a loaded model to use (default: loaded from ``job.model`` when there is work).
-        stop: set it to stop after the current batch.
+        stop: set it to abort (the batch in hand is dropped; the write in progress completes).
         guard: the disk guard to use (default: ``job``'s margin and stated free space).
+        drain: set it to stop after the batch in hand is written (like a ``drain`` quit).
+        restarts / last_error: what the launcher says about earlier runs of this rank (shown in status).
 
     Returns:
-        A :class:`WorkerResult` (``state`` is ``done``, or ``failed`` when stopped).
+        A :class:`WorkerResult` (``state`` is ``done``, or ``stopped`` after a quit, an abort or a
+        stop while paused for disk space).
 
     Raises:
         ExtractError and anything else that failed the worker (its status says ``failed`` + reason).
@@ -177,22 +213,51 @@ def run_worker(job: ExtractJob, rank: int = 0, world: int | None = None, local_r
     local_rank = rank if local_rank is None else local_rank
     stop = stop or threading.Event()
     gpus = job.gpu_group(local_rank)
-    status = StatusWriter(job.out_dir, rank, world, gpus, job.device)
+    status = StatusWriter(job.out_dir, rank, world, gpus, job.device, restarts=restarts, last_error=last_error)
     res = WorkerResult("loading")
+    gate = Gate(ControlReader(job.out_dir), status, stop, drain)
     try:
         guard = guard or DiskGuard(job.out_dir, job.disk_margin_bytes, job.free_bytes)
-        _run(job, rank, world, gpus, table, model, stop, status, res, guard)
+        _run(job, rank, world, gpus, table, model, gate, status, res, guard)
     except Stopped as e:
-        status.set_state("failed", f"stopped: {e}; rerun to resume")
-        res.state = "failed"
+        status.set_state("stopped", f"{e}; rerun to resume")
+        res.state = "stopped"
     except BaseException as e:
         status.set_state("failed", f"{type(e).__name__}: {e}"[:500])
         raise
     return res
 
 
+def _share_by_dataset(table: TokenTable, mine: list[Batch], done: set[str]) -> dict[str, dict[str, Any]]:
+    per: dict[str, dict[str, Any]] = {}
+    for b in mine:
+        for row in b.rows:
+            d = per.setdefault(table.datasets[row], {"samples_total": 0, "samples_done": 0, "tokens_total": 0,
+                                                     "tokens_done": 0, "skipped": False})
+            n = int(table.lengths[row])
+            d["samples_total"] += 1
+            d["tokens_total"] += n
+            if table.ids[row] in done:
+                d["samples_done"] += 1
+                d["tokens_done"] += n
+    return per
+
+
+def _without(table: TokenTable, batch: Batch, skipped: set[str]) -> Batch | None:
+    """``batch`` less the rows of ``skipped`` datasets (None when nothing is left)."""
+    if not skipped:
+        return batch
+    rows = tuple(r for r in batch.rows if table.datasets[r] not in skipped)
+    if len(rows) == len(batch.rows):
+        return batch
+    if not rows:
+        return None
+    return Batch(rows, max(int(table.lengths[r]) for r in rows), sum(int(table.lengths[r]) for r in rows))
+
+
 def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: TokenTable | None, model: Any,
-         stop: threading.Event, status: StatusWriter, res: WorkerResult, guard: DiskGuard) -> None:
+         gate: Gate, status: StatusWriter, res: WorkerResult, guard: DiskGuard) -> None:
+    stop = gate.stop
     t = res.timings
     out = OutDir(job.out_dir, layout_for(job))
     rep = out.recover()
@@ -209,10 +274,15 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
     left_samples = sum(len(b.rows) for b in todo)
     left_tokens = sum(b.tokens for b in todo)
     res.skipped_done = share_samples - left_samples
-    status.set_totals(share_samples, share_tokens, share_samples - left_samples, share_tokens - left_tokens)
+    status.set_totals(share_samples, share_tokens, share_samples - left_samples, share_tokens - left_tokens,
+                      _share_by_dataset(table, mine, done))
+    if gate.check() == "abort" or gate.drain.is_set():
+        raise Stopped("quit before the first batch")
+    todo = [b for b in (_without(table, b, gate.skipped) for b in todo) if b is not None]
     if not todo:
-        finish_layout(out, table)
-        status.set_state("done", "nothing left to do" if share_samples else "no samples for this worker")
+        finish_layout(out, table, gate.skipped)
+        status.set_state("done", ("nothing left to do" + (" (the rest is skipped)" if gate.skipped else ""))
+                         if share_samples else "no samples for this worker")
         res.state = "done"
         return
     from engine.extract.model import HiddenStates, load_model
@@ -221,15 +291,23 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
     hs = out.layout.wrap(HiddenStates(model if model is not None else load_model(job, gpus), job.aux_layers,
                                       job.num_layers))
     t["load"] = time.perf_counter() - t0
-    writer = ShardWriter(out, guard, status, stop)
+    if gate.check() is not None:  # a quit while the model loaded
+        raise Stopped("quit before the first batch")
+    writer = ShardWriter(out, guard, status, stop, poll=gate.aborting)
     status.set_state("running")
+    quit_mode: str | None = None
     tok_bytes = per_token_bytes(job.hidden_size, len(job.aux_layers), job.dtype_bytes, job.layout)
     fwd = prep = blocked = 0.0
     loop0 = time.perf_counter()
     try:
-        for batch in todo:
-            if stop.is_set():
-                raise Stopped("interrupted")
+        for planned in todo:
+            quit_mode = gate.check(writer.flush)
+            if quit_mode is not None:
+                break
+            batch = _without(table, planned, gate.skipped)
+            if batch is None:
+                continue
+            status.set_batch(len(batch.rows), batch.max_len)
             a = time.perf_counter()
             tensors, entries, samples = _inputs(table, batch)
             input_ids, mask = hs.collate(samples)
@@ -250,6 +328,9 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
                 tensors[f"{sid}/aux_hidden_states"] = aux_h[k, :n]  # contiguous prefix of row k
                 tensors[f"{sid}/last_hidden_state"] = last_h[k, :n]
             d = time.perf_counter()
+            if gate.aborting():  # the batch in hand is dropped; a rerun redoes it
+                quit_mode = "abort"
+                break
             writer.submit(tensors, entries, batch.tokens * tok_bytes, batch.tokens, ready)
             e = time.perf_counter()
             fwd += c - b
@@ -267,7 +348,12 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
         raise
     t.update(loop=time.perf_counter() - loop0, forward=fwd, prep=prep, blocked=blocked, write=writer.write_s)
     res.samples, res.tokens, res.bytes_written = writer.samples, writer.tokens, writer.bytes
-    finish_layout(out, table)
+    if quit_mode is not None:
+        res.state = "stopped"
+        status.set_state("stopped", ("drained: the batches in hand are written" if quit_mode == "drain" else
+                                     "aborted after the write in progress") + "; rerun to resume")
+        return
+    finish_layout(out, table, gate.skipped)
     res.state = "done"
     status.set_state("done")
 
@@ -295,12 +381,14 @@ def _inputs(table: TokenTable, batch: Batch) -> tuple[dict[str, Any], list[dict[
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m engine.extract.worker``: run one worker of a job file. Exit 0 done, 1 failed."""
+    """``python -m engine.extract.worker``: run one worker of a job file. Exit 0 done or stopped (quit), 1 failed."""
     p = argparse.ArgumentParser(prog="python -m engine.extract.worker")
     p.add_argument("--job", required=True, help="job.json written by datagen extract")
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, required=True)
     p.add_argument("--local-rank", type=int, default=None)
+    p.add_argument("--restarts", type=int, default=0, help="how often the launcher restarted this rank")
+    p.add_argument("--last-error", default="", help="the previous run's failure (shown in status)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default on CPU: OMP_NUM_THREADS if set, else cores / workers)")
     a = p.parse_args(argv)
@@ -312,16 +400,21 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(a.threads)
     elif job.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, job.workers)))
-    stop = threading.Event()
+    stop, drain = threading.Event(), threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
-        log.warning("signal %d: stopping after the current batch", signum)
-        stop.set()
+        if drain.is_set():
+            log.warning("signal %d again: aborting after the write in progress", signum)
+            stop.set()
+        else:
+            log.warning("signal %d: stopping after the batch in hand", signum)
+            drain.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        res = run_worker(job, a.rank, a.world, a.local_rank, stop=stop)
+        res = run_worker(job, a.rank, a.world, a.local_rank, stop=stop, drain=drain, restarts=a.restarts,
+                         last_error=a.last_error)
     except ExtractError as e:
         print(f"worker {a.rank}: error: {e}", file=sys.stderr)
         return 1
@@ -331,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("worker %d %s: %d samples, %d tokens, %d bytes, %d batches (%d samples already done); timings %s",
              a.rank, res.state, res.samples, res.tokens, res.bytes_written, res.batches, res.skipped_done,
              {k: round(v, 3) for k, v in res.timings.items()})
-    return 0 if res.state == "done" else 1
+    return 0 if res.state in ("done", "stopped") else 1
 
 
 if __name__ == "__main__":

@@ -47,11 +47,13 @@ def layout_for(job: ExtractJob) -> Layout:
     return make_layout(job.layout, job.hidden_size, len(job.aux_layers))
 
 
-def finish_layout(out: Any, table: Any) -> bool:
+def finish_layout(out: Any, table: Any, skipped: Any = frozenset()) -> bool:
     """Let ``out.layout`` write its job-level files once every sample of ``table`` is saved (the
-    speculators dataset); a no-op for the other layouts. Returns True when the output is complete."""
+    speculators dataset); a no-op for the other layouts. Samples of the ``skipped`` datasets (names;
+    skipped by the user) are not waited for. Returns True when the output is complete."""
     index = {sid: i for i, sid in enumerate(table.ids)}
-    return out.layout.finish(out, list(table.ids), lambda sid: table.tokens(index[sid]))
+    ids = [sid for sid, ds in zip(table.ids, table.datasets) if ds not in skipped]
+    return out.layout.finish(out, ids, lambda sid: table.tokens(index[sid]))
 
 
 __all__ = ["LAYOUT_NAMES", "Layout", "finish_layout", "layout_for", "make_layout"]
