@@ -1,6 +1,6 @@
 """Which failures belong to the run (the account, the route, the config) and which to one prompt.
 
-Pure rules, no I/O; the scheduler applies them (:meth:`engine.run.scheduler.Scheduler._on_failure`).
+Pure rules, no I/O; the scheduler applies them (:meth:`engine.run.failures.Failures.on_failure`).
 
 A failure is **run-wide** when retrying the same prompt later, unchanged, would succeed once the
 account, the route or the configuration is fixed, and every other prompt would meet the same
