@@ -36,7 +36,6 @@ from engine.config import Config
 from engine.extract.gpu import GpuPoller, GpuReading
 from engine.report.progress import final_report
 from engine.report.snapshot import RunSnapshot
-from engine.run.chain import ExtractChain, combined_exit_code
 from tui.actions import DashboardActions, DashboardCommands
 from tui.host import Commands, DashboardHost, EngineHost, InjectedCommands, StaticHost
 from tui.layout import CSS, HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS, parse_keymap
@@ -44,6 +43,7 @@ from tui.logbridge import PaneLogHandler, quiet_terminal_logging
 from tui.terminal import TerminalWatch
 from tui.toasts import Toasts
 from tui.view import DashboardView
+from tui.extract.chain import ChainedExtraction
 from tui.extract.screen import ExtractScreen
 from tui.panes import (
     DatasetsTable, ErrorsPane, GpusPane, HeaderPane, LogPane, ProvidersPane, SamplePane, ThroughputPane,
@@ -73,8 +73,8 @@ class DashboardApp(App[int]):
 
     Attributes:
         host: the :class:`tui.host.DashboardHost` (an :class:`~tui.host.EngineHost` in engine mode).
-        chain: in engine mode with ``[extract] after_run`` other than ``never``, the
-            :class:`~engine.run.chain.ExtractChain` run beside the engine (its view: key ``e``); else None.
+        chained: in engine mode with ``[extract] after_run`` other than ``never``, the
+            :class:`~tui.extract.chain.ChainedExtraction` run beside the engine (its view: key ``e``); else None.
         actions, toasts, view, terminal: the manager objects (see the module docstring).
     """
 
@@ -147,12 +147,9 @@ class DashboardApp(App[int]):
         self.actions = DashboardActions(self, self.host, self.toasts)
         self.terminal = TerminalWatch(self)
         self.view = DashboardView(self, self.actions, self.log_handler)
-        self.chain: ExtractChain | None = None
+        self.chained: ChainedExtraction | None = None
         if self.engine is not None and cfg is not None and cfg.extract.after_run != "never":
-            self.chain = ExtractChain(cfg, say=lambda line: log.info("extract: %s", line), progress_s=None,
-                                      worker_output="file", on_quit=self._chain_quit)
-        self._chain_task: asyncio.Task[int] | None = None
-        self._extract_shown = False
+            self.chained = ChainedExtraction(self, self.engine, cfg, refresh_hz)
 
     # ---- composition ------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -186,12 +183,8 @@ class DashboardApp(App[int]):
             self._engine_task = asyncio.create_task(self.engine.run(), name="engine")
             self.run_worker(self._engine_main(self.engine, self._engine_task), name="engine", group="engine",
                             exit_on_error=False)
-        if self.chain is not None and self.engine is not None:
-            self.install_screen(ExtractScreen(self.chain, self.refresh_hz), name="extract")
-            self._chain_task = asyncio.create_task(self.chain.run(self.engine.snapshot, self._generation_ended),
-                                                   name="extract-chain")
-            self.run_worker(self._chain_main(self._chain_task), name="extract-chain", group="engine",
-                            exit_on_error=False)
+        if self.chained is not None:
+            self.chained.start()
         if self._install_signals:
             self.terminal.add_signal_handlers()
         if not self.is_headless:
@@ -203,13 +196,8 @@ class DashboardApp(App[int]):
         """Whatever ended the app, stop the engine (abort, or the drain already asked for) and wait
         until it has flushed and closed the store, so no aiosqlite thread outlives the loop."""
         self._closing = True
-        chain_task = self._chain_task
-        if chain_task is not None and not chain_task.done() and self.chain is not None:
-            self.chain.request_quit("abort")  # workers stop after the write in progress
-            await asyncio.wait({chain_task}, timeout=60)
-            if not chain_task.done():
-                chain_task.cancel()  # ExtractRun.run kills its workers when cancelled
-                await asyncio.wait({chain_task}, timeout=10)
+        if self.chained is not None:
+            await self.chained.close()
         task, engine = self._engine_task, self.engine
         if task is not None and not task.done() and engine is not None:
             engine.request_quit("drain" if engine.quit_mode == "drain" else "abort")
@@ -234,36 +222,28 @@ class DashboardApp(App[int]):
         self._poll_once()
         if engine.quit_mode or self._exit_when_done or self.terminal_lost or code == 3:
             self.exit(code, return_code=code)
-        elif self._chain_task is not None and not self._chain_task.done():
+        elif self.chained is not None and self.chained.running:
             self.notify(f"generation {self.snapshot.state if self.snapshot else 'ended'}; extraction goes on "
                         "(e: its view)", timeout=10)
         else:
             self.notify(f"run {self.snapshot.state if self.snapshot else 'ended'}; press q to exit", timeout=10)
 
-    # ---- chained extraction ([extract] after_run) -----------------------------------------------
-    def _generation_ended(self) -> int | None:
-        """The generation's exit code once it ended (1 when it raised), else None (for the chain)."""
-        engine = self.engine
-        if engine is None or not engine.finished:
-            return None
-        return engine.exit_code if engine.exit_code is not None else 1
+    # ---- chained extraction ([extract] after_run): tui.extract.chain.ChainedExtraction does the work ----
+    @property
+    def chain(self):
+        """The :class:`~engine.run.chain.ExtractChain` (None without chaining)."""
+        return self.chained.chain if self.chained is not None else None
 
-    def _chain_quit(self, mode: str) -> None:
-        """The extraction view quit: stop generation the same way (drain, then abort)."""
-        if self.engine is not None and not self.engine.finished:
-            self.engine.request_quit(mode)
-            self._exit_when_done = True
+    @property
+    def wants_exit(self) -> bool:
+        """True once an exit waits for the engine or the chain to stop."""
+        return self._exit_when_done
 
-    async def _chain_main(self, task: asyncio.Task[int]) -> None:
-        try:
-            code = await asyncio.shield(task)
-        except Exception as e:  # noqa: BLE001 - say it; generation goes on
-            log.error("chained extraction failed: %s: %s", type(e).__name__, e)
-            code = 1
-        if self._exit_when_done or self.terminal_lost or (self.engine is not None and self.engine.quit_mode):
+    def exit_when_done(self) -> None:
+        """Exit once generation and the chained extraction have both stopped."""
+        self._exit_when_done = True
+        if self.engine is not None and self.engine.finished and not (self.chained and self.chained.running):
             self.exit()
-        else:
-            self.notify(f"extraction ended (exit code {code}); press q to exit", timeout=10)
 
     def on_extract_screen_done(self, message: ExtractScreen.Done) -> None:
         """The extraction view's quit ended extraction: exit once generation has stopped too."""
@@ -271,27 +251,13 @@ class DashboardApp(App[int]):
 
     def action_show_extract(self) -> None:
         """Show the chained extraction's view (generation goes on; ``e`` comes back)."""
-        if self.chain is not None and len(self.screen_stack) == 1:
-            self._extract_shown = True
-            self.push_screen("extract")
+        if self.chained is not None:
+            self.chained.show()
 
     def action_show_generation(self) -> None:
         """Back to the generation view (extraction goes on)."""
-        if isinstance(self.screen, ExtractScreen):
-            self.pop_screen()
-
-    @property
-    def exit_code_now(self) -> int | None:
-        """``datagen run``'s exit code once everything hosted ended: generation's, combined with the
-        chained extraction's (:func:`engine.run.chain.combined_exit_code`); None while running."""
-        engine = self.engine
-        if engine is None or engine.exit_code is None:
-            return None
-        if self.chain is None:
-            return engine.exit_code
-        if self._chain_task is not None and not self._chain_task.done():
-            return None
-        return combined_exit_code(engine.exit_code, self.chain.exit_code if self.chain.exit_code is not None else 130)
+        if self.chained is not None:
+            self.chained.back()
 
     def exit(self, result: Any = None, return_code: int = 0, message: Any = None) -> None:
         """Exit the app; while the hosted engine runs, stop it first (abort, or the drain already
@@ -301,15 +267,16 @@ class DashboardApp(App[int]):
             self._exit_when_done = True
             mode = "drain" if self.engine.quit_mode == "drain" else "abort"
             self.engine.request_quit(mode)
-            if self.chain is not None:
-                self.chain.request_quit(mode)
+            if self.chained is not None:
+                self.chained.hold_exit(mode)
             return
-        if self._chain_task is not None and not self._chain_task.done() and self.chain is not None:
-            self._exit_when_done = True
-            self.chain.request_quit("drain" if self.chain.quit_mode != "abort" else "abort")
-            return
-        if self.chain is not None and self.exit_code_now is not None:
-            result = return_code = self.exit_code_now
+        if self.chained is not None:
+            if self.chained.hold_exit("abort" if self.chained.chain.quit_mode == "abort" else "drain"):
+                self._exit_when_done = True
+                return
+            code = self.chained.exit_code()
+            if code is not None:
+                result = return_code = code
         super().exit(result, return_code, message)
 
     @property
@@ -332,8 +299,8 @@ class DashboardApp(App[int]):
         the engine has flushed and closed the store. ``interrupted`` (a signal or ``"Ctrl-C"``):
         the run exits 130. With an injected source the quit ends the app at once (exit code 0).
         A chained extraction is stopped the same way (``mode``)."""
-        if self.chain is not None:
-            self.chain.request_quit(mode)
+        if self.chained is not None:
+            self.chained.chain.request_quit(mode)
         if not self.host.finished:
             line = self.host.request_quit(mode, interrupted)
             if not self.host.finished:  # the engine stops; _engine_main exits once it has closed
@@ -347,10 +314,8 @@ class DashboardApp(App[int]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Footer state (see :meth:`tui.actions.DashboardActions.check`); ``e`` shows the view it
         switches to, only with a chained extraction."""
-        if action == "show_extract":
-            return self.chain is not None and len(self.screen_stack) == 1
-        if action == "show_generation":
-            return isinstance(self.screen, ExtractScreen)
+        if action in ("show_extract", "show_generation"):
+            return self.chained is not None and self.chained.check(action)
         return self.actions.check(action)
 
     def action_pause_selected(self, name: str | None = None) -> None:
@@ -442,8 +407,8 @@ class DashboardApp(App[int]):
         if snap is not None:
             self.actions.observe(snap)
             self.toasts.announce(snap)
-        if self.chain is not None and self.chain.runs and not self._extract_shown and len(self.screen_stack) == 1:
-            self.action_show_extract()  # the first chained extraction started: show it (e: back)
+        if self.chained is not None:
+            self.chained.observe()  # the first chained extraction started: show it (e: back)
         if self.terminal_lost:
             return  # nobody is looking: skip rendering (panes keep updating under a modal: it shows them)
         try:
@@ -454,7 +419,9 @@ class DashboardApp(App[int]):
     def _render(self, snap: RunSnapshot | None) -> None:
         self.renders += 1
         note = ""
-        if self.engine_finished:
+        if self.engine_finished and self.chained is not None and self.chained.note():
+            note = self.chained.note() or ""
+        elif self.engine_finished:
             note = "run ended: press q to exit"
         elif self.host.quit_mode:
             note = f"quitting ({self.host.quit_mode})…"
@@ -505,6 +472,15 @@ def run_dashboard(cfg: Config, *, exit_on_pause: bool = False, refresh_hz: float
             pass
     if host.exit_code is None:
         return 130  # the app ended without the engine finishing (should not happen)
-    if app.chain is not None:
-        return app.exit_code_now if app.exit_code_now is not None else 130
+    if app.chained is not None:
+        chain = app.chained.chain
+        if chain.runs or chain.left_out:
+            try:
+                print(f"extraction (after_run = \"{chain.mode}\"): exit code {chain.exit_code}, "
+                      f"{len(chain.runs)} extraction run(s)"
+                      + (f"; not extracted: {', '.join(chain.left_out)}" if chain.left_out else ""), flush=True)
+            except OSError:
+                pass
+        code = app.chained.exit_code()
+        return code if code is not None else 130
     return host.exit_code
