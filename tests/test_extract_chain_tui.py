@@ -80,3 +80,19 @@ async def test_views_switch_with_e_and_a_generation_pause_leaves_extraction_runn
     assert app.return_code == app.host.exit_code
     ids = [e["id"] for e in OutDir(out).read_manifest()]
     assert len(ids) == len(set(ids)) >= 5
+
+
+async def test_quit_in_the_extraction_view_drains_generation_too(tmp_path: Path, tiny: Path):
+    cfg = chain_config(tmp_path, tiny, "dataset", slow_prompts=80, latency_ms=250)
+    app = DashboardApp(cfg, gpu_source=lambda: FIXED_GPUS, refresh_hz=10, install_signals=False)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, ExtractScreen), what="the extraction view")
+        assert app.engine is not None and not app.engine.finished  # b7 still generating
+        await pilot.press("q")
+        await until(pilot, lambda: app.engine.quit_mode is not None, 5, what="generation asked to stop")
+        assert app.engine.quit_mode == "drain" and app.chain.quit_mode == "drain"
+        await until(pilot, lambda: not app.is_running, 120, what="app exit")
+    assert app.engine.finished and app.chain.exit_code == 0
+    assert len(app.chain.runs) == 1  # no extraction started after the quit
+    # generation was stopped with prompts left (130); extraction drained (0): the combined code is 130
+    assert app.host.exit_code == 130 and app.return_code == 130
