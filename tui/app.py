@@ -246,8 +246,9 @@ class DashboardApp(App[int]):
             self.exit()
 
     def on_extract_screen_done(self, message: ExtractScreen.Done) -> None:
-        """The extraction view's quit ended extraction: exit once generation has stopped too."""
-        self.exit()
+        """The extraction view's quit ended extraction (or ``q`` once it ended): drain generation
+        too, and exit once it has stopped."""
+        self.begin_quit("drain")
 
     def action_show_extract(self) -> None:
         """Show the chained extraction's view (generation goes on; ``e`` comes back)."""

@@ -101,10 +101,11 @@ class ChainedExtraction:
 
     def exit_code(self) -> int | None:
         """``datagen run``'s exit code once generation and the chain ended, else None."""
-        if self.engine.exit_code is None or self.running:
+        gen = self.generation_ended()
+        if gen is None or self.running:
             return None
         x = self.chain.exit_code
-        return combined_exit_code(self.engine.exit_code, x if x is not None else 130)
+        return combined_exit_code(gen, x if x is not None else 130)
 
     # ---- views --------------------------------------------------------------------------------
     def observe(self) -> None:
