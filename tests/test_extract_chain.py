@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
+import signal
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,12 @@ import pytest
 from engine.config import ConfigError, parse_config
 from engine.extract.shards import OutDir
 from engine.extract.tiny import build_tiny_model
+from engine.extract.job import ExtractError, resolve_job
+from engine.extract.source import iter_source
+from engine.extract.tiny import synth_records
 from engine.run.chain import ExtractChain, combined_exit_code, readiness, run_headless_chained
+from engine.run.chainready import dataset_counts
+from engine.tokens.records import write_parquet
 from engine.tokens.exports import iter_token_records
 from fixtures_tokens import HF_MARKERS, hf_dir
 from helpers import SAMPLES
@@ -85,6 +93,21 @@ def test_after_run_config_needs_model_and_tokenizer(tmp_path: Path) -> None:
         ExtractChain(cfg)
 
 
+def test_dataset_filter_of_the_job_and_its_input(tmp_path: Path, tiny: Path) -> None:
+    recs = synth_records(12, 4, 20, seed=3, datasets=("a", "b", "c"))
+    write_parquet(tmp_path / "data" / "x.parquet", recs)
+    assert {r.dataset for r in iter_source("parquet", tmp_path / "data", ("a", "c"))} == {"a", "c"}
+    assert len(list(iter_source("parquet", tmp_path / "data", ("b",)))) == 4
+    cfg = parse_config({"datasets": [{"name": "a", "path": "a.jsonl"}, {"name": "b", "path": "b.jsonl"}],
+                        "extract": {"model": str(tiny), "aux_layers": [0, 1, 2]}}, tmp_path / "config.toml",
+                       check_files=False)
+    job = resolve_job(cfg, data=tmp_path / "data", device="cpu", datasets=["b"])
+    assert job.datasets == ("b",) and type(job).from_json(job.to_json()) == job
+    assert resolve_job(cfg, data=tmp_path / "data", device="cpu").datasets is None
+    with pytest.raises(ExtractError, match=r"datasets \['zz'\] not in the config's \[\[datasets\]\] \(a, b\)"):
+        resolve_job(cfg, data=tmp_path / "data", device="cpu", datasets=["zz"])
+
+
 # ------------------------------------------------------------------------------------------ real runs
 
 def test_headless_after_run_run_extracts_every_validated_sample(tmp_path: Path, tiny: Path) -> None:
@@ -99,6 +122,8 @@ def test_headless_after_run_run_extracts_every_validated_sample(tmp_path: Path, 
     validated = sorted(r.id for r in iter_token_records(cfg.run.dir))
     assert len(validated) == 9  # 5 + 4, every one validated
     assert sorted(manifest_ids(tmp_path / "run" / "extract")) == validated
+    # (committed, unvalidated, validated, invalid) per dataset, as the "dataset" mode reads them
+    assert dataset_counts(cfg.run.dir, ["b1", "b7"]) == {"b1": (5, 0, 5, 0), "b7": (4, 0, 4, 0)}
     # extraction lines come after generation's final report, prefixed
     assert text.index("extract: extraction of b1, b7 starting") > text.index("completed")
     assert "extract: chained extraction ended: exit code 0" in text
@@ -124,3 +149,30 @@ def test_headless_after_run_dataset_starts_before_generation_ends(tmp_path: Path
     assert len(validated) == 45
     assert sorted(manifest_ids(tmp_path / "run" / "extract")) == validated  # each sample once
     assert "extract: extraction of b1 starting" in text
+
+
+def test_headless_sigint_drains_generation_and_extraction(tmp_path: Path, tiny: Path) -> None:
+    """SIGINT while b1 is being extracted and b7 still generates: both drain, no other extraction
+    starts, exit 130; what was written is each sample once."""
+    cfg = chain_config(tmp_path, tiny, "dataset", slow_prompts=60, latency_ms=250)
+    out = io.StringIO()
+    chains: list[ExtractChain] = []
+
+    async def main() -> int:
+        task = asyncio.create_task(run_headless_chained(cfg, out, install_signals=True, on_chain=chains.append))
+        deadline = time.monotonic() + 90
+        while not (chains and chains[0].current is not None and chains[0].current.info is not None):
+            assert time.monotonic() < deadline and not task.done(), out.getvalue()[-2000:]
+            await asyncio.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+        return await task
+
+    code = asyncio.run(main())
+    text = out.getvalue()
+    chain = chains[0]
+    assert code == 130, text[-3000:]
+    assert chain.quit_mode == "drain" and len(chain.runs) == 1 and chain.starts[0][1] == ("b1",)
+    assert "extract: SIGINT: stopping workers after their current batch" in text
+    assert "SIGINT: draining" in text and "run stopped: SIGINT: interrupted" in text
+    ids = manifest_ids(tmp_path / "run" / "extract")
+    assert len(ids) == len(set(ids)) and all(i.startswith("b1:") for i in ids)
