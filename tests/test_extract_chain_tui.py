@@ -96,3 +96,18 @@ async def test_quit_in_the_extraction_view_drains_generation_too(tmp_path: Path,
     assert len(app.chain.runs) == 1  # no extraction started after the quit
     # generation was stopped with prompts left (130); extraction drained (0): the combined code is 130
     assert app.host.exit_code == 130 and app.return_code == 130
+
+
+async def test_after_run_run_opens_the_extraction_view_once_generation_completed(tmp_path: Path, tiny: Path):
+    cfg = chain_config(tmp_path, tiny, "run")
+    app = DashboardApp(cfg, gpu_source=lambda: FIXED_GPUS, refresh_hz=10, install_signals=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, ExtractScreen), what="the extraction view")
+        assert app.engine.finished and app.engine.exit_code == 0  # generation completed first
+        await until(pilot, lambda: app.chain.exit_code is not None, 120, what="extraction to end")
+        await until(pilot, lambda: app.screen.snapshot is not None and app.screen.snapshot.state == "done", 5,
+                    what="the view to show done")
+        await pilot.press("q")  # the job has ended: exit at once
+        await until(pilot, lambda: not app.is_running, 30, what="app exit")
+    assert app.return_code == 0 and app.chain.exit_code == 0 and len(app.chain.runs) == 1
+    assert len(OutDir(tmp_path / "run" / "extract").read_manifest()) == 9
