@@ -121,7 +121,7 @@ class TokenTable:
                           dict(self.dropped))
 
 
-def _find_run_dir_reader() -> Callable[[Path], Iterator[TokenRecord]]:
+def _find_run_dir_reader() -> Callable[..., Iterator[TokenRecord]]:
     """The run-directory reader (:func:`engine.tokens.exports.iter_token_records`), imported lazily."""
     from engine.tokens.exports import iter_token_records
 
