@@ -326,6 +326,10 @@ class ExtractSection(_Strict):
             (vLLM speculators' offline EAGLE-3 data: ``hidden_states/hs_{i}.safetensors`` + its
             preprocessed dataset) or ``specforge`` (SpecForge's offline EAGLE-3 files
             ``rows_*/data_{i}.ckpt``).
+        after_run: chain extraction after generation in ``datagen run`` (README "Chaining"):
+            ``never`` (default), ``run`` (once the whole run completed with exit 0) or ``dataset``
+            (each dataset as soon as it is done and its token records are validated, while
+            generation goes on). Needs ``model`` and a ``[tokenizer]`` section.
     """
 
     model: str | None = None
@@ -340,6 +344,7 @@ class ExtractSection(_Strict):
     disk_margin_gb: float = Field(10.0, ge=0)
     trust_remote_code: bool = False
     layout: Literal["shards", "speculators", "specforge"] = "shards"
+    after_run: Literal["never", "run", "dataset"] = "never"
 
     @field_validator("aux_layers")
     @classmethod
@@ -462,6 +467,12 @@ class Config(_Strict):
                 raise ValueError(f"classes.{cname}.datasets names unknown dataset(s): {', '.join(unknown)}")
         if not any(c.min_prompt_tokens == 0 for c in self.classes.values()):
             raise ValueError("one class must have min_prompt_tokens = 0 so every prompt has a class")
+        if self.extract.after_run != "never":
+            need = [what for what, ok in (("extract.model (the target model)", self.extract.model),
+                                          ("a [tokenizer] section (extraction reads validated token records)",
+                                           self.tokenizer)) if not ok]
+            if need:
+                raise ValueError(f'extract.after_run = "{self.extract.after_run}" needs ' + " and ".join(need))
         return self
 
     def class_for(self, dataset: str, est_prompt_tokens: int) -> str:

@@ -38,6 +38,7 @@ HELP = [
     ("↑ ↓", "select a dataset (the sample pane follows the selection)"),
     ("i", "details of the selected dataset: full reason, errors by class, log lines, current limits"),
     ("?", "this help"),
+    ("e", "switch between the generation and the extraction view (with [extract] after_run)"),
     ("q", "quit (asks to drain or abort when requests are in flight)"),
 ]
 """Key, explanation: what ``?`` shows."""

@@ -43,6 +43,8 @@ from tui.logbridge import PaneLogHandler, quiet_terminal_logging
 from tui.terminal import TerminalWatch
 from tui.toasts import Toasts
 from tui.view import DashboardView
+from tui.extract.chain import ChainedExtraction
+from tui.extract.screen import ExtractScreen
 from tui.panes import (
     DatasetsTable, ErrorsPane, GpusPane, HeaderPane, LogPane, ProvidersPane, SamplePane, ThroughputPane,
 )
@@ -71,6 +73,8 @@ class DashboardApp(App[int]):
 
     Attributes:
         host: the :class:`tui.host.DashboardHost` (an :class:`~tui.host.EngineHost` in engine mode).
+        chained: in engine mode with ``[extract] after_run`` other than ``never``, the
+            :class:`~tui.extract.chain.ChainedExtraction` run beside the engine (its view: key ``e``); else None.
         actions, toasts, view, terminal: the manager objects (see the module docstring).
     """
 
@@ -92,6 +96,9 @@ class DashboardApp(App[int]):
         Binding("f", "retry_failed", "Retry failed", id="dashboard.retry_failed", show=False),  # in ? and ctrl+p
         Binding("i", "details", "Details", id="dashboard.details", show=False),  # hinted on the table
         Binding("question_mark", "help", "Help", id="dashboard.help"),
+        # With [extract] after_run: the extraction view and back (the footer shows whichever applies).
+        Binding("e", "show_extract", "Extraction", id="dashboard.show_extract"),
+        Binding("e", "show_generation", "Generation", id="dashboard.show_generation"),
         Binding("q", "quit", "Quit", id="dashboard.quit"),
         # Ctrl-C reaches a raw-mode terminal as a key, not SIGINT: it interrupts like SIGINT does.
         Binding("ctrl+c", "interrupt", "Interrupt", show=False, priority=True, id="dashboard.interrupt"),
@@ -140,6 +147,9 @@ class DashboardApp(App[int]):
         self.actions = DashboardActions(self, self.host, self.toasts)
         self.terminal = TerminalWatch(self)
         self.view = DashboardView(self, self.actions, self.log_handler)
+        self.chained: ChainedExtraction | None = None
+        if self.engine is not None and cfg is not None and cfg.extract.after_run != "never":
+            self.chained = ChainedExtraction(self, self.engine, cfg, refresh_hz)
 
     # ---- composition ------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -173,6 +183,8 @@ class DashboardApp(App[int]):
             self._engine_task = asyncio.create_task(self.engine.run(), name="engine")
             self.run_worker(self._engine_main(self.engine, self._engine_task), name="engine", group="engine",
                             exit_on_error=False)
+        if self.chained is not None:
+            self.chained.start()
         if self._install_signals:
             self.terminal.add_signal_handlers()
         if not self.is_headless:
@@ -184,6 +196,8 @@ class DashboardApp(App[int]):
         """Whatever ended the app, stop the engine (abort, or the drain already asked for) and wait
         until it has flushed and closed the store, so no aiosqlite thread outlives the loop."""
         self._closing = True
+        if self.chained is not None:
+            await self.chained.close()
         task, engine = self._engine_task, self.engine
         if task is not None and not task.done() and engine is not None:
             engine.request_quit("drain" if engine.quit_mode == "drain" else "abort")
@@ -208,16 +222,62 @@ class DashboardApp(App[int]):
         self._poll_once()
         if engine.quit_mode or self._exit_when_done or self.terminal_lost or code == 3:
             self.exit(code, return_code=code)
+        elif self.chained is not None and self.chained.running:
+            self.notify(f"generation {self.snapshot.state if self.snapshot else 'ended'}; extraction goes on "
+                        "(e: its view)", timeout=10)
         else:
             self.notify(f"run {self.snapshot.state if self.snapshot else 'ended'}; press q to exit", timeout=10)
 
+    # ---- chained extraction ([extract] after_run): tui.extract.chain.ChainedExtraction does the work ----
+    @property
+    def chain(self):
+        """The :class:`~engine.run.chain.ExtractChain` (None without chaining)."""
+        return self.chained.chain if self.chained is not None else None
+
+    @property
+    def wants_exit(self) -> bool:
+        """True once an exit waits for the engine or the chain to stop."""
+        return self._exit_when_done
+
+    def exit_when_done(self) -> None:
+        """Exit once generation and the chained extraction have both stopped."""
+        self._exit_when_done = True
+        if self.engine is not None and self.engine.finished and not (self.chained and self.chained.running):
+            self.exit()
+
+    def on_extract_screen_done(self, message: ExtractScreen.Done) -> None:
+        """The extraction view's quit ended extraction (or ``q`` once it ended): drain generation
+        too, and exit once it has stopped."""
+        self.begin_quit("drain")
+
+    def action_show_extract(self) -> None:
+        """Show the chained extraction's view (generation goes on; ``e`` comes back)."""
+        if self.chained is not None:
+            self.chained.show()
+
+    def action_show_generation(self) -> None:
+        """Back to the generation view (extraction goes on)."""
+        if self.chained is not None:
+            self.chained.back()
+
     def exit(self, result: Any = None, return_code: int = 0, message: Any = None) -> None:
         """Exit the app; while the hosted engine runs, stop it first (abort, or the drain already
-        asked for) and exit when it has closed the store, so no request or row is left behind."""
+        asked for) and exit when it has closed the store, so no request or row is left behind. A
+        chained extraction is drained likewise; the exit code then combines both."""
         if self.engine is not None and not self.engine.finished:
             self._exit_when_done = True
-            self.engine.request_quit("drain" if self.engine.quit_mode == "drain" else "abort")
+            mode = "drain" if self.engine.quit_mode == "drain" else "abort"
+            self.engine.request_quit(mode)
+            if self.chained is not None:
+                self.chained.hold_exit(mode)
             return
+        if self.chained is not None:
+            if self.chained.hold_exit("abort" if self.chained.chain.quit_mode == "abort" else "drain"):
+                self._exit_when_done = True
+                return
+            code = self.chained.exit_code()
+            if code is not None:
+                result = return_code = code
         super().exit(result, return_code, message)
 
     @property
@@ -238,7 +298,10 @@ class DashboardApp(App[int]):
     def begin_quit(self, mode: str, interrupted: str | None = None) -> None:
         """Quit: exit now if the run has ended, else stop it (``"drain"``/``"abort"``) and exit when
         the engine has flushed and closed the store. ``interrupted`` (a signal or ``"Ctrl-C"``):
-        the run exits 130. With an injected source the quit ends the app at once (exit code 0)."""
+        the run exits 130. With an injected source the quit ends the app at once (exit code 0).
+        A chained extraction is stopped the same way (``mode``)."""
+        if self.chained is not None:
+            self.chained.chain.request_quit(mode)
         if not self.host.finished:
             line = self.host.request_quit(mode, interrupted)
             if not self.host.finished:  # the engine stops; _engine_main exits once it has closed
@@ -250,7 +313,10 @@ class DashboardApp(App[int]):
 
     # ---- actions: keys and command palette call these; tui.actions.DashboardActions does the work ----
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Footer state (see :meth:`tui.actions.DashboardActions.check`)."""
+        """Footer state (see :meth:`tui.actions.DashboardActions.check`); ``e`` shows the view it
+        switches to, only with a chained extraction."""
+        if action in ("show_extract", "show_generation"):
+            return self.chained is not None and self.chained.check(action)
         return self.actions.check(action)
 
     def action_pause_selected(self, name: str | None = None) -> None:
@@ -342,6 +408,8 @@ class DashboardApp(App[int]):
         if snap is not None:
             self.actions.observe(snap)
             self.toasts.announce(snap)
+        if self.chained is not None:
+            self.chained.observe()  # the first chained extraction started: show it (e: back)
         if self.terminal_lost:
             return  # nobody is looking: skip rendering (panes keep updating under a modal: it shows them)
         try:
@@ -352,7 +420,9 @@ class DashboardApp(App[int]):
     def _render(self, snap: RunSnapshot | None) -> None:
         self.renders += 1
         note = ""
-        if self.engine_finished:
+        if self.engine_finished and self.chained is not None and self.chained.note():
+            note = self.chained.note() or ""
+        elif self.engine_finished:
             note = "run ended: press q to exit"
         elif self.host.quit_mode:
             note = f"quitting ({self.host.quit_mode})…"
@@ -403,4 +473,15 @@ def run_dashboard(cfg: Config, *, exit_on_pause: bool = False, refresh_hz: float
             pass
     if host.exit_code is None:
         return 130  # the app ended without the engine finishing (should not happen)
+    if app.chained is not None:
+        chain = app.chained.chain
+        if chain.runs or chain.left_out:
+            try:
+                print(f"extraction (after_run = \"{chain.mode}\"): exit code {chain.exit_code}, "
+                      f"{len(chain.runs)} extraction run(s)"
+                      + (f"; not extracted: {', '.join(chain.left_out)}" if chain.left_out else ""), flush=True)
+            except OSError:
+                pass
+        code = app.chained.exit_code()
+        return code if code is not None else 130
     return host.exit_code

@@ -104,6 +104,8 @@ class ExtractJob:
         disk_margin_bytes: bytes always kept free; free_bytes: stated free space (tests) or None.
         trust_remote_code: passed to transformers.
         layout: output layout, ``shards`` | ``speculators`` | ``specforge`` (:mod:`engine.extract.layouts`).
+        datasets: only these datasets' samples are extracted (None: all); chained extraction
+            (:mod:`engine.run.chain`) passes the datasets whose generation is done and validated.
     """
 
     model: str
@@ -125,6 +127,7 @@ class ExtractJob:
     free_bytes: int | None = None
     trust_remote_code: bool = False
     layout: str = "shards"
+    datasets: tuple[str, ...] | None = None
 
     @property
     def dtype_bytes(self) -> int:
@@ -150,6 +153,8 @@ class ExtractJob:
         d = json.loads(text)
         d["aux_layers"] = tuple(d["aux_layers"])
         d["gpus"] = tuple(d["gpus"])
+        if d.get("datasets") is not None:
+            d["datasets"] = tuple(d["datasets"])
         return cls(**d)
 
     def save(self, path: Path) -> None:
@@ -181,7 +186,8 @@ def visible_gpus() -> list[int]:
 
 
 def resolve_job(cfg: Any, *, data: Path | None = None, gpus: list[int] | None = None, workers: int | None = None,
-                free_bytes: int | None = None, device: str | None = None, shape: ModelShape | None = None) -> ExtractJob:
+                free_bytes: int | None = None, device: str | None = None, shape: ModelShape | None = None,
+                datasets: list[str] | tuple[str, ...] | None = None) -> ExtractJob:
     """Build the job from a loaded :class:`engine.config.Config` and command-line overrides.
 
     Args:
@@ -191,11 +197,18 @@ def resolve_job(cfg: Any, *, data: Path | None = None, gpus: list[int] | None = 
         workers: number of workers (default: GPUs // gpus_per_worker, or 1 on CPU).
         free_bytes: state the free space in bytes instead of asking the file system (tests).
         shape: the model's H and L (default: read from the model config).
+        datasets: extract only these datasets (None: all); each must be one of the config's.
 
     Raises:
-        ExtractError: no model set, aux layers invalid, too few GPUs for one worker, bad input path.
+        ExtractError: no model set, aux layers invalid, too few GPUs for one worker, bad input path,
+            a dataset in ``datasets`` that the config does not name.
     """
     ex = cfg.extract
+    if datasets is not None:
+        names = [d.name for d in cfg.datasets]
+        unknown = [d for d in datasets if d not in names]
+        if unknown:
+            raise ExtractError(f"datasets {unknown} not in the config's [[datasets]] ({', '.join(names)})")
     if not ex.model:
         raise ExtractError("[extract] model is not set (a local model directory or a hub id)")
     shape = shape or read_model_shape(ex.model, ex.trust_remote_code)
@@ -234,5 +247,5 @@ def resolve_job(cfg: Any, *, data: Path | None = None, gpus: list[int] | None = 
         max_tokens_per_batch=ex.max_tokens_per_batch, max_seq_len=ex.max_seq_len, over_length=ex.over_length,
         device=device, gpus=tuple(avail), gpus_per_worker=ex.gpus_per_worker, workers=n,
         disk_margin_bytes=int(ex.disk_margin_gb * 1e9), free_bytes=free_bytes, trust_remote_code=ex.trust_remote_code,
-        layout=ex.layout,
+        layout=ex.layout, datasets=tuple(datasets) if datasets is not None else None,
     )

@@ -57,6 +57,7 @@ class ExtractRun:
         cfg: the validated :class:`engine.config.Config` (``extract`` and ``run`` sections).
         data / gpus / workers / free_bytes: the command line's overrides (see
             :func:`engine.extract.job.resolve_job`); ``job``: an already resolved job instead.
+        datasets: extract only these datasets (None: all; chained extraction, :mod:`engine.run.chain`).
         say: where messages go (headless: print); every message also lands in :attr:`events`.
         progress_s: seconds between progress lines through ``say`` (None: none, for the dashboard).
         max_restarts: restarts per rank after a worker died; restart_delay_s: seconds it shows
@@ -72,13 +73,15 @@ class ExtractRun:
 
     def __init__(self, cfg: Any, *, data: Path | None = None, gpus: list[int] | None = None,
                  workers: int | None = None, free_bytes: int | None = None, job: ExtractJob | None = None,
+                 datasets: list[str] | None = None,
                  say: Callable[[str], None] = print, progress_s: float | None = 5.0, max_restarts: int = 3,
                  restart_delay_s: float = 2.0, worker_output: str = "inherit", poller: Any = None,
                  events_max: int = 200) -> None:
         if worker_output not in ("inherit", "file"):
             raise ValueError(f"worker_output must be 'inherit' or 'file', got {worker_output!r}")
         self.cfg = cfg
-        self.job = job or resolve_job(cfg, data=data, gpus=gpus, workers=workers, free_bytes=free_bytes)
+        self.job = job or resolve_job(cfg, data=data, gpus=gpus, workers=workers, free_bytes=free_bytes,
+                                      datasets=datasets)
         self._say = say
         self.progress_s = progress_s
         self.max_restarts = max_restarts

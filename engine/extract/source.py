@@ -121,16 +121,17 @@ class TokenTable:
                           dict(self.dropped))
 
 
-def _find_run_dir_reader() -> Callable[[Path], Iterator[TokenRecord]]:
+def _find_run_dir_reader() -> Callable[..., Iterator[TokenRecord]]:
     """The run-directory reader (:func:`engine.tokens.exports.iter_token_records`), imported lazily."""
     from engine.tokens.exports import iter_token_records
 
     return iter_token_records
 
 
-def iter_source(kind: str, path: str | Path) -> Iterator[TokenRecord]:
+def iter_source(kind: str, path: str | Path, datasets: tuple[str, ...] | None = None) -> Iterator[TokenRecord]:
     """Records of a source: ``parquet`` (``tokens`` export dir or file) or ``run_dir`` (validated
-    records straight from the run's store).
+    records straight from the run's store); only those of ``datasets`` when given (a run directory's
+    results of those datasets not validated yet are then left out, not validated here).
 
     Raises:
         ExtractError: the input is missing, or run-directory input is not available in this build.
@@ -143,13 +144,14 @@ def iter_source(kind: str, path: str | Path) -> Iterator[TokenRecord]:
                 raise FileNotFoundError(f"{path}: no *.parquet token files")
         except OSError as e:
             raise ExtractError(f"--data: {e}") from None
-        return read_parquet_dir(path)
+        recs = read_parquet_dir(path)
+        return recs if datasets is None else (r for r in recs if r.dataset in datasets)
     if kind == "run_dir":
-        return _find_run_dir_reader()(path)
+        return _find_run_dir_reader()(path) if datasets is None else _find_run_dir_reader()(path, datasets=datasets)
     raise ExtractError(f"unknown input kind {kind!r}")
 
 
 def load_table(job: ExtractJob) -> TokenTable:
     """The job's input as a :class:`TokenTable`, with ``max_seq_len`` applied."""
-    return TokenTable.from_records(iter_source(job.source_kind, job.source_path)).limit_length(
+    return TokenTable.from_records(iter_source(job.source_kind, job.source_path, job.datasets)).limit_length(
         job.max_seq_len, job.over_length)

@@ -122,8 +122,10 @@ async def run_headless(
     exit_on_pause: bool = False,
     install_signals: bool = True,
     on_ready: Callable[[Job], None] | None = None,
+    on_signal: Callable[[str], None] | None = None,
 ) -> int:
     """Run the job printing one progress line per active dataset every ``run.progress_interval_s``.
+    ``on_signal`` is also called with each signal's name (chained extraction stops with it).
 
     Returns the exit code (see module docstring).
     """
@@ -134,8 +136,10 @@ async def run_headless(
     signals_seen = 0
     drains: list[asyncio.Future] = []
 
-    def on_signal(signame: str) -> None:
+    def handle_signal(signame: str) -> None:
         nonlocal signals_seen
+        if on_signal is not None:
+            on_signal(signame)
         action = interrupt_action(signame, signals_seen > 0 or run_stopping(sched))
         signals_seen += 1
         # Act first: the terminal may be gone (SIGHUP, a closed pipe) and printing may fail.
@@ -159,7 +163,7 @@ async def run_headless(
     if install_signals:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             try:
-                loop.add_signal_handler(sig, on_signal, sig.name)
+                loop.add_signal_handler(sig, handle_signal, sig.name)
             except (NotImplementedError, RuntimeError):
                 pass
 

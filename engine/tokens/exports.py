@@ -29,7 +29,7 @@ from __future__ import annotations
 import collections
 import json
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Collection, Iterator
 
 from engine.config import TokenizerSection
 from engine.datasets.roles import specforge_problem
@@ -230,10 +230,13 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
         conn.close()
 
 
-def iter_token_records(run_dir: Path, *, include_invalid: bool = False) -> Iterator[TokenRecord]:
+def iter_token_records(run_dir: Path, *, include_invalid: bool = False,
+                       datasets: Collection[str] | None = None) -> Iterator[TokenRecord]:
     """Validated token records straight from a run directory, dataset by dataset in config order.
 
     Results not validated yet are validated first with the run's stored ``[tokenizer]`` settings.
+    With ``datasets``: only those datasets, and results not validated yet are left out instead (the
+    caller waits for their validation: chained extraction while generation goes on).
 
     Raises:
         engine.tokens.vstore.NoStoreError: no store in ``run_dir``.
@@ -241,12 +244,13 @@ def iter_token_records(run_dir: Path, *, include_invalid: bool = False) -> Itera
     """
     from engine.tokens.service import section_for_run
 
-    section = section_for_run(run_dir)
+    section = section_for_run(run_dir) if datasets is None else None
     if section is not None:
         ensure_validated(run_dir, section)
     conn = vstore.connect(run_dir)
     try:
-        names = [n for (n,) in conn.execute("SELECT name FROM datasets ORDER BY position")]
+        names = [n for (n,) in conn.execute("SELECT name FROM datasets ORDER BY position")
+                 if datasets is None or n in datasets]
         for name in names:
             yield from _token_records(conn, name, include_invalid)
     finally:

@@ -1,0 +1,113 @@
+"""Chained extraction in the generation dashboard (``[extract] after_run = "dataset"``), Textual's
+pilot over the real engine (simulator on 127.0.0.1, real tokenizer) and real extraction workers on
+the tiny model: the extraction view opens when the first extraction starts, ``e`` switches between
+the views, a generation pause leaves extraction running, and a quit drains both."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.extract.control import read_control
+from engine.extract.shards import OutDir
+from engine.extract.tiny import build_tiny_model
+from test_extract_chain import chain_config
+from tui.app import DashboardApp
+from tui.extract.screen import ExtractScreen
+from tui.modals import QuitScreen
+from tui.testing import FIXED_GPUS
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny", seed=0, layers=4, vocab=4200)
+
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+async def until(pilot, cond, timeout: float = 60.0, what: str = "condition"):
+    end = time.monotonic() + timeout
+    while not (v := cond()):
+        assert time.monotonic() < end, f"timed out after {timeout}s waiting for {what}"
+        await pilot.pause(0.05)
+    return v
+
+
+async def test_views_switch_with_e_and_a_generation_pause_leaves_extraction_running(tmp_path: Path, tiny: Path):
+    cfg = chain_config(tmp_path, tiny, "dataset", slow_prompts=80, latency_ms=250)
+    app = DashboardApp(cfg, gpu_source=lambda: FIXED_GPUS, refresh_hz=10, install_signals=False)
+    out = tmp_path / "run" / "extract"
+    async with app.run_test(size=(160, 48)) as pilot:
+        assert app.chain is not None and app.check_action("show_extract", ()) is True
+        # b1 done and validated: its extraction starts and its view opens by itself
+        await until(pilot, lambda: isinstance(app.screen, ExtractScreen), what="the extraction view")
+        assert app.chain.starts[0][1] == ("b1",)
+        assert app.check_action("show_generation", ()) is True and app.check_action("show_extract", ()) is False
+        await pilot.press("e")
+        await until(pilot, lambda: not isinstance(app.screen, ExtractScreen), 5, what="back to generation")
+        assert app.screen is app.main_screen and app.check_action("show_extract", ()) is True
+        # pause the whole generation run: extraction goes on to the end of b1
+        await pilot.press("P")
+        await until(pilot, lambda: app.snapshot is not None and app.snapshot.state == "paused", 10,
+                    what="generation paused")
+        run = app.chain.runs[0]
+        assert not read_control(run.job.out_dir).paused
+        await until(pilot, lambda: run.exit_code is not None, 120, what="b1's extraction to end")
+        assert run.exit_code == 0 and run.final_state == "done"
+        assert len(OutDir(out).read_manifest()) == 5  # every b1 sample, written while generation was paused
+        assert app.snapshot.state == "paused" and app.snapshot.datasets[1].state != "done"
+        # the extraction view again, then back; generation resumes
+        await pilot.press("e")
+        await until(pilot, lambda: isinstance(app.screen, ExtractScreen), 5, what="the extraction view again")
+        snap = app.screen.snapshot
+        assert snap is not None and snap.state == "not_started" and "b7" in snap.reason
+        await pilot.press("e")
+        await until(pilot, lambda: app.screen is app.main_screen, 5, what="generation view")
+        await pilot.press("R")
+        await until(pilot, lambda: app.snapshot.state == "running", 10, what="generation resumed")
+        # quit drains both
+        await pilot.press("q")
+        await until(pilot, lambda: isinstance(app.screen, QuitScreen) or not app.is_running, 5, what="quit dialog")
+        if isinstance(app.screen, QuitScreen):
+            await pilot.press("d")
+        await until(pilot, lambda: not app.is_running, 120, what="app exit")
+    assert app.chain.quit_mode == "drain" and app.chain.exit_code == 0
+    assert app.return_code == app.host.exit_code
+    ids = [e["id"] for e in OutDir(out).read_manifest()]
+    assert len(ids) == len(set(ids)) >= 5
+
+
+async def test_quit_in_the_extraction_view_drains_generation_too(tmp_path: Path, tiny: Path):
+    cfg = chain_config(tmp_path, tiny, "dataset", slow_prompts=80, latency_ms=250)
+    app = DashboardApp(cfg, gpu_source=lambda: FIXED_GPUS, refresh_hz=10, install_signals=False)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, ExtractScreen), what="the extraction view")
+        assert app.engine is not None and not app.engine.finished  # b7 still generating
+        await pilot.press("q")
+        await until(pilot, lambda: app.engine.quit_mode is not None, 5, what="generation asked to stop")
+        assert app.engine.quit_mode == "drain" and app.chain.quit_mode == "drain"
+        await until(pilot, lambda: not app.is_running, 120, what="app exit")
+    assert app.engine.finished and app.chain.exit_code == 0
+    assert len(app.chain.runs) == 1  # no extraction started after the quit
+    # generation was stopped with prompts left (130); extraction drained (0): the combined code is 130
+    assert app.host.exit_code == 130 and app.return_code == 130
+
+
+async def test_after_run_run_opens_the_extraction_view_once_generation_completed(tmp_path: Path, tiny: Path):
+    cfg = chain_config(tmp_path, tiny, "run")
+    app = DashboardApp(cfg, gpu_source=lambda: FIXED_GPUS, refresh_hz=10, install_signals=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, ExtractScreen), what="the extraction view")
+        assert app.engine.finished and app.engine.exit_code == 0  # generation completed first
+        await until(pilot, lambda: app.chain.exit_code is not None, 120, what="extraction to end")
+        await until(pilot, lambda: app.screen.snapshot is not None and app.screen.snapshot.state == "done", 5,
+                    what="the view to show done")
+        await pilot.press("q")  # the job has ended: exit at once
+        await until(pilot, lambda: not app.is_running, 30, what="app exit")
+    assert app.return_code == 0 and app.chain.exit_code == 0 and len(app.chain.runs) == 1
+    assert len(OutDir(tmp_path / "run" / "extract").read_manifest()) == 9
