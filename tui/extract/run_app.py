@@ -1,0 +1,165 @@
+"""``datagen extract CONFIG`` on a terminal: the extraction view over a live
+:class:`engine.extract.run.ExtractRun`, on one event loop.
+
+:class:`RunExtractApp` awaits ``run.run()`` (prepare, spawn and supervise the workers) in a task of
+its own loop and shows :meth:`~engine.extract.run.ExtractRun.snapshot` twice a second. Signals work
+like headless ``datagen extract`` (:func:`engine.extract.launch.run_extract`): SIGINT/SIGTERM/SIGHUP go
+to ``run.interrupt`` (the first drains, the second kills the workers); SIGHUP, or a watchdog that
+finds the terminal gone, also stops drawing (:class:`tui.terminal.TerminalWatch`), and the drain
+finishes off-screen. The app exits with the run's exit code: 0 done or drained, 1 failed, 130
+interrupted or aborted. :func:`run_extract_dashboard` runs it and re-raises what ``prepare`` raised
+once the terminal is restored, so the caller prints an ``error:`` line on a normal screen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from typing import Any
+
+from engine.run.headless import interrupt_action
+from tui.extract.app import ExtractApp
+from tui.extract.screen import ExtractScreen
+from tui.logbridge import quiet_terminal_logging
+from tui.terminal import TerminalWatch
+
+log = logging.getLogger("datagen.extract.dashboard")
+
+
+class ExtractTerminalWatch(TerminalWatch):
+    """:class:`tui.terminal.TerminalWatch` for :class:`RunExtractApp`: every signal goes to the
+    run's ``interrupt`` (which counts them: the first drains, the second kills the workers)."""
+
+    app: RunExtractApp
+
+    def stopping(self) -> bool:
+        """True once a signal arrived, or a quit (drain/abort) is in the control file."""
+        if self.signals_seen > 0:
+            return True
+        snap = self.app.host.snapshot()
+        return snap is not None and snap.quit_mode is not None
+
+    def on_signal(self, signame: str) -> None:
+        """SIGINT/SIGTERM/SIGHUP: ``run.interrupt``; SIGHUP also stops drawing and reading the tty."""
+        action = interrupt_action(signame, self.stopping())
+        self.signals_seen += 1
+        log.warning("%s received: %s", signame, action)
+        if signame == "SIGHUP":
+            self.on_terminal_lost()
+        self.app.begin_quit(action, interrupted=signame)
+
+
+class RunExtractApp(ExtractApp):
+    """The extraction view driving a live run.
+
+    Args:
+        run: an :class:`engine.extract.run.ExtractRun` (prepared or not; built with
+            ``progress_s=None`` and ``worker_output="file"`` so nothing writes to this terminal).
+        refresh_hz / keymap: as :class:`tui.extract.app.ExtractApp`.
+        install_signals: handle SIGINT/SIGTERM/SIGHUP on the app's loop (False in pilot tests).
+
+    Attributes:
+        run: the run.
+        error: what ``run.run()`` raised (ExtractError, DirectoryInUse, ...), else None.
+        terminal: the :class:`ExtractTerminalWatch`.
+    """
+
+    def __init__(self, run: Any, *, refresh_hz: float = 2.0, keymap: dict[str, str] | None = None,
+                 install_signals: bool = True) -> None:
+        super().__init__(run, refresh_hz=refresh_hz, keymap=keymap)
+        self.run_ = run
+        self.error: BaseException | None = None
+        self.terminal = ExtractTerminalWatch(self)  # type: ignore[arg-type]
+        self._install_signals = install_signals
+        self._task: asyncio.Task[int] | None = None
+
+    def on_mount(self) -> None:  # ExtractApp.on_mount (the screen) runs after this one (Textual walks the MRO)
+        # The run is its own task, awaited (shielded) by a worker: Textual cancels workers when
+        # the app shuts down, and the run must instead stop its workers cleanly (on_unmount).
+        self._task = asyncio.create_task(self.run_.run(), name="extract-run")
+        self.run_worker(self._main(self._task), name="extract-run", group="extract-run", exit_on_error=False)
+        if self._install_signals:
+            self.terminal.add_signal_handlers()
+        if not self.is_headless:
+            self.terminal.start_watchdog()
+
+    async def _main(self, task: asyncio.Task[int]) -> None:
+        try:
+            code = await asyncio.shield(task)
+        except Exception as e:  # noqa: BLE001 - prepare's errors: run_extract_dashboard re-raises them
+            self.error = e
+            super().exit(1, return_code=1)
+            return
+        self.view.poll()
+        if self.terminal.signals_seen or self.terminal.lost:
+            super().exit(code, return_code=code)
+
+    @property
+    def code(self) -> int:
+        """The run's exit code (130 while it has none: it did not end)."""
+        return self.run_.exit_code if self.run_.exit_code is not None else 130
+
+    def begin_quit(self, mode: str, interrupted: str | None = None) -> None:
+        """A signal or the lost terminal: exit now if the run has ended, else pass it to
+        ``run.interrupt`` unless ``mode`` is ``"continue"`` (the app exits when the run has)."""
+        if self._task is not None and self._task.done():
+            super().exit(self.code, return_code=self.code)
+            return
+        if mode != "continue":
+            self.run_.interrupt(interrupted or "SIGINT")
+
+    def on_extract_screen_done(self, message: ExtractScreen.Done) -> None:
+        """The job ended after a quit key: exit with the run's own code (the screen's otherwise)."""
+        message.prevent_default()  # not ExtractApp's handler too (it would exit with the screen's code)
+        code = self.run_.exit_code if self.run_.exit_code is not None else message.code
+        super().exit(code, return_code=code)
+
+    async def on_unmount(self) -> None:
+        """Whatever ended the app, stop the workers (drain, then kill) and wait for the run."""
+        task = self._task
+        if task is not None and not task.done():
+            self.run_.interrupt("exit")
+            await asyncio.wait({task}, timeout=30)
+            if not task.done():
+                self.run_.interrupt("exit")
+                await asyncio.wait({task}, timeout=10)
+            if not task.done():
+                task.cancel()
+                await asyncio.wait({task}, timeout=10)
+        self.terminal.remove_signal_handlers()
+
+
+def run_extract_dashboard(run: Any, *, refresh_hz: float = 2.0) -> int:
+    """Show ``run`` (an :class:`engine.extract.run.ExtractRun`) in the extraction view until it
+    ends and a quit (or a signal) closes the view.
+
+    Returns:
+        0 done or drained, 1 failed, 130 interrupted or aborted.
+
+    Raises:
+        Whatever ``run.run()`` raised (ExtractError: bad settings, input, model or disk;
+        engine.proc.runlock.DirectoryInUse), after the app has restored the terminal.
+    """
+    try:  # Textual sizes itself with shutil.get_terminal_size(), which trusts exported COLUMNS/LINES
+        os.get_terminal_size(sys.__stdout__.fileno())
+        for var in ("COLUMNS", "LINES"):
+            os.environ.pop(var, None)
+    except (OSError, ValueError, AttributeError):
+        pass
+    app = RunExtractApp(run, refresh_hz=refresh_hz)
+    with quiet_terminal_logging():
+        app.run()
+    if app.error is not None:
+        raise app.error
+    if not app.terminal.lost:
+        try:
+            for line in list(run.events)[-3:]:
+                print(line, flush=True)
+        except OSError:
+            pass
+    return app.code
+
+
+__all__ = ["ExtractTerminalWatch", "RunExtractApp", "run_extract_dashboard"]
