@@ -74,6 +74,7 @@ class RunExtractApp(ExtractApp):
         self.terminal = ExtractTerminalWatch(self)  # type: ignore[arg-type]
         self._install_signals = install_signals
         self._task: asyncio.Task[int] | None = None
+        self._exit_when_done = False
 
     def on_mount(self) -> None:  # ExtractApp.on_mount (the screen) runs after this one (Textual walks the MRO)
         # The run is its own task, awaited (shielded) by a worker: Textual cancels workers when
@@ -93,7 +94,7 @@ class RunExtractApp(ExtractApp):
             super().exit(1, return_code=1)
             return
         self.view.poll()
-        if self.terminal.signals_seen or self.terminal.lost:
+        if self._exit_when_done or self.terminal.signals_seen or self.terminal.lost:
             super().exit(code, return_code=code)
 
     @property
@@ -111,10 +112,14 @@ class RunExtractApp(ExtractApp):
             self.run_.interrupt(interrupted or "SIGINT")
 
     def on_extract_screen_done(self, message: ExtractScreen.Done) -> None:
-        """The job ended after a quit key: exit with the run's own code (the screen's otherwise)."""
+        """The job ended after a quit key: exit with the run's own exit code, once ``run()`` returned."""
         message.prevent_default()  # not ExtractApp's handler too (it would exit with the screen's code)
-        code = self.run_.exit_code if self.run_.exit_code is not None else message.code
-        super().exit(code, return_code=code)
+        if self._task is not None and not self._task.done():
+            # the workers' status files say stopped before the launcher has reaped them: exit with
+            # the run's code once run() has returned (_main)
+            self._exit_when_done = True
+            return
+        super().exit(self.code, return_code=self.code)
 
     async def on_unmount(self) -> None:
         """Whatever ended the app, stop the workers (drain, then kill) and wait for the run."""
