@@ -17,6 +17,8 @@ import asyncio
 import logging
 import os
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 from engine.run.headless import interrupt_action
@@ -168,3 +170,62 @@ def run_extract_dashboard(run: Any, *, refresh_hz: float = 2.0) -> int:
 
 
 __all__ = ["ExtractTerminalWatch", "RunExtractApp", "run_extract_dashboard"]
+
+
+async def screenshot_run(run: Any, out: Path, size: tuple[int, int], after_samples: int,
+                         timeout_s: float = 300.0) -> Path:
+    """Run ``run`` headless in the view until ``after_samples`` samples are done (or it ended),
+    save the view as an SVG to ``out``, then drain the run and wait for it. Returns ``out``.
+
+    Raises:
+        TimeoutError: the run did not get there within ``timeout_s`` seconds.
+        Whatever ``run.run()`` raised (ExtractError, DirectoryInUse).
+    """
+    app = RunExtractApp(run, refresh_hz=4, install_signals=False)
+    async with app.run_test(size=size) as pilot:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if app.error is not None:
+                raise app.error
+            snap = run.snapshot()
+            if snap.samples_done >= after_samples or run.exit_code is not None:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{after_samples} samples not done within {timeout_s:.0f} s")
+            await pilot.pause(0.2)
+        app.view.poll()
+        await pilot.pause(0.3)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(app.export_screenshot(title="eagle-datagen extract"), encoding="utf-8")
+        run.commands.quit()
+        while run.exit_code is None and app.error is None:
+            await pilot.pause(0.2)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tui.extract.run_app CONFIG --screenshot OUT.svg [--data DIR] [--size 150x34]
+    [--after-samples N]``: a real extraction in the view (headless), saved as an SVG once N samples
+    are done, then drained."""
+    import argparse
+
+    from engine.config import load_config
+    from engine.extract.run import ExtractRun
+    from tui.extract.__main__ import size_arg
+
+    p = argparse.ArgumentParser(prog="python -m tui.extract.run_app", description=main.__doc__)
+    p.add_argument("config")
+    p.add_argument("--screenshot", metavar="OUT.svg", required=True)
+    p.add_argument("--data", help="a tokens Parquet export (dir or file) instead of the run directory")
+    p.add_argument("--size", type=size_arg, default=(150, 34))
+    p.add_argument("--after-samples", type=int, default=200)
+    args = p.parse_args(argv)
+    cfg = load_config(args.config, check_files=False)
+    run = ExtractRun(cfg, data=Path(args.data) if args.data else None, say=lambda _l: None, progress_s=None,
+                     worker_output="file")
+    print(asyncio.run(screenshot_run(run, Path(args.screenshot), args.size, args.after_samples)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
