@@ -209,3 +209,33 @@ def test_prepare_error_prints_error_after_the_view(tmp_path: Path, tiny: Path, t
     screen = tmux.screen()
     assert "error:" in screen and "GPUs · workers" not in screen, screen
     assert not list(out.glob("shard-*"))
+
+
+def test_terminal_lost_drains(tmp_path: Path, tiny: Path, tmux: Tmux) -> None:
+    """``tmux kill-session`` (SIGHUP, the tty gone): the launcher drains its workers and exits; the
+    written samples are in the manifest once and a rerun finishes exactly once."""
+    cfg, out, ids = make_config(tmp_path, tiny)
+    tmux.start(tmp_path, f"{DATAGEN} extract {cfg} --data {tmp_path / 'data'}")
+    wait(lambda: worker_state(out).get("samples_done", 0) > 0 and "GPUs · workers" in tmux.screen(), 60,
+         "the view and the first batch", tmux.screen)
+    shell = int(tmux("list-panes", "-t", "dash", "-F", "#{pane_pid}").split()[0])
+    launcher = int(subprocess.run(["pgrep", "-P", str(shell)], capture_output=True, text=True).stdout.split()[0])
+    tmux("kill-session", "-t", "dash")
+
+    def gone() -> bool:
+        try:
+            os.kill(launcher, 0)
+        except ProcessLookupError:
+            return True
+        try:  # a zombie is gone too
+            return Path(f"/proc/{launcher}/stat").read_text().split(")")[1].split()[0] == "Z"
+        except OSError:
+            return True
+
+    wait(gone, 60, "the launcher to exit")
+    assert json.loads((out / "control.json").read_text())["quit"] == "drain"
+    doc = worker_state(out)
+    assert doc["state"] in ("stopped", "done")
+    got = manifest_ids(out)
+    assert len(got) == len(set(got)) == doc["samples_done"]
+    finish_headless(cfg, tmp_path, out, ids)
