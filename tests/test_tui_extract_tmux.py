@@ -239,3 +239,23 @@ def test_terminal_lost_drains(tmp_path: Path, tiny: Path, tmux: Tmux) -> None:
     got = manifest_ids(out)
     assert len(got) == len(set(got)) == doc["samples_done"]
     finish_headless(cfg, tmp_path, out, ids)
+
+
+def test_signal_after_quit_key_aborts(tmp_path: Path, tiny: Path, tmux: Tmux) -> None:
+    """``q`` (drain) then SIGTERM to the launcher: the stop in progress counted as the first, so
+    the signal aborts (control file ``abort``) and the process exits 130."""
+    cfg, out, ids = make_config(tmp_path, tiny, n=3000)
+    rc = tmux.start(tmp_path, f"{DATAGEN} extract {cfg} --data {tmp_path / 'data'}")
+    wait(lambda: worker_state(out).get("samples_done", 0) > 0 and "GPUs · workers" in tmux.screen(), 60,
+         "the view and the first batch", tmux.screen)
+    shell = int(tmux("list-panes", "-t", "dash", "-F", "#{pane_pid}").split()[0])
+    launcher = int(subprocess.run(["pgrep", "-P", str(shell)], capture_output=True, text=True).stdout.split()[0])
+    tmux("send-keys", "-t", "dash", "p")  # paused: the drain cannot end before the signal arrives
+    wait(lambda: worker_state(out).get("state") == "paused", 30, "the worker to pause", tmux.screen)
+    tmux("send-keys", "-t", "dash", "q")
+    wait(lambda: json.loads((out / "control.json").read_text()).get("quit") == "drain", 10, "the drain",
+         tmux.screen)
+    os.kill(launcher, 15)
+    assert exit_code(rc, tmux) == 130
+    assert json.loads((out / "control.json").read_text())["quit"] == "abort"
+    finish_headless(cfg, tmp_path, out, ids)

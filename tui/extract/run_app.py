@@ -77,6 +77,7 @@ class RunExtractApp(ExtractApp):
         self._install_signals = install_signals
         self._task: asyncio.Task[int] | None = None
         self._exit_when_done = False
+        self._interrupts_sent = 0
 
     def on_mount(self) -> None:  # ExtractApp.on_mount (the screen) runs after this one (Textual walks the MRO)
         # The run is its own task, awaited (shielded) by a worker: Textual cancels workers when
@@ -106,12 +107,20 @@ class RunExtractApp(ExtractApp):
 
     def begin_quit(self, mode: str, interrupted: str | None = None) -> None:
         """A signal or the lost terminal: exit now if the run has ended, else pass it to
-        ``run.interrupt`` unless ``mode`` is ``"continue"`` (the app exits when the run has)."""
+        ``run.interrupt`` unless ``mode`` is ``"continue"`` (the app exits when the run has).
+        ``"abort"`` while only a quit key's drain runs turns that drain into an abort first."""
         if self._task is not None and self._task.done():
             super().exit(self.code, return_code=self.code)
             return
-        if mode != "continue":
-            self.run_.interrupt(interrupted or "SIGINT")
+        if mode == "continue":
+            return
+        name = interrupted or "SIGINT"
+        if mode == "abort" and self._interrupts_sent == 0:
+            # the first signal while a quit key's drain runs: abort after the current write (the
+            # run's own count would make this signal a mere drain)
+            self.run_.commands.quit()
+        self._interrupts_sent += 1
+        self.run_.interrupt(name)
 
     def on_extract_screen_done(self, message: ExtractScreen.Done) -> None:
         """The job ended after a quit key: exit with the run's own exit code, once ``run()`` returned."""
