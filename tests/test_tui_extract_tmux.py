@@ -3,7 +3,8 @@ the extraction view appears, ``p`` pauses (the worker's status file says ``pause
 manifest stops growing), ``p`` resumes, ``q`` drains and the process exits 0 with every written
 sample in the manifest once (a rerun finishes the rest: every sample exactly once); Ctrl-C twice
 aborts (exit 130) and a rerun resumes exactly once; a bad config prints an ``error:`` line on the
-restored terminal and exits 1."""
+restored terminal and exits 1. Marked slow: SIGINT twice to the process group, the terminal lost
+(kill-session) and a signal after `q`."""
 
 from __future__ import annotations
 
@@ -181,6 +182,7 @@ def test_ctrl_c_twice_aborts_then_rerun_resumes_once(tmp_path: Path, tiny: Path,
     finish_headless(cfg, tmp_path, out, ids)
 
 
+@pytest.mark.slow  # ~20 s each on a loaded machine; the keys' path above runs in `make test`
 def test_signals_to_the_process_group(tmp_path: Path, tiny: Path, tmux: Tmux) -> None:
     """SIGINT twice to the foreground process group (what a Ctrl-C from tmux outside the app sends):
     the first drains, the second kills the workers: exit 130, and a rerun resumes exactly once."""
@@ -211,6 +213,7 @@ def test_prepare_error_prints_error_after_the_view(tmp_path: Path, tiny: Path, t
     assert not list(out.glob("shard-*"))
 
 
+@pytest.mark.slow  # ~20 s each on a loaded machine; the keys' path above runs in `make test`
 def test_terminal_lost_drains(tmp_path: Path, tiny: Path, tmux: Tmux) -> None:
     """``tmux kill-session`` (SIGHUP, the tty gone): the launcher drains its workers and exits; the
     written samples are in the manifest once and a rerun finishes exactly once."""
@@ -241,6 +244,7 @@ def test_terminal_lost_drains(tmp_path: Path, tiny: Path, tmux: Tmux) -> None:
     finish_headless(cfg, tmp_path, out, ids)
 
 
+@pytest.mark.slow  # ~20 s each on a loaded machine; the keys' path above runs in `make test`
 def test_signal_after_quit_key_aborts(tmp_path: Path, tiny: Path, tmux: Tmux) -> None:
     """``q`` (drain) then SIGTERM to the launcher: the stop in progress counted as the first, so
     the signal aborts (control file ``abort``) and the process exits 130."""
