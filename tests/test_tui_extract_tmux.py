@@ -2,7 +2,7 @@
 the extraction view appears, ``p`` pauses (the worker's status file says ``paused`` and the
 manifest stops growing), ``p`` resumes, ``q`` drains and the process exits 0 with every written
 sample in the manifest once (a rerun finishes the rest: every sample exactly once); Ctrl-C twice
-aborts (exit 130) and a rerun resumes exactly once; a bad config prints an ``error:`` line on the
+aborts (exit 130) and a rerun resumes exactly once; a start refused by prepare (not enough disk) prints an ``error:`` line on the
 restored terminal and exits 1. Marked slow: SIGINT twice to the process group, the terminal lost
 (kill-session) and a signal after `q`."""
 
