@@ -382,7 +382,7 @@ def _cmd_extract(args: argparse.Namespace) -> int:
     if not args.config:
         print("error: datagen extract needs CONFIG (or --convert OUT --to LAYOUT)", file=sys.stderr)
         return 1
-    from engine.extract.launch import run_extract
+    from engine.extract.launch import ExtractRun, run_extract, torchrun_env
 
     cfg = load_config(args.config, check_files=False)
     gpus = None
@@ -392,8 +392,19 @@ def _cmd_extract(args: argparse.Namespace) -> int:
         except ValueError:
             print(f"error: --gpus expects comma-separated GPU ids like 0,1,2, got {args.gpus!r}", file=sys.stderr)
             return 1
+    data = Path(args.data) if args.data else None
     try:
-        return run_extract(cfg, data=Path(args.data) if args.data else None, gpus=gpus, workers=args.workers,
+        if not (args.headless or not sys.stdout.isatty() or torchrun_env() is not None):
+            try:
+                from tui.extract.run_app import run_extract_dashboard
+            except ImportError:  # the dashboard needs textual
+                print("(dashboard not available in this build; running headless)", file=sys.stderr)
+            else:
+                # workers log to OUT/status/worker-<rank>.log: nothing may write to the dashboard's terminal
+                run = ExtractRun(cfg, data=data, gpus=gpus, workers=args.workers, free_bytes=args.free_bytes,
+                                 say=lambda _line: None, progress_s=None, worker_output="file")
+                return run_extract_dashboard(run)
+        return run_extract(cfg, data=data, gpus=gpus, workers=args.workers,
                            free_bytes=args.free_bytes, progress_s=args.progress_s)
     except OSError as e:  # ExtractError and DirectoryInUse: main
         print(f"error: {e}", file=sys.stderr)
@@ -450,6 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     xt = sub.add_parser("extract", help="run the target model over the token records and save EAGLE-3 hidden states")
     xt.add_argument("config", nargs="?", help="path of config.toml (its [extract] section)")
+    xt.add_argument("--headless", action="store_true", help="progress lines instead of the dashboard (default without a TTY)")
     xt.add_argument("--gpus", help="comma-separated GPU ids to use (default: all visible)")
     xt.add_argument("--workers", type=int, help="worker processes (default: GPUs // gpus_per_worker, 1 on CPU)")
     xt.add_argument("--data", help="a `tokens` Parquet export (dir or file) instead of the run directory")

@@ -1,0 +1,265 @@
+"""``datagen extract CONFIG`` in a real terminal (tmux, 160x48) on the tiny model (CPU workers):
+the extraction view appears, ``p`` pauses (the worker's status file says ``paused`` and the
+manifest stops growing), ``p`` resumes, ``q`` drains and the process exits 0 with every written
+sample in the manifest once (a rerun finishes the rest: every sample exactly once); Ctrl-C twice
+aborts (exit 130) and a rerun resumes exactly once; a start refused by prepare (not enough disk) prints an ``error:`` line on the
+restored terminal and exits 1. Marked slow: SIGINT twice to the process group, the terminal lost
+(kill-session) and a signal after `q`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from engine.extract.shards import OutDir
+from engine.extract.tiny import build_tiny_model, synth_records
+from engine.tokens.records import write_parquet
+
+REPO = Path(__file__).resolve().parents[1]
+DATAGEN = Path(sys.executable).with_name("datagen")
+
+pytestmark = [pytest.mark.serial,
+              pytest.mark.skipif(shutil.which("tmux") is None,
+                                 reason="tmux is not installed (apt-get install -y tmux); CI installs it")]
+
+N = 900  # samples: small batches of these keep a CPU worker busy for several seconds
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny", seed=0, layers=4)
+
+
+def make_config(tmp: Path, tiny: Path, n: int = N) -> tuple[Path, Path, set[str]]:
+    """A config whose [extract] reads ``tmp/data`` (a tokens export of ``n`` synthetic records)."""
+    recs = synth_records(n, 8, 96, seed=5)
+    write_parquet(tmp / "data" / "a.parquet", recs)
+    out = tmp / "out"
+    cfg = tmp / "config.toml"
+    cfg.write_text(f"""
+[run]
+dir = "{tmp / 'run'}"
+
+[[datasets]]
+name = "a"
+path = "a.jsonl"
+
+[extract]
+model = "{tiny}"
+aux_layers = [0, 1, 2]
+max_tokens_per_batch = 64
+disk_margin_gb = 0
+out_dir = "{out}"
+""")
+    return cfg, out, {r.id for r in recs}
+
+
+class Tmux:
+    """A private tmux server (own socket, no user config)."""
+
+    def __init__(self) -> None:
+        self.sock = f"datagen-xtest-{uuid.uuid4().hex[:8]}"
+
+    def __call__(self, *args: str, check: bool = True) -> str:
+        r = subprocess.run(["tmux", "-L", self.sock, "-f", "/dev/null", *args], capture_output=True, text=True,
+                           timeout=10)
+        if check and r.returncode:
+            raise RuntimeError(f"tmux {' '.join(args)}: {r.stderr}")
+        return r.stdout
+
+    def screen(self) -> str:
+        return self("capture-pane", "-p", "-t", "dash", check=False)
+
+    def start(self, tmp: Path, cmd: str, trap: bool = False) -> Path:
+        """Run ``cmd`` (a shell line) in a 160x48 session; returns the file its exit code lands in."""
+        rc = tmp / f"rc-{uuid.uuid4().hex[:6]}"
+        env = f"OMP_NUM_THREADS=1 PYTHONPATH={REPO} TERM=xterm-256color"
+        self("new-session", "-d", "-s", "dash", "-x", "160", "-y", "48",
+             ("trap : INT TERM; " if trap else "") + f"cd {REPO} && {env} {cmd}; echo $? > {rc}; sleep 600")
+        return rc
+
+    def close(self) -> None:
+        self("kill-server", check=False)
+
+
+@pytest.fixture
+def tmux():
+    t = Tmux()
+    yield t
+    t.close()
+
+
+def wait(cond, timeout: float, what: str, show=None, step: float = 0.1):
+    end = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}" + (f"\n{show()}" if show else ""))
+        time.sleep(step)
+
+
+def worker_state(out: Path) -> dict:
+    try:
+        return json.loads((out / "status" / "worker-0.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def manifest_ids(out: Path) -> list[str]:
+    return [e["id"] for e in OutDir(out).read_manifest()]
+
+
+def exit_code(rc: Path, tmux: Tmux, timeout: float = 60) -> int:
+    wait(lambda: rc.is_file() and rc.read_text().strip(), timeout, "the process to exit", tmux.screen)
+    return int(rc.read_text())
+
+
+def finish_headless(cfg: Path, tmp: Path, out: Path, ids: set[str]) -> None:
+    """Rerun headless to the end: every sample in the manifest exactly once."""
+    r = subprocess.run([str(DATAGEN), "extract", str(cfg), "--data", str(tmp / "data"), "--headless"],
+                       capture_output=True, text=True, timeout=180, cwd=REPO,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = manifest_ids(out)
+    assert Counter(got).most_common(1)[0][1] == 1
+    assert set(got) == ids
+
+
+def test_view_pause_resume_quit(tmp_path: Path, tiny: Path, tmux: Tmux) -> None:
+    cfg, out, ids = make_config(tmp_path, tiny)
+    rc = tmux.start(tmp_path, f"{DATAGEN} extract {cfg} --data {tmp_path / 'data'}")
+    wait(lambda: "GPUs · workers" in tmux.screen() and "RUNNING" in tmux.screen().upper(), 60,
+         "the extraction view, running", tmux.screen)
+    wait(lambda: worker_state(out).get("samples_done", 0) > 0, 60, "the first batch", tmux.screen)
+    # the workers never write to the dashboard's terminal: their output is in a log file
+    assert (out / "status" / "worker-0.log").is_file()
+
+    tmux("send-keys", "-t", "dash", "p")
+    wait(lambda: worker_state(out).get("state") == "paused", 30, "the worker to pause", tmux.screen)
+    assert json.loads((out / "control.json").read_text())["paused"] is True
+    wait(lambda: "PAUSED" in tmux.screen(), 10, "the view to show PAUSED", tmux.screen)
+    at = len(manifest_ids(out))
+    time.sleep(1.0)
+    assert len(manifest_ids(out)) == at  # nothing written while paused
+    assert at < N
+
+    tmux("send-keys", "-t", "dash", "p")
+    wait(lambda: worker_state(out).get("state") == "running", 30, "the worker to resume", tmux.screen)
+    wait(lambda: len(manifest_ids(out)) > at, 30, "a shard after resuming", tmux.screen)
+
+    tmux("send-keys", "-t", "dash", "q")
+    assert exit_code(rc, tmux) == 0
+    doc = worker_state(out)
+    got = manifest_ids(out)
+    assert doc["state"] in ("stopped", "done")
+    assert len(got) == len(set(got)) == doc["samples_done"]  # drained: what was extracted is committed, once
+    assert set(got) <= ids
+    finish_headless(cfg, tmp_path, out, ids)
+
+
+def test_ctrl_c_twice_aborts_then_rerun_resumes_once(tmp_path: Path, tiny: Path, tmux: Tmux) -> None:
+    cfg, out, ids = make_config(tmp_path, tiny)
+    rc = tmux.start(tmp_path, f"{DATAGEN} extract {cfg} --data {tmp_path / 'data'}")
+    wait(lambda: worker_state(out).get("samples_done", 0) > 0 and "GPUs · workers" in tmux.screen(), 60,
+         "the view and the first batch", tmux.screen)
+    tmux("send-keys", "-t", "dash", "C-c")
+    wait(lambda: json.loads((out / "control.json").read_text()).get("quit") == "drain", 10, "the drain",
+         tmux.screen)
+    tmux("send-keys", "-t", "dash", "C-c")
+    assert exit_code(rc, tmux) == 130
+    assert len(manifest_ids(out)) < N
+    finish_headless(cfg, tmp_path, out, ids)
+
+
+@pytest.mark.slow  # ~20 s each on a loaded machine; the keys' path above runs in `make test`
+def test_signals_to_the_process_group(tmp_path: Path, tiny: Path, tmux: Tmux) -> None:
+    """SIGINT twice to the foreground process group (what a Ctrl-C from tmux outside the app sends):
+    the first drains, the second kills the workers: exit 130, and a rerun resumes exactly once."""
+    cfg, out, ids = make_config(tmp_path, tiny)
+    # the pane's shell traps the signals (it shares the group) so it survives to write the exit code
+    rc = tmux.start(tmp_path, f"{DATAGEN} extract {cfg} --data {tmp_path / 'data'}", trap=True)
+    wait(lambda: worker_state(out).get("samples_done", 0) > 0 and "GPUs · workers" in tmux.screen(), 60,
+         "the view and the first batch", tmux.screen)
+    shell = int(tmux("list-panes", "-t", "dash", "-F", "#{pane_pid}").split()[0])
+    pgid = int(subprocess.run(["ps", "-o", "tpgid=", "-p", str(shell)], capture_output=True, text=True).stdout)
+    kids = subprocess.run(["pgrep", "-P", str(shell)], capture_output=True, text=True).stdout.split()
+    assert [k for k in kids if os.getpgid(int(k)) == pgid]  # datagen is in the terminal's foreground group
+    os.killpg(pgid, 2)
+    wait(lambda: json.loads((out / "control.json").read_text()).get("quit") == "drain", 10, "the drain",
+         tmux.screen)
+    os.killpg(pgid, 2)
+    assert exit_code(rc, tmux) == 130
+    finish_headless(cfg, tmp_path, out, ids)
+
+
+def test_prepare_error_prints_error_after_the_view(tmp_path: Path, tiny: Path, tmux: Tmux) -> None:
+    """Not enough disk is found by prepare, inside the app: the error line is on the restored screen."""
+    cfg, out, _ = make_config(tmp_path, tiny, n=10)
+    rc = tmux.start(tmp_path, f"{DATAGEN} extract {cfg} --data {tmp_path / 'data'} --free-bytes 1000")
+    assert exit_code(rc, tmux) == 1
+    screen = tmux.screen()
+    assert "error:" in screen and "GPUs · workers" not in screen, screen
+    assert not list(out.glob("shard-*"))
+
+
+@pytest.mark.slow  # ~20 s each on a loaded machine; the keys' path above runs in `make test`
+def test_terminal_lost_drains(tmp_path: Path, tiny: Path, tmux: Tmux) -> None:
+    """``tmux kill-session`` (SIGHUP, the tty gone): the launcher drains its workers and exits; the
+    written samples are in the manifest once and a rerun finishes exactly once."""
+    cfg, out, ids = make_config(tmp_path, tiny)
+    tmux.start(tmp_path, f"{DATAGEN} extract {cfg} --data {tmp_path / 'data'}")
+    wait(lambda: worker_state(out).get("samples_done", 0) > 0 and "GPUs · workers" in tmux.screen(), 60,
+         "the view and the first batch", tmux.screen)
+    shell = int(tmux("list-panes", "-t", "dash", "-F", "#{pane_pid}").split()[0])
+    launcher = int(subprocess.run(["pgrep", "-P", str(shell)], capture_output=True, text=True).stdout.split()[0])
+    tmux("kill-session", "-t", "dash")
+
+    def gone() -> bool:
+        try:
+            os.kill(launcher, 0)
+        except ProcessLookupError:
+            return True
+        try:  # a zombie is gone too
+            return Path(f"/proc/{launcher}/stat").read_text().split(")")[1].split()[0] == "Z"
+        except OSError:
+            return True
+
+    wait(gone, 60, "the launcher to exit")
+    assert json.loads((out / "control.json").read_text())["quit"] == "drain"
+    doc = worker_state(out)
+    assert doc["state"] in ("stopped", "done")
+    got = manifest_ids(out)
+    assert len(got) == len(set(got)) == doc["samples_done"]
+    finish_headless(cfg, tmp_path, out, ids)
+
+
+@pytest.mark.slow  # ~20 s each on a loaded machine; the keys' path above runs in `make test`
+def test_signal_after_quit_key_aborts(tmp_path: Path, tiny: Path, tmux: Tmux) -> None:
+    """``q`` (drain) then SIGTERM to the launcher: the stop in progress counted as the first, so
+    the signal aborts (control file ``abort``) and the process exits 130."""
+    cfg, out, ids = make_config(tmp_path, tiny, n=3000)
+    rc = tmux.start(tmp_path, f"{DATAGEN} extract {cfg} --data {tmp_path / 'data'}")
+    wait(lambda: worker_state(out).get("samples_done", 0) > 0 and "GPUs · workers" in tmux.screen(), 60,
+         "the view and the first batch", tmux.screen)
+    shell = int(tmux("list-panes", "-t", "dash", "-F", "#{pane_pid}").split()[0])
+    launcher = int(subprocess.run(["pgrep", "-P", str(shell)], capture_output=True, text=True).stdout.split()[0])
+    tmux("send-keys", "-t", "dash", "p")  # paused: the drain cannot end before the signal arrives
+    wait(lambda: worker_state(out).get("state") == "paused", 30, "the worker to pause", tmux.screen)
+    tmux("send-keys", "-t", "dash", "q")
+    wait(lambda: json.loads((out / "control.json").read_text()).get("quit") == "drain", 10, "the drain",
+         tmux.screen)
+    os.kill(launcher, 15)
+    assert exit_code(rc, tmux) == 130
+    assert json.loads((out / "control.json").read_text())["quit"] == "abort"
+    finish_headless(cfg, tmp_path, out, ids)
