@@ -68,6 +68,10 @@ def _run_locked(cfg, args: argparse.Namespace, lock: runlock.DirLock, fresh: tup
             print("(dashboard not available in this build; running headless)", file=sys.stderr)
             headless = True
     try:
+        if cfg.extract.after_run != "never":  # the target model must load before any money is spent on generation
+            from engine.extract.job import read_model_shape
+
+            read_model_shape(cfg.extract.model or "", cfg.extract.trust_remote_code)
         if not headless:
             from tui.app import run_dashboard
 

@@ -176,3 +176,19 @@ def test_headless_sigint_drains_generation_and_extraction(tmp_path: Path, tiny: 
     assert "SIGINT: draining" in text and "run stopped: SIGINT: interrupted" in text
     ids = manifest_ids(tmp_path / "run" / "extract")
     assert len(ids) == len(set(ids)) and all(i.startswith("b1:") for i in ids)
+
+
+def test_after_run_refuses_a_missing_model_before_anything_is_bought(tmp_path: Path, capsys) -> None:
+    """``after_run`` with a target model that cannot load fails at start: before the fix the whole paid
+    generation ran first and extraction then failed (exit 1) on the model path."""
+    from datagen.cli import main
+    from fixtures_tokens import kimi_dir
+    from promptcheck_helpers import write_config
+
+    cfg = write_config(tmp_path, kimi_dir(), [("b1", SAMPLES / "b1_glaive.jsonl", "glaive")])
+    with cfg.open("a") as f:
+        f.write(f'\n[extract]\nmodel = "{tmp_path / "no-such-model"}"\nafter_run = "run"\n')
+    assert main(["run", str(cfg), "--headless"]) == 1
+    err = capsys.readouterr().err
+    assert "extract.model" in err and "no-such-model: no such directory" in err, err
+    assert not (tmp_path / "sim.jsonl").exists() or (tmp_path / "sim.jsonl").read_text() == ""  # nothing sent

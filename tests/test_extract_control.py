@@ -382,3 +382,25 @@ def test_abort_reaches_a_writer_waiting_for_disk_space(tmp_path: Path) -> None:
         writer.flush()
     assert time.monotonic() - t0 < 10  # liveness (the guard polls every 30 s)
     assert out.read_manifest() == [] and not list(tmp_path.glob("shard-*"))
+
+
+def test_a_batch_written_after_its_datasets_skip_never_pushes_done_past_total(tmp_path: Path) -> None:
+    """A skip takes the dataset's pending samples out of the totals; the batch of it already in hand is
+    still written. Before the fix that batch counted as done but not in the total: ``40/39 samples``."""
+    from engine.extract.status import StatusWriter
+
+    status = StatusWriter(tmp_path, 0, 1, min_interval_s=0.0)
+    status.set_totals(30, 3000, 0, 0, {"a": {"samples_total": 10, "samples_done": 0, "tokens_total": 1000,
+                                              "tokens_done": 0, "skipped": False},
+                                        "b": {"samples_total": 20, "samples_done": 0, "tokens_total": 2000,
+                                              "tokens_done": 0, "skipped": False}})
+    status.add_done(4, 400, 1, {"b": (4, 400)})
+    status.skip_dataset("b")  # 16 pending samples of b leave the totals: 14 left in all
+    doc = json.loads(status.path.read_text())
+    assert (doc["samples_done"], doc["samples_total"]) == (4, 14)
+    status.add_done(3, 300, 1, {"b": (3, 300)})  # b's batch in hand, written after the skip
+    status.add_done(10, 1000, 1, {"a": (10, 1000)})
+    doc = json.loads(status.path.read_text())
+    assert (doc["samples_done"], doc["samples_total"]) == (17, 17)
+    assert (doc["tokens_done"], doc["tokens_total"]) == (1700, 1700)
+    assert doc["datasets"]["b"]["samples_done"] == 7 and doc["datasets"]["b"]["skipped"]

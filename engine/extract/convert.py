@@ -152,14 +152,20 @@ def convert(src: str | Path, dst: str | Path, to: str, *, model: str | None = No
     shards: "OrderedDict[str, list[dict[str, Any]]]" = OrderedDict()
     for e in by_id.values():
         shards.setdefault(e["shard"], []).append(e)
-    first = next(iter(shards))
-    with safe_open(src / first, framework="pt") as st:
-        if first not in present:
-            raise ExtractError(f"{src / first}: listed but missing")
-        sid = shards[first][0]["id"]
-        hidden = st.get_slice(f"{sid}/last_hidden_state").get_shape()[-1]
-        n_aux = st.get_slice(f"{sid}/aux_hidden_states").get_shape()[-1] // hidden
-        dtype_bytes = st.get_tensor(f"{sid}/last_hidden_state").element_size()
+    # The shapes come from the first shard still present: with --delete-source, a rerun after a kill (or
+    # after a completed conversion) finds the converted shards gone; the job file then says the shapes.
+    probe = next((name for name in shards if name in present), None)
+    if probe is not None:
+        with safe_open(src / probe, framework="pt") as st:
+            sid = shards[probe][0]["id"]
+            hidden = st.get_slice(f"{sid}/last_hidden_state").get_shape()[-1]
+            n_aux = st.get_slice(f"{sid}/aux_hidden_states").get_shape()[-1] // hidden
+            dtype_bytes = st.get_tensor(f"{sid}/last_hidden_state").element_size()
+    elif job is not None:
+        hidden, n_aux, dtype_bytes = job.hidden_size, len(job.aux_layers), job.dtype_bytes
+    else:
+        raise ExtractError(f"{src}: none of the shards its manifest lists is present, and no job.json gives the "
+                           f"shapes; nothing to convert from")
     norm_w = None
     if to == "speculators":
         if not (model or job):

@@ -67,7 +67,10 @@ def read_model_shape(model: str, trust_remote_code: bool = False) -> ModelShape:
     Raises:
         ExtractError: the config cannot be loaded or lacks ``hidden_size``/``num_hidden_layers``.
     """
-    local = Path(model).expanduser() / "config.json"
+    path = Path(model).expanduser()
+    if (path.is_absolute() or model.startswith((".", "~"))) and not path.exists():
+        raise ExtractError(f"extract.model: {model}: no such directory (a local model directory, or a hub id)")
+    local = path / "config.json"
     if local.is_file():  # fast path: no transformers import in the launcher
         try:
             d = json.loads(local.read_text())

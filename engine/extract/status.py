@@ -134,6 +134,9 @@ class StatusWriter:
                                                  "tokens_done": 0, "skipped": False})
             ds["samples_done"] += ns
             ds["tokens_done"] += nt
+            if ds["skipped"]:  # written after its skip (the batch in hand then): it counts in the totals again
+                d["samples_total"] += ns
+                d["tokens_total"] += nt
         now = time.monotonic()
         self._window.append((now, d["tokens_done"]))
         while len(self._window) > 2 and now - self._window[1][0] > RATE_WINDOW_S:
