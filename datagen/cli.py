@@ -386,6 +386,10 @@ def _cmd_extract(args: argparse.Namespace) -> int:
     if not args.config:
         print("error: datagen extract needs CONFIG (or --convert OUT --to LAYOUT)", file=sys.stderr)
         return 1
+    if args.to or args.convert_out or args.delete_source:
+        print("error: --to, --convert-out and --delete-source go with --convert OUT (rewrite existing shards); "
+              "a run's layout is [extract] layout in CONFIG", file=sys.stderr)
+        return 1
     from engine.extract.launch import ExtractRun, run_extract, torchrun_env
 
     cfg = load_config(args.config, check_files=False)
