@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 from typing import Any, Callable
 
 from textual import events
@@ -40,7 +39,7 @@ from tui.actions import DashboardActions, DashboardCommands
 from tui.host import Commands, DashboardHost, EngineHost, InjectedCommands, StaticHost
 from tui.layout import CSS, HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS, parse_keymap
 from tui.logbridge import PaneLogHandler, quiet_terminal_logging
-from tui.terminal import TerminalWatch
+from tui.terminal import TerminalWatch, use_real_terminal_size
 from tui.toasts import Toasts
 from tui.view import DashboardView
 from tui.extract.chain import ChainedExtraction
@@ -450,12 +449,7 @@ def run_dashboard(cfg: Config, *, exit_on_pause: bool = False, refresh_hz: float
     Raises:
         Whatever ``prepare`` raised (ConfigError, DatasetError, StoreError), after the app exits.
     """
-    try:  # Textual sizes itself with shutil.get_terminal_size(), which trusts exported COLUMNS/LINES
-        os.get_terminal_size(sys.__stdout__.fileno())
-        for var in ("COLUMNS", "LINES"):
-            os.environ.pop(var, None)
-    except (OSError, ValueError, AttributeError):
-        pass
+    use_real_terminal_size()
     handler = PaneLogHandler()
     app = DashboardApp(cfg, exit_on_pause=exit_on_pause, refresh_hz=refresh_hz, log_handler=handler)
     with quiet_terminal_logging(handler):

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 from typing import TYPE_CHECKING, Any
 
 from engine.run.headless import interrupt_action
@@ -146,4 +147,16 @@ def _detach_output(writer: Any) -> None:
     try:
         old.put_nowait(None)  # a live writer thread ends; a dead one does not need it
     except Exception:  # noqa: BLE001 - queue.Full
+        pass
+
+
+def use_real_terminal_size() -> None:
+    """Let Textual size itself from the terminal: it asks ``shutil.get_terminal_size()``, which trusts
+    exported ``COLUMNS``/``LINES`` (stale after a tmux resize), so they are dropped when stdout is a
+    real terminal."""
+    try:
+        os.get_terminal_size(sys.__stdout__.fileno())
+        for var in ("COLUMNS", "LINES"):
+            os.environ.pop(var, None)
+    except (OSError, ValueError, AttributeError):
         pass

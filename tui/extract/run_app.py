@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,7 @@ from engine.run.headless import interrupt_action
 from tui.extract.app import ExtractApp
 from tui.extract.screen import ExtractScreen
 from tui.logbridge import quiet_terminal_logging
-from tui.terminal import TerminalWatch
+from tui.terminal import TerminalWatch, use_real_terminal_size
 
 log = logging.getLogger("datagen.extract.dashboard")
 
@@ -158,12 +156,7 @@ def run_extract_dashboard(run: Any, *, refresh_hz: float = 2.0) -> int:
         Whatever ``run.run()`` raised (ExtractError: bad settings, input, model or disk;
         engine.proc.runlock.DirectoryInUse), after the app has restored the terminal.
     """
-    try:  # Textual sizes itself with shutil.get_terminal_size(), which trusts exported COLUMNS/LINES
-        os.get_terminal_size(sys.__stdout__.fileno())
-        for var in ("COLUMNS", "LINES"):
-            os.environ.pop(var, None)
-    except (OSError, ValueError, AttributeError):
-        pass
+    use_real_terminal_size()
     app = RunExtractApp(run, refresh_hz=refresh_hz)
     with quiet_terminal_logging():
         app.run()
