@@ -305,11 +305,11 @@ class ExtractChain:
             why = "; ".join(f"{n}: {w}" for n, w in self.left_out.items()) or "nothing to extract"
             return ExtractSnapshot(state="stopped" if self.left_out else "done", reason=why, events=events,
                                    quit_mode=self.quit_mode)
-        if self.mode == "dataset" and self.exit_code is None and self.current is not None:
-            snap = self.current.snapshot()
-            if snap.state == "done":  # its workers are done and it is closing: between extractions (p holds the next)
-                return replace(snap, state="paused" if self.paused else "not_started", events=events, workers=(),
-                               reason="extraction finished; waiting for the next datasets", quit_mode=self.quit_mode)
+        live = self.current.snapshot() if self.exit_code is None and self.current is not None else None
+        if self.mode == "dataset" and live is not None and live.state == "done":
+            # its workers are done and it is closing: between extractions (p holds the next one)
+            return replace(live, state="paused" if self.paused else "not_started", events=events, workers=(),
+                           reason="extraction finished; waiting for the next datasets", quit_mode=self.quit_mode)
         if self.exit_code is None and (self.current is None or run is None):
             if self.mode == "run":
                 why = "waiting for the generation run to complete"
@@ -323,7 +323,7 @@ class ExtractChain:
             snap = run.snapshot()
             return replace(snap, state=state, reason=why, events=events, workers=(), quit_mode=self.quit_mode)
         assert run is not None
-        snap = run.snapshot()
+        snap = live if live is not None and run is self.current else run.snapshot()
         return replace(snap, events=events, quit_mode=snap.quit_mode or self.quit_mode)
 
 
