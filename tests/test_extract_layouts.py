@@ -32,6 +32,7 @@ from engine.extract.layouts import make_layout
 from engine.extract.plan import project
 from engine.extract.shards import OutDir
 from engine.proc.pids import pid_alive
+from test_extract import direct  # the reference forward with hooks
 from engine.extract.tiny import build_tiny_model, synth_records
 from engine.extract.worker import run_worker
 from engine.tokens.records import read_parquet_dir, write_parquet
@@ -58,22 +59,6 @@ def make_job(tmp: Path, tiny: Path, layout: str, out: str, **extract):
             "extract": {"model": str(tiny), "aux_layers": AUX, "max_tokens_per_batch": 400, "disk_margin_gb": 0,
                         "layout": layout, "out_dir": str(tmp / out), **extract}}
     return resolve_job(parse_config(data, tmp / "config.toml", check_files=False), data=tmp / "data")
-
-
-def direct(model, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Unbatched forward with hooks: (every decoder layer's output [L, T, H], final-norm output [T, H], logits)."""
-    outs: list[torch.Tensor] = []
-    normed: list[torch.Tensor] = []
-    hooks = [layer.register_forward_hook(lambda m, a, o: outs.append((o[0] if isinstance(o, tuple) else o)[0]))
-             for layer in model.model.layers]
-    hooks.append(model.model.norm.register_forward_hook(lambda m, a, o: normed.append(o[0])))
-    try:
-        with torch.no_grad():
-            logits = model(torch.tensor([ids]), use_cache=False).logits[0]
-    finally:
-        for h in hooks:
-            h.remove()
-    return torch.stack(outs), normed[0], logits
 
 
 @pytest.fixture(scope="module")
