@@ -207,7 +207,9 @@ async def test_no_key_and_no_request_body_in_debug_logs(tmp_path, caplog):
     Authorization value and no request body (bodies are never logged)."""
     marker = "BODYMARKER" + secrets.token_hex(6)
     data = write_prompts(tmp_path / "p.jsonl", 40, tag=marker + " ")
-    for name in ("", "httpx", "httpcore", "engine"):
+    # aiosqlite too: an earlier test in this worker may have run setup_file_logging, which leaves the
+    # library loggers at WARNING for the rest of the process.
+    for name in ("", "httpx", "httpcore", "aiosqlite", "engine"):
         caplog.set_level(logging.DEBUG, logger=name)
     with SimThread(SimConfig(seed=4, faults={"429": 0.1, "502": 0.1, "disconnect": 0.05, "midstream": 0.05},
                              mean_completion_tokens=50)) as base_url:
