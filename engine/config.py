@@ -292,6 +292,53 @@ class SpendSection(_Strict):
         return self
 
 
+class VllmSection(_Strict):
+    """``[extract.vllm]``: keyword arguments passed to ``vllm.LLM(...)`` when ``[extract] engine = "vllm"``
+    (README "Extraction on vLLM", docs/vllm-extraction.md). Unknown keys are errors; a key left out
+    keeps vLLM's default, except those datagen fixes (prefill only, our token ids, prefix caching
+    off, the ``extract_hidden_states`` method and datagen's KV connector).
+
+    Attributes:
+        tensor_parallel_size / pipeline_parallel_size: one replica over ``tp x pp`` GPUs; must equal
+            ``[extract] gpus_per_worker`` on a GPU host.
+        data_parallel_size: vLLM's own data parallelism inside one replica's ``LLM`` (multi-node with
+            ``distributed_executor_backend = "ray"``); on one host datagen's workers are the data
+            parallelism (one ``LLM`` per GPU group), so leave it at 1 there.
+        quantization: vLLM's quantization method (``None``: from the checkpoint).
+        max_model_len: longest sequence (tokens); default ``[extract] max_seq_len`` or the model's.
+        gpu_memory_utilization: fraction of GPU memory vLLM may use (on vLLM's CPU backend: of the
+            CPU memory it may use; set ``VLLM_CPU_KVCACHE_SPACE`` (GiB) for the KV cache there).
+        max_num_batched_tokens / max_num_seqs: the scheduler's per-step token and sequence caps.
+        distributed_executor_backend: ``mp``, ``ray``, ``uni`` or ``external_launcher``.
+        trust_remote_code: models with custom code (Kimi-K2.5); default ``[extract] trust_remote_code``.
+        enforce_eager: no CUDA graphs / torch.compile (slower, starts faster).
+        kv_cache_dtype / block_size / seed / swap_space / cpu_offload_gb / enable_expert_parallel:
+            as in vLLM's engine arguments.
+    """
+
+    tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+    data_parallel_size: int = Field(1, ge=1)
+    quantization: str | None = None
+    max_model_len: int | None = Field(None, ge=1)
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    max_num_seqs: int | None = Field(None, ge=1)
+    distributed_executor_backend: Literal["mp", "ray", "uni", "external_launcher"] | None = None
+    trust_remote_code: bool | None = None
+    enforce_eager: bool | None = None
+    kv_cache_dtype: str | None = None
+    block_size: int | None = Field(None, ge=1)
+    seed: int | None = None
+    swap_space: float | None = Field(None, ge=0)
+    cpu_offload_gb: float | None = Field(None, ge=0)
+    enable_expert_parallel: bool | None = None
+
+    def llm_kwargs(self) -> dict[str, Any]:
+        """The keys set in the config (None values left out), as ``vllm.LLM`` keyword arguments."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
 class ExtractSection(_Strict):
     """``[extract]``: hidden-state extraction for EAGLE-3 (``datagen extract CONFIG``). All optional.
 
@@ -330,6 +377,11 @@ class ExtractSection(_Strict):
             ``never`` (default), ``run`` (once the whole run completed with exit 0) or ``dataset``
             (each dataset as soon as it is done and its token records are validated, while
             generation goes on). Needs ``model`` and a ``[tokenizer]`` section.
+        engine: what runs the target model: ``transformers`` (default: ``AutoModelForCausalLM``,
+            right for small targets and for proving correctness) or ``vllm`` (vLLM's
+            ``extract_hidden_states`` method and datagen's KV connector: its kernels and
+            tensor/pipeline parallelism, for targets like Kimi-K2.5; needs the ``vllm`` extra).
+        vllm: ``[extract.vllm]``, the ``vllm.LLM`` arguments (:class:`VllmSection`).
     """
 
     model: str | None = None
@@ -345,6 +397,8 @@ class ExtractSection(_Strict):
     trust_remote_code: bool = False
     layout: Literal["shards", "speculators", "specforge"] = "shards"
     after_run: Literal["never", "run", "dataset"] = "never"
+    engine: Literal["transformers", "vllm"] = "transformers"
+    vllm: VllmSection = Field(default_factory=VllmSection)
 
     @field_validator("aux_layers")
     @classmethod

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +109,8 @@ class ExtractJob:
         layout: output layout, ``shards`` | ``speculators`` | ``specforge`` (:mod:`engine.extract.layouts`).
         datasets: only these datasets' samples are extracted (None: all); chained extraction
             (:mod:`engine.run.chain`) passes the datasets whose generation is done and validated.
+        engine: ``transformers`` or ``vllm`` (:mod:`engine.extract.vllm`); vllm: the ``vllm.LLM``
+            keyword arguments from ``[extract.vllm]``.
     """
 
     model: str
@@ -131,6 +133,8 @@ class ExtractJob:
     trust_remote_code: bool = False
     layout: str = "shards"
     datasets: tuple[str, ...] | None = None
+    engine: str = "transformers"
+    vllm: dict[str, Any] = field(default_factory=dict)
 
     @property
     def dtype_bytes(self) -> int:
@@ -244,6 +248,12 @@ def resolve_job(cfg: Any, *, data: Path | None = None, gpus: list[int] | None = 
     else:
         kind, src = "run_dir", Path(cfg.run.dir)
     out = Path(ex.out_dir) if ex.out_dir is not None else Path(cfg.run.dir) / "extract"
+    vllm_kw = ex.vllm.llm_kwargs() if ex.engine == "vllm" else {}
+    if ex.engine == "vllm" and device == "cuda":
+        per = vllm_kw.get("tensor_parallel_size", 1) * vllm_kw.get("pipeline_parallel_size", 1)
+        if per != ex.gpus_per_worker:
+            raise ExtractError(f"[extract.vllm] tensor_parallel_size x pipeline_parallel_size = {per} but [extract] "
+                               f"gpus_per_worker = {ex.gpus_per_worker}: one vLLM replica runs on each worker's GPUs")
     return ExtractJob(
         model=ex.model, dtype=dtype, hidden_size=shape.hidden_size, num_layers=shape.num_layers,
         aux_layers=tuple(aux), source_kind=kind, source_path=str(src), out_dir=str(out.resolve()),
@@ -251,4 +261,5 @@ def resolve_job(cfg: Any, *, data: Path | None = None, gpus: list[int] | None = 
         device=device, gpus=tuple(avail), gpus_per_worker=ex.gpus_per_worker, workers=n,
         disk_margin_bytes=int(ex.disk_margin_gb * 1e9), free_bytes=free_bytes, trust_remote_code=ex.trust_remote_code,
         layout=ex.layout, datasets=tuple(datasets) if datasets is not None else None,
+        engine=ex.engine, vllm=vllm_kw,
     )

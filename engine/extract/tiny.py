@@ -28,13 +28,41 @@ def tiny_deepseek_config(layers: int = 6, hidden: int = 64, vocab: int = 1000, *
     return DeepseekV3Config(**kw)
 
 
-def build_tiny_model(path: str | Path, seed: int = 0, **config: Any) -> Path:
-    """Create the tiny model with seeded random weights and ``save_pretrained`` it to ``path`` (fp32)."""
+def tiny_family_config(family: str, layers: int = 4, vocab: int = 1000) -> Any:
+    """A tiny config of ``family`` that vLLM's CPU backend also runs (its attention needs head_dim 64,
+    its MLA a 576-wide latent): ``llama`` (dense, GQA), ``qwen3_moe`` (MoE: 4 experts, 2 per token,
+    the first layer dense) or ``deepseek_mla`` (DeepSeek-V3: MLA + MoE, Kimi-K2.5's architecture).
+    Hidden size 128."""
+    common: dict[str, Any] = dict(vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
+                                  max_position_embeddings=4096, tie_word_embeddings=False)
+    if family == "llama":
+        from transformers import LlamaConfig
+
+        return LlamaConfig(num_attention_heads=2, num_key_value_heads=1, **common)
+    if family == "qwen3_moe":
+        from transformers import Qwen3MoeConfig
+
+        return Qwen3MoeConfig(num_attention_heads=2, num_key_value_heads=1, head_dim=64, num_experts=4,
+                              num_experts_per_tok=2, moe_intermediate_size=64, decoder_sparse_step=1,
+                              mlp_only_layers=[0], **common)
+    if family == "deepseek_mla":
+        return tiny_deepseek_config(layers=layers, hidden=128, vocab=vocab, num_attention_heads=2, num_key_value_heads=2,
+                                    moe_intermediate_size=64, q_lora_rank=64, kv_lora_rank=512, qk_rope_head_dim=64,
+                                    qk_nope_head_dim=32, v_head_dim=64, max_position_embeddings=4096,
+                                    topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True)
+    raise ValueError(f"unknown tiny family {family!r} (llama, qwen3_moe, deepseek_mla)")
+
+
+def build_tiny_model(path: str | Path, seed: int = 0, family: str | None = None, **config: Any) -> Path:
+    """Create a tiny model with seeded random weights and ``save_pretrained`` it to ``path`` (fp32):
+    the DeepSeek-V3 one of :func:`tiny_deepseek_config` (``config`` overrides its arguments), or
+    ``family`` from :func:`tiny_family_config` (``config``: its ``layers``/``vocab``)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_deepseek_config(**config), dtype=torch.float32)
+    cfg = tiny_family_config(family, **config) if family else tiny_deepseek_config(**config)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     model.save_pretrained(path)
     return Path(path)
 

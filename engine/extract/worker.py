@@ -285,11 +285,8 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
                          if share_samples else "no samples for this worker")
         res.state = "done"
         return
-    from engine.extract.model import HiddenStates, load_model
-
     t0 = time.perf_counter()
-    hs = out.layout.wrap(HiddenStates(model if model is not None else load_model(job, gpus), job.aux_layers,
-                                      job.num_layers))
+    hs = _hidden_states(job, gpus, model, out)
     t["load"] = time.perf_counter() - t0
     if gate.check() is not None:  # a quit while the model loaded
         raise Stopped("quit before the first batch")
@@ -340,12 +337,14 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
         writer.close()
     except BaseException:
         stop.set()
+        getattr(hs, "close", lambda: None)()
         try:
             writer.close()
         except BaseException:  # noqa: BLE001 - the first error is the one to report
             pass
         res.samples, res.tokens, res.bytes_written = writer.samples, writer.tokens, writer.bytes
         raise
+    getattr(hs, "close", lambda: None)()
     t.update(loop=time.perf_counter() - loop0, forward=fwd, prep=prep, blocked=blocked, write=writer.write_s)
     res.samples, res.tokens, res.bytes_written = writer.samples, writer.tokens, writer.bytes
     if quit_mode is not None:
@@ -356,6 +355,19 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
     finish_layout(out, table, gate.skipped)
     res.state = "done"
     status.set_state("done")
+
+
+def _hidden_states(job: ExtractJob, gpus: tuple[int, ...], model: Any, out: OutDir) -> Any:
+    """The forward-pass object of ``job.engine``: ``HiddenStates`` on transformers (``model``: a loaded
+    model, else loaded here), or ``VllmHiddenStates`` (``model``: an already built ``vllm.LLM``)."""
+    if job.engine == "vllm":
+        from engine.extract.onvllm.hidden import VllmHiddenStates
+
+        return VllmHiddenStates(job, gpus, prenorm_last=out.layout.prenorm_last, llm=model)
+    from engine.extract.model import HiddenStates, load_model
+
+    return out.layout.wrap(HiddenStates(model if model is not None else load_model(job, gpus), job.aux_layers,
+                                        job.num_layers))
 
 
 def _inputs(table: TokenTable, batch: Batch) -> tuple[dict[str, Any], list[dict[str, Any]], list[np.ndarray]]:

@@ -46,6 +46,10 @@ class Layout:
         self.hidden_size = hidden_size
         self.n_aux = n_aux
 
+    #: the layout stores the last layer's output BEFORE the final norm (the vLLM engine reads this;
+    #: the transformers engine gets it through :meth:`wrap`)
+    prenorm_last = False
+
     def wrap(self, hidden_states: Any) -> Any:
         """The forward-pass object the worker should use (default: ``hidden_states`` itself,
         whose ``last`` is the final hidden state after the final norm)."""

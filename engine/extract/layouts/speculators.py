@@ -100,6 +100,7 @@ class SpeculatorsLayout(PerSampleLayout):
     """``hidden_states/hs_{i}.safetensors`` per sample + the preprocessed dataset (module doc)."""
 
     name = "speculators"
+    prenorm_last = True
 
     def __init__(self, hidden_size: int, n_aux: int) -> None:
         import importlib.util
