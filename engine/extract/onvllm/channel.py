@@ -86,7 +86,7 @@ class CaptureServer:
                     (n,) = _LEN.unpack(head)
                     meta = json.loads(_recv_exact(conn, n) or b"null")
                     shape = tuple(int(x) for x in meta["shape"])
-                    dtype = getattr(torch, str(meta["dtype"]))
+                    dtype = getattr(torch, str(meta["dtype"]), None)
                     if not isinstance(dtype, torch.dtype):
                         raise ValueError(f"dtype {meta['dtype']!r}")
                     size = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
