@@ -51,7 +51,8 @@ def prepare(job: ExtractJob, say: Callable[[str], None], check_disk: bool = True
         + (f"; left out: {table.dropped}" if any(table.dropped.values()) else ""))
     say(f"model {job.model}: H={job.hidden_size}, L={job.num_layers}, aux layers {list(job.aux_layers)} "
         f"(0-based layer outputs), {job.dtype}; per token {(len(job.aux_layers) + 1)} x {job.hidden_size} x "
-        f"{job.dtype_bytes} B")
+        f"{job.dtype_bytes} B; engine {job.engine}"
+        + (f" ({', '.join(f'{k}={v}' for k, v in job.vllm.items())})" if job.engine == "vllm" else ""))
     if check_disk:
         say(check_job_fits(job.out_dir, proj.total, job.disk_margin_bytes, job.free_bytes)
             + f" [hidden states {fmt_bytes(proj.hidden_bytes)} + ids/masks/headers {fmt_bytes(proj.overhead_bytes)}]")

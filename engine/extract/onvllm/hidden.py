@@ -103,6 +103,8 @@ class VllmHiddenStates:
                     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
                 if job.device == "cpu":
                     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+                # vLLM logs, at WARNING, tracebacks about the tokenizer datagen deliberately does not load
+                os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
                 try:
                     from vllm import LLM
                 except ImportError as e:
