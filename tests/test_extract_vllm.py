@@ -122,3 +122,36 @@ def test_vllm_kill9_then_restart_exactly_once(tmp_path: Path) -> None:
     check_exactly_once(out, ids)
     doc = collect(out)
     assert doc["state"] == "done" and doc["samples_done"] == len(ids)
+
+
+@pytest.mark.skipif(__import__("shutil").which("tmux") is None, reason="tmux is not installed")
+def test_vllm_in_the_extraction_view_pause_resume_quit(tmp_path: Path) -> None:
+    """``datagen extract`` on vLLM in a real terminal: the same extraction view, ``p`` pauses the worker
+    (nothing written while paused), ``p`` resumes, ``q`` drains and exits 0; a rerun finishes exactly once."""
+    from test_tui_extract_tmux import DATAGEN, Tmux, exit_code, finish_headless, make_config, manifest_ids, wait, \
+        worker_state
+
+    model = build_tiny_model(tmp_path / "model", family="llama")
+    cfg, out, ids = make_config(tmp_path, model)
+    with open(cfg, "a") as f:
+        f.write('engine = "vllm"\n')
+    tmux = Tmux()
+    try:
+        rc = tmux.start(tmp_path, f"{DATAGEN} extract {cfg} --data {tmp_path / 'data'}")
+        wait(lambda: "GPUs · workers" in tmux.screen() and worker_state(out).get("samples_done", 0) > 0, 120,
+             "the extraction view and the first batch", tmux.screen)
+        tmux("send-keys", "-t", "dash", "p")
+        wait(lambda: worker_state(out).get("state") == "paused", 30, "the worker to pause", tmux.screen)
+        wait(lambda: "PAUSED" in tmux.screen(), 10, "the view to show PAUSED", tmux.screen)
+        at = len(manifest_ids(out))
+        time.sleep(1.0)
+        assert len(manifest_ids(out)) == at < len(ids)
+        tmux("send-keys", "-t", "dash", "p")
+        wait(lambda: len(manifest_ids(out)) > at, 30, "a shard after resuming", tmux.screen)
+        tmux("send-keys", "-t", "dash", "q")
+        assert exit_code(rc, tmux, 120) == 0
+        got = manifest_ids(out)
+        assert len(got) == len(set(got)) == worker_state(out)["samples_done"]
+    finally:
+        tmux.close()
+    finish_headless(cfg, tmp_path, out, ids)
