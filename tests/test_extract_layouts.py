@@ -15,7 +15,6 @@ tests/test_train_check_speculators.py (``make train-check``).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections import Counter
@@ -31,7 +30,7 @@ from engine.extract.job import resolve_job
 from engine.extract.layouts import make_layout
 from engine.extract.plan import project
 from engine.extract.shards import OutDir
-from engine.proc.pids import pid_alive
+from test_extract_procs import kill_worker_then_launcher
 from test_extract import direct  # the reference forward with hooks
 from engine.extract.tiny import build_tiny_model, synth_records
 from engine.extract.worker import run_worker
@@ -379,7 +378,6 @@ def test_kill9_then_restart_exactly_once_speculators(tmp_path: Path, tiny: Path)
     then run again: every sample exactly once, indices 0..N-1, the dataset written at the end."""
     import signal
     import subprocess
-    import time
 
     from datasets import load_from_disk
 
@@ -405,18 +403,7 @@ def test_kill9_then_restart_exactly_once_speculators(tmp_path: Path, tiny: Path)
             return 0
 
     p = extract()
-    status = out / "status" / "worker-0.json"
-    deadline = time.monotonic() + 90
-    pid = None
-    while time.monotonic() < deadline and p.poll() is None:
-        if listed() >= 4 and status.exists():
-            pid = json.loads(status.read_text())["pid"]
-            os.kill(pid, signal.SIGKILL)  # the worker, mid-run; then the launcher, before it restarts it
-            while pid_alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            os.kill(p.pid, signal.SIGKILL)
-            break
-        time.sleep(0.005)
+    pid = kill_worker_then_launcher(p, out, listed, timeout=90)  # the worker mid-run, then the launcher
     assert pid is not None, p.communicate()[0]
     log = p.communicate(timeout=60)[0]
     killed_at = listed()

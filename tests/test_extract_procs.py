@@ -51,6 +51,25 @@ def lines(path: Path) -> int:
         return 0
 
 
+def kill_worker_then_launcher(p: subprocess.Popen, out: Path, listed, at_least: int = 4,
+                              timeout: float = 60) -> int | None:
+    """Once ``listed()`` (samples committed) reaches ``at_least``: SIGKILL worker 0 (its pid from its
+    status file), wait for it to be gone, then SIGKILL the launcher ``p`` before it restarts the
+    worker. Returns the worker's pid, or None when the job ended or ``timeout`` passed first."""
+    status = out / "status" / "worker-0.json"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and p.poll() is None:
+        if listed() >= at_least and status.exists():
+            pid = json.loads(status.read_text())["pid"]
+            os.kill(pid, signal.SIGKILL)
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            os.kill(p.pid, signal.SIGKILL)
+            return pid
+        time.sleep(0.005)
+    return None
+
+
 def check_exactly_once(out: Path, ids: set[str]) -> None:
     from safetensors import safe_open
 
@@ -74,18 +93,8 @@ def check_exactly_once(out: Path, ids: set[str]) -> None:
 def test_kill9_worker_then_restart_exactly_once(tmp_path: Path, tiny: Path) -> None:
     out, ids = setup_job(tmp_path, tiny, 60, 8, 160, 256)
     p = extract(tmp_path)
-    status = out / "status" / "worker-0.json"
-    deadline = time.monotonic() + 60
-    pid = None
-    while time.monotonic() < deadline and p.poll() is None:
-        if lines(out / "manifest.jsonl") >= 4 and status.exists():
-            pid = json.loads(status.read_text())["pid"]
-            os.kill(pid, signal.SIGKILL)  # the worker, mid-run; then the launcher, before it restarts
-            while pid_alive(pid) and time.monotonic() < deadline:  # it (test_extract_control_procs.py)
-                time.sleep(0.01)
-            os.kill(p.pid, signal.SIGKILL)
-            break
-        time.sleep(0.005)
+    # the worker, mid-run; then the launcher, before it restarts it (test_extract_control_procs.py)
+    pid = kill_worker_then_launcher(p, out, lambda: lines(out / "manifest.jsonl"))
     assert pid is not None, p.communicate()[0]
     log = p.communicate(timeout=60)[0]
     killed_at = lines(out / "manifest.jsonl")

@@ -10,8 +10,6 @@ exactly once.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import time
 from pathlib import Path
 
@@ -28,9 +26,8 @@ from engine.extract.shards import OutDir  # noqa: E402
 from engine.extract.status import collect  # noqa: E402
 from engine.extract.tiny import build_tiny_model, synth_records  # noqa: E402
 from engine.extract.worker import run_worker  # noqa: E402
-from engine.proc.pids import pid_alive  # noqa: E402
 from engine.tokens.records import write_parquet  # noqa: E402
-from test_extract_procs import check_exactly_once, extract, lines, setup_job  # noqa: E402
+from test_extract_procs import check_exactly_once, extract, kill_worker_then_launcher, lines, setup_job  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 AUX = [0, 1, 2]
@@ -98,18 +95,7 @@ def test_vllm_kill9_then_restart_exactly_once(tmp_path: Path) -> None:
     with open(tmp_path / "config.toml", "a") as f:
         f.write('engine = "vllm"\n')
     p = extract(tmp_path)
-    status = out / "status" / "worker-0.json"
-    deadline = time.monotonic() + 240
-    pid = None
-    while time.monotonic() < deadline and p.poll() is None:
-        if lines(out / "manifest.jsonl") >= 4 and status.exists():
-            pid = json.loads(status.read_text())["pid"]
-            os.kill(pid, signal.SIGKILL)
-            while pid_alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            os.kill(p.pid, signal.SIGKILL)
-            break
-        time.sleep(0.005)
+    pid = kill_worker_then_launcher(p, out, lambda: lines(out / "manifest.jsonl"), timeout=240)
     assert pid is not None, p.communicate()[0]
     log = p.communicate(timeout=60)[0]
     killed_at = lines(out / "manifest.jsonl")
