@@ -1,8 +1,8 @@
-"""The ``datagen`` command line: run, sim, status, ctl, export, extract, validate, make-tokenizer.
+"""The ``datagen`` command line: run, sim, status, ctl, export, extract, validate, report, make-tokenizer.
 
 The layer above the engine and the dashboard (``tui``). Every error the project defines derives from
 :class:`engine.errors.DatagenError`; :func:`main` catches it once and prints ``error: <message>`` with the
-command's error exit status (1, or 2 for ``export`` and ``validate``: README "Commands"). The commands
+command's error exit status (1, or 2 for ``export``, ``validate`` and ``report``: README "Commands"). The commands
 catch only what they turn into something else: ``export``'s "nothing to export" (exit 1), an unwritable
 ``--out`` or run directory (an ``OSError``, reworded), a refused start's clean-up (``run``).
 """
@@ -296,6 +296,24 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_report(args: argparse.Namespace) -> int:
+    """0 written; 2 error (no run directory or store, matplotlib missing, ``--out`` not writable)."""
+    from engine.report.page import write_report
+
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        print(f"error: --out {out}: exists and is not a directory (expected a directory to write into)", file=sys.stderr)
+        return EXIT_ERROR
+    cfg = load_config(args.config, check_files=False) if args.config else None
+    try:
+        path = write_report(Path(args.run_dir), out, cfg)
+    except OSError as e:
+        print(f"error: cannot write the report to --out {out}: {e.filename or out}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_ERROR
+    print(f"{path}: {path.stat().st_size:,} bytes")
+    return EXIT_OK
+
+
 def _cmd_make_tokenizer(args: argparse.Namespace) -> int:
     from engine.tokens.demo_tokenizer import build_demo_tokenizer
 
@@ -500,6 +518,14 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--workers", type=int, default=None, help="worker processes (default [tokenizer] workers)")
     v.set_defaults(func=_cmd_validate, error_exit=EXIT_ERROR)
 
+    rp = sub.add_parser("report", help="write RUN_DIR's report, one self-contained HTML file with charts, to "
+                        "DIR/report.html (exit 0 written, 2 error)")
+    rp.add_argument("run_dir")
+    rp.add_argument("--out", required=True, help="output directory")
+    rp.add_argument("--config", help="config whose [spend] and classes the reservations are computed with "
+                    "(default: the settings stored with the run)")
+    rp.set_defaults(func=_cmd_report, error_exit=EXIT_ERROR)
+
     mt = sub.add_parser("make-tokenizer", help="build the small Kimi-layout demo tokenizer into DIR, offline "
                         "(for the simulator: Kimi-K2.5's layout, not its vocabulary)")
     mt.add_argument("dir")
@@ -530,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns the command's exit code. A :class:`~engine.errors.DatagenError` raised by any command is
     printed as ``error: <message>`` on stderr (no traceback) and exits with the command's error status:
-    2 for ``export`` and ``validate`` (``EXIT_ERROR``), 1 for the others. Besides each command's own codes, 130 when interrupted by
+    2 for ``export``, ``validate`` and ``report`` (``EXIT_ERROR``), 1 for the others. Besides each command's own codes, 130 when interrupted by
     Ctrl-C outside a run's own signal handling (``validate``, ``export``, ``status --watch``) and
     141 (128 + SIGPIPE, as a shell tool) when stdout is a pipe closed early (``datagen status | head``),
     both without a traceback; a closed stdout/stderr descriptor (``>&-``) is written to ``/dev/null``.

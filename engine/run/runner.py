@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import json
 import logging
 import sys
 from dataclasses import dataclass
 from typing import TextIO
 
 from engine.run import guards
+from engine.report.settings import SETTINGS_KEY, run_settings
 from engine.client.chat import ChatClient
 from engine.client.types import RequestError
 from engine.config import Config, ConfigError
@@ -108,6 +110,7 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
         prev = await store.get_meta("run_name")
         if prev is None:
             await store.set_meta("run_name", cfg.run.name)
+        await store.set_meta(SETTINGS_KEY, json.dumps(run_settings(cfg)))  # for `datagen report`
         checker = None
         if checked is not None:
             from engine.tokens.promptcheck import PromptChecker
