@@ -117,6 +117,9 @@ def test_figures_equal_the_engines_own(run: tuple[Path, Path]) -> None:
     assert figs["settings"]["source"] == "stored with the run"  # written by `datagen run` at its start
     assert figs["settings"]["spend"]["reserve_percentile"] == 0.8
     assert figs["settings"]["classes"] == {"short": {"max_tokens": 600, "concurrency": 16}}
+    base = load_config(cfg_path)
+    again = gather(run_dir, base.model_copy(update={"spend": base.spend.model_copy(update={"reserve_percentile": 0.95})}))
+    assert again["settings"]["source"] == "--config" and again["lengths"][1]["classes"][0]["percentile"] == 0.95
 
     tl = figs["timeline"]
     assert sum(tl["completions"]) == st["totals"]["done"]
@@ -198,6 +201,7 @@ def test_extraction_progress_from_manifest_and_status(tmp_path: Path) -> None:
     assert ex["timeline"] == {"t": [t0, t0, t0 + 60], "samples_cum": [1.0, 2.0, 3.0], "tokens_cum": [7.0, 17.0, 22.0]}
     assert ex["datasets"] == {"a": {"samples": 2, "tokens": 15}, "b": {"samples": 1, "tokens": 7}}
     assert figs["timeline"] is None and figs["lengths"] == [] and figs["validation"] is None  # nothing sent yet
+    assert figs["settings"]["source"].startswith("defaults") and figs["settings"]["spend"]["reserve_percentile"] == 0.9
 
     from engine.report.page import render
     from engine.report.plots import all_charts

@@ -32,6 +32,8 @@ RUN_ROWS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("completion tokens", ("totals", "completion_tokens"), "int"),
     ("reasoning tokens", ("totals", "reasoning_tokens"), "int"), ("errors", ("totals", "errors"), "errors"),
 )
+#: The first :data:`RUN_SPLIT` rows (state, money, time) and the rest (counts) go side by side.
+RUN_SPLIT = 9
 #: Per-dataset columns: (heading, key, format).
 DATASET_COLS = (("state", "state", "text"), ("prompts", "prompts", "int"), ("done", "done", "int"),
                 ("failed", "failed", "int"), ("skipped", "skipped", "int"), ("pending", "pending", "int"),
@@ -93,9 +95,12 @@ def _get(doc: dict[str, Any], path: tuple[str, ...]) -> Any:
 
 def status_tables(st: dict[str, Any]) -> str:
     """The status figures as tables (run, datasets, providers), each cell with ``data-path``/``data-value``."""
-    out = ['<table id="status-run">']
-    out += [f"<tr><th>{escape(label)}</th>{_cell(list(path), _get(st, path), kind)}</tr>" for label, path, kind in RUN_ROWS]
-    out.append("</table>")
+    out = ['<div class="grid">']
+    for tid, rows in (("status-run", RUN_ROWS[:RUN_SPLIT]), ("status-counts", RUN_ROWS[RUN_SPLIT:])):
+        out.append(f'<table id="{tid}">')
+        out += [f"<tr><th>{escape(label)}</th>{_cell(list(path), _get(st, path), kind)}</tr>" for label, path, kind in rows]
+        out.append("</table>")
+    out.append("</div>")
     out.append('<table id="status-datasets"><tr><th>dataset</th>' + "".join(f"<th>{h}</th>" for h, _, _ in DATASET_COLS) + "</tr>")
     for d in st["datasets"] + [dict(st["totals"], name="TOTAL")]:
         root = ["totals"] if d["name"] == "TOTAL" else ["datasets", d["name"]]

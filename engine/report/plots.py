@@ -51,11 +51,11 @@ def _png(fig: Any) -> bytes:
     return buf.getvalue()
 
 
-def _legend(a: Any, twin: Any, loc: str) -> None:
-    """One legend for an axis and its twin."""
+def _legend(fig: Any, a: Any, twin: Any) -> None:
+    """One legend for an axis and its twin, above the axes (clear of the data)."""
     h1, l1 = a.get_legend_handles_labels()
     h2, l2 = twin.get_legend_handles_labels()
-    a.legend(h1 + h2, l1 + l2, loc=loc, fontsize="small")
+    fig.legend(h1 + h2, l1 + l2, loc="outside upper right", ncols=len(h1 + h2), fontsize="small")
 
 
 def _x(tl: dict[str, Any]) -> tuple[list[float], str, float]:
@@ -80,7 +80,7 @@ def throughput_spend(tl: dict[str, Any] | None) -> bytes | None:
              label="completion tokens/s")
     tok.set_ylabel("completion tokens/s")
     top.set_title(f"Throughput (bins of {tl['bin_s']:g} s)")
-    _legend(top, tok, "upper left")
+    _legend(fig, top, tok)
     edges = [(i + 1) * w for i in range(tl["bins"])]
     bottom.step([0.0] + edges, [0.0] + tl["spend_usd_cum"], where="pre", color="#9467bd")
     bottom.fill_between([0.0] + edges, [0.0] + tl["spend_usd_cum"], step="pre", color="#9467bd", alpha=0.2)
@@ -137,10 +137,11 @@ def lengths(items: list[dict[str, Any]]) -> bytes | None:
                 a.plot([], [], color=colour, linestyle="-", linewidth=2, label=label + tag + " (off the axis)")
             if c["max_tokens"] <= 1.5 * hi and c["max_tokens"] != res["tokens"]:
                 a.axvline(c["max_tokens"], color=colour, linestyle=":", label=f"max_tokens {c['max_tokens']:,}{tag}")
-        a.set_title(f"{it['dataset']}: {it['n']:,} completions, mean {it['mean']:,.0f} tokens", fontsize="medium")
+        a.set_title(f"{it['dataset']}: {it['n']:,} completion{'s' if it['n'] != 1 else ''}, mean {it['mean']:,.0f} tokens",
+                    fontsize="medium")
         a.set_xlabel("completion tokens")
         a.set_ylabel("completions")
-        a.legend(fontsize="x-small", loc="upper right")
+        a.legend(fontsize="x-small", loc="best")
     for k in range(len(items), rows * cols):
         ax[k // cols][k % cols].set_visible(False)
     return _png(fig)
@@ -215,7 +216,7 @@ def extraction(ex: dict[str, Any] | None) -> bytes | None:
     tok = a.twinx()
     tok.step(xs, ex["timeline"]["tokens_cum"], where="post", color="#ff7f0e", label="tokens")
     tok.set_ylabel("tokens committed")
-    _legend(a, tok, "lower right")
+    _legend(fig, a, tok)
     a.set_xlabel(f"time since the first commit ({unit})")
     a.set_title(f"Extraction progress ({ex['timeline']['samples_cum'][-1]:,.0f} samples in the manifest)")
     return _png(fig)

@@ -55,7 +55,7 @@ LENGTH_BINS = 30
 
 
 class ReportError(DatagenError):
-    """The report cannot be made (no run directory, no store)."""
+    """The report cannot be made: no run directory, or matplotlib (the `report` extra) missing."""
 
 
 def gather(run_dir: Path, config: Config | None = None, now: float | None = None) -> dict[str, Any]:
