@@ -9,9 +9,9 @@ request and when an endpoint leaves or rejoins the rotation is decided by the pu
   the request there, and reports the outcome. With no healthy endpoint at all it raises ``connect``
   (``no healthy endpoint``), an ordinary retried error.
 - A failed request names its endpoint in the message (``URL: ...``). Whose fault it is:
-  ``connect`` (refused, connect timeout) is the endpoint's; a ``disconnect`` is the endpoint's when
-  the endpoint is then found down (already marked, or its health probe fails right away: a replica
-  that was killed mid-stream). Those errors carry ``endpoint_fault`` and are retried at once on the
+  ``connect`` (refused, connect timeout) is the endpoint's; a ``disconnect`` or ``stall`` is the
+  endpoint's when the endpoint is then found down (already marked, or its health probe fails right
+  away: a replica killed mid-stream, a host gone). Those errors carry ``endpoint_fault`` and are retried at once on the
   other endpoints without counting against the prompt (:class:`~engine.client.retry.RetryPolicy`
   ``endpoint_retries``). Every other error is the request's, counts as usual, and feeds the
   endpoint's error streak (5xx, timeouts...).
@@ -210,7 +210,7 @@ class EndpointFleet:
         if e.error_class is ErrorClass.CONNECT:
             self._changed(self.set.on_unreachable(ep, now, e.error_class.value, truncate(e.message, 160)))
             return True
-        if e.error_class is ErrorClass.DISCONNECT:
+        if e.error_class in (ErrorClass.DISCONNECT, ErrorClass.STALL):
             if ep.state is not EndpointState.DOWN:
                 r = await self._probe(ep)
                 if r.ok:
