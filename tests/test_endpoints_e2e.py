@@ -110,3 +110,24 @@ format = "text"
     log = (run_dir / "datagen.log").read_text()
     assert f"endpoint {urls[1]} down" in log
     db.close()
+
+
+def test_the_same_400_from_every_replica_is_one_config_mistake(tmp_path):
+    """A rejection names its replica in the message, yet the same 400 from two replicas is still
+    "the same rejection": the run pauses (config mistake) and no prompt is failed."""
+    from casesrv import CaseServer, case_config, error_reply, run_case
+
+    refused = "Reasoning is mandatory for this endpoint and cannot be disabled."
+    with CaseServer(lambda req, n: error_reply(400, refused)) as a, \
+            CaseServer(lambda req, n: error_reply(400, refused)) as b:
+        prompts = [{"messages": [{"role": "user", "content": f"Fact {i}?"}]} for i in range(20)]
+        cfg = case_config(tmp_path, a.base_url, prompts, concurrency=4)
+        cfg.write_text(cfg.read_text().replace(f'base_url = "{a.base_url}"',
+                                               f'base_urls = ["{a.base_url}", "{b.base_url}"]'))
+        r = run_case(cfg, "--exit-on-pause")
+        out = r.stdout + r.stderr
+        assert r.returncode == 3, out
+        assert "the provider refuses every request the same way" in out and refused in out
+        assert a.requests and b.requests  # both replicas were asked and both refused
+    with sqlite3.connect(tmp_path / "run" / "store.sqlite") as db:
+        assert dict(db.execute("SELECT state, COUNT(*) FROM prompts GROUP BY state").fetchall()) == {"pending": 20}

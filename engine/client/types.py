@@ -187,6 +187,12 @@ class RequestError(DatagenError):
         """Whether the request may be tried again (see :attr:`ErrorClass.retryable`)."""
         return self.error_class.retryable
 
+    @property
+    def bare_message(self) -> str:
+        """:attr:`message` without the endpoint prefix :meth:`at_endpoint` adds: what the server or
+        the transport said, the same whichever replica said it."""
+        return self.message.removeprefix(f"{self.endpoint}: ") if self.endpoint else self.message
+
     def at_endpoint(self, url: str, fault: bool) -> "RequestError":
         """Name the endpoint ``url`` that failed in the message (``"URL: message"``) and record whether
         the fault is the endpoint's (:attr:`endpoint_fault`); returns ``self``."""
