@@ -356,3 +356,15 @@ async def test_providers_pane_shows_each_endpoint():
     assert any("10.0.0.1:8000 healthy 7/8 1,234 0.0% 2.5s 812" in r for r in rows)
     assert any("10.0.0.2:8000 down 0/8 310 2.3% 2.4s 0" in r for r in rows)
     assert any("10.0.0.3:8000 draining 3 905 0.6% 3.1s 240" in r for r in rows)
+
+
+async def test_credentials_in_an_endpoint_url_are_never_shown():
+    from engine.client.chat import ChatClient
+    from engine.client.fleet import EndpointFleet, shown_url
+
+    assert shown_url("http://user:s3cret@10.0.0.1:8000/v1") == "http://***@10.0.0.1:8000/v1"
+    assert shown_url("https://10.0.0.1/v1") == "https://10.0.0.1/v1"
+    fleet = EndpointFleet([("https://u:s3cret@10.0.0.1/v1", None)], lambda u: ChatClient(u, None))
+    assert [e.url for e in fleet.snapshot()] == ["https://***@10.0.0.1/v1"]
+    assert "s3cret" not in repr(fleet)
+    await fleet.aclose()

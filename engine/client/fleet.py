@@ -30,6 +30,7 @@ import logging
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
+from urllib.parse import urlsplit, urlunsplit
 
 from .accumulate import StreamProgress
 from .chat import ChatClient
@@ -46,6 +47,14 @@ PROBE_PATH = "/models"
 
 #: ``on_change(level, message)``: an endpoint changed state (``level``: ``"warning"`` | ``"info"``).
 OnChange = Callable[[str, str], None]
+
+
+def shown_url(url: str) -> str:
+    """``url`` as messages and figures show it: credentials in it (``http://user:pass@host``) masked."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
 
 
 class ProbeResult(NamedTuple):
@@ -77,7 +86,8 @@ class EndpointFleet:
                  on_change: OnChange | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._t0 = clock()
-        self.set = EndpointSet(endpoints, policy, now=self._t0)
+        # messages, events and figures name an endpoint by its url without any user:password in it
+        self.set = EndpointSet([(shown_url(u), c) for u, c in endpoints], policy, now=self._t0)
         self._clients = [make_client(url) for url, _ in endpoints]
         self._probe_timeout = float(probe_timeout_s)
         self._on_change = on_change
