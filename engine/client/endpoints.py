@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import enum
 import math
-from bisect import insort
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -300,9 +299,7 @@ class EndpointSet:
         out = []
         for ep in self.endpoints:
             self._trim(ep, now)
-            lat: list[float] = []
-            for x in ep.latencies:
-                insort(lat, x)
+            lat = sorted(ep.latencies)
             span = RATE_WINDOW_S if start is None else min(RATE_WINDOW_S, max(now - start, 1e-9))
             n_err = sum(ep.errors.values())
             out.append(EndpointSnapshot(
