@@ -116,6 +116,37 @@ class SimSection(_Strict):
         return v
 
 
+def _check_url(v: str) -> str:
+    """An http(s) API root without its trailing ``/``.
+
+    Raises:
+        ValueError: not an http(s) URL with a host.
+    """
+    u = urlparse(v)
+    if u.scheme not in ("http", "https") or not u.netloc:
+        raise ValueError(f"expected an http(s) URL like https://openrouter.ai/api/v1, got {v!r}")
+    return v.rstrip("/")
+
+
+class EndpointEntry(_Strict):
+    """One entry of ``[provider] base_urls`` written as a table: ``{ url = "...", concurrency = N }``
+    (a plain string is ``{ url = STRING }``).
+
+    Attributes:
+        url: the replica's API root ending in ``/v1``.
+        concurrency: requests in flight on this replica at most (overrides ``endpoint_concurrency``;
+            None: that, else only the class limits).
+    """
+
+    url: str
+    concurrency: int | None = Field(None, ge=1)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        return _check_url(v)
+
+
 class ProviderSection(_Strict):
     """``[provider]``: where completions are bought.
 
@@ -131,6 +162,13 @@ class ProviderSection(_Strict):
         stream_usage: with ``stream``, ask for usage in the stream (``stream_options: {"include_usage":
             true}``; default true). vLLM, SGLang and OpenAI send no usage in a stream without it; OpenRouter
             accepts it. Set false only for a server that refuses ``stream_options``.
+        base_urls: several replicas of the model (kind ``openai`` only, instead of ``base_url``): each a
+            URL string or an :class:`EndpointEntry` table; requests go to the healthy one with the fewest
+            in flight (:mod:`engine.client.endpoints`).
+        endpoint_concurrency: requests in flight per replica at most (None: only the class limits).
+        endpoint_error_streak: errors in a row (5xx, timeouts, ...) that drain a replica.
+        endpoint_probe_s: seconds before a replica taken out of rotation is probed again (doubling
+            after each failed probe, up to 60 s).
     """
 
     kind: Literal["openrouter", "openai", "simulated"] = "simulated"
@@ -143,16 +181,38 @@ class ProviderSection(_Strict):
     timeouts: TimeoutsSection = Field(default_factory=TimeoutsSection)
     routing: RoutingSection = Field(default_factory=RoutingSection)
     sim: SimSection = Field(default_factory=SimSection)
+    base_urls: list[EndpointEntry] | None = Field(None, min_length=1)
+    endpoint_concurrency: int | None = Field(None, ge=1)
+    endpoint_error_streak: int = Field(5, ge=1)
+    endpoint_probe_s: float = Field(1.0, gt=0, le=60)
 
     @field_validator("base_url")
     @classmethod
     def _url(cls, v: str | None) -> str | None:
+        return v if v is None else _check_url(v)
+
+    @field_validator("base_urls", mode="before")
+    @classmethod
+    def _url_entries(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            return [{"url": e} if isinstance(e, str) else e for e in v]
+        return v
+
+    @field_validator("base_urls")
+    @classmethod
+    def _urls(cls, v: list[EndpointEntry] | None, info: Any) -> list[EndpointEntry] | None:
         if v is None:
             return v
-        u = urlparse(v)
-        if u.scheme not in ("http", "https") or not u.netloc:
-            raise ValueError(f"expected an http(s) URL like https://openrouter.ai/api/v1, got {v!r}")
-        return v.rstrip("/")
+        if info.data.get("base_url"):
+            raise ValueError("give either base_url (one server) or base_urls (several replicas), not both")
+        kind = info.data.get("kind")
+        if kind is not None and kind != "openai":
+            raise ValueError(f'several endpoints need kind = "openai" (vLLM/SGLang replicas), not {kind!r}')
+        urls = [e.url for e in v]
+        dup = sorted({u for u in urls if urls.count(u) > 1})
+        if dup:
+            raise ValueError(f"each endpoint once; repeated: {', '.join(dup)}")
+        return v
 
     @field_validator("api_key_env")
     @classmethod
@@ -163,9 +223,27 @@ class ProviderSection(_Strict):
 
     @model_validator(mode="after")
     def _needs_url(self) -> "ProviderSection":
-        if self.kind == "openai" and not self.base_url:
+        if self.kind == "openai" and not self.base_url and not self.base_urls:
             raise ValueError("kind 'openai' needs base_url (e.g. http://127.0.0.1:8000/v1)")
+        lonely = [k for k in ("endpoint_concurrency", "endpoint_error_streak", "endpoint_probe_s")
+                  if k in self.model_fields_set]
+        if lonely and not self.base_urls:
+            raise ValueError(f"{', '.join(lonely)}: used only with several endpoints; set base_urls "
+                             f"(or remove {'it' if len(lonely) == 1 else 'them'})")
         return self
+
+    def endpoints(self) -> list[tuple[str, int | None]]:
+        """``(url, concurrency cap)`` of each ``base_urls`` entry (the entry's own ``concurrency``, else
+        ``endpoint_concurrency``); ``[]`` without ``base_urls``."""
+        return [(e.url, e.concurrency or self.endpoint_concurrency) for e in self.base_urls or ()]
+
+    def all_base_urls(self) -> list[str]:
+        """Every API root requests may go to: the ``base_urls``, else ``[resolved_base_url()]``
+        (``[]`` for ``simulated``)."""
+        if self.base_urls:
+            return [e.url for e in self.base_urls]
+        url = self.resolved_base_url()
+        return [url] if url else []
 
     def resolved_base_url(self) -> str | None:
         """``base_url``, or OpenRouter's for kind ``openrouter``; None for ``simulated``."""

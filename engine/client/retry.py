@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_random_exponential
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_random_exponential
 
 from .types import RequestError
 
@@ -59,6 +59,10 @@ class RetryPolicy:
             keeps thousands of requests told the same ``X-RateLimit-Reset`` from returning in one instant.
             0 gives the exact server value.
         max_retry_after_s: cap on a server-requested wait (s).
+        endpoint_retries: retries, per call, of errors that are an endpoint's fault
+            (:attr:`~engine.client.types.RequestError.endpoint_fault`: with several endpoints, one could not
+            be reached or went down mid-request), made at once and NOT counted against ``max_attempts``;
+            past this many they count like any other error. 0 (the default, one endpoint): none.
     """
 
     max_attempts: int = 6
@@ -67,12 +71,13 @@ class RetryPolicy:
     min_s: float = 0.0
     retry_after_jitter: float = 0.1
     max_retry_after_s: float = 300.0
+    endpoint_retries: int = 0
     _exp: Any = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
             raise ValueError("max_attempts must be >= 1")
-        if self.base_s < 0 or self.max_s < 0 or self.min_s < 0 or self.retry_after_jitter < 0:
+        if self.base_s < 0 or self.max_s < 0 or self.min_s < 0 or self.retry_after_jitter < 0 or self.endpoint_retries < 0:
             raise ValueError("retry waits must be >= 0")
         object.__setattr__(
             self, "_exp", wait_random_exponential(multiplier=self.base_s, max=self.max_s, min=self.min_s)
@@ -91,11 +96,6 @@ class RetryPolicy:
                 ra *= 1.0 + random.uniform(0.0, self.retry_after_jitter)
             return ra
         return float(self._exp(_AttemptState(attempt_no)))
-
-    def _tenacity_wait(self, retry_state: RetryCallState) -> float:
-        outcome = retry_state.outcome
-        exc = outcome.exception() if outcome is not None and outcome.failed else None
-        return self.wait_s(retry_state.attempt_number, exc)
 
 
 async def _notify(on_attempt: OnAttempt | None, n: int, err: RequestError | None, wait: float | None) -> None:
@@ -124,26 +124,48 @@ async def call_with_retries(
     Returns:
         ``fn``'s result.
 
+    An error that is an endpoint's fault (``endpoint_fault``) is retried at once and does not count against
+    ``policy.max_attempts``, up to ``policy.endpoint_retries`` times per call; the backoff of the other errors
+    grows with the attempts that count.
+
     Raises:
         RequestError: a non-retryable error at once, or the LAST error once ``policy.max_attempts`` are used; its
-            ``attempts`` attribute holds the number of attempts made.
+            ``attempts`` attribute holds the number of attempts made (endpoint retries included).
         asyncio.CancelledError: propagated unchanged (never retried); other exceptions propagate unchanged too.
     """
     policy = policy or RetryPolicy()
     attempts = 0
+    counted = 0  # attempts that count against policy.max_attempts
+    free = 0  # endpoint-fault retries used
+    last_free = False  # the latest attempt failed for its endpoint, within policy.endpoint_retries
 
     async def _attempt() -> T:
-        nonlocal attempts
+        nonlocal attempts, counted, free, last_free
         attempts += 1
-        return await fn()
+        last_free = False
+        try:
+            return await fn()
+        except RequestError as e:
+            if e.endpoint_fault and free < policy.endpoint_retries:
+                free += 1
+                last_free = True
+            else:
+                counted += 1
+            raise
+
+    def _wait(rs: RetryCallState) -> float:
+        if last_free:
+            return 0.0
+        exc = rs.outcome.exception() if rs.outcome is not None and rs.outcome.failed else None
+        return policy.wait_s(counted, exc)
 
     async def _before_sleep(rs: RetryCallState) -> None:
         exc = rs.outcome.exception() if rs.outcome is not None else None
         await _notify(on_attempt, rs.attempt_number, exc if isinstance(exc, RequestError) else None, rs.upcoming_sleep)
 
     retrying = AsyncRetrying(
-        stop=stop_after_attempt(policy.max_attempts),
-        wait=policy._tenacity_wait,
+        stop=lambda rs: counted >= policy.max_attempts,
+        wait=_wait,
         retry=retry_if_exception(policy.should_retry),
         sleep=sleep,
         before_sleep=_before_sleep,

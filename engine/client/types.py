@@ -149,9 +149,16 @@ class RequestError(DatagenError):
             of what an aborted stream may be billed; the usage chunk is lost).
         partial_cost_usd: cost reported before the failure, if any.
         attempts: attempts made when this error ended a retry loop (set by ``retry.call_with_retries``; 1 else).
+        endpoint: with several endpoints (``[provider] base_urls``), the one that failed ("" otherwise).
+        endpoint_fault: the fault is that endpoint's, not the prompt's (it could not be reached, or went
+            down during the request): retried at once on another endpoint without counting against the
+            prompt's attempts (:class:`~engine.client.retry.RetryPolicy` ``endpoint_retries``) nor
+            feeding the anomaly guard. Set only by :class:`~engine.client.fleet.EndpointFleet`.
     """
 
     attempts: int = 1
+    endpoint: str = ""
+    endpoint_fault: bool = False
 
     def __init__(
         self,
@@ -179,6 +186,21 @@ class RequestError(DatagenError):
     def retryable(self) -> bool:
         """Whether the request may be tried again (see :attr:`ErrorClass.retryable`)."""
         return self.error_class.retryable
+
+    @property
+    def bare_message(self) -> str:
+        """:attr:`message` without the endpoint prefix :meth:`at_endpoint` adds: what the server or
+        the transport said, the same whichever replica said it."""
+        return self.message.removeprefix(f"{self.endpoint}: ") if self.endpoint else self.message
+
+    def at_endpoint(self, url: str, fault: bool) -> "RequestError":
+        """Name the endpoint ``url`` that failed in the message (``"URL: message"``) and record whether
+        the fault is the endpoint's (:attr:`endpoint_fault`); returns ``self``."""
+        self.endpoint = url
+        self.endpoint_fault = fault
+        self.message = f"{url}: {self.message}"
+        self.args = (f"{self.error_class.value}{f' HTTP {self.status}' if self.status else ''}: {self.message}",)
+        return self
 
 
 @dataclass(frozen=True, slots=True)

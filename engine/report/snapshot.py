@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.client.endpoints import EndpointSnapshot  # noqa: F401 - part of the snapshot API
 from engine.metrics.stats import ProviderSnapshot  # noqa: F401 - part of the snapshot API
 
 
@@ -149,6 +150,8 @@ class RunSnapshot:
             numbered above the last it announced.
         drain_left_s: seconds before a drain in progress aborts the requests still in flight
             (None when no drain runs).
+        endpoints: with several endpoints (``[provider] base_urls``), each one's figures in config
+            order (state, in flight, requests, errors, latency, tok/s); ``()`` with one.
     """
 
     name: str
@@ -187,6 +190,7 @@ class RunSnapshot:
     drain_left_s: float | None = None
     #: run events appended since the start (``events`` is the window of the latest; 0: unknown).
     events_total: int = 0
+    endpoints: tuple[EndpointSnapshot, ...] = ()
 
     def dataset(self, name: str) -> DatasetSnapshot:
         """Return the snapshot of dataset ``name`` (KeyError if unknown)."""

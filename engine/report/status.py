@@ -13,6 +13,10 @@ Ages and durations are computed when the document is read: ``credits_age_s`` fro
 time of the credits reading, ``elapsed_s`` from the last heartbeat while the engine runs (never past
 the figure the engine stored once its run has ended, so it does not go backwards at exit).
 ``providers`` come from the live engine, or from the stored results and attempts when it is gone.
+``endpoints`` (only for a run over several ``[provider] base_urls``): each endpoint's ``url``,
+``state`` (``healthy`` | ``draining`` | ``down``), ``reason``, ``in_flight``, ``concurrency``,
+``requests``, ``errors`` by class, ``error_rate``, ``latency_p50_s``/``_p95_s``, ``tok_per_s``,
+``completion_tokens`` and ``state_for_s``, as of the engine's last commit (``in_flight`` 0 once it is gone).
 """
 
 from __future__ import annotations
@@ -249,6 +253,8 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             "excluded_providers": excluded,
             "live": {"cost_in_flight_usd": live.get("cost_in_flight_usd", 0.0) if alive else 0.0},
         }
+        if live.get("endpoints"):  # several base_urls: as the engine last saw them (nothing in flight once it is gone)
+            doc["endpoints"] = [dict(e, in_flight=e.get("in_flight", 0) if alive else 0) for e in live["endpoints"]]
     finally:
         conn.close()
     from engine.extract.status import status_fields
@@ -326,6 +332,12 @@ def format_status(doc: dict[str, Any]) -> str:
             f"{c['name']} {c['in_flight']}/{c['concurrency']}" + (f" (configured {c['configured']}, max {c['max']})"
                                                                   if c.get("configured") and c["concurrency"] != c["configured"] else "")
             for c in doc["classes"]))
+    for e in doc.get("endpoints") or ():
+        errs = ", ".join(f"{k} {v}" for k, v in sorted(e["errors"].items()))
+        cap = "" if e.get("concurrency") is None else f"/{e['concurrency']}"
+        lines.append(f"endpoint {e['url']}: {e['state']}" + (f" ({e['reason']})" if e.get("reason") else "")
+                     + f", in flight {e['in_flight']}{cap}, requests {e['requests']}"
+                     + (f", errors {errs}" if errs else "") + f", {e['tok_per_s']:.0f} tok/s")
     src = t.get("usage_sources") or {}
     other = {k: n for k, n in src.items() if k != "reported" and n}
     if other:

@@ -76,9 +76,10 @@ def resolve_api_key(p: ProviderSection, environ: dict[str, str] | None = None) -
                    else "the config sets provider.api_key_env or api_key_file, so kind \"openai\" expects a key")
             raise KeyError_(_missing_key_message(p, why))
         return None
-    url = p.resolved_base_url() or ""
-    if url.startswith("http://") and not is_loopback_url(url):
-        raise ConfigError(f"provider.base_url: refusing to send the API key over plain http to {url}; use https")
+    for url in p.all_base_urls():
+        if url.startswith("http://") and not is_loopback_url(url):
+            key_name = "provider.base_urls" if p.base_urls else "provider.base_url"
+            raise ConfigError(f"{key_name}: refusing to send the API key over plain http to {url}; use https")
     return key
 
 
@@ -91,15 +92,21 @@ async def probe_keyless_server(p: ProviderSection, timeout_s: float = 10.0) -> N
     Raises:
         KeyError_: the server answered 401/403, naming the variable (no chat request was sent).
     """
+    import asyncio
+
     import httpx
 
-    url = (p.resolved_base_url() or "").rstrip("/") + "/key"
-    try:
-        async with httpx.AsyncClient(timeout=timeout_s, trust_env=not is_loopback_url(url)) as http:
-            status = (await http.get(url)).status_code
-    except (httpx.HTTPError, OSError):
-        return
-    if status in (401, 403):
-        raise KeyError_(_missing_key_message(p, f"the server at {p.resolved_base_url()} wants one "
-                                               f"(HTTP {status} on GET /key without a key)",
-                                       "No completion was requested"))
+    async def status_of(base: str) -> int | None:
+        url = base.rstrip("/") + "/key"
+        try:
+            async with httpx.AsyncClient(timeout=timeout_s, trust_env=not is_loopback_url(url)) as http:
+                return (await http.get(url)).status_code
+        except (httpx.HTTPError, OSError):
+            return None
+
+    bases = p.all_base_urls()  # with several endpoints, each is asked (at once); any one that wants a key refuses
+    for base, status in zip(bases, await asyncio.gather(*(status_of(b) for b in bases))):
+        if status in (401, 403):
+            raise KeyError_(_missing_key_message(p, f"the server at {base} wants one "
+                                                   f"(HTTP {status} on GET /key without a key)",
+                                           "No completion was requested"))

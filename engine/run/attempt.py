@@ -16,7 +16,8 @@ The slot is released in ONE place, the ``finally`` around the attempts, whatever
 task cancelled before it ever started is undone by the dispatcher's done-callback instead). Every
 failed attempt is written as an attempt row with its partial spend (tokens, USD: a lower bound,
 trued up later from ``/generation`` when its generation id is known), feeds the anomaly guard
-unless the error is the run's (:mod:`engine.run.runwide`), and retries follow ``policy``
+unless the error is the run's (:mod:`engine.run.runwide`) or an endpoint's (several
+``base_urls``: ``RequestError.endpoint_fault``), and retries follow ``policy``
 (:func:`engine.client.retry.call_with_retries`).
 """
 
@@ -158,8 +159,10 @@ def _on_attempt(host: AttemptHost, rt: "DatasetRuntime", p: "PendingPrompt", spe
             p.id, rt.name, at.attempts, at.started, now, "error", err.error_class.value, err.status or None,
             err.message, err.provider or None, err.generation_id or None, err.tokens_received, usd or None,
         )
+        # an endpoint's fault (several base_urls: a replica unreachable or gone) says nothing about the dataset
+        guard = host.run_wide(err) is None and not err.endpoint_fault
         host._anomaly(rt, host.telemetry.on_error(rt.name, err.provider, err.error_class.value, err.message,
-                                                  guard=host.run_wide(err) is None, seq=at.seq))
+                                                  guard=guard, seq=at.seq))
 
     return on_attempt
 

@@ -82,7 +82,7 @@ class Failures:
             return cond
         rc = self.run_condition
         if (rc is not None and rc.signature is not None and self.run.paused
-                and signature(e.error_class.value, e.message) == rc.signature):
+                and signature(e.error_class.value, e.bare_message) == rc.signature):
             return rc
         return None
 
@@ -100,7 +100,8 @@ class Failures:
         rt.failed += 1
         item = (rt, p, attempts, ec, str(e))
         if is_rejection(ec, e.status):
-            found, release = self.config_check.on_rejection(p.id, signature(ec, e.message), item)
+            # the same rejection from any replica (several base_urls: the message names the endpoint)
+            found, release = self.config_check.on_rejection(p.id, signature(ec, e.bare_message), item)
             self.write_failures(release)
             if found is not None:
                 cond, undo = found

@@ -22,6 +22,7 @@ from engine.report.snapshot import ClassSnapshot, DatasetSnapshot, RunSnapshot
 if TYPE_CHECKING:
     from engine.config import Config
     from engine.run.limiter import AdjustableLimiter
+    from engine.run.seams import EndpointsFn
     from engine.money.spend import SpendControl
     from engine.run.telemetry import Telemetry
     from engine.storage.writer import StoreWriter
@@ -39,6 +40,8 @@ class RunView(Protocol):
     limiters: "dict[str, AdjustableLimiter]"
     writer: "StoreWriter"
     clock: Callable[[], float]
+
+    endpoints: "EndpointsFn | None"
 
     def elapsed_s(self) -> float: ...
     def drain_left_s(self) -> float | None: ...
@@ -112,6 +115,7 @@ def live_row(sched: "RunView") -> dict[str, Any]:
             "providers": [dataclasses.asdict(p) for p in snap.providers],
             "excluded_providers": list(sched.runstate.excluded_providers),
             "routing_providers": sorted({n for lst in (routing.order, routing.only, routing.ignore) for n in lst or ()}),
+            **({"endpoints": [dataclasses.asdict(e) for e in snap.endpoints]} if snap.endpoints else {}),
         },
     }
 
@@ -189,7 +193,7 @@ def build_snapshot(sched: "RunView") -> RunSnapshot:
         events_total=tel.events_total,
         projected_cost_low_usd=run_proj.cost_low_usd, projected_cost_high_usd=run_proj.cost_high_usd,
         eta_s_low=run_proj.eta_s_low if progressing else None, eta_s_high=run_proj.eta_s_high if progressing else None,
-        calibration=run_proj.calibration,
+        calibration=run_proj.calibration, endpoints=sched.endpoints() if sched.endpoints is not None else (),
     )
 
 

@@ -19,6 +19,9 @@ from typing import TextIO
 from engine.run import guards
 from engine.report.settings import SETTINGS_KEY, run_settings
 from engine.client.chat import ChatClient
+from engine.client.endpoints import HealthPolicy
+from engine.client.fleet import EndpointFleet
+from engine.client.retry import RetryPolicy
 from engine.client.types import RequestError
 from engine.config import Config, ConfigError
 from engine.run.controller import Controller
@@ -57,7 +60,7 @@ class Job:
     store: Store
     writer: StoreWriter
     scheduler: Scheduler
-    client: ChatClient
+    client: "ChatClient | EndpointFleet"
     sim: object | None
     writer_stop: asyncio.Event
     controller: Controller
@@ -142,15 +145,24 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
             base_url = cfg.provider.resolved_base_url()
         t = cfg.provider.timeouts
         total_conc = sum(c.concurrency for c in cfg.classes.values())
-        client = ChatClient(
-            base_url, api_key, stream=cfg.provider.stream, stream_usage=cfg.provider.stream_usage,
-            connect_timeout_s=t.connect_s,
-            stall_timeout_s=t.stall_s, total_timeout_s=t.total_s, max_connections=max(total_conc, 16),
-        )
-        opened.push_async_callback(client.aclose)
-        # The writer, the reconstruction service and the controller call back into the scheduler
-        # built just after them: their callbacks look `sched` up when called, never before.
+
+        def make_client(url: str, spare: int = 0) -> ChatClient:
+            return ChatClient(
+                url, api_key, stream=cfg.provider.stream, stream_usage=cfg.provider.stream_usage,
+                connect_timeout_s=t.connect_s,
+                stall_timeout_s=t.stall_s, total_timeout_s=t.total_s, max_connections=max(total_conc, 16) + spare,
+            )
+
+        # The writer, the reconstruction service, the controller and the endpoint fleet call back into
+        # the scheduler built just after them: their callbacks look `sched` up when called, never before.
         sched: Scheduler
+        client: ChatClient | EndpointFleet
+        fleet: EndpointFleet | None = None
+        if cfg.provider.base_urls:
+            fleet = client = endpoint_fleet(cfg, make_client, lambda level, msg: sched.event(level, "endpoint", None, msg))
+        else:
+            client = make_client(base_url)
+        opened.push_async_callback(client.aclose)
 
         def store_failed(e: BaseException) -> None:
             guards.apply(sched, guards.store_failing(e, sched.runstate))
@@ -164,7 +176,12 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
         recon = reconstruction_service(cfg, checked, lambda ds, ok, reasons: on_validation_verdict(sched, recon, ds, ok, reasons))
         account_api = cfg.provider.kind in ("openrouter", "simulated")
         sched = Scheduler(cfg, store, writer, client.complete, get_json=client.get_json if account_api else None,
-                          recon=recon)
+                          recon=recon, policy=fleet_retry_policy(cfg, fleet),
+                          endpoints=fleet.snapshot if fleet is not None else None)
+        if fleet is not None:
+            for url, probe in await fleet.start():  # unreachable endpoints start down, probed again later
+                print(f"endpoint {url}: " + (f"healthy (GET /models answered in {probe.seconds * 1000:.0f} ms)"
+                                             if probe.ok else f"down ({probe.reason}); probed again later"), file=out)
         check_fd_limit(sum(c.concurrency for c in cfg.classes.values()), out)
         await sched.load()
         await discover_prices(cfg, sched, client, out)
@@ -184,6 +201,27 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
         opened.pop_all()  # everything opened now belongs to the job (Job.close)
         return Job(cfg, store, writer, sched, client, sim, asyncio.Event(), ctl, sup, recon, lock=lock)
     raise AssertionError("unreachable")  # pragma: no cover - the block returns or raises
+
+
+def endpoint_fleet(cfg: Config, make_client, on_change) -> EndpointFleet:
+    """The :class:`~engine.client.fleet.EndpointFleet` over ``[provider] base_urls`` (not started):
+    each endpoint's client from ``make_client(url, spare)`` (``spare`` connections beyond the streams,
+    so a health probe never waits for a pooled one), health from the ``endpoint_*`` keys, probes
+    within ``timeouts.connect_s``; ``on_change(level, message)`` hears every state change."""
+    p = cfg.provider
+    return EndpointFleet(p.endpoints(), lambda url: make_client(url, spare=4),
+                         policy=HealthPolicy(error_streak=p.endpoint_error_streak, probe_s=p.endpoint_probe_s,
+                                             probe_max_s=max(60.0, p.endpoint_probe_s)),
+                         probe_timeout_s=p.timeouts.connect_s, on_change=on_change)
+
+
+def fleet_retry_policy(cfg: Config, fleet: EndpointFleet | None) -> RetryPolicy | None:
+    """The retry policy of a run over several endpoints: ``run.max_attempts``, plus two retries per
+    endpoint of errors that are an endpoint's fault (not counted against the prompt). None with one
+    endpoint (the scheduler's default policy)."""
+    if fleet is None:
+        return None
+    return RetryPolicy(max_attempts=cfg.run.max_attempts, endpoint_retries=2 * len(fleet))
 
 
 async def load_checked_tokenizer(cfg: Config):

@@ -46,7 +46,7 @@ from engine.run.limiter import AdjustableLimiter
 from engine.run.observe import build_snapshot, live_row
 from engine.report.snapshot import RunSnapshot
 from engine.run.runstate import PERSISTED_CONTROLS, TERMINAL_CONTROLS, Control, DatasetRuntime, RunPhase, RunState
-from engine.run.seams import CompleteFn, GetJsonFn, Reconstructor
+from engine.run.seams import CompleteFn, EndpointsFn, GetJsonFn, Reconstructor
 from engine.money.spend import SpendControl
 from engine.storage.store import PendingPrompt, Store
 from engine.run.telemetry import Telemetry
@@ -91,6 +91,8 @@ class Scheduler:
         get_json: ``get_json(path, params)`` of the provider, for late costs of failed attempts and
             ``/generation`` true-ups (None: estimate).
         recon: token reconstruction service (:class:`~engine.run.seams.Reconstructor`) or None.
+        endpoints: with several endpoints (``[provider] base_urls``), their figures now
+            (:meth:`engine.client.fleet.EndpointFleet.snapshot`), for snapshots; None with one.
     """
 
     # The run state's fields under the names callers use (kept on self.runstate).
@@ -118,6 +120,7 @@ class Scheduler:
         *,
         get_json: GetJsonFn | None = None,
         recon: Reconstructor | None = None,
+        endpoints: EndpointsFn | None = None,
     ) -> None:
         self.cfg = cfg
         self.store = store
@@ -141,6 +144,8 @@ class Scheduler:
         self._begun: set[int] = set()
         #: token reconstruction service (``submit(prompt_id, dataset, key, messages, tools, completion)``) or None.
         self.recon: Reconstructor | None = recon
+        #: the endpoints' figures (several ``base_urls``) or None (engine.client.fleet).
+        self.endpoints: EndpointsFn | None = endpoints
         #: a request's costs: results, partial spend, /generation true-ups (engine.run.accounting).
         self.accounting = Accounting(self.spend, self.telemetry, writer, lambda: self.clock(), get_json, recon)
         #: stop, abort, drain, and the dollars in flight (engine.run.ending).

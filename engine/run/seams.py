@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Protocol
 
 if TYPE_CHECKING:
     from engine.client.accumulate import StreamProgress
+    from engine.client.endpoints import EndpointSnapshot
     from engine.client.types import ChatRequest, Completion
 
 
@@ -33,6 +34,9 @@ GetJsonFn = Callable[..., Awaitable[Any]]
 #: The store's live ``runtime`` row, built at each commit (see :func:`engine.run.observe.live_row`).
 LiveFn = Callable[[], "dict[str, Any]"]
 
+#: The figures of several endpoints now (:meth:`engine.client.fleet.EndpointFleet.snapshot`).
+EndpointsFn = Callable[[], "tuple[EndpointSnapshot, ...]"]
+
 #: Re-reads the provider's credits once (e.g. :meth:`engine.run.supervisor.Supervisor.poll_credits`).
 CreditsCheck = Callable[[], Awaitable[None]]
 
@@ -51,4 +55,4 @@ class Reconstructor(Protocol):
                tools: Any, completion: "Completion") -> None: ...
 
 
-__all__ = ["CompleteFn", "CreditsCheck", "GetJsonFn", "LiveFn", "Reconstructor"]
+__all__ = ["CompleteFn", "CreditsCheck", "EndpointsFn", "GetJsonFn", "LiveFn", "Reconstructor"]

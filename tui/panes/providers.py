@@ -1,12 +1,17 @@
-"""Providers: requests, error %, p50/p95 latency, TTFT, tok/s per stream, cost; excluded marked."""
+"""Providers: requests, error %, p50/p95 latency, TTFT, tok/s per stream, cost; excluded marked.
+
+With several endpoints (``[provider] base_urls``), one row per endpoint follows: state (healthy,
+draining, down), in flight (/ its cap), requests, error %, p50 latency and tok/s it returns.
+"""
 
 from __future__ import annotations
 
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from engine.report.snapshot import RunSnapshot
+from engine.report.snapshot import EndpointSnapshot, RunSnapshot
 from engine.metrics.stats import ProviderSnapshot
 from tui.fmt import money, pct, secs
 
@@ -32,6 +37,31 @@ def providers_table(providers: tuple[ProviderSnapshot, ...]) -> Table | Text:
     return t
 
 
+#: Style of each endpoint state in the endpoints table.
+STATE_STYLE = {"healthy": "green", "draining": "yellow", "down": "bold red"}
+
+
+def endpoint_name(url: str) -> str:
+    """An endpoint's url as shown: without the scheme and a trailing ``/v1`` (``127.0.0.1:8001``)."""
+    return url.split("://", 1)[-1].removesuffix("/v1")
+
+
+def endpoints_table(endpoints: tuple[EndpointSnapshot, ...]) -> Table:
+    """One row per endpoint (config order): state, in flight (/cap), requests, error %, p50 latency, tok/s."""
+    t = Table(box=None, expand=True, show_edge=False, pad_edge=False, header_style="bold")
+    t.add_column("endpoint", no_wrap=True, overflow="ellipsis", ratio=1, min_width=6)
+    for name in ("state", "infl", "req", "err", "p50", "tok/s"):
+        t.add_column(name, justify="right", no_wrap=True)
+    for e in endpoints:
+        err_style = "red" if e.error_rate >= 0.2 else "yellow" if e.error_rate >= 0.05 else ""
+        t.add_row(
+            endpoint_name(e.url), Text(e.state, style=STATE_STYLE.get(e.state, "")),
+            f"{e.in_flight}" + ("" if e.concurrency is None else f"/{e.concurrency}"), f"{e.requests:,}",
+            Text(pct(e.error_rate), style=err_style), secs(e.latency_p50_s), f"{e.tok_per_s:.0f}",
+        )
+    return t
+
+
 class ProvidersPane(Static):
     """Per-provider figures from ``snapshot.providers``."""
 
@@ -40,7 +70,11 @@ class ProvidersPane(Static):
         self._last: tuple | None = None
 
     def update_from(self, snapshot: RunSnapshot) -> None:
-        """Redraw when any provider's figures changed."""
-        if snapshot.providers != self._last:
-            self._last = snapshot.providers
-            self.update(providers_table(snapshot.providers), layout=False)
+        """Redraw when any provider's or endpoint's figures changed."""
+        key = (snapshot.providers, snapshot.endpoints)
+        if key != self._last:
+            self._last = key
+            body = providers_table(snapshot.providers)
+            if snapshot.endpoints:
+                body = Group(body, Text(""), endpoints_table(snapshot.endpoints))
+            self.update(body, layout=False)
