@@ -26,14 +26,14 @@ from engine.prompts import Reject
 _WS_CHARS = " \t\n\r"
 _WS = re.compile(r"[ \t\n\r]*")
 _ESCAPED_BYTE = re.compile("[\udc80-\udcff]")  # what surrogateescape turns undecodable bytes into
-_CHUNK = 1 << 20
+_CHUNK = 1 << 18
 
 
 class _Text:
     """The decoded text of a byte stream, held from the parse position on.
 
     ``buf[k]`` is character ``base + k`` of the whole text; :meth:`more` appends the next chunk
-    (doubling the read size while one element is still incomplete), :meth:`drop` forgets the text
+    (as much again as the incomplete element read so far, so a long element costs few passes), :meth:`drop` forgets the text
     before a position once it is far behind.
     """
 
@@ -108,14 +108,14 @@ def iter_array(fh: BinaryIO, shown: str) -> Iterator[tuple[str, Any] | Reject]:
             try:
                 value, end = decoder.raw_decode(t.buf, i)
             except json.JSONDecodeError as e:
-                if t.more(len(t.buf)):
+                if t.more(len(t.buf) - i):
                     continue  # maybe only cut off by the end of the text read so far
                 yield Reject(source, _array_break(not t.ends_with_bracket(), n, f"{e.msg} (char {t.base + e.pos})"))
                 return
             except RecursionError:
                 yield Reject(source, _array_break(not t.ends_with_bracket(), n, "nested too deeply"))
                 return
-            if end < len(t.buf) or not t.more(len(t.buf)):
+            if end < len(t.buf) or not t.more(len(t.buf) - i):
                 break
         if _ESCAPED_BYTE.search(t.buf, i, end):
             yield Reject(source, f"not UTF-8: undecodable byte in array element {n}")

@@ -80,12 +80,13 @@ def open_records(path: str | Path, shown: str | None = None) -> Iterator[Record 
         raise DatasetError(f"{shown}: not a regular file; expected {_EXPECTED}")
     ext, compression = split_suffix(p)
     try:
-        with open_binary(p) as fh:
-            head = fh.read(_SNIFF_BYTES)
+        head = _read_head(p)
     except OSError as e:
         if compression is None or isinstance(e, FileNotFoundError | PermissionError):
             raise DatasetError(f"{shown}: cannot read file ({e.strerror or e}); expected {_EXPECTED}") from e
         raise DatasetError(f"{shown}: not {compression} data ({e}); expected {_EXPECTED}") from e
+    except EOFError as e:
+        raise DatasetError(f"{shown}: truncated {compression} data, nothing decompresses ({e})") from e
     except stream_errors() as e:
         raise DatasetError(f"{shown}: not {compression} data ({e}); expected {_EXPECTED}") from e
     if ext in _PARQUET_EXT or (ext not in _JSONL_EXT | _JSON_EXT and head.startswith(b"PAR1")):
@@ -104,6 +105,24 @@ def open_records(path: str | Path, shown: str | None = None) -> Iterator[Record 
         return iter(())  # an empty (or all-whitespace) .json file has no rows
     what = "empty" if not first else f"starts with {first!r}"
     raise DatasetError(f"{shown}: not a dataset file ({what}); expected {_EXPECTED}")
+
+
+def _read_head(p: Path) -> bytes:
+    """The first :data:`_SNIFF_BYTES` bytes (decompressed). A compressed stream that breaks after
+    giving data (a truncated file) gives what came before: the rows' iterator reports the break."""
+    head = b""
+    with open_binary(p) as fh:
+        while len(head) < _SNIFF_BYTES:
+            try:
+                chunk = fh.read1(_SNIFF_BYTES - len(head))  # type: ignore[attr-defined]
+            except stream_errors():
+                if head:
+                    break
+                raise
+            if not chunk:
+                break
+            head += chunk
+    return head
 
 
 def _iter_jsonl(p: Path, shown: str) -> Iterator[Record | Reject]:

@@ -31,6 +31,7 @@ COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
 #: The file-format suffixes a directory's files are picked by (each also with a compression suffix).
 DATA_SUFFIXES = (".jsonl", ".ndjson", ".json", ".traj", ".parquet")
 _GLOB_CHARS = frozenset("*?[")
+_ZSTD_STEP = 1 << 18  # decompressed bytes per step aimed at (the output of one step is held at once)
 
 
 class DatasetError(DatagenError):
@@ -136,15 +137,50 @@ def open_binary(path: Path) -> BinaryIO:
         return open(path, "rb")
     if kind == "gzip":
         return gzip.open(path, "rb")  # type: ignore[return-value]
-    import zstandard  # imported here: only .zst files need it
+    return io.BufferedReader(_ZstdReader(open(path, "rb")), buffer_size=1 << 16)
 
-    raw = open(path, "rb")
-    try:
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, closefd=True)
-    except BaseException:
-        raw.close()
-        raise
-    return io.BufferedReader(reader, buffer_size=1 << 16)  # type: ignore[arg-type]
+
+class _ZstdReader(io.RawIOBase):
+    """Zstandard frames (one after another, as ``zstd`` and ``cat a.zst b.zst`` write them) decompressed
+    as they are read. Unlike ``zstandard``'s ``stream_reader``, a file that ends inside a frame raises
+    ``EOFError`` instead of ending quietly, so a truncated file is reported, not read as complete."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        import zstandard  # imported here: only .zst files need it
+
+        self._raw = raw
+        self._dctx = zstandard.ZstdDecompressor()
+        self._obj: object | None = None  # the frame being decompressed
+        self._out, self._at = b"", 0  # decompressed bytes, and how many of them were read
+        self._feed = 1 << 10  # compressed bytes to decompress in the next step
+        self._pending = b""  # compressed bytes past the end of the last frame
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        while self._at >= len(self._out):
+            data, self._pending = self._pending or self._raw.read(self._feed), b""
+            if not data:
+                if self._obj is not None and not self._obj.eof:  # type: ignore[attr-defined]
+                    raise EOFError("zstd: the file ends inside a frame (truncated)")
+                return 0
+            if self._obj is None or self._obj.eof:  # type: ignore[attr-defined]
+                self._obj = self._dctx.decompressobj()
+            self._out, self._at = self._obj.decompress(data), 0  # type: ignore[attr-defined]
+            # feed less when the data compress well, more when not: about _ZSTD_STEP bytes out per step
+            ratio = len(self._out) / len(data)
+            self._feed = max(64, min(1 << 16, int(_ZSTD_STEP / max(ratio, 1.0))))
+            if self._obj.eof:  # type: ignore[attr-defined]
+                self._pending = self._obj.unused_data  # type: ignore[attr-defined]
+        n = min(len(b), len(self._out) - self._at)
+        b[:n] = memoryview(self._out)[self._at:self._at + n]
+        self._at += n
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
 
 
 def stream_errors() -> tuple[type[BaseException], ...]:
