@@ -1,8 +1,9 @@
 """Hugging Face Hub datasets: ``path = "hf://datasets/ORG/NAME"`` -> a commit sha and the shard files to read.
 
-Read through ``huggingface_hub`` (its cache, ``HF_TOKEN``, ``HF_ENDPOINT``, ``HF_HUB_CACHE``/``HF_HOME``,
-offline mode ``HF_HUB_OFFLINE=1``; each read when called, not when the library was imported). Two steps,
-so that resuming a run whose dataset did not move costs one API call and no download:
+Read through ``huggingface_hub``: its cache (``HF_HUB_CACHE``, else ``HF_HOME/hub``, read when called),
+``HF_TOKEN``, offline mode ``HF_HUB_OFFLINE=1`` (read when called, or as set when the library was imported)
+and ``HF_ENDPOINT`` (as the library read it at import, for API and file URLs alike). Two steps, so that
+resuming a run whose dataset did not move costs one API call and no download:
 
 1. :func:`resolve`: the revision (branch, tag or sha; default ``main``) -> its commit sha and the
    repository's file list (``GET /api/datasets/ORG/NAME/revision/REV``), and the files to read: those
@@ -109,26 +110,45 @@ def split_patterns(split: str) -> list[list[str]]:
     3. ``train/*`` (a split directory)
     4. ``*/train/*`` (``CONFIG/train/0000.parquet``, the Hub's Parquet conversion)
     5. ``*/train-*``, ``*/train.*`` (``CONFIG/train-00000.parquet``, ``data/sub/train.jsonl``)
-    6. for ``train`` only: every data file (a repository without splits is all train, as ``datasets`` reads it)
+
+    Then, for ``train`` only and when no data file's name holds a split word (:data:`SPLIT_WORDS`), every
+    data file: a repository without splits is all train, as ``datasets`` reads it.
     """
     s = split
-    groups = [[f"data/{s}-*", f"data/{s}.*"], [f"{s}-*", f"{s}.*"], [f"{s}/*"], [f"*/{s}/*"], [f"*/{s}-*", f"*/{s}.*"]]
-    if split == DEFAULT_SPLIT:
-        groups.append(["*"])
-    return groups
+    return [[f"data/{s}-*", f"data/{s}.*"], [f"{s}-*", f"{s}.*"], [f"{s}/*"], [f"*/{s}/*"], [f"*/{s}-*", f"*/{s}.*"]]
+
+
+#: Words that mark a file as one split's (``datasets``' split keywords): their presence in any data file's
+#: path stops the "every file is train" fallback.
+SPLIT_WORDS = frozenset({"train", "training", "test", "testing", "eval", "evaluation", "validation", "valid", "val", "dev"})
+_WORD_SEP = re.compile(r"[-._ /0-9]+")
 
 
 def pick_files(names: list[str], split: str, files: str | None) -> tuple[str, list[str]]:
     """``(pattern, picked)``: the data files among repository paths ``names`` that ``files`` (if given)
     or ``split``'s layouts (:func:`split_patterns`) match, sorted; ``picked`` is empty when none match.
-    ``pattern`` is the glob(s) that matched, ``", "``-joined."""
+    ``pattern`` is the glob(s) that matched, ``", "``-joined.
+
+    Raises:
+        DatasetError: (``split`` only) a ``*/``-layout matched files of several top-level directories,
+            which are a dataset's configurations (``all/``, ``code/``, ``math/``): ``files`` must pick one.
+    """
     from huggingface_hub.utils import filter_repo_objects
 
     data = sorted(n for n in names if is_data_file(n.rsplit("/", 1)[-1]) and not _hidden(n))
-    for group in ([[files]] if files is not None else split_patterns(split)):
+    groups = [[files]] if files is not None else split_patterns(split)
+    if files is None and split == DEFAULT_SPLIT and not any(SPLIT_WORDS & set(_WORD_SEP.split(n.lower())) for n in data):
+        groups.append(["*"])
+    for group in groups:
         picked = sorted(filter_repo_objects(data, allow_patterns=group))
-        if picked:
-            return ", ".join(group), picked
+        if not picked:
+            continue
+        tops = sorted({f.split("/", 1)[0] for f in picked if "/" in f})
+        if files is None and group[0].startswith("*/") and len(tops) > 1:
+            raise DatasetError(f"split {split!r} (layout {', '.join(group)}) matches files in {len(tops)} directories, "
+                               f"a dataset's configurations ({', '.join(t + '/' for t in tops[:8])}): set files to "
+                               f"pick one, e.g. files = \"{tops[0]}/*\"")
+        return ", ".join(group), picked
     return files if files is not None else "", []
 
 
@@ -147,10 +167,6 @@ def offline() -> bool:
     from huggingface_hub import constants
 
     return bool(constants.HF_HUB_OFFLINE)
-
-
-def _endpoint() -> str | None:
-    return os.environ.get("HF_ENDPOINT", "").rstrip("/") or None
 
 
 def cache_dir() -> Path:
@@ -181,7 +197,7 @@ def resolve(ref: HubRef) -> HubRevision:
         sha, names = _cached(ref)
     else:
         try:
-            info = HfApi(endpoint=_endpoint()).dataset_info(ref.repo, revision=ref.revision)
+            info = HfApi().dataset_info(ref.repo, revision=ref.revision)
         except RevisionNotFoundError:
             raise DatasetError(f"{ref.url}: revision {ref.revision!r} not found on the Hub") from None
         except GatedRepoError:
@@ -196,7 +212,10 @@ def resolve(ref: HubRef) -> HubRevision:
             raise DatasetError(f"{ref.url}: cannot reach the Hub ({type(e).__name__}: {e}); "
                                f"HF_HUB_OFFLINE=1 reads the cache") from None
         sha, names = str(info.sha), [s.rfilename for s in info.siblings or []]
-    pattern, files = pick_files(names, ref.split, ref.files)
+    try:
+        pattern, files = pick_files(names, ref.split, ref.files)
+    except DatasetError as e:
+        raise DatasetError(f"{ref.url}@{sha[:12]}: {e}") from None
     if not files:
         what = f"files {ref.files!r}" if ref.files is not None else f"split {ref.split!r} (by the layouts {_layouts(ref.split)})"
         shown = ", ".join(sorted(names)[:_SHOWN_FILES]) + (", ..." if len(names) > _SHOWN_FILES else "")
@@ -274,7 +293,7 @@ def download(rev: HubRevision) -> list[Shard]:
     try:
         root = Path(snapshot_download(
             rev.ref.repo, repo_type="dataset", revision=rev.ref.revision,
-            allow_patterns=[glob.escape(f) for f in rev.files], cache_dir=str(cache_dir()), endpoint=_endpoint(),
+            allow_patterns=[glob.escape(f) for f in rev.files], cache_dir=str(cache_dir()),
             local_files_only=offline(), tqdm_class=_silent_tqdm(),
         ))
     except Exception as e:
