@@ -314,3 +314,31 @@ def test_prompts_read_from_hub_shards_are_prompts(hub):
     hub.commit("org/chat", FILES_V1)
     items = list(iter_prompts(hubs.download(hubs.resolve(HubRef("org/chat", split="test")))))
     assert all(isinstance(p, Prompt) for p in items) and [p.messages[0]["content"] for p in items] == ["test q"]
+
+
+def test_the_readme_blocks_of_the_eight_datasets_are_valid_config_and_touch_no_network(tmp_path, hub):
+    from helpers import REPO
+
+    text = (REPO / "README.md").read_text()
+    block = text.split("The eight datasets of the reference run", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "trajectories").mkdir()
+    (tmp_path / "trajectories" / "run1.traj").write_text("{}")
+    import tomllib
+
+    data = {"run": {"dir": str(tmp_path / "run")}, **tomllib.loads(block)}
+    cfg = parse_config(data, tmp_path / "config.toml")  # check_files: the local directory is checked, hf:// are not
+    got = {d.name: (d.hub(), d.format) for d in cfg.datasets}
+    assert got == {
+        "b1_glaive": (HubRef("glaiveai/glaive-function-calling-v2"), "glaive"),
+        "b2_opencodeinstruct": (HubRef("nvidia/OpenCodeInstruct"), "opencodeinstruct"),
+        "b3_oss_instruct": (HubRef("ise-uiuc/Magicoder-OSS-Instruct-75K"), "oss_instruct"),
+        "b3_evol_instruct": (HubRef("ise-uiuc/Magicoder-Evol-Instruct-110K"), "instruction"),
+        "b4_mixture_of_thoughts": (HubRef("open-r1/Mixture-of-Thoughts", files="all/*"), "openai"),
+        "b5_openthoughts": (HubRef("open-thoughts/OpenThoughts-114k"), "sharegpt"),
+        "b6_ultrachat": (HubRef("HuggingFaceH4/ultrachat_200k", split="train_sft"), "openai"),
+        "b7_sharegpt": (HubRef("anon8231489123/ShareGPT_Vicuna_unfiltered",
+                               files="ShareGPT_V3_unfiltered_cleaned_split.json"), "sharegpt"),
+        "b8_swe_agent": (None, "swe_agent"),
+    }
+    assert cfg.dataset("b8_swe_agent").path == tmp_path / "trajectories"
+    assert hub.requests == []

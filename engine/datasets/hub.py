@@ -74,11 +74,6 @@ class HubRef:
         """``hf://datasets/ORG/NAME``."""
         return SCHEME + self.repo
 
-    def describe(self) -> str:
-        """``hf://datasets/ORG/NAME@REV`` with what picks the files: ``(split train)`` or ``(files GLOB)``."""
-        pick = f"files {self.files}" if self.files is not None else f"split {self.split}"
-        return f"{self.url}@{self.revision} ({pick})"
-
 
 @dataclass(frozen=True, slots=True)
 class HubRevision:
