@@ -11,13 +11,16 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engine.errors import DatagenError
 from engine.simfaults import parse_faults
+
+if TYPE_CHECKING:
+    from engine.datasets.hub import HubRef
 
 #: OpenRouter's base URL (used when ``provider.kind = "openrouter"`` and no ``base_url`` is given).
 OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
@@ -285,12 +288,29 @@ class ClassSection(_Strict):
     datasets: list[str] = Field(default_factory=list)
 
 
+class HubPath(_Strict):
+    """A ``[[datasets]] path`` of the form ``hf://datasets/ORG/NAME``: a Hugging Face Hub dataset
+    (:mod:`engine.datasets.hub`); ``str()`` gives the path back."""
+
+    repo: str
+
+    def __str__(self) -> str:
+        return f"hf://datasets/{self.repo}"
+
+
 class DatasetSection(_Strict):
-    """``[[datasets]]``: one prompt file.
+    """``[[datasets]]``: one prompt dataset.
 
     Attributes:
         name: unique name (letters, digits, ``_ - .``).
-        path: JSONL, JSON array or Parquet file.
+        path: a JSONL, JSON array or Parquet file (JSON ones optionally ``.gz``/``.zst``-compressed);
+            a directory or glob of such files (read in sorted order); or ``hf://datasets/ORG/NAME``,
+            a Hub dataset (:class:`HubPath`).
+        revision: (``hf://`` only) branch, tag or commit sha; default ``main``. Resolved to a commit
+            sha at ingest and stored with the run: a moved revision is re-read like a changed file.
+        split: (``hf://`` only) the split whose files are read by the Hub's conventional layouts
+            (``data/train-*``, ``train.jsonl``, ``*/train/*``, ...); default ``train``.
+        files: (``hf://`` only) a glob over the repository's file paths, instead of ``split``.
         format: row format (``auto`` or one of ``engine.datasets.FORMATS``).
         max_prompts: take at most this many valid prompts, in file order.
         token_budget: token budget (tokens): completion tokens, or prompt + completion tokens
@@ -300,13 +320,25 @@ class DatasetSection(_Strict):
     """
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$", max_length=64)
-    path: Path
+    path: Path | HubPath
+    revision: str | None = Field(None, min_length=1)
+    split: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]+$")
+    files: str | None = Field(None, min_length=1)
     format: str = "auto"
     max_prompts: int | None = Field(None, ge=1)
     token_budget: int | None = Field(None, ge=1)
     budget_counts: Literal["completion", "total"] = "completion"
     max_cost_usd: float | None = Field(None, gt=0)
     fields: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _hub_path(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.startswith("hf:"):
+            from engine.datasets.hub import parse_url
+
+            return HubPath(repo=parse_url(v))
+        return v
 
     @field_validator("format")
     @classmethod
@@ -316,6 +348,24 @@ class DatasetSection(_Strict):
         if v not in FORMATS:
             raise ValueError(f"expected one of {', '.join(FORMATS)}, got {v!r}")
         return v
+
+    @model_validator(mode="after")
+    def _hub_keys(self) -> "DatasetSection":
+        given = [k for k in ("revision", "split", "files") if getattr(self, k) is not None]
+        if given and not isinstance(self.path, HubPath):
+            raise ValueError(f"{', '.join(given)}: only for a path = \"hf://datasets/ORG/NAME\" (a local path names "
+                             f"its files itself: a file, a directory or a glob)")
+        if self.split is not None and self.files is not None:
+            raise ValueError("split and files: give one (files picks the files by a glob instead of the split's layout)")
+        return self
+
+    def hub(self) -> "HubRef | None":
+        """The Hub dataset of an ``hf://`` path, None for a local path."""
+        if not isinstance(self.path, HubPath):
+            return None
+        from engine.datasets.hub import DEFAULT_REVISION, DEFAULT_SPLIT, HubRef
+
+        return HubRef(self.path.repo, self.revision or DEFAULT_REVISION, self.split or DEFAULT_SPLIT, self.files)
 
 
 class PricingSection(_Strict):
@@ -662,7 +712,7 @@ def _resolve_paths(cfg: Config, base: Path) -> Config:
         p = p.expanduser()
         return p if p.is_absolute() else (base / p)
 
-    datasets = [d.model_copy(update={"path": rel(d.path)}) for d in cfg.datasets]
+    datasets = [d if isinstance(d.path, HubPath) else d.model_copy(update={"path": rel(d.path)}) for d in cfg.datasets]
     sim = cfg.provider.sim.model_copy(update={"tokenizer": rel(cfg.provider.sim.tokenizer), "log": rel(cfg.provider.sim.log)})
     provider = cfg.provider.model_copy(update={"sim": sim, "api_key_file": rel(cfg.provider.api_key_file)})
     run = cfg.run.model_copy(update={"dir": rel(cfg.run.dir)})
@@ -693,13 +743,45 @@ def _resolve_tokenizer(cfg: Config, base: Path) -> Config:
     return cfg.model_copy(update={"tokenizer": t.model_copy(update={"path": path, "chat_template": tmpl})})
 
 
+def _dataset_problem(d: DatasetSection) -> str | None:
+    """Why ``d.path`` names nothing to read (None when it does), without touching the network: a
+    missing, non-regular or unreadable file; a directory without data files; a glob matching none; for
+    ``hf://``, nothing unless ``HF_HUB_OFFLINE`` is set, then the cache must hold the revision."""
+    hub = d.hub()
+    if hub is not None:
+        from engine.datasets import hub as hubs
+
+        return hubs.check_cached(hub) if hubs.offline() else None
+    from engine.datasets.sources import DatasetError, is_glob, local_shards
+
+    p = d.path
+    try:
+        if is_glob(p) and not p.exists() or p.is_dir():
+            try:
+                local_shards(p)
+            except DatasetError as e:
+                return str(e)
+            return None
+        if not p.exists():
+            return f"file not found: {p}"
+        if not p.is_file():
+            return f"not a file: {p}"
+        if not os.access(p, os.R_OK):
+            return f"not readable: {p}"
+    except OSError as e:  # e.g. a directory we may not search
+        return f"cannot access {p}: {e.strerror}"
+    return None
+
+
 def parse_config(data: dict[str, Any], path: Path = Path("config.toml"), *, check_files: bool = True) -> Config:
     """Validate an already-parsed TOML mapping.
 
     Args:
         data: the TOML document as a dict.
         path: the file it came from (for messages and resolving relative paths).
-        check_files: verify that every dataset ``path`` exists and is a readable file.
+        check_files: verify that every dataset ``path`` names something to read (a readable file, a
+            directory with data files, a glob that matches); ``hf://`` paths are not checked (no network
+            at validation) unless ``HF_HUB_OFFLINE`` is set, then the Hugging Face cache must hold them.
 
     Raises:
         ConfigError: naming ``path``, the key and what was expected.
@@ -711,17 +793,8 @@ def parse_config(data: dict[str, Any], path: Path = Path("config.toml"), *, chec
     cfg = _resolve_paths(cfg, path.parent)
     cfg = _resolve_tokenizer(cfg, path.parent)
     if check_files:
-        problems = []
-        for i, d in enumerate(cfg.datasets):
-            try:
-                if not d.path.exists():
-                    problems.append(f"  datasets[{i}].path ({d.name}): file not found: {d.path}")
-                elif not d.path.is_file():
-                    problems.append(f"  datasets[{i}].path ({d.name}): not a file: {d.path}")
-                elif not os.access(d.path, os.R_OK):
-                    problems.append(f"  datasets[{i}].path ({d.name}): not readable: {d.path}")
-            except OSError as e:  # e.g. a directory we may not search
-                problems.append(f"  datasets[{i}].path ({d.name}): cannot access {d.path}: {e.strerror}")
+        problems = [f"  datasets[{i}].path ({d.name}): {why}" for i, d in enumerate(cfg.datasets)
+                    if (why := _dataset_problem(d)) is not None]
         tok = cfg.provider.sim.tokenizer
         hint = "`datagen make-tokenizer DIR` builds the small demo tokenizer, as `make demo` does"
         if cfg.provider.kind == "simulated" and tok is not None and not tok.exists():

@@ -217,7 +217,20 @@ CONFIG_CASES = {
                              "invalid configuration:\n  run.commit_interval_s: Input should be greater than 0 (got 0)"),
     "missing_dataset_file": (("{tmp}/d.jsonl", "{tmp}/nope.jsonl"),
                              "invalid configuration:\n  datasets[0].path (a): file not found: {tmp}/nope.jsonl"),
-    "dataset_is_a_directory": (("{tmp}/d.jsonl", "{tmp}"), "invalid configuration:\n  datasets[0].path (a): not a file: {tmp}"),
+    "dataset_directory_without_data_files": (("{tmp}/d.jsonl", "{tmp}/shards"),
+                                             "invalid configuration:\n  datasets[0].path (a): {tmp}/shards: no dataset files "
+                                             "in the directory; expected .jsonl/.ndjson/.json/.traj/.parquet (optionally "
+                                             ".gz/.zst) files"),
+    "dataset_glob_matching_nothing": (("{tmp}/d.jsonl", "{tmp}/*.parquet"),
+                                      "invalid configuration:\n  datasets[0].path (a): {tmp}/*.parquet: the glob matches "
+                                      "no file; expected one or more .jsonl/.ndjson/.json/.traj/.parquet (optionally "
+                                      ".gz/.zst) files"),
+    "hub_path_malformed": (("{tmp}/d.jsonl", "hf://datasets/just-a-name"),
+                           "invalid configuration:\n  datasets[0].path: expected hf://datasets/ORG/NAME (a Hub dataset "
+                           "id), got 'hf://datasets/just-a-name'"),
+    "hub_keys_on_a_local_path": ('split = "train"\n',
+                                 "invalid configuration:\n  datasets[0]: split: only for a path = \"hf://datasets/ORG/NAME\" "
+                                 "(a local path names its files itself: a file, a directory or a glob)"),
     "base_url_ftp": (("http://127.0.0.1:9/api/v1", "ftp://example.com/v1"),
                      "invalid configuration:\n  provider.base_url: expected an http(s) URL like https://openrouter.ai/api/v1, "
                      "got 'ftp://example.com/v1'"),
@@ -243,6 +256,8 @@ CONFIG_CASES = {
 
 def _write_config(tmp_path, case) -> Path:
     (tmp_path / "d.jsonl").write_bytes(GOOD1 + b"\n")
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "notes.txt").write_text("no data here")
     edit, _ = CONFIG_CASES[case]
     text = BASE
     if isinstance(edit, tuple):

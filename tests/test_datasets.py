@@ -245,7 +245,7 @@ def test_bad_jsonl_rows_cost_one_row_each(tmp_path):
         b"[1, 2]",                                                                     # 9 not an object
         json.dumps({"foo": 1, "bar": 2}).encode(),                                     # 10 unrecognised
         json.dumps({"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]}).encode(),  # 11
-        json.dumps({"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]}]}).encode(),  # 12 list
+        json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]}).encode(),  # 12 image part
         json.dumps({"messages": [{"role": "user", "content": "g2"}]}).encode(),        # 13 ok
         b'{"messages": [{"role": "user", "content": "cut',                             # 14 truncated, no newline
     ]
@@ -267,7 +267,7 @@ def test_bad_jsonl_rows_cost_one_row_each(tmp_path):
     assert reasons[9] == "row is a list, expected a JSON object"
     assert reasons[10].startswith("unrecognised row format: keys ['foo', 'bar']; expected one of: history (swe_agent)")
     assert reasons[11] == "openai: no user turn before the last assistant turn"
-    assert reasons[12] == "openai: message 1: content is a list, expected a string"
+    assert reasons[12] == "openai: message 1: content part 1 has type 'image_url'; only text parts can be sent as text"
     assert reasons[14].startswith("truncated last line: Unterminated string")
 
 
@@ -506,8 +506,9 @@ def test_dataset_errors(tmp_path):
     text.write_text("hello")
     with pytest.raises(DatasetError, match=re.escape(str(text)) + r".*expected a \.jsonl"):
         iter_prompts(text)
-    with pytest.raises(DatasetError, match="not a regular file"):
-        iter_prompts(tmp_path)
+    (tmp_path / "empty").mkdir()  # a directory is a shard set (tests/test_inputs_compressed.py): this one has none
+    with pytest.raises(DatasetError, match="no dataset files in the directory"):
+        iter_prompts(tmp_path / "empty")
     fake = tmp_path / "fake.parquet"
     fake.write_text("not parquet")
     with pytest.raises(DatasetError, match=re.escape(str(fake)) + ".*not a readable Parquet file"):

@@ -3,11 +3,12 @@
 Public API::
 
     FORMATS                                   # accepted format names, "auto" first
-    iter_prompts(path, format="auto", fields=None) -> Iterator[Prompt | Reject]
+    iter_prompts(path, format="auto", fields=None) -> Iterator[Prompt | Reject]   # a file, directory, glob or shards
     detect_format(row) -> str | None
     DatasetError                              # whole-file problems
 
-File formats live in :mod:`engine.datasets.readers`, row formats in :mod:`engine.datasets.adapters` (glaive's
+File formats live in :mod:`engine.datasets.readers` (compression and shard sets in :mod:`engine.datasets.sources`,
+Hugging Face Hub datasets in :mod:`engine.datasets.hub`), row formats in :mod:`engine.datasets.adapters` (glaive's
 text format in :mod:`engine.datasets.glaive`), the prompt rule in :mod:`engine.datasets.rule`; this module
 ties them together (:func:`row_to_prompt`: rename fields, pick the adapter, normalise the role order (one rule for every
 format, :mod:`engine.datasets.roles`), apply the one prompt rule and move earlier turns' reasoning out of their
@@ -16,7 +17,7 @@ content (:mod:`engine.datasets.reasoning`; both in ``docs/prompt-construction.md
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,25 +31,28 @@ from engine.datasets.adapters import (
     wrong_signature_type,
 )
 from engine.datasets.readers import DatasetError, Record, open_records
+from engine.datasets.sources import Shard, local_shards
 from engine.datasets.rule import cut_prompt, normalise_conversation
 from engine.prompts import Prompt, Reject
 
-__all__ = ["FORMATS", "DatasetError", "detect_format", "iter_prompts", "row_to_prompt"]
+__all__ = ["FORMATS", "DatasetError", "Shard", "detect_format", "iter_prompts", "open_shards", "row_to_prompt"]
 
 #: Every format name ``iter_prompts`` accepts: ``"auto"`` (detect per row), then one per adapter.
 FORMATS: tuple[str, ...] = ("auto", *sorted(ADAPTERS))
 
 
 def iter_prompts(
-    path: str | Path, format: str = "auto", fields: dict[str, str] | None = None
+    path: str | Path | Sequence[Shard], format: str = "auto", fields: dict[str, str] | None = None
 ) -> Iterator[Prompt | Reject]:
-    """Stream the prompts of one dataset file, one item per row, in file order.
+    """Stream the prompts of one dataset, one item per row, in file order (shard after shard).
 
     Args:
         path: a ``.jsonl``/``.ndjson``, ``.json`` (array, JSON lines, or one ``.traj`` object) or
-            ``.parquet`` file. JSON lines and Parquet are read incrementally; a JSON array is held
-            in memory but decoded element by element (a truncated array still yields its complete
-            elements, then one ``Reject``).
+            ``.parquet`` file, the JSON ones optionally ``.gz``/``.zst``-compressed; or a directory or
+            glob of such files (read in sorted order, :func:`engine.datasets.sources.local_shards`); or
+            the shards themselves (a Hub dataset's files, :mod:`engine.datasets.hub`). Everything is
+            streamed; a JSON array is decoded element by element (a truncated array still yields its
+            complete elements, then one ``Reject``). Sources name the shard file: ``"file:N"``.
         format: one of :data:`FORMATS`; ``"auto"`` picks the adapter per row with
             :func:`detect_format`, so mixed files work.
         fields: optional renames, canonical name -> source column, canonical names from
@@ -62,14 +66,32 @@ def iter_prompts(
         ``Reject(source, reason)``. Bad rows never raise.
 
     Raises:
-        DatasetError: at call time for an unknown format name, a bad ``fields`` mapping, or a file
-            that is missing, unreadable or not JSON lines / JSON / Parquet; during iteration only if
+        DatasetError: at call time for an unknown format name, a bad ``fields`` mapping, a
+            directory without data files or a glob matching none, or a (first) file that is missing,
+            unreadable or not JSON lines / JSON / Parquet; during iteration if a later shard is, or
             a Parquet file fails mid-read.
     """
+    shards = list(path) if isinstance(path, Sequence) and not isinstance(path, str) else local_shards(path)
+    named = path if isinstance(path, (str, Path)) else (shards[0].shown if shards else "(no files)")
     if format not in FORMATS:
-        raise DatasetError(f"{path}: unknown format {format!r}; expected one of: {', '.join(FORMATS)}")
-    _check_fields(path, fields)
-    return _prompts(open_records(path), format, dict(fields) if fields else None)
+        raise DatasetError(f"{named}: unknown format {format!r}; expected one of: {', '.join(FORMATS)}")
+    _check_fields(named, fields)
+    return _prompts(open_shards(shards), format, dict(fields) if fields else None)
+
+
+def open_shards(shards: Sequence[Shard]) -> Iterator[Record | Reject]:
+    """The rows of every shard in order; the first shard is opened (and checked) now, the others
+    when reached (each raises :class:`DatasetError` then, as :func:`engine.datasets.readers.open_records`)."""
+    if not shards:
+        return iter(())
+    first = open_records(shards[0].path, shards[0].shown)
+
+    def rows() -> Iterator[Record | Reject]:
+        yield from first
+        for s in shards[1:]:
+            yield from open_records(s.path, s.shown)
+
+    return rows()
 
 
 def _check_fields(path: str | Path, fields: Mapping[str, str] | None) -> None:

@@ -186,6 +186,8 @@ def adapt_openai(row: Mapping[str, Any]) -> Conversation:
     """``{"messages": [{role, content, name?, tool_calls?, tool_call_id?, reasoning_content?}], "tools"?}``.
 
     Only the OpenAI message keys are kept; keys with null values (as Parquet structs produce) drop.
+    A ``content`` list of text parts is joined into one string as Kimi's template joins it, no separator
+    (:mod:`engine.datasets.parts`); a non-text part (``image_url``, ...) rejects the row.
     ``tool_calls`` stored as a string (JSON text, or a Python repr as some exports write it) is parsed
     and checked like SWE-agent's (:func:`engine.datasets.swe_agent.parse_tool_calls`; docs/dataset-rows.md).
     Missing call ids and ``tool_call_id``s are filled (:func:`engine.datasets.tool_calls.pair_openai_results`).
@@ -193,9 +195,10 @@ def adapt_openai(row: Mapping[str, Any]) -> Conversation:
     (``engine.datasets.rule.cut_prompt`` stores it as ``reasoning_content``; ``docs/prompt-construction.md``).
     """
     messages = []
-    for n, m in enumerate(_list(row, "messages"), 1):
+    turns = _list(row, "messages")
+    for n, m in enumerate(turns, 1):
         try:
-            msg = base_message(n, m)
+            msg = base_message(n, m, final=n == len(turns))
         except ValueError as e:
             raise AdapterError(str(e)) from None
         role = msg["role"]

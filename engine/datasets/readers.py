@@ -6,7 +6,10 @@ front and returns an iterator of ``(source, value)`` pairs, where ``value`` is w
 to (usually a dict), or a :class:`~engine.prompts.Reject` for a row that could not be parsed at all.
 
 Sources: ``"{path}:{n}"`` with ``n`` the 1-based line number (JSONL), element index + 1 (JSON array)
-or row index + 1 (Parquet). ``path`` is written as the caller passed it.
+or row index + 1 (Parquet). ``path`` is written as the caller passed it (or as ``shown`` says).
+JSON files may be gzip/zstd-compressed (``a.jsonl.gz``, ``a.json.zst``): they are decompressed as they
+are read (:mod:`engine.datasets.sources`); a JSON array is decoded element by element from the stream
+(:mod:`engine.datasets.jsonarray`).
 
 Parquet rows come without null-valued object keys at any depth (Arrow's struct union adds them;
 :mod:`engine.datasets.arrow_nulls`).
@@ -15,14 +18,16 @@ Parquet rows come without null-valued object keys at any depth (Arrow's struct u
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from engine.datasets.arrow_nulls import drop_nulls
-from engine.errors import DatagenError
+from engine.datasets.jsonarray import iter_array
+from engine.datasets.sources import DatasetError, open_binary, split_suffix, stream_broken, stream_errors
 from engine.prompts import Reject
+
+__all__ = ["DatasetError", "Record", "open_records"]
 
 #: A parsed row: its ``"path:line"`` source and the parsed JSON value (or Parquet row dict).
 Record = tuple[str, Any]
@@ -32,43 +37,39 @@ _JSONL_EXT = frozenset({".jsonl", ".ndjson"})
 _JSON_EXT = frozenset({".json", ".traj"})
 _PARQUET_EXT = frozenset({".parquet"})
 _EXPECTED = "a .jsonl/.ndjson (JSON lines), .json (JSON array or JSON lines) or .parquet file"
-_WS = re.compile(r"[ \t\n\r]*")
-_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")  # what surrogateescape turns undecodable bytes into
 _SNIFF_BYTES = 1 << 16
 _PARQUET_BATCH_ROWS = 1024
 
 
-class DatasetError(DatagenError):
-    """A problem with a whole dataset file, as opposed to one bad row.
-
-    Raised for: a missing, unreadable or non-regular file; a file that is neither JSON lines, a JSON
-    array nor Parquet; an unknown format name; unknown ``fields`` mapping keys; a Parquet file that
-    pyarrow cannot open or read. The message names the path and what was expected.
-    """
-
-
-def open_records(path: str | Path) -> Iterator[Record | Reject]:
+def open_records(path: str | Path, shown: str | None = None) -> Iterator[Record | Reject]:
     """Check ``path`` and return an iterator over its rows, in file order.
 
-    The file type is chosen by extension: ``.jsonl``/``.ndjson`` -> JSON lines; ``.json``/``.traj``
-    -> a JSON array if the first non-space character is ``[``, else JSON lines (or, when its first
-    line is not a JSON value by itself, one pretty-printed JSON object, the ``.traj`` layout);
-    ``.parquet`` -> Parquet. Any other extension is sniffed the same way (``PAR1`` magic, ``[``,
-    ``{``). A UTF-8 byte-order mark at the start is ignored (in JSON lines, at the start of any
+    The file type is chosen by extension, after a compression suffix (``.gz``, ``.zst``: the file is
+    decompressed as it is read, :mod:`engine.datasets.sources`): ``.jsonl``/``.ndjson`` -> JSON lines;
+    ``.json``/``.traj`` -> a JSON array if the first non-space character is ``[``, else JSON lines (or,
+    when its first line is not a JSON value by itself, one pretty-printed JSON object, the ``.traj``
+    layout); ``.parquet`` -> Parquet. Any other extension is sniffed the same way (``PAR1`` magic,
+    ``[``, ``{``). A UTF-8 byte-order mark at the start is ignored (in JSON lines, at the start of any
     line: ``cat a.jsonl b.jsonl`` of two files that each begin with one).
+
+    Args:
+        path: the file.
+        shown: how sources name the file (default ``str(path)``).
 
     Returns:
         an iterator yielding ``(source, value)`` per parsed row, or a ``Reject`` per row that could
         not be parsed: ``"not UTF-8 ..."``, ``"invalid JSON: ..."``, ``"truncated last line: ..."``,
         ``"truncated JSON array at element N: ..."`` (after all complete elements),
-        ``"invalid JSON array at element N: ..."``. Blank JSONL lines are skipped.
+        ``"invalid JSON array at element N: ..."``, ``"compressed data corrupt or truncated ..."``
+        (after all rows before the break). Blank JSONL lines are skipped.
 
     Raises:
-        DatasetError: now, if the file is missing, not a regular file, unreadable or of an
-            unsupported type; later, from the iterator, if a Parquet file fails mid-read.
+        DatasetError: now, if the file is missing, not a regular file, unreadable, not of its
+            compression suffix's kind or of an unsupported type; later, from the iterator, if a Parquet
+            file fails mid-read.
     """
     p = Path(path)
-    shown = str(path)
+    shown = str(path) if shown is None else shown
     try:
         exists, regular = p.exists(), p.is_file()
     except OSError as e:  # e.g. EACCES on a parent directory: exists() raises instead of saying False
@@ -77,13 +78,21 @@ def open_records(path: str | Path) -> Iterator[Record | Reject]:
         raise DatasetError(f"{shown}: no such file; expected {_EXPECTED}")
     if not regular:
         raise DatasetError(f"{shown}: not a regular file; expected {_EXPECTED}")
+    ext, compression = split_suffix(p)
     try:
-        with open(p, "rb") as fh:
-            head = fh.read(_SNIFF_BYTES)
+        head = _read_head(p)
     except OSError as e:
-        raise DatasetError(f"{shown}: cannot read file ({e.strerror or e}); expected {_EXPECTED}") from e
-    ext = p.suffix.lower()
+        if compression is None or isinstance(e, FileNotFoundError | PermissionError):
+            raise DatasetError(f"{shown}: cannot read file ({e.strerror or e}); expected {_EXPECTED}") from e
+        raise DatasetError(f"{shown}: not {compression} data ({e}); expected {_EXPECTED}") from e
+    except EOFError as e:
+        raise DatasetError(f"{shown}: truncated {compression} data, nothing decompresses ({e})") from e
+    except stream_errors() as e:
+        raise DatasetError(f"{shown}: not {compression} data ({e}); expected {_EXPECTED}") from e
     if ext in _PARQUET_EXT or (ext not in _JSONL_EXT | _JSON_EXT and head.startswith(b"PAR1")):
+        if compression is not None:
+            raise DatasetError(f"{shown}: a {compression}-compressed Parquet file; Parquet compresses its own "
+                               f"pages, so give the .parquet file itself")
         return _iter_parquet(p, shown)
     if ext in _JSONL_EXT:
         return _iter_jsonl(p, shown)
@@ -98,108 +107,97 @@ def open_records(path: str | Path) -> Iterator[Record | Reject]:
     raise DatasetError(f"{shown}: not a dataset file ({what}); expected {_EXPECTED}")
 
 
+def _read_head(p: Path) -> bytes:
+    """The first :data:`_SNIFF_BYTES` bytes (decompressed). A compressed stream that breaks after
+    giving data (a truncated file) gives what came before: the rows' iterator reports the break."""
+    head = b""
+    with open_binary(p) as fh:
+        while len(head) < _SNIFF_BYTES:
+            try:
+                chunk = fh.read1(_SNIFF_BYTES - len(head))  # type: ignore[attr-defined]
+            except stream_errors():
+                if head:
+                    break
+                raise
+            if not chunk:
+                break
+            head += chunk
+    return head
+
+
 def _iter_jsonl(p: Path, shown: str) -> Iterator[Record | Reject]:
     """Yield JSON lines one by one; each line is decoded on its own so a bad line costs one row."""
-    with open(p, "rb") as fh:
-        for n, raw in enumerate(fh, 1):
-            raw = raw.removeprefix(_BOM)  # at line 1, or mid-file where BOM-prefixed files were concatenated
-            source = f"{shown}:{n}"
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                yield Reject(source, f"not UTF-8: byte 0x{raw[e.start]:02x} at column {e.start + 1}")
-                continue
-            if not text.strip():
-                continue
-            try:
-                yield source, json.loads(text.rstrip("\r\n"))
-            except json.JSONDecodeError as e:
-                what = "invalid JSON" if raw.endswith(b"\n") else "truncated last line"
-                # The row is one line: the column is the character offset + 1 within it.
-                yield Reject(source, f"{what}: {e.msg} (column {e.pos + 1})")
-            except RecursionError:
-                yield Reject(source, "invalid JSON: nested too deeply")
+    n = 0
+    with open_binary(p) as fh:
+        try:
+            for n, raw in enumerate(fh, 1):
+                yield from _jsonl_row(raw, f"{shown}:{n}")
+        except stream_errors() as e:  # a corrupt or truncated compressed file: the rows before it stay
+            yield Reject(f"{shown}:{n + 1}", stream_broken(shown, e))
+
+
+def _jsonl_row(raw: bytes, source: str) -> Iterator[Record | Reject]:
+    """The row (or reject) of one JSON line; nothing for a blank line."""
+    raw = raw.removeprefix(_BOM)  # at line 1, or mid-file where BOM-prefixed files were concatenated
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        yield Reject(source, f"not UTF-8: byte 0x{raw[e.start]:02x} at column {e.start + 1}")
+        return
+    if not text.strip():
+        return
+    try:
+        yield source, json.loads(text.rstrip("\r\n"))
+    except json.JSONDecodeError as e:
+        what = "invalid JSON" if raw.endswith(b"\n") else "truncated last line"
+        # The row is one line: the column is the character offset + 1 within it.
+        yield Reject(source, f"{what}: {e.msg} (column {e.pos + 1})")
+    except RecursionError:
+        yield Reject(source, "invalid JSON: nested too deeply")
 
 
 def _iter_json_objects(p: Path, shown: str) -> Iterator[Record | Reject]:
     """A ``.json`` file starting with ``{``: JSON lines, or one pretty-printed object (``.traj``)."""
-    with open(p, "rb") as fh:
-        first_line = b""
-        for raw in fh:
-            if raw.strip(b" \t\r\n\xef\xbb\xbf"):
-                first_line = raw.removeprefix(_BOM)
-                break
+    first_line = b""
+    try:
+        with open_binary(p) as fh:
+            for raw in fh:
+                if raw.strip(b" \t\r\n\xef\xbb\xbf"):
+                    first_line = raw.removeprefix(_BOM)
+                    break
+    except stream_errors():
+        pass  # read as JSON lines below, which reports the break after the rows before it
     try:
         json.loads(first_line)
     except (ValueError, RecursionError):
-        whole = _load_single_document(p)
+        whole = _load_single_document(p, shown)
         if whole is not None:
             yield f"{shown}:1", whole
             return
     yield from _iter_jsonl(p, shown)
 
 
-def _load_single_document(p: Path) -> Any:
-    """Parse the whole file as one JSON object; ``None`` if it is not one."""
+def _load_single_document(p: Path, shown: str) -> Any:
+    """Parse the whole file as one JSON object (one row, so held whole); ``None`` if it is not one."""
     try:
-        obj = json.loads(p.read_bytes().removeprefix(_BOM).decode("utf-8"))
-    except (ValueError, RecursionError):
+        with open_binary(p) as fh:
+            obj = json.loads(fh.read().removeprefix(_BOM).decode("utf-8"))
+    except (ValueError, RecursionError) + stream_errors():
         return None
     return obj if isinstance(obj, dict) else None
 
 
 def _iter_json_array(p: Path, shown: str) -> Iterator[Record | Reject]:
-    """Decode a top-level JSON array element by element with ``raw_decode``.
-
-    The text is held in memory (as ``json.load`` would) but elements are decoded and yielded one at
-    a time, so a truncated file still gives all its complete elements, followed by one ``Reject``
-    for the element where it broke. A file that is not valid UTF-8 is decoded with surrogate
-    escapes and each element holding an undecodable byte becomes a ``"not UTF-8"`` reject.
-    """
-    data = p.read_bytes().removeprefix(_BOM)
-    try:
-        text, lossy = data.decode("utf-8"), False
-    except UnicodeDecodeError:
-        text, lossy = data.decode("utf-8", errors="surrogateescape"), True
-    del data
-    truncated = not text.rstrip(" \t\r\n").endswith("]")
-    decoder = json.JSONDecoder()
-    i = _WS.match(text).end() + 1  # just past "["
-    i = _WS.match(text, i).end()
-    if text.startswith("]", i):
-        return
-    n = 0
-    while True:
-        n += 1
-        source = f"{shown}:{n}"
+    """Decode a top-level JSON array element by element, streamed (:mod:`engine.datasets.jsonarray`):
+    a truncated file still gives all its complete elements, followed by one ``Reject`` for the element
+    where it broke; an element holding an undecodable byte becomes a ``"not UTF-8"`` reject."""
+    with open_binary(p) as fh:
+        n = 0
         try:
-            value, end = decoder.raw_decode(text, i)
-        except json.JSONDecodeError as e:
-            yield Reject(source, _array_break(truncated, n, f"{e.msg} (char {e.pos})"))
-            return
-        except RecursionError:
-            yield Reject(source, _array_break(truncated, n, "nested too deeply"))
-            return
-        if lossy and _ESCAPED_BYTE.search(text, i, end):
-            yield Reject(source, f"not UTF-8: undecodable byte in array element {n}")
-        else:
-            yield source, value
-        i = _WS.match(text, end).end()
-        if i < len(text) and text[i] == ",":
-            i = _WS.match(text, i + 1).end()
-            continue
-        if i < len(text) and text[i] == "]":
-            return
-        what = "end of file" if i >= len(text) else f"{text[i]!r} at char {i}"
-        detail = f"expected ',' or ']' after element {n}, found {what}"
-        yield Reject(f"{shown}:{n + 1}", _array_break(truncated, n + 1, detail))
-        return
-
-
-def _array_break(truncated: bool, n: int, detail: str) -> str:
-    if truncated:
-        return f"truncated JSON array at element {n}: {detail}"
-    return f"invalid JSON array at element {n}: {detail}; rest of file skipped"
+            for n, item in enumerate(iter_array(fh, shown), 1):
+                yield item
+        except stream_errors() as e:  # a corrupt or truncated compressed file: the elements before it stay
+            yield Reject(f"{shown}:{n + 1}", stream_broken(shown, e))
 
 
 def _iter_parquet(p: Path, shown: str) -> Iterator[Record | Reject]:

@@ -32,6 +32,7 @@ import json
 from typing import Any
 
 from engine.datasets.glaive import parse_call
+from engine.datasets.messages import text_content
 from engine.datasets.tool_calls import CallQueue, make_call, read_literal
 
 #: ShareGPT speaker (lower case) -> OpenAI role.
@@ -86,6 +87,8 @@ def sharegpt_messages(turns: list[Any]) -> tuple[list[dict[str, Any]], list[int]
         value = turn.get("value", turn.get("content", _MISSING))
         if value is _MISSING:
             raise ValueError(f"message {n}: missing field 'value'")
+        if speaker.lower() != "function_call":  # a list of text parts: joined (a call list stays a list)
+            value = text_content(n, value, cut=n == len(turns) and role == "assistant")
         if speaker.lower() == "function_call":
             try:
                 pairs, listed = parse_calls(value)

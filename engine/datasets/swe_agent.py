@@ -117,7 +117,7 @@ def swe_agent_messages(history: list[Any]) -> list[dict[str, Any]]:
     queue = CallQueue()
     messages = []
     for n, m in enumerate(history, 1):
-        msg = base_message(n, m)
+        msg = base_message(n, m, final=n == len(history))
         role = msg["role"]
         try:
             calls = parse_tool_calls(m.get("tool_calls"))

@@ -12,6 +12,8 @@ and cost come from: ``reported`` | ``generation`` | ``counted`` | ``estimated`` 
 Ages and durations are computed when the document is read: ``credits_age_s`` from the wall-clock
 time of the credits reading, ``elapsed_s`` from the last heartbeat while the engine runs (never past
 the figure the engine stored once its run has ended, so it does not go backwards at exit).
+Each dataset entry also names its ``path`` (as configured) and ``revision``: the commit sha an
+``hf://`` dataset was last ingested at (null for a local path).
 ``providers`` come from the live engine, or from the stored results and attempts when it is gone.
 ``endpoints`` (only for a run over several ``[provider] base_urls``): each endpoint's ``url``,
 ``state`` (``healthy`` | ``draining`` | ``down``), ``reason``, ``in_flight``, ``concurrency``,
@@ -153,8 +155,10 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         for d, c, n in conn.execute("SELECT dataset, error_class, COUNT(*) FROM attempts WHERE outcome='error' GROUP BY 1, 2"):
             errors.setdefault(d, {})[c] = n
         datasets = []
-        for dname, control, reason_d, rejected, budget in conn.execute(
-            "SELECT name, state, state_reason, rejected, token_budget FROM datasets ORDER BY position"
+        has_rev = "revision" in table_columns(conn, ["datasets"])["datasets"]  # older stores: no Hub datasets
+        for dname, control, reason_d, rejected, budget, dpath, revision in conn.execute(
+            "SELECT name, state, state_reason, rejected, token_budget, path, "
+            + ("revision" if has_rev else "NULL") + " FROM datasets ORDER BY position"
         ):
             c = counts.get(dname, {})
             done, failed, pend = c.get("done", 0), c.get("failed", 0), c.get("pending", 0)
@@ -175,7 +179,8 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             p, ct, r, cost = usage.get(dname, (0, 0, 0, 0.0))
             lost_d = lost.get(dname, 0.0)
             datasets.append({
-                "name": dname, "state": state, "state_reason": reason_d, "prompts": prompts, "rejected": rejected,
+                "name": dname, "path": dpath, "revision": revision,
+                "state": state, "state_reason": reason_d, "prompts": prompts, "rejected": rejected,
                 "done": done, "failed": failed, "skipped": skipped, "pending": pending, "in_flight": in_flight,
                 "prompt_tokens": p, "completion_tokens": ct, "reasoning_tokens": r,
                 "cost_usd": round(cost + lost_d, 8), "lost_cost_usd": round(lost_d, 8),

@@ -1,9 +1,13 @@
 """Ingest: turn each configured dataset file into prompt rows in the store, once.
 
 A dataset is re-read only when its fingerprint (path, size, mtime, format, field mapping,
-``max_prompts``) changed since the last ingest, so resuming a run with 80,000 stored prompts does
-not re-parse the files. Rows keep their first key: re-ingesting never touches stored results.
-Reading and parsing run in a worker thread (off the event loop).
+``max_prompts``; per shard for a directory or glob; for an ``hf://`` dataset the commit sha its
+revision resolves to and the files picked) changed since the last ingest, so resuming a run with
+80,000 stored prompts does not re-parse the files. A Hub dataset's sha is stored with the run
+(``datasets.revision``); a revision that moved to another commit is reported and re-read like a
+changed file, and a resume at the same commit costs one Hub API call and no download
+(:mod:`engine.datasets.hub`). Rows keep their first key: re-ingesting never touches stored results.
+Resolving, downloading, reading and parsing run in a worker thread (off the event loop).
 
 With a ``[tokenizer]``, each prompt is also rendered and encoded there, through the code validation
 uses (:mod:`engine.tokens.promptcheck`): an unrenderable prompt is rejected before any request, the
@@ -22,7 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.config import Config, DatasetSection
-from engine.datasets import Reject, iter_prompts
+from engine.datasets import Reject, Shard, iter_prompts
+from engine.datasets import hub as hubs
+from engine.datasets.sources import local_shards
 from engine.prompts import Became, Prompt
 from engine.storage.store import Store
 
@@ -55,6 +61,9 @@ class IngestReport:
         stale_deleted / stale_failed / stale_kept: stored prompts whose row is no longer in the
         re-read file (``Store.drop_stale``): pending and never sent (deleted), pending with billed
         attempts (marked failed, class ``removed``), done or failed (kept with their results).
+        revision: an ``hf://`` dataset's commit sha (None for a local path); moved_from: the sha stored
+        by the previous ingest when the revision now points elsewhere (the dataset was re-read);
+        hub_files / hub_pattern: how many files were picked, and the glob that picked them.
     """
 
     dataset: str
@@ -71,6 +80,21 @@ class IngestReport:
     stale_deleted: int = 0
     stale_failed: int = 0
     stale_kept: int = 0
+    revision: str | None = None
+    moved_from: str | None = None
+    hub_files: int = 0
+    hub_pattern: str = ""
+
+    def revision_summary(self, url: str, revision: str) -> str | None:
+        """One line on an ``hf://`` dataset's commit (None for a local path): ``"hf://datasets/ORG/NAME
+        revision main moved: OLD -> NEW (re-read ...)"``, or ``"... revision main is commit SHA (N files: GLOB)"``."""
+        if self.revision is None:
+            return None
+        if self.moved_from is not None:
+            return (f"{url} revision {revision} moved: {self.moved_from} -> {self.revision} (re-read like a changed "
+                    f"file: rows no longer in it are handled as edited rows)")
+        files = f" ({self.hub_files} file(s): {self.hub_pattern})" if self.hub_files else ""
+        return f"{url} revision {revision} is commit {self.revision}{files}"
 
     def stale_summary(self) -> str | None:
         """One line on stored prompts whose row left the file, or None when there are none."""
@@ -94,21 +118,39 @@ def estimate_prompt_tokens(p: Prompt) -> int:
     return p.char_count() // CHARS_PER_TOKEN + TOKENS_PER_MESSAGE * len(p.messages)
 
 
-def fingerprint(d: DatasetSection) -> str:
-    """A hash of everything that changes which prompts a dataset yields."""
-    st = Path(d.path).stat()
-    raw = json.dumps([str(d.path), st.st_size, st.st_mtime_ns, d.format, d.fields, d.max_prompts], sort_keys=True)
+def fingerprint(d: DatasetSection, rev: hubs.HubRevision | None = None) -> str:
+    """A hash of everything that changes which prompts a dataset yields.
+
+    One local file: its path, size and mtime (the formula stored runs were fingerprinted with); a
+    directory or glob: each shard's name, size and mtime; an ``hf://`` dataset: ``rev``'s commit sha and
+    files. Plus ``format``, ``fields`` and ``max_prompts``.
+
+    Raises:
+        OSError: a local file cannot be stat'ed; engine.datasets.DatasetError: a directory or glob
+            names no data file.
+    """
+    if rev is not None:
+        what: list = [str(d.path), rev.sha, list(rev.files)]
+    else:
+        shards = local_shards(d.path)
+        if len(shards) == 1 and shards[0].shown == str(d.path):
+            st = Path(d.path).stat()
+            what = [str(d.path), st.st_size, st.st_mtime_ns]
+        else:
+            what = [str(d.path), [[s.shown, (st := s.path.stat()).st_size, st.st_mtime_ns] for s in shards]]
+    raw = json.dumps([*what, d.format, d.fields, d.max_prompts], sort_keys=True)
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
-def _read(d: DatasetSection, cfg: Config, checker: "PromptChecker | None" = None
+def _read(d: DatasetSection, cfg: Config, checker: "PromptChecker | None" = None, rev: hubs.HubRevision | None = None,
           ) -> tuple[list[tuple], list[tuple[str, str]], list[tuple[str, str]], list[tuple[str, Became]]]:
     rows: list[tuple] = []
     rejects: list[tuple[str, str]] = []
     normalised: list[tuple[str, str]] = []
     became: list[tuple[str, Became]] = []
     seen: dict[str, str] = {}
-    for item in iter_prompts(d.path, d.format, d.fields or None):
+    source: Path | list[Shard] = hubs.download(rev) if rev is not None else d.path  # type: ignore[assignment]
+    for item in iter_prompts(source, d.format, d.fields or None):
         if isinstance(item, Reject):
             rejects.append((item.source, item.reason))
             continue
@@ -143,31 +185,43 @@ async def ingest_all(cfg: Config, store: Store, checker: "PromptChecker | None" 
     ``checker`` (given when ``[tokenizer]`` is configured) renders every prompt read: unrenderable
     ones (and, under ``prompt_special_text = "reject"``, ones with special-token text) are rejected.
 
+    An ``hf://`` dataset's revision is resolved first (one Hub API call, or the cache offline); its
+    files are downloaded only when the fingerprint changed.
+
     Raises:
-        engine.datasets.DatasetError: a whole file cannot be read (named in the message).
+        engine.datasets.DatasetError: a whole file cannot be read, or a Hub dataset cannot be resolved
+            or downloaded (named in the message).
     """
     reports = []
     rows = await store.datasets()
     for pos, d in enumerate(cfg.datasets):
         await store.register_dataset(d.name, pos, str(d.path), d.token_budget)
-        fp = fingerprint(d)
+        ref = d.hub()
+        rev = await asyncio.to_thread(hubs.resolve, ref) if ref is not None else None
+        fp = await asyncio.to_thread(fingerprint, d, rev)
         prev = rows.get(d.name)
+        hub_info: dict = {} if rev is None else {"revision": rev.sha, "hub_files": len(rev.files), "hub_pattern": rev.pattern}
         if prev is not None and prev["fingerprint"] == fp:
             await store.reclassify(d.name, lambda est, _n=d.name: cfg.class_for(_n, est))
-            reports.append(IngestReport(d.name, True, prev["prompts"], rejected=prev["rejected"]))
+            reports.append(IngestReport(d.name, True, prev["prompts"], rejected=prev["rejected"], **hub_info))
             continue
-        new_rows, rejects, normalised, became = await asyncio.to_thread(_read, d, cfg, checker)
+        old_sha = prev.get("revision") if prev is not None else None
+        if rev is not None and old_sha and old_sha != rev.sha:
+            hub_info["moved_from"] = old_sha
+            log.warning("[%s] %s revision %s moved: %s -> %s; re-reading", d.name, ref.url, ref.revision,  # type: ignore[union-attr]
+                        old_sha, rev.sha)
+        new_rows, rejects, normalised, became = await asyncio.to_thread(_read, d, cfg, checker, rev)
         inserted = 0
         for i in range(0, len(new_rows), _BATCH):
             inserted += await store.ingest_batch(d.name, new_rows[i : i + _BATCH])
         await store.replace_rejects(d.name, rejects)
         stale = await store.drop_stale(d.name, {r[0] for r in new_rows})
-        n = await store.finish_ingest(d.name, fp, len(rejects))
+        n = await store.finish_ingest(d.name, fp, len(rejects), rev.sha if rev is not None else None)
         rep = IngestReport(d.name, False, n, inserted, len(rejects), [f"{s}: {r}" for s, r in rejects[:5]],
                            len(normalised), [f"{s}: {r}" for s, r in normalised[:5]],
                            whole=sum(not b.cut for _, b in became), cut=sum(b.cut for _, b in became),
                            reasoning_moved=sum(bool(b.reasoning) for _, b in became),
-                           stale_deleted=stale[0], stale_failed=stale[1], stale_kept=stale[2])
+                           stale_deleted=stale[0], stale_failed=stale[1], stale_kept=stale[2], **hub_info)
         if rep.stale_summary():
             log.warning("[%s] %s", d.name, rep.stale_summary())
         for s, r in rejects[:20]:

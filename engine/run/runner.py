@@ -120,6 +120,9 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
 
             checker = PromptChecker(checked[0], cfg.tokenizer.prompt_special_text)  # type: ignore[union-attr]
         for rep in await ingest_all(cfg, store, checker):
+            ref = cfg.dataset(rep.dataset).hub()
+            if ref is not None:
+                print(f"[{rep.dataset}] {rep.revision_summary(ref.url, ref.revision)}", file=out)
             if rep.skipped_unchanged:
                 print(f"[{rep.dataset}] {rep.prompts} prompts (already ingested), {rep.rejected} rejected rows", file=out)
             else:

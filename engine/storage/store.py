@@ -4,7 +4,8 @@ One file per run, ``RUN_DIR/store.sqlite``. Tables:
 
 - ``meta``: schema version, run name, resolved special ids later on.
 - ``datasets``: per dataset its position, ingest fingerprint, counts and persisted state
-  (``paused`` / ``skipped`` survive a restart).
+  (``paused`` / ``skipped`` survive a restart); ``revision``: the commit sha an ``hf://`` dataset was
+  last ingested at (NULL for a local path).
 - ``prompts``: one row per unique (dataset, key) with the messages and tools as JSON, the request
   class and ``state`` in ``pending | done | failed``. A prompt stays ``pending`` until its result
   or failure is committed, so a crash only ever re-requests prompts whose result was not stored.
@@ -47,7 +48,7 @@ CREATE TABLE IF NOT EXISTS datasets(
   name TEXT PRIMARY KEY, position INTEGER NOT NULL, path TEXT NOT NULL, fingerprint TEXT,
   prompts INTEGER NOT NULL DEFAULT 0, rejected INTEGER NOT NULL DEFAULT 0,
   state TEXT NOT NULL DEFAULT 'active', state_reason TEXT NOT NULL DEFAULT '',
-  token_budget INTEGER, updated_at REAL NOT NULL DEFAULT 0);
+  token_budget INTEGER, updated_at REAL NOT NULL DEFAULT 0, revision TEXT);
 CREATE TABLE IF NOT EXISTS prompts(
   id INTEGER PRIMARY KEY, dataset TEXT NOT NULL, key TEXT NOT NULL, source TEXT NOT NULL,
   class TEXT NOT NULL, est_prompt_tokens INTEGER NOT NULL, messages TEXT NOT NULL, tools TEXT NOT NULL,
@@ -89,6 +90,7 @@ CREATE TABLE IF NOT EXISTS runtime(
 ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("results", "usage_source", "TEXT NOT NULL DEFAULT 'reported'"),
     ("prompts", "special_text", "TEXT"),
+    ("datasets", "revision", "TEXT"),
 )
 
 
@@ -319,12 +321,14 @@ class Store:
             await self.conn.execute("COMMIT")
         return len(drop), len(mark), len(stale) - len(drop) - len(mark)
 
-    async def finish_ingest(self, dataset: str, fingerprint: str, rejected: int) -> int:
-        """Record a completed ingest; returns the dataset's prompt count."""
+    async def finish_ingest(self, dataset: str, fingerprint: str, rejected: int, revision: str | None = None) -> int:
+        """Record a completed ingest (``revision``: the commit sha of an ``hf://`` dataset, None for a
+        local path); returns the dataset's prompt count."""
         cur = await self.conn.execute("SELECT COUNT(*) FROM prompts WHERE dataset=?", (dataset,))
         (n,) = await cur.fetchone()
         await self.conn.execute(
-            "UPDATE datasets SET fingerprint=?, prompts=?, rejected=? WHERE name=?", (fingerprint, n, rejected, dataset)
+            "UPDATE datasets SET fingerprint=?, prompts=?, rejected=?, revision=? WHERE name=?",
+            (fingerprint, n, rejected, revision, dataset),
         )
         return n
 
