@@ -76,7 +76,7 @@ def export_raw(run_dir: Path, out_dir: Path, on_empty=None) -> dict[str, int]:
                         "response": {"reasoning": reasoning, "content": content, "tool_calls": _text(tcs),
                                      "finish_reason": fin},
                         "usage": {"prompt_tokens": pt, "completion_tokens": ct, "reasoning_tokens": rt},
-                        "usage_source": src, "cost_usd": cost, "provider": prov, "model": model, "generation_id": gid,
+                        "usage_source": src, "cost_usd": None if cost is None else float(cost), "provider": prov, "model": model, "generation_id": gid,
                     }, ensure_ascii=False)
 
             n = write_unless_empty(Path(out_dir) / f"{name}.jsonl", lines(), write_lines)
