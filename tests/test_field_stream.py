@@ -44,6 +44,8 @@ def export(run: Path, fmt: str, out: Path) -> dict[str, dict]:
     for line in (out / "d.jsonl").read_text().splitlines():
         rec = json.loads(line)
         msgs = rec.get("messages") or rec.get("conversations")
+        if isinstance(msgs, str):  # raw: the stored messages as JSON text
+            msgs = json.loads(msgs)
         user = [m for m in msgs if m.get("role", m.get("from")) in ("user", "human")][-1]
         got[user.get("content", user.get("value"))] = rec
     return got
@@ -116,11 +118,11 @@ def test_case01_tool_calls_at_a_reused_index_are_separate_calls(tmp_path):
     assert {q: (ok, json.loads(rs)) for q, (ok, rs) in checks.items()} == {
         questions[0]: (1, []), questions[1]: (1, []), questions[2]: (1, []), questions[3]: (0, ["unknown_tool"])}
     raw = export(run, "raw", tmp_path / "raw")
-    assert [c["function"]["arguments"] for c in raw[questions[0]]["response"]["tool_calls"]] == [PARIS, OSLO]
+    assert [c["function"]["arguments"] for c in json.loads(raw[questions[0]]["response"]["tool_calls"])] == [PARIS, OSLO]
     assert len(raw) == 4
     train = export(run, "openai", tmp_path / "openai")
     assert set(train) == set(questions[:3])
-    assert [c["function"]["arguments"] for c in train[questions[0]]["messages"][-1]["tool_calls"]] == [PARIS, OSLO]
+    assert [c["function"]["arguments"] for c in json.loads(train[questions[0]]["messages"][-1]["tool_calls"])] == [PARIS, OSLO]
     # every streamed request asked for usage
     assert srv.requests and all(b["stream"] is True and b["stream_options"] == {"include_usage": True}
                                 for b in srv.requests)

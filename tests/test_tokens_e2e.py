@@ -201,11 +201,13 @@ def test_injected_faults_are_flagged_with_the_right_reason(tmp_path, capsys):
         lines = [json.loads(x) for f in sorted((tmp_path / fmt).glob("*.jsonl")) for x in f.read_text().split("\n") if x]
         assert len(lines) == n_ok < len(res)
     sf = [json.loads(x) for x in (tmp_path / "specforge" / "tools.jsonl").read_text().split("\n") if x]
-    turn = next(x for x in sf if x["conversations"][-1]["tool_calls"])["conversations"][-1]
-    assert set(turn) == {"role", "content", "reasoning_content", "tool_calls"}
-    assert turn["tool_calls"][0]["id"].startswith("functions.") and turn["tool_calls"][0]["function"]["name"]
+    # tool calls and tools as JSON text, every message with the same keys (test_export_loads.py)
+    turn = next(x for x in sf if x["conversations"][-1]["tool_calls"] != "[]")["conversations"][-1]
+    assert set(turn) == {"role", "content", "reasoning_content", "tool_calls", "tool_call_id", "name"}
+    calls = json.loads(turn["tool_calls"])
+    assert calls[0]["id"].startswith("functions.") and calls[0]["function"]["name"]
     oa = [json.loads(x) for x in (tmp_path / "openai" / "tools.jsonl").read_text().split("\n") if x]
-    assert all(x["tools"] == TOOLS and x["messages"][-1]["role"] == "assistant" for x in oa)
+    assert all(json.loads(x["tools"]) == TOOLS and x["messages"][-1]["role"] == "assistant" for x in oa)
     code, _ = cli(capsys, "export", str(run_dir), "--format", "tokens", "--out", str(tmp_path / "all"), "--include-invalid")
     assert sum(pq.read_metadata(f).num_rows for f in (tmp_path / "all").glob("*.parquet")) == len(res)
     before = (tmp_path / "openai" / "b7_sharegpt.jsonl").read_bytes()

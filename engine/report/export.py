@@ -8,7 +8,11 @@ in prompt-id order: ``dataset``, ``key``, ``messages``, ``tools``, ``response`` 
 ``content``, ``tool_calls``, ``finish_reason``), ``usage`` (``prompt_tokens``,
 ``completion_tokens``, ``reasoning_tokens``), ``usage_source`` (where those tokens and the cost come
 from: ``reported`` | ``generation`` | ``counted`` | ``estimated``, see :mod:`engine.money.usage`),
-``cost_usd``, ``provider``, ``model``, ``generation_id``. Each file is written to a temporary name in the same directory and renamed.
+``cost_usd``, ``provider``, ``model``, ``generation_id``. ``messages``, ``tools`` and
+``response.tool_calls`` are the stored values as JSON text (``json.loads`` gives them back exactly):
+they have no one shape across rows, and every row must infer the same schema for
+``datasets.load_dataset("json")`` (:mod:`engine.tokens.jsonrows`). Each file is written to a
+temporary name in the same directory and renamed.
 
 When no record qualifies (no result stored, or every result invalid and ``include_invalid`` not
 set) nothing is written and :class:`NothingToExport` says why (``datagen export`` exits 1).
@@ -28,6 +32,12 @@ from engine.storage.atomic import write_lines, write_unless_empty
 from engine.errors import NothingToExport
 from engine.report.status import connect_ro
 from engine.storage.store import table_columns
+from engine.tokens.jsonrows import json_text
+
+
+def _text(stored: str) -> str:
+    """A stored JSON column re-written as JSON text (non-ASCII kept), checked to be JSON."""
+    return json_text(json.loads(stored))
 
 
 def export_raw(run_dir: Path, out_dir: Path, on_empty=None) -> dict[str, int]:
@@ -62,11 +72,11 @@ def export_raw(run_dir: Path, out_dir: Path, on_empty=None) -> dict[str, int]:
             def lines(rows=rows):
                 for (ds, key, msgs, tools, reasoning, content, tcs, fin, pt, ct, rt, cost, prov, model, gid, src) in rows:
                     yield json.dumps({
-                        "dataset": ds, "key": key, "messages": json.loads(msgs), "tools": json.loads(tools),
-                        "response": {"reasoning": reasoning, "content": content, "tool_calls": json.loads(tcs),
+                        "dataset": ds, "key": key, "messages": _text(msgs), "tools": _text(tools),
+                        "response": {"reasoning": reasoning, "content": content, "tool_calls": _text(tcs),
                                      "finish_reason": fin},
                         "usage": {"prompt_tokens": pt, "completion_tokens": ct, "reasoning_tokens": rt},
-                        "usage_source": src, "cost_usd": cost, "provider": prov, "model": model, "generation_id": gid,
+                        "usage_source": src, "cost_usd": None if cost is None else float(cost), "provider": prov, "model": model, "generation_id": gid,
                     }, ensure_ascii=False)
 
             n = write_unless_empty(Path(out_dir) / f"{name}.jsonl", lines(), write_lines)

@@ -11,4 +11,5 @@ Modules:
 - :mod:`.vstore`: the ``validations`` table; :mod:`.report`: the ``datagen validate`` report.
 - :mod:`.service`: the live :class:`~.service.ReconstructionService` and :func:`~.service.validate_run`.
 - :mod:`.exports`: ``specforge`` / ``openai`` / ``tokens`` exports; :mod:`.records`: the tokens format.
+- :mod:`.jsonrows`: the one-schema row shape of the JSONL exports (message keys, JSON-text fields).
 """

@@ -7,15 +7,18 @@ One file per dataset, datasets in config order, rows in prompt-id order; each fi
 temporary name in the same directory and renamed (atomic).
 
 - ``specforge`` (``DIR/<dataset>.jsonl``): ``{"id": "<dataset>:<key>", "conversations": [prompt
-  messages..., {"role": "assistant", "content", "reasoning_content", "tool_calls"}]}`` plus
-  ``"tools"`` when the prompt declared any; tool calls in native form (``functions.NAME:IDX``),
-  arguments verbatim. A row SpecForge's parser would not train on whole (a prompt stored before
-  ingest normalised role order, ``engine.datasets.roles``) is left out and reported.
-- ``openai`` (``DIR/<dataset>.jsonl``): ``{"id", "messages": [..., {"role": "assistant", "content",
-  "reasoning_content", "tool_calls"?}], "tools"?}``: the assistant turn in OpenAI shape
-  (``content`` null when the turn is only tool calls; ``tool_calls`` only when there are some).
+  messages..., generated assistant turn], "tools"}``; tool calls of the generated turn in native form
+  (``functions.NAME:IDX``), arguments verbatim. A row SpecForge's parser would not train on whole (a
+  prompt stored before ingest normalised role order, ``engine.datasets.roles``) is left out and reported.
+- ``openai`` (``DIR/<dataset>.jsonl``): ``{"id", "messages": [..., generated assistant turn], "tools"}``,
+  the assistant turn in OpenAI shape (``content`` null when the turn is only tool calls).
 - ``tokens`` (``DIR/<dataset>.parquet``): the :mod:`engine.tokens.records` format (``input_ids``
   int32, ``loss_mask`` int8 = 1 exactly on the completion ids, not shifted).
+
+In ``specforge`` and ``openai`` every message has the keys of :data:`engine.tokens.jsonrows.MESSAGE_KEYS`, and ``tools`` and
+each message's ``tool_calls`` are JSON text (``"[]"`` when none), so that every row has one schema
+for ``datasets.load_dataset("json")`` (:mod:`engine.tokens.jsonrows`). SpecForge parses both strings
+itself (``docs/export-loading.md``).
 
 When no record qualifies, nothing is written and :class:`engine.errors.NothingToExport` names the
 counts and the failed checks (``datagen export`` exits 1); a dataset with no qualifying record while
@@ -29,12 +32,13 @@ from __future__ import annotations
 import collections
 import json
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterator
+from typing import Callable, Collection, Iterator
 
 from engine.config import TokenizerSection
 from engine.datasets.roles import specforge_problem
 from engine.errors import DatagenError, NothingToExport
 from engine.tokens import vstore
+from engine.tokens.jsonrows import assistant_message, export_message, json_text
 from engine.tokens.reconstruct import count_tool_calls, native_tool_calls
 from engine.tokens.records import TokenRecord, write_parquet
 
@@ -143,21 +147,16 @@ def _json_lines(conn, dataset: str, fmt: str, include_invalid: bool, id_format: 
         calls, _ = native_tool_calls(json.loads(tcs), count_tool_calls(msgs), id_format)
         rid = f"{dataset}:{key}"
         if fmt == "specforge":
-            turn = {"role": "assistant", "content": content, "reasoning_content": reasoning, "tool_calls": calls}
-            doc: dict[str, Any] = {"id": rid, "conversations": msgs + [turn]}
-            problem = specforge_problem(doc["conversations"])
+            problem = specforge_problem([*msgs, {"role": "assistant", "content": content}])
             if problem is not None:  # a prompt stored before ingest normalised role order: SpecForge would
                 if on_left_out is not None:  # not train on the generated turn as it was generated
                     on_left_out(rid, problem)
                 continue
+            turn = assistant_message(content, reasoning, calls)
         else:
-            turn = {"role": "assistant", "content": content if (content or not calls) else None,
-                    "reasoning_content": reasoning}
-            if calls:
-                turn["tool_calls"] = calls
-            doc = {"id": rid, "messages": msgs + [turn]}
-        if tools:
-            doc["tools"] = tools
+            turn = assistant_message(content if (content or not calls) else None, reasoning, calls)
+        turns = [export_message(m) for m in msgs] + [turn]
+        doc = {"id": rid, "conversations" if fmt == "specforge" else "messages": turns, "tools": json_text(tools)}
         yield json.dumps(doc, ensure_ascii=False)
 
 
