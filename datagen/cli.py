@@ -412,8 +412,11 @@ def _cmd_extract(args: argparse.Namespace) -> int:
                 run = ExtractRun(cfg, data=data, gpus=gpus, workers=args.workers, free_bytes=args.free_bytes,
                                  say=lambda _line: None, progress_s=None, worker_output="file")
                 return run_extract_dashboard(run)
+        from engine.report.metricsserver import open_metrics
+
         return run_extract(cfg, data=data, gpus=gpus, workers=args.workers,
-                           free_bytes=args.free_bytes, progress_s=args.progress_s)
+                           free_bytes=args.free_bytes, progress_s=args.progress_s,
+                           metrics=lambda run: open_metrics(cfg.run, extract=run.snapshot))
     except OSError as e:  # ExtractError and DirectoryInUse: main
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -44,6 +44,10 @@ class RunSection(_Strict):
         drain_timeout_s: on quit/SIGTERM/SIGINT/SIGHUP, seconds to let in-flight requests finish
             before aborting them; ``"auto"`` (default): ``provider.timeouts.total_s``, the requests'
             own bound, so a drain never cuts a stream that could still finish.
+        metrics_port: TCP port of the Prometheus endpoint (``GET /metrics``, README "Metrics
+            (Prometheus)") served by ``datagen run`` and ``datagen extract``; None (default): none;
+            0: an ephemeral port (printed at start).
+        metrics_host: address the endpoint listens on (default ``127.0.0.1``: this host only).
     """
 
     name: str = "run"
@@ -52,6 +56,8 @@ class RunSection(_Strict):
     commit_interval_s: float = Field(1.0, gt=0, le=10)
     max_attempts: int = Field(6, ge=1, le=100)
     drain_timeout_s: Annotated[float, Field(ge=0)] | Literal["auto"] = "auto"
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    metrics_host: str = Field("127.0.0.1", min_length=1)
 
 
 class TimeoutsSection(_Strict):
