@@ -48,7 +48,13 @@ def parse(text: str) -> dict[tuple[str, frozenset], float]:
 
 
 def value(m: dict, name: str, **labels: str) -> float:
+    """The sample ``name{labels}`` of a parsed scrape (KeyError: not in it)."""
     return m[(name, frozenset(labels.items()))]
+
+
+def get(m: dict, name: str, **labels: str) -> float | None:
+    """The sample ``name{labels}``, None when the scrape has none."""
+    return m.get((name, frozenset(labels.items())))
 
 
 def snapshot(**over) -> RunSnapshot:
@@ -321,7 +327,7 @@ def test_headless_run_scraped_matches_status_then_port_closes_at_exit(tmp_path: 
             if k[0].endswith("_total") and k[0].startswith("datagen_"):
                 assert later.get(k, 0) >= v, k
         ctl(run_dir, "pause")
-        m = wait_for(lambda: (s := run.scrape()) and value(s, "datagen_run_info", run="prom", state="paused") == 1
+        m = wait_for(lambda: (s := run.scrape()) and get(s, "datagen_run_info", run="prom", state="paused") == 1
                      and all(v == 0 for k, v in s.items() if k[0] == "datagen_in_flight") and s, 60, "settled pause")
         # the store gets the last results at the next commit (0.2 s): then both say the same
         wait_for(lambda: (d := collect_status(run_dir)) and all(x["in_flight"] == 0 for x in d["datasets"])

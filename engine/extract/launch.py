@@ -33,7 +33,7 @@ def torchrun_env() -> tuple[int, int, int] | None:
 
 
 def run_extract(cfg: Any, *, data: Path | None = None, gpus: list[int] | None = None, workers: int | None = None,
-                free_bytes: int | None = None, progress_s: float = 5.0, say: Callable[[str], None] = print,
+                free_bytes: int | None = None, progress_s: float = 5.0, say: Callable[[str], None] | None = None,
                 restart_delay_s: float = 2.0, max_restarts: int = 3,
                 metrics: Callable[[ExtractRun], Served | None] | None = None) -> int:
     """Run the whole extraction job of ``cfg`` headless; returns the exit code (0 done, or drained
@@ -52,6 +52,7 @@ def run_extract(cfg: Any, *, data: Path | None = None, gpus: list[int] | None = 
         engine.proc.runlock.DirectoryInUse: another live ``datagen extract`` writes the same output directory.
         DatagenError: from ``metrics`` (the port cannot be bound; nothing started).
     """
+    say = say or _print_line
     tr = torchrun_env()
     job = resolve_job(cfg, data=data, gpus=gpus, workers=None if tr else workers, free_bytes=free_bytes)
     if tr is not None:  # the ranks share one output directory on purpose (shards.py serialises their commits)
@@ -65,7 +66,12 @@ def run_extract(cfg: Any, *, data: Path | None = None, gpus: list[int] | None = 
         if server is not None:
             asyncio.run(server.close())
         raise
-    return asyncio.run(_headless(run, server, say))
+    return asyncio.run(_headless(run, server))
+
+
+def _print_line(line: str) -> None:
+    """Print ``line`` at once (stdout is block-buffered when piped: ``datagen extract | tee log``)."""
+    print(line, flush=True)
 
 
 class Served(Protocol):
@@ -78,12 +84,12 @@ class Served(Protocol):
     async def close(self) -> None: ...
 
 
-async def _headless(run: ExtractRun, server: Served | None, say: Callable[[str], None]) -> int:
+async def _headless(run: ExtractRun, server: Served | None) -> int:
     if server is None:
         return await _supervised(run)
     try:
         await server.start()
-        say(f"metrics: {server.url} (Prometheus)")
+        run.say(f"metrics: {server.url} (Prometheus)")
         return await _supervised(run)
     finally:
         await server.close()
