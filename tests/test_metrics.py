@@ -367,3 +367,27 @@ def test_port_in_use_refuses_the_start_and_leaves_nothing(tmp_path: Path) -> Non
     assert r.returncode == 1, r.stdout + r.stderr
     assert f"error: run.metrics_port: cannot listen on 127.0.0.1:{port}" in r.stderr
     assert not (tmp_path / "run" / "store.sqlite").exists()
+
+
+async def test_dashboard_serves_its_snapshots_until_it_exits(tmp_path: Path) -> None:
+    from tui.app import DashboardApp
+    from tui.testing import FIXED_GPUS, sim_config
+
+    app = DashboardApp(sim_config(tmp_path, metrics_port=0), gpu_source=lambda: FIXED_GPUS, install_signals=False)
+    assert app.metrics is not None
+    url = app.metrics.url
+    async with app.run_test(size=(120, 40)) as pilot, httpx.AsyncClient(timeout=5) as http:
+        end = time.monotonic() + 20
+        while True:  # served by the app's own loop: the pilot's pauses let it answer
+            try:
+                m = parse((await http.get(url)).text)
+            except httpx.TransportError:
+                m = {}
+            if any(k[0] == "datagen_in_flight" and v > 0 for k, v in m.items()):
+                break
+            assert time.monotonic() < end, "no request in flight in the scrapes"
+            await pilot.pause(0.1)
+        snap = app.snapshot
+        assert snap is not None and get(m, "datagen_run_info", run="tui-test", state="running") == 1
+        assert value(m, "datagen_prompts", dataset="sharegpt", state="pending") > 0
+    assert refused(url)  # the app's unmount stopped the engine and the endpoint

@@ -192,8 +192,7 @@ class DashboardApp(App[int]):
         if self.chained is not None:
             self.chained.start()
         if self.metrics is not None:
-            self.run_worker(start_metrics(self.metrics, lambda line: log.info("%s", line)), name="metrics",
-                            group="metrics")
+            self.run_worker(start_metrics(self.metrics), name="metrics", group="metrics")  # its line: the log pane
         if self._install_signals:
             self.terminal.add_signal_handlers()
         if not self.is_headless:
