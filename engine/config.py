@@ -23,6 +23,10 @@ from engine.simfaults import parse_faults
 OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
 
 
+#: ``provider.api_key_env`` when the config does not set it, by ``provider.kind`` (others: OPENROUTER_API_KEY).
+DEFAULT_KEY_ENV = {"openrouter": "OPENROUTER_API_KEY", "openai": "OPENAI_API_KEY"}
+
+
 class ConfigError(DatagenError):
     """The configuration is invalid; the message names the file, key and expectation."""
 
@@ -131,7 +135,10 @@ class ProviderSection(_Strict):
         base_url: API root ending in ``/v1`` (e.g. ``https://openrouter.ai/api/v1``); ignored for
             ``simulated``. Must be http(s); a key is never sent over plain http except to loopback.
         model: model id sent in every request.
-        api_key_env: NAME of the environment variable holding the key (never the key itself).
+        api_key_env: NAME of the environment variable holding the key (never the key itself);
+            default by kind (:data:`DEFAULT_KEY_ENV`): ``OPENAI_API_KEY`` for ``openai``,
+            ``OPENROUTER_API_KEY`` otherwise. Left unset it is not "named in the config"
+            (:func:`engine.run.apikey.key_required`).
         api_key_file: optional path of a file holding the key (used when the variable is unset).
         stream: stream responses with SSE (default) or not.
         stream_usage: with ``stream``, ask for usage in the stream (``stream_options: {"include_usage":
@@ -142,7 +149,7 @@ class ProviderSection(_Strict):
     kind: Literal["openrouter", "openai", "simulated"] = "simulated"
     base_url: str | None = None
     model: str = "moonshotai/kimi-k2.5"
-    api_key_env: str = "OPENROUTER_API_KEY"
+    api_key_env: str = Field(default_factory=lambda data: DEFAULT_KEY_ENV.get(data.get("kind"), "OPENROUTER_API_KEY"))
     api_key_file: Path | None = None
     stream: bool = True
     stream_usage: bool = True
