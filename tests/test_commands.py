@@ -449,3 +449,12 @@ format = "text"
     assert status_json(tmp_path / "run")["credits_usd"] is None
     log = (tmp_path / "run" / "datagen.log").read_text()
     assert log.count("credits: provider exposes neither /key nor /credits") == 1
+
+
+def test_version_prints_the_installed_distributions_version():
+    from importlib.metadata import version
+
+    p = subprocess.run([PY, "-m", "datagen", "--version"], capture_output=True, text=True, timeout=60,
+                       cwd=REPO)
+    assert p.returncode == 0 and p.stdout == f"datagen {version('eagle-datagen')}\n", p.stdout + p.stderr
+    assert re.fullmatch(r"datagen \d+\.\d+\.\d+\S*\n", p.stdout)

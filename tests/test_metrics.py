@@ -391,3 +391,15 @@ async def test_dashboard_serves_its_snapshots_until_it_exits(tmp_path: Path) -> 
         assert snap is not None and get(m, "datagen_run_info", run="tui-test", state="running") == 1
         assert value(m, "datagen_prompts", dataset="sharegpt", state="pending") > 0
     assert refused(url)  # the app's unmount stopped the engine and the endpoint
+
+
+def test_readme_lists_every_metric() -> None:
+    from engine.report.metrics import extract_families, run_families
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Metrics (Prometheus)"):readme.index("## How a run keeps every dollar")]
+    ext = ExtractSnapshot(state="running")
+    names = {f.name + ("_total" if f.type == "counter" else "") for f in run_families(snapshot()) + extract_families(ext)}
+    assert len(names) > 50
+    missing = sorted(n for n in names if f"`{n}`" not in section)
+    assert not missing, f"README 'Metrics (Prometheus)' does not list {missing}"

@@ -71,7 +71,7 @@ def test_extract_metrics_follow_the_job_and_the_port_closes(tmp_path: Path, tiny
         assert doc["state"] == "paused"
         assert sum(value(m, "datagen_extract_samples_done", dataset=ds) for ds in "ab") == doc["samples_done"]
         assert sum(value(m, "datagen_extract_tokens_done", dataset=ds) for ds in "ab") == doc["tokens_done"]
-        assert value(m, "datagen_extract_bytes_written") == doc["bytes_written"]
+        assert value(m, "datagen_extract_written_bytes") == doc["bytes_written"]
         p.send_signal(signal.SIGINT)  # Ctrl-C: the paused workers quit at once, the launcher with them
         assert p.wait(60) == 130, "".join(lines)
     finally:

@@ -161,8 +161,8 @@ def extract_families(snap: ExtractSnapshot) -> list[Metric]:
         _one(_gauge("datagen_extract_tokens_per_second", "Tokens per second, all workers, last minute"),
              snap.tokens_per_s),
         _one(_gauge("datagen_extract_eta_seconds", "Seconds to finish (absent while unknown)"), snap.eta_s),
-        _one(_gauge("datagen_extract_bytes_written", "Bytes of hidden states written"), snap.bytes_written),
-        _one(_gauge("datagen_extract_bytes_projected", "Bytes the plan projects for what was left at start"),
+        _one(_gauge("datagen_extract_written_bytes", "Bytes of hidden states written"), snap.bytes_written),
+        _one(_gauge("datagen_extract_projected_bytes", "Bytes the plan projects for what was left at start"),
              snap.bytes_projected),
         _one(_gauge("datagen_extract_disk_free_bytes", "Free space of the output file system"), snap.disk_free_bytes),
     ]
