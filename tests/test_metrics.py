@@ -387,8 +387,8 @@ async def test_dashboard_serves_its_snapshots_until_it_exits(tmp_path: Path) -> 
                 break
             assert time.monotonic() < end, "no request in flight in the scrapes"
             await pilot.pause(0.1)
-        snap = app.snapshot
-        assert snap is not None and get(m, "datagen_run_info", run="tui-test", state="running") == 1
+        assert app.engine is not None and app.engine.snapshot() is not None  # the endpoint reads the app's engine
+        assert get(m, "datagen_run_info", run="tui-test", state="running") == 1
         assert value(m, "datagen_prompts", dataset="sharegpt", state="pending") > 0
     assert refused(url)  # the app's unmount stopped the engine and the endpoint
 
