@@ -11,7 +11,7 @@ $(BIN)/datagen: pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# CPU build of torch first (lies on local disk here); otherwise pip pulls a multi-GB CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0 || echo "torch==2.13.0 CPU wheel not found locally; pip will pick a torch build"
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev]'  # dev includes the extract and report extras: all the tests need
 	touch $(BIN)/datagen
 
 venv: $(BIN)/datagen

@@ -69,8 +69,9 @@ def _run_locked(cfg, args: argparse.Namespace, lock: runlock.DirLock, fresh: tup
             headless = True
     try:
         if cfg.extract.after_run != "never":  # the target model must load before any money is spent on generation
-            from engine.extract.job import read_model_shape
+            from engine.extract.job import read_model_shape, require_extract_packages
 
+            require_extract_packages(f'[extract] after_run = "{cfg.extract.after_run}"', cfg.extract.layout)
             read_model_shape(cfg.extract.model or "", cfg.extract.trust_remote_code)
         if not headless:
             from tui.app import run_dashboard
@@ -430,8 +431,11 @@ def _cmd_extract(args: argparse.Namespace) -> int:
                 run = ExtractRun(cfg, data=data, gpus=gpus, workers=args.workers, free_bytes=args.free_bytes,
                                  say=lambda _line: None, progress_s=None, worker_output="file")
                 return run_extract_dashboard(run)
+        from engine.report.metricsserver import open_metrics
+
         return run_extract(cfg, data=data, gpus=gpus, workers=args.workers,
-                           free_bytes=args.free_bytes, progress_s=args.progress_s)
+                           free_bytes=args.free_bytes, progress_s=args.progress_s,
+                           metrics=lambda run: open_metrics(cfg.run, extract=run.snapshot))
     except OSError as e:  # ExtractError and DirectoryInUse: main
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -439,9 +443,22 @@ def _cmd_extract(args: argparse.Namespace) -> int:
         return 130
 
 
+def version() -> str:
+    """The installed eagle-datagen's version (``importlib.metadata``), or ``unknown`` when the code
+    runs from a source tree that was never installed."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("eagle-datagen")
+    except PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of ``datagen``."""
     p = argparse.ArgumentParser(prog="datagen", description="Buy a target model's completions and turn them into EAGLE-3 training data.")
+    p.add_argument("--version", action="version", version=f"datagen {version()}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     r = sub.add_parser("run", help="run the generation job of CONFIG (resumes if the run directory exists)")

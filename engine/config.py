@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
 
 
+#: ``provider.api_key_env`` when the config does not set it, by ``provider.kind`` (others: OPENROUTER_API_KEY).
+DEFAULT_KEY_ENV = {"openrouter": "OPENROUTER_API_KEY", "openai": "OPENAI_API_KEY"}
+
+
 class ConfigError(DatagenError):
     """The configuration is invalid; the message names the file, key and expectation."""
 
@@ -47,6 +51,10 @@ class RunSection(_Strict):
         drain_timeout_s: on quit/SIGTERM/SIGINT/SIGHUP, seconds to let in-flight requests finish
             before aborting them; ``"auto"`` (default): ``provider.timeouts.total_s``, the requests'
             own bound, so a drain never cuts a stream that could still finish.
+        metrics_port: TCP port of the Prometheus endpoint (``GET /metrics``, README "Metrics
+            (Prometheus)") served by ``datagen run`` and ``datagen extract``; None (default): none;
+            0: an ephemeral port (printed at start).
+        metrics_host: address the endpoint listens on (default ``127.0.0.1``: this host only).
     """
 
     name: str = "run"
@@ -55,6 +63,8 @@ class RunSection(_Strict):
     commit_interval_s: float = Field(1.0, gt=0, le=10)
     max_attempts: int = Field(6, ge=1, le=100)
     drain_timeout_s: Annotated[float, Field(ge=0)] | Literal["auto"] = "auto"
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    metrics_host: str = Field("127.0.0.1", min_length=1)
 
 
 class TimeoutsSection(_Strict):
@@ -159,7 +169,10 @@ class ProviderSection(_Strict):
         base_url: API root ending in ``/v1`` (e.g. ``https://openrouter.ai/api/v1``); ignored for
             ``simulated``. Must be http(s); a key is never sent over plain http except to loopback.
         model: model id sent in every request.
-        api_key_env: NAME of the environment variable holding the key (never the key itself).
+        api_key_env: NAME of the environment variable holding the key (never the key itself);
+            default by kind (:data:`DEFAULT_KEY_ENV`): ``OPENAI_API_KEY`` for ``openai``,
+            ``OPENROUTER_API_KEY`` otherwise. Left unset it is not "named in the config"
+            (:func:`engine.run.apikey.key_required`).
         api_key_file: optional path of a file holding the key (used when the variable is unset).
         stream: stream responses with SSE (default) or not.
         stream_usage: with ``stream``, ask for usage in the stream (``stream_options: {"include_usage":
@@ -177,7 +190,7 @@ class ProviderSection(_Strict):
     kind: Literal["openrouter", "openai", "simulated"] = "simulated"
     base_url: str | None = None
     model: str = "moonshotai/kimi-k2.5"
-    api_key_env: str = "OPENROUTER_API_KEY"
+    api_key_env: str = Field(default_factory=lambda data: DEFAULT_KEY_ENV.get(data.get("kind"), "OPENROUTER_API_KEY"))
     api_key_file: Path | None = None
     stream: bool = True
     stream_usage: bool = True

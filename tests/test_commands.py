@@ -39,7 +39,7 @@ README = (REPO / "README.md").read_text(encoding="utf-8")
 
 def _env(**set_: str) -> dict[str, str]:
     """The test's environment without any API key variable, plus ``set_``."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENROUTER_API_KEY", "REH_KEY")}
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENROUTER_API_KEY", "OPENAI_API_KEY", "REH_KEY")}
     env.update(set_)
     return env
 
@@ -200,7 +200,7 @@ def _sim_hits(case: str, tmp_path: Path) -> tuple[int, int, str]:
 @pytest.mark.parametrize("case", ["openrouter", "openai_named_env", "openai_probe_401"])
 def test_missing_key_is_refused_at_start_naming_the_variable_zero_requests_reach_the_simulator(tmp_path, case):
     conns, chats, err = _sim_hits(case, tmp_path)
-    var = "REH_KEY" if case == "openai_named_env" else "OPENROUTER_API_KEY"
+    var = {"openrouter": "OPENROUTER_API_KEY", "openai_named_env": "REH_KEY", "openai_probe_401": "OPENAI_API_KEY"}[case]
     assert f"error: provider.api_key_env: environment variable {var} is not set" in err, err
     assert "Check the key" not in err
     if case == "openai_probe_401":
@@ -221,6 +221,14 @@ def test_key_policy_per_kind():
         resolve_api_key(named, {})
     assert resolve_api_key(ProviderSection(kind="openai", base_url="http://10.0.0.5:8000/v1"), {}) is None
     assert resolve_api_key(named, {"REH_KEY": "k-1"}) == "k-1"
+    # kind openai reads OPENAI_API_KEY unless the config names another variable (openrouter's is not read)
+    keyless = ProviderSection(kind="openai", base_url="https://llm.example.com/v1")
+    assert keyless.api_key_env == "OPENAI_API_KEY" and "api_key_env" not in keyless.model_fields_set
+    assert resolve_api_key(keyless, {"OPENAI_API_KEY": "k-2", "OPENROUTER_API_KEY": "k-3"}) == "k-2"
+    assert resolve_api_key(keyless, {"OPENROUTER_API_KEY": "k-3"}) is None  # not required: probed at start
+    assert ProviderSection(kind="openrouter").api_key_env == "OPENROUTER_API_KEY"
+    assert ProviderSection(kind="openai", base_url="https://x.example/v1",
+                           api_key_env="OPENROUTER_API_KEY").api_key_env == "OPENROUTER_API_KEY"
 
 
 # ---------------------------------------------------------------------- rehearsal reads credits
@@ -246,7 +254,7 @@ path = "{write_prompts(tmp_path / 'a.jsonl', 6)}"
 format = "text"
 """)
         p = subprocess.run(run_cmd(cfg), capture_output=True, text=True, timeout=120, cwd=REPO,
-                           env=_env(OPENROUTER_API_KEY="rehearsal"))
+                           env=_env(OPENAI_API_KEY="rehearsal"))
         assert p.returncode == 0, p.stdout[-1500:] + p.stderr[-1500:]
         req = urllib.request.Request(sim.base_url + "/key", headers={"Authorization": "Bearer x"})
         with urllib.request.urlopen(req, timeout=10) as r:
@@ -441,3 +449,12 @@ format = "text"
     assert status_json(tmp_path / "run")["credits_usd"] is None
     log = (tmp_path / "run" / "datagen.log").read_text()
     assert log.count("credits: provider exposes neither /key nor /credits") == 1
+
+
+def test_version_prints_the_installed_distributions_version():
+    from importlib.metadata import version
+
+    p = subprocess.run([PY, "-m", "datagen", "--version"], capture_output=True, text=True, timeout=60,
+                       cwd=REPO)
+    assert p.returncode == 0 and p.stdout == f"datagen {version('eagle-datagen')}\n", p.stdout + p.stderr
+    assert re.fullmatch(r"datagen \d+\.\d+\.\d+\S*\n", p.stdout)

@@ -252,7 +252,7 @@ ALLOWED = ["https://openrouter.ai/api/v1", "http://127.0.0.1:8000/v1", "http://l
 def test_key_refused_over_plain_http_to_remote(url):
     p = ProviderSection(kind="openai", base_url=url)
     with pytest.raises(ConfigError) as e:
-        resolve_api_key(p, {"OPENROUTER_API_KEY": CANARY})
+        resolve_api_key(p, {"OPENAI_API_KEY": CANARY})
     assert str(e.value) == f"provider.base_url: refusing to send the API key over plain http to {url}; use https"
     with pytest.raises(ValueError) as e2:
         ChatClient(url, CANARY)
@@ -266,7 +266,7 @@ def test_key_refused_over_plain_http_to_remote(url):
 @pytest.mark.parametrize("url", ALLOWED)
 async def test_key_allowed_over_https_or_loopback(url):
     p = ProviderSection(kind="openai", base_url=url)
-    assert resolve_api_key(p, {"OPENROUTER_API_KEY": CANARY}) == CANARY
+    assert resolve_api_key(p, {"OPENAI_API_KEY": CANARY}) == CANARY
     c = ChatClient(url, CANARY)
     assert CANARY not in repr(c)
     await c.aclose()

@@ -33,6 +33,7 @@ from textual.widgets import DataTable, Footer
 
 from engine.config import Config
 from engine.extract.gpu import GpuPoller, GpuReading
+from engine.report.metricsserver import MetricsServer, open_metrics, start_metrics
 from engine.report.progress import final_report
 from engine.report.snapshot import RunSnapshot
 from tui.actions import DashboardActions, DashboardCommands
@@ -149,6 +150,12 @@ class DashboardApp(App[int]):
         self.chained: ChainedExtraction | None = None
         if self.engine is not None and cfg is not None and cfg.extract.after_run != "never":
             self.chained = ChainedExtraction(self, self.engine, cfg, refresh_hz)
+        self.metrics: MetricsServer | None = None
+        """The Prometheus endpoint of ``[run] metrics_port`` (engine mode), bound here (MetricsError
+        before the app runs), served on the app's loop from mount to unmount; else None."""
+        if self.engine is not None and cfg is not None:
+            self.metrics = open_metrics(cfg.run, run=self.engine.snapshot,
+                                        extract=self.chained.chain.snapshot if self.chained is not None else None)
 
     # ---- composition ------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -184,6 +191,8 @@ class DashboardApp(App[int]):
                             exit_on_error=False)
         if self.chained is not None:
             self.chained.start()
+        if self.metrics is not None:
+            self.run_worker(start_metrics(self.metrics), name="metrics", group="metrics")  # its line: the log pane
         if self._install_signals:
             self.terminal.add_signal_handlers()
         if not self.is_headless:
@@ -204,6 +213,8 @@ class DashboardApp(App[int]):
             if not task.done():
                 task.cancel()
                 await asyncio.wait({task}, timeout=10)
+        if self.metrics is not None:
+            await self.metrics.close()
         if self._own_handler is not None:
             logging.getLogger().removeHandler(self._own_handler)
         if self._poller is not None:

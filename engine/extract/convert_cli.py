@@ -11,7 +11,7 @@ from typing import Any
 
 from engine.extract.convert import convert
 from engine.extract.disk import fmt_bytes
-from engine.extract.job import ExtractError
+from engine.extract.job import ExtractError, require_extract_packages
 
 
 def run_convert(src: str, to: str | None, *, out: str | None = None, model: str | None = None,
@@ -20,6 +20,11 @@ def run_convert(src: str, to: str | None, *, out: str | None = None, model: str 
     stop after the current shard; rerun to resume)."""
     if not to:
         print("error: --convert needs --to speculators|specforge", file=sys.stderr)
+        return 1
+    try:
+        require_extract_packages("datagen extract --convert", layout=to)
+    except ExtractError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 1
     s = Path(src)
     dst = Path(out) if out else s.with_name(f"{s.resolve().name}-{to}")

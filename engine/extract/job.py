@@ -26,6 +26,37 @@ class ExtractError(DatagenError):
     """The job cannot run (bad settings, missing model or input, not enough disk); message says why."""
 
 
+#: How to install what extraction imports (torch, safetensors, accelerate, datasets): README "Install".
+EXTRACT_EXTRA = "pip install 'eagle-datagen[extract]'"
+
+
+def require_extract_packages(what: str = "datagen extract", layout: str = "shards") -> None:
+    """Refuse an extraction, before anything starts, when the packages of the ``extract`` extra are
+    missing (a generation-only install: ``pip install eagle-datagen``). Looks them up without importing
+    them (``importlib.util.find_spec``: the launcher stays light; the workers import them).
+
+    Args:
+        what: what needs them, for the message (``datagen extract``, ``[extract] after_run``...).
+        layout: ``[extract] layout``; ``speculators`` also needs ``datasets``.
+
+    Raises:
+        ExtractError: naming the missing packages and the extra that brings them.
+    """
+    import importlib.util
+
+    need = ["torch", "safetensors"] + (["datasets"] if layout == "speculators" else [])
+    missing = []
+    for name in need:
+        try:
+            if importlib.util.find_spec(name) is None:
+                missing.append(name)
+        except (ImportError, ValueError):  # a broken or blocked install
+            missing.append(name)
+    if missing:
+        raise ExtractError(f"{what} needs {', '.join(missing)}, not installed here: install the extraction extra, "
+                           f"{EXTRACT_EXTRA} (on a GPU host, the CUDA build of torch first)")
+
+
 def default_aux_layers(num_layers: int) -> list[int]:
     """EAGLE-3 default aux layers for ``num_layers`` decoder layers: ``[1, L//2 - 1, L - 4]``.
 
@@ -208,9 +239,11 @@ def resolve_job(cfg: Any, *, data: Path | None = None, gpus: list[int] | None = 
 
     Raises:
         ExtractError: no model set, aux layers invalid, too few GPUs for one worker, bad input path,
-            a dataset in ``datasets`` that the config does not name.
+            a dataset in ``datasets`` that the config does not name; torch (the ``extract`` extra)
+            not installed (:func:`require_extract_packages`).
     """
     ex = cfg.extract
+    require_extract_packages(layout=ex.layout)
     if datasets is not None:
         names = [d.name for d in cfg.datasets]
         unknown = [d for d in datasets if d not in names]

@@ -18,7 +18,7 @@ import asyncio
 import os
 import signal
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from engine.extract.job import ExtractError, ExtractJob, resolve_job
 from engine.extract.run import ExtractRun, prepare
@@ -33,8 +33,9 @@ def torchrun_env() -> tuple[int, int, int] | None:
 
 
 def run_extract(cfg: Any, *, data: Path | None = None, gpus: list[int] | None = None, workers: int | None = None,
-                free_bytes: int | None = None, progress_s: float = 5.0, say: Callable[[str], None] = print,
-                restart_delay_s: float = 2.0, max_restarts: int = 3) -> int:
+                free_bytes: int | None = None, progress_s: float = 5.0, say: Callable[[str], None] | None = None,
+                restart_delay_s: float = 2.0, max_restarts: int = 3,
+                metrics: Callable[[ExtractRun], Served | None] | None = None) -> int:
     """Run the whole extraction job of ``cfg`` headless; returns the exit code (0 done, or drained
     after a quit; 1 error/failed; 130 interrupted).
 
@@ -42,23 +43,59 @@ def run_extract(cfg: Any, *, data: Path | None = None, gpus: list[int] | None = 
     SIGINT/SIGTERM/SIGHUP turned into its quit (first: drain; second: kill the workers) and a progress
     line every ``progress_s`` seconds. It holds ``OUT_DIR/extract.lock`` (:mod:`engine.proc.runlock`)
     for the whole job: a second ``datagen extract`` on the same output directory is refused before it
-    touches it.
+    touches it. ``metrics`` builds the Prometheus endpoint over the run (``datagen extract`` passes
+    :func:`engine.report.metricsserver.open_metrics` with ``extract=run.snapshot``; it returns None
+    without ``[run] metrics_port``); it is bound before ``prepare`` and served on the run's loop.
 
     Raises:
         ExtractError: bad settings, missing input or model, not enough disk (nothing started).
         engine.proc.runlock.DirectoryInUse: another live ``datagen extract`` writes the same output directory.
+        DatagenError: from ``metrics`` (the port cannot be bound; nothing started).
     """
+    say = say or _print_line
     tr = torchrun_env()
     job = resolve_job(cfg, data=data, gpus=gpus, workers=None if tr else workers, free_bytes=free_bytes)
     if tr is not None:  # the ranks share one output directory on purpose (shards.py serialises their commits)
         return _run_torchrun(job.with_(workers=tr[1]), *tr, say=say)
     run = ExtractRun(cfg, job=job, say=say, progress_s=progress_s, restart_delay_s=restart_delay_s,
                      max_restarts=max_restarts)
-    run.prepare()  # errors before any event loop or signal handler
-    return asyncio.run(_headless(run))
+    server = metrics(run) if metrics is not None else None  # bound now: a port in use refuses before any write
+    try:
+        run.prepare()  # errors before any event loop or signal handler
+    except BaseException:
+        if server is not None:
+            asyncio.run(server.close())
+        raise
+    return asyncio.run(_headless(run, server))
 
 
-async def _headless(run: ExtractRun) -> int:
+def _print_line(line: str) -> None:
+    """Print ``line`` at once (stdout is block-buffered when piped: ``datagen extract | tee log``)."""
+    print(line, flush=True)
+
+
+class Served(Protocol):
+    """An endpoint served beside the run on its loop (:class:`engine.report.metricsserver.MetricsServer`
+    fits it: the extraction layer does not import the report layer above it)."""
+
+    url: str
+
+    async def start(self) -> None: ...
+    async def close(self) -> None: ...
+
+
+async def _headless(run: ExtractRun, server: Served | None) -> int:
+    if server is None:
+        return await _supervised(run)
+    try:
+        await server.start()
+        run.say(f"metrics: {server.url} (Prometheus)")
+        return await _supervised(run)
+    finally:
+        await server.close()
+
+
+async def _supervised(run: ExtractRun) -> int:
     loop = asyncio.get_running_loop()
     sigs = [s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
     installed = []

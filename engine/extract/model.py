@@ -57,7 +57,7 @@ def load_model(job: ExtractJob, gpus: tuple[int, ...] = ()) -> Any:
     if len(gpus) > 1:
         if not has_accelerate:
             raise ExtractError("gpus_per_worker > 1 spreads the model with device_map='auto', which needs "
-                               "`accelerate` (pip install accelerate)")
+                               "`accelerate` (pip install 'eagle-datagen[extract]')")
         # only this worker's GPUs (under torchrun every rank sees every GPU)
         kw["device_map"] = "auto"
         kw["max_memory"] = {i: int(torch.cuda.get_device_properties(i).total_memory * 0.92) for i in local}

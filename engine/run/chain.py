@@ -34,6 +34,7 @@ from engine.config import Config
 from engine.errors import DatagenError
 from engine.extract.run import ExtractRun
 from engine.extract.snapshot import ExtractSnapshot
+from engine.report.metricsserver import open_metrics, printer, serving
 from engine.report.snapshot import RunSnapshot
 from engine.run.chainready import FINISHED_STATES, dataset_counts, readiness
 
@@ -340,10 +341,26 @@ async def run_headless_chained(cfg: Config, out: TextIO = sys.stdout, *, exit_on
     Returns:
         :func:`combined_exit_code` of generation's and extraction's codes.
 
+    With ``[run] metrics_port`` one Prometheus endpoint serves both (generation's snapshot, its
+    last one once generation ended, and the chain's) until the command ends.
+
     Raises:
-        Whatever generation's ``prepare`` raised (ConfigError, DatasetError, StoreError...).
+        Whatever generation's ``prepare`` raised (ConfigError, DatasetError, StoreError...);
+        engine.report.metricsserver.MetricsError: the metrics port cannot be bound.
     """
-    from engine.run.headless import run_headless
+    chain = ExtractChain(cfg, say=_prefixed(out), progress_s=cfg.run.progress_interval_s, worker_output="file",
+                         make_run=make_run)
+    if on_chain is not None:
+        on_chain(chain)
+    jobs: list[Any] = []
+    # One metrics endpoint for both: generation's snapshot (its last one once it ended) and the chain's.
+    server = open_metrics(cfg.run, run=lambda: jobs[0].controller.snapshot() if jobs else None, extract=chain.snapshot)
+    async with serving(server, printer(out)):
+        return await _chained(cfg, out, chain, jobs, exit_on_pause=exit_on_pause, install_signals=install_signals)
+
+
+def _prefixed(out: TextIO) -> Callable[[str], None]:
+    """Print a chained extraction's line to ``out`` prefixed ``extract:`` (a closed stream is ignored)."""
 
     def say(line: str) -> None:
         try:
@@ -351,13 +368,17 @@ async def run_headless_chained(cfg: Config, out: TextIO = sys.stdout, *, exit_on
         except (OSError, ValueError):
             pass
 
-    chain = ExtractChain(cfg, say=say, progress_s=cfg.run.progress_interval_s, worker_output="file",
-                         make_run=make_run)
-    if on_chain is not None:
-        on_chain(chain)
-    jobs: list[Any] = []
+    return say
+
+
+async def _chained(cfg: Config, out: TextIO, chain: ExtractChain, jobs: list[Any], *, exit_on_pause: bool,
+                   install_signals: bool) -> int:
+    from engine.run.headless import run_headless
+
+    say = _prefixed(out)
     gen = asyncio.create_task(run_headless(cfg, out, exit_on_pause=exit_on_pause, install_signals=install_signals,
-                                           on_ready=jobs.append, on_signal=chain.interrupt), name="generation")
+                                           on_ready=jobs.append, on_signal=chain.interrupt, metrics=False),
+                              name="generation")
 
     def ended() -> int | None:
         if not gen.done():

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from engine.config import Config
+from engine.report.metricsserver import open_metrics, printer, serving
 from engine.report.progress import final_report, format_notices, format_progress
 from engine.run.runstate import RunPhase
 from engine.run.scheduler import Scheduler
@@ -123,13 +124,35 @@ async def run_headless(
     install_signals: bool = True,
     on_ready: Callable[[Job], None] | None = None,
     on_signal: Callable[[str], None] | None = None,
+    metrics: bool = True,
 ) -> int:
     """Run the job printing one progress line per active dataset every ``run.progress_interval_s``.
     ``on_signal`` is also called with each signal's name (chained extraction stops with it).
+    With ``[run] metrics_port`` (and ``metrics``; a chained run serves its own), the Prometheus
+    endpoint (:mod:`engine.report.metricsserver`) serves the run's snapshots from before ``prepare``
+    until the end.
 
     Returns the exit code (see module docstring).
+
+    Raises:
+        engine.report.metricsserver.MetricsError: the metrics port cannot be bound (nothing started).
     """
     out = out if isinstance(out, SafeOut) else SafeOut(out)
+    jobs: list[Job] = []
+    server = open_metrics(cfg.run, run=lambda: jobs[0].controller.snapshot() if jobs else None) if metrics else None
+
+    def ready(job: Job) -> None:
+        jobs.append(job)
+        if on_ready is not None:
+            on_ready(job)
+
+    async with serving(server, printer(out)):
+        return await _run_headless(cfg, out, exit_on_pause=exit_on_pause, install_signals=install_signals,
+                                   on_ready=ready, on_signal=on_signal)
+
+
+async def _run_headless(cfg: Config, out: TextIO, *, exit_on_pause: bool, install_signals: bool,
+                        on_ready: Callable[[Job], None], on_signal: Callable[[str], None] | None) -> int:
     job = await prepare(cfg, out)
     sched = job.scheduler
     loop = asyncio.get_running_loop()
@@ -187,8 +210,7 @@ async def run_headless(
 
     rep = asyncio.create_task(reporter())
     note = asyncio.create_task(announce())
-    if on_ready:
-        on_ready(job)
+    on_ready(job)
     try:
         code = await run_job(job, exit_on_pause=exit_on_pause, stop_on_auth=True, out=out)
     finally:

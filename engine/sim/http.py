@@ -224,6 +224,9 @@ class HttpConnection:
 
 
 def _with_server(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``headers`` with a ``server`` header (the simulator's, unless the caller names its own)."""
+    if any(k.lower() == "server" for k, _ in headers):
+        return headers
     return [("server", "eagle-datagen-sim"), *headers]
 
 

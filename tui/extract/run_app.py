@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.report.metricsserver import open_metrics, start_metrics
 from engine.run.headless import interrupt_action
 from tui.extract.app import ExtractApp
 from tui.extract.screen import ExtractScreen
@@ -62,6 +63,8 @@ class RunExtractApp(ExtractApp):
 
     Attributes:
         run: the run.
+        metrics: the Prometheus endpoint of ``[run] metrics_port`` over ``run.snapshot`` (bound here,
+            served on the app's loop from mount to unmount), or None.
         error: what ``run.run()`` raised (ExtractError, DirectoryInUse, ...), else None.
         terminal: the :class:`ExtractTerminalWatch`.
     """
@@ -69,6 +72,7 @@ class RunExtractApp(ExtractApp):
     def __init__(self, run: Any, *, refresh_hz: float = 2.0, keymap: dict[str, str] | None = None,
                  install_signals: bool = True) -> None:
         super().__init__(run, refresh_hz=refresh_hz, keymap=keymap)
+        self.metrics = open_metrics(run.cfg.run, extract=run.snapshot)  # MetricsError: before the app runs
         self.run_ = run
         self.error: BaseException | None = None
         self.terminal = ExtractTerminalWatch(self)  # type: ignore[arg-type]
@@ -82,6 +86,8 @@ class RunExtractApp(ExtractApp):
         # the app shuts down, and the run must instead stop its workers cleanly (on_unmount).
         self._task = asyncio.create_task(self.run_.run(), name="extract-run")
         self.run_worker(self._main(self._task), name="extract-run", group="extract-run", exit_on_error=False)
+        if self.metrics is not None:
+            self.run_worker(start_metrics(self.metrics, self.run_.say), name="metrics", group="metrics")
         if self._install_signals:
             self.terminal.add_signal_handlers()
         if not self.is_headless:
@@ -142,6 +148,8 @@ class RunExtractApp(ExtractApp):
             if not task.done():
                 task.cancel()
                 await asyncio.wait({task}, timeout=10)
+        if self.metrics is not None:
+            await self.metrics.close()
         self.terminal.remove_signal_handlers()
 
 
