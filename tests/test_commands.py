@@ -366,7 +366,7 @@ format = "text"
 
 
 def test_stacks_txt_is_owner_only(tmp_path):
-    from datagen.cli import _install_stack_dump
+    from datagen.runcmd import _install_stack_dump
 
     old = signal.getsignal(signal.SIGUSR1)
     old_umask = os.umask(0o022)
