@@ -27,6 +27,17 @@ class ExtractError(DatagenError):
     """The job cannot run (bad settings, missing model or input, not enough disk); message says why."""
 
 
+class StartupError(ExtractError):
+    """A worker's model or engine could not start (loading the weights, the config, vLLM's
+    initialisation), before its first batch. Such an error is deterministic: the worker exits with
+    :data:`STARTUP_EXIT` and the launcher does not restart it (a restart of Kimi-K2.5 on vLLM would
+    reload ~595 GB only to fail the same way); a worker killed (SIGKILL, OOM) is restarted."""
+
+
+#: The worker's exit status for a :class:`StartupError` (1 is any other failure).
+STARTUP_EXIT = 3
+
+
 #: How to install what extraction imports (torch, safetensors, accelerate, datasets): README "Install".
 EXTRACT_EXTRA = "pip install 'eagle-datagen[extract]'"
 
