@@ -154,7 +154,7 @@ def _source(src: Path) -> tuple[OutDir, list[dict[str, Any]], ExtractJob | None]
             raise ExtractError(f"{src / 'job.json'}: unreadable ({e})") from None
         if job.layout != "shards":
             raise ExtractError(f"{src}: job.json says layout {job.layout!r}; convert reads `shards` output "
-                               "(it is already in that layout)")
+                               f"(this directory is already a {job.layout} output)")
     out = OutDir(src)
     if not out.manifest.is_file():
         raise ExtractError(f"{src}: no {MANIFEST} (not an extraction output directory; convert reads a `shards` one)")
