@@ -178,17 +178,24 @@ def test_headless_sigint_drains_generation_and_extraction(tmp_path: Path, tiny: 
     assert len(ids) == len(set(ids)) and all(i.startswith("b1:") for i in ids)
 
 
-def test_after_run_refuses_a_missing_model_before_anything_is_bought(tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize("model", ["{tmp}/no-such-model", "no-such-model", "runs/no-such-model"])
+def test_after_run_refuses_a_missing_model_before_anything_is_bought(tmp_path: Path, capsys, model: str) -> None:
     """``after_run`` with a target model that cannot load fails at start: before the fix the whole paid
-    generation ran first and extraction then failed (exit 1) on the model path."""
+    generation ran first and extraction then failed (exit 1) on the model path. A bare or ``DIR/NAME``
+    relative name (``runs`` exists beside the config) is a local path, refused at once: before, it went
+    to the Hub and failed after its retries with a misleading "couldn't connect"."""
     from datagen.cli import main
     from fixtures_tokens import kimi_dir
     from promptcheck_helpers import write_config
 
     cfg = write_config(tmp_path, kimi_dir(), [("b1", SAMPLES / "b1_glaive.jsonl", "glaive")])
+    (tmp_path / "runs").mkdir(exist_ok=True)
     with cfg.open("a") as f:
-        f.write(f'\n[extract]\nmodel = "{tmp_path / "no-such-model"}"\nafter_run = "run"\n')
+        f.write(f'\n[extract]\nmodel = "{model.format(tmp=tmp_path)}"\nafter_run = "run"\n')
+    t0 = time.monotonic()
     assert main(["run", str(cfg), "--headless"]) == 1
     err = capsys.readouterr().err
-    assert "extract.model" in err and "no-such-model: no such directory" in err, err
+    where = cfg.parent / model.format(tmp=tmp_path)
+    assert f"extract.model: no such model directory: {where} (" in err and "a hub id is ORG/NAME" in err, err
+    assert time.monotonic() - t0 < 10  # no Hub retries
     assert not (tmp_path / "sim.jsonl").exists() or (tmp_path / "sim.jsonl").read_text() == ""  # nothing sent

@@ -355,6 +355,32 @@ def test_kill9_worker_shows_failed_restarts_and_output_equals_a_clean_run(tmp_pa
             assert torch.equal(a[k], b[k]), (sid, k)
 
 
+def test_a_model_that_cannot_start_is_not_restarted(tmp_path: Path, tiny: Path) -> None:
+    """A worker failing while its model starts (here: unreadable weights; on vLLM e.g. a missing weight
+    name at init) fails the job at once with the error: before, the launcher restarted it 3 times, each
+    reloading the model (on Kimi-K2.5 ~595 GB) only to fail the same way. A worker killed mid-run is
+    still restarted (the test above)."""
+    import shutil
+
+    broken = tmp_path / "broken-model"
+    shutil.copytree(tiny, broken)
+    for f in broken.glob("*.safetensors"):
+        f.write_bytes(b"not a safetensors file")
+    cfg, _, _ = make_job(tmp_path, broken, n=16)
+    said: list[str] = []
+    run = new_run(cfg, tmp_path, said, restart_delay_s=0.2, max_restarts=3)
+    rc = asyncio.run(run.run())
+    assert rc == 1 and run.final_state == "failed", said
+    assert not any("restart" in s and "not restarted" not in s for s in said), said  # never restarted
+    gave_up = [s for s in said if "worker 0 failed" in s]
+    assert len(gave_up) == 1 and "cannot load model" in gave_up[0] and "exit code 3" in gave_up[0], said
+    assert "not restarted: the model could not start, before the first batch" in gave_up[0]
+    assert "cannot load model" in run.final_reason
+    w = read_workers(Path(cfg.run.dir) / "extract")[0]
+    assert w["state"] == "failed" and w["restarts"] == 0 and "StartupError: cannot load model" in w["last_error"]
+    assert run.snapshot().workers[0].restarts == 0
+
+
 def test_abort_reaches_a_writer_waiting_for_disk_space(tmp_path: Path) -> None:
     """A shard waiting for disk space (stated free 0) holds the worker in ``flush``; a second quit
     (abort) through the control file ends the wait without writing. Before: the wait only ended on space."""

@@ -110,6 +110,24 @@ def test_vllm_kill9_then_restart_exactly_once(tmp_path: Path) -> None:
     assert doc["state"] == "done" and doc["samples_done"] == len(ids)
 
 
+def test_vllm_start_up_error_fails_the_job_without_restarts(tmp_path: Path) -> None:
+    """The trial's case: a tiny DeepSeek-V3 without ``topk_method = "noaux_tc"`` cannot load on vLLM
+    (``KeyError: ...e_score_correction_bias``, docs/vllm-extraction.md section 6). Before: restarted 3
+    times (each a full model load; 1 m 16 s in the trial), then failed. Now: failed at once, never restarted."""
+    model = build_tiny_model(tmp_path / "model", layers=4, hidden=128, num_attention_heads=2, num_key_value_heads=2,
+                             moe_intermediate_size=64, q_lora_rank=64, kv_lora_rank=512, qk_rope_head_dim=64,
+                             qk_nope_head_dim=32, v_head_dim=64, max_position_embeddings=4096)  # no noaux_tc
+    setup_job(tmp_path, model, 8, 5, 40, 256)
+    with open(tmp_path / "config.toml", "a") as f:
+        f.write('engine = "vllm"\n')
+    p = extract(tmp_path, "--headless")
+    log = p.communicate(timeout=300)[0]
+    assert p.returncode == 1, log
+    assert "vLLM could not start" in log and "not restarted: the model could not start" in log, log
+    assert "restarting it" not in log and "restarted (pid" not in log, log
+    assert collect(tmp_path / "run" / "extract")["workers"][0]["restarts"] == 0
+
+
 @pytest.mark.skipif(__import__("shutil").which("tmux") is None, reason="tmux is not installed")
 def test_vllm_in_the_extraction_view_pause_resume_quit(tmp_path: Path) -> None:
     """``datagen extract`` on vLLM in a real terminal: the same extraction view, ``p`` pauses the worker

@@ -2,12 +2,47 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
 from engine.config.base import _Strict
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9_.\-]+")
+
+
+def hub_id_form(model: str) -> bool:
+    """Whether ``model`` has the form of a Hugging Face hub id, ``ORG/NAME``: exactly one ``/``, no
+    leading ``./``, ``../``, ``/`` or ``~`` (characters as the Hub allows them)."""
+    return bool(_HUB_ID.fullmatch(model)) and ".." not in model
+
+
+def resolve_model(model: str, bases: list[Path]) -> str:
+    """``[extract] model`` -> a local directory's path or a hub id, decided without the network.
+
+    A hub id is ``ORG/NAME`` (:func:`hub_id_form`) whose ``ORG`` is not an existing directory under
+    any of ``bases``; it is returned as it is. Anything else is a local directory: an absolute path
+    as given (``~`` expanded), a relative one joined to the first base where it exists, else to the
+    first base holding its first component, else to the first base (a path that does not exist,
+    which :func:`engine.extract.job.check_model` refuses at once: a typo is never sent to the Hub).
+
+    Args:
+        model: the configured value; bases: where relative names are looked up, in order (the
+            config file's directory, then the working directory).
+    """
+    mp = Path(model).expanduser()
+    if mp.is_absolute():
+        return str(mp)
+    for b in bases:
+        if (b / mp).exists():
+            return str(b / mp)
+    holder = next((b for b in bases if (b / mp.parts[0]).is_dir()), None) if mp.parts else None
+    if hub_id_form(model) and holder is None:
+        return model
+    return str((holder or bases[0]) / mp)
 
 
 class VllmSection(_Strict):
@@ -61,8 +96,10 @@ class ExtractSection(_Strict):
     """``[extract]``: hidden-state extraction for EAGLE-3 (``datagen extract CONFIG``). All optional.
 
     Attributes:
-        model: target model, a local directory (relative to the config file when it exists there)
-            or a Hugging Face hub id; loaded with ``AutoModelForCausalLM``. Required to extract.
+        model: target model, a local directory (relative to the config file's directory, or the
+            working directory when it exists only there) or a Hugging Face hub id ``ORG/NAME``
+            (:func:`resolve_model`: a name that is neither is refused at once, before any network);
+            loaded with ``AutoModelForCausalLM``. Required to extract.
         dtype: torch dtype of the model and of the saved hidden states: ``auto`` (``bfloat16`` on
             GPU, ``float32`` on CPU), ``bfloat16``, ``float16`` or ``float32``.
         aux_layers: the layers whose OUTPUTS are concatenated into ``aux_hidden_states``, as

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from engine.config.base import ConfigError
 from engine.config.datasets import DatasetSection, HubPath
+from engine.config.extract import resolve_model
 from engine.config.schema import Config
 
 
@@ -55,13 +56,7 @@ def _resolve_paths(cfg: Config, base: Path) -> Config:
     provider = cfg.provider.model_copy(update={"sim": sim, "api_key_file": rel(cfg.provider.api_key_file)})
     run = cfg.run.model_copy(update={"dir": rel(cfg.run.dir)})
     ex = cfg.extract
-    model = ex.model
-    if model is not None:
-        mp = Path(model).expanduser()
-        if mp.is_absolute():
-            model = str(mp)
-        elif (base / mp).exists():
-            model = str(base / mp)  # a local directory next to the config; otherwise a hub id
+    model = ex.model if ex.model is None else resolve_model(ex.model, [base, Path.cwd()])
     extract = ex.model_copy(update={"out_dir": rel(ex.out_dir), "model": model})
     return cfg.model_copy(update={"datasets": datasets, "provider": provider, "run": run, "extract": extract})
 

@@ -1,6 +1,14 @@
-"""Rewrite existing ``shards`` output into the ``speculators`` or ``specforge`` layout, without the model.
+"""Rewrite existing ``shards`` output into the ``speculators`` or ``specforge`` layout.
 
-``datagen extract --convert OUT --to speculators|specforge`` calls :func:`convert`. It streams:
+No forward pass: ``specforge`` needs nothing but the shards; ``speculators`` also reads one tensor of
+the checkpoint, the final norm's weight (below), from the model named in ``job.json`` (or ``--model``).
+
+``datagen extract --convert OUT --to speculators|specforge`` calls :func:`convert`. It holds
+``extract.lock`` (:mod:`engine.proc.runlock`) on the source AND on the destination for the whole
+conversion: a live ``datagen extract`` writing either directory, or another convert, refuses it
+(:class:`~engine.proc.runlock.DirectoryInUse`), and no extraction can start on them meanwhile. It
+reports ``complete`` only when the source job is: every planned sample of ``status/plan.json`` is in
+its manifest, or every worker of the job reported ``done`` (:func:`source_state`). It streams:
 one source shard is open at a time, and its samples not yet in the destination are written through
 the destination layout's own commit (temp file -> fsync -> rename under the job lock -> one
 manifest append; :mod:`engine.extract.layouts.base`), so each file appears whole or not at all and a
@@ -17,7 +25,10 @@ not recoverable, but then it does not matter: RMSNorm is scale-invariant up to `
 norm's output is insensitive to the scale in proportion to ``1 - m``. Either way
 ``norm(z) == y`` and speculators' targets ``lm_head(norm(z))`` are the verifier's logits
 (tests/test_extract_layouts.py checks it to 1e-5); the saved ``z`` may differ from the raw ``x`` in
-scale. A fresh extraction with ``layout = "speculators"`` saves ``x`` itself.
+scale, and it carries the rounding of the stored (normed) state, which the scale recovery amplifies
+(``1 - m = eps / (mean(x^2) + eps)`` is small), so it is not the pre-norm state a fresh extraction
+with ``layout = "speculators"`` saves (``x`` itself): on the tiny test model in fp32, ``max |z - x|``
+is 2.0e-5 for states up to 0.17, the aux layers being bit-identical (README "Hidden states").
 """
 
 from __future__ import annotations
@@ -32,11 +43,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from engine.extract.control import read_plan
 from engine.extract.disk import fmt_bytes
 from engine.extract.job import ExtractError, ExtractJob
 from engine.extract.layouts import make_layout
 from engine.extract.plan import project
-from engine.extract.shards import OutDir
+from engine.extract.shards import MANIFEST, OutDir
+from engine.extract.status import read_workers
+from engine.proc import runlock
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +61,16 @@ TARGETS = ("speculators", "specforge")
 class ConvertReport:
     """What one :func:`convert` call did: samples ``converted`` now, ``already`` there before,
     ``bytes_written`` (destination files), ``shards_deleted`` (with ``delete_source``), ``complete``
-    (every source sample is in the destination and the layout's job-level files are written)."""
+    (the source job is complete, every one of its samples is in the destination and the layout's
+    job-level files are written), ``source_complete`` / ``source_reason``: :func:`source_state`."""
 
     converted: int = 0
     already: int = 0
     bytes_written: int = 0
     shards_deleted: int = 0
     complete: bool = False
+    source_complete: bool = False
+    source_reason: str = ""
 
 
 def final_norm_weight(model: str) -> tuple[Any, float]:
@@ -106,11 +123,29 @@ def unnormalize(y: Any, w: Any, eps: float) -> Any:
     return (u * scale).to(y.dtype)
 
 
+def source_state(src: Path, listed: int) -> tuple[bool, str]:
+    """Whether the extraction job of ``src`` is complete, and why not: complete when the manifest
+    lists (``listed`` distinct ids) every sample of ``status/plan.json`` (the whole input, written
+    by ``datagen extract``), or when every worker ``0..world-1`` reported ``done`` (a job that
+    finished, skipped datasets included). Read from the files only: the caller holds the lock."""
+    plan = read_plan(src)
+    planned = sum(d["samples"] for d in plan.values())
+    if plan and listed >= planned:
+        return True, ""
+    ws = read_workers(src)
+    world = int(ws[0].get("world") or 0) if ws else 0
+    ranks = {w.get("worker") for w in ws}
+    if ws and ranks == set(range(world)) and all(w.get("state") == "done" for w in ws):
+        return True, ""
+    states = ", ".join(f"worker {w.get('worker')} {w.get('state')}" for w in ws) or "no worker status"
+    if plan:
+        return False, f"the source extraction is not finished: {listed} of {planned} planned samples in its manifest ({states})"
+    return False, (f"cannot tell that the source extraction finished: no status/plan.json and {states} in {src}")
+
+
 def _source(src: Path) -> tuple[OutDir, list[dict[str, Any]], ExtractJob | None]:
-    out = OutDir(src)
-    entries = [e for e in out.read_manifest() if "shard" in e]
-    if not entries:
-        raise ExtractError(f"{src}: no shards listed in {out.manifest} (convert reads a `shards` output directory)")
+    if not src.is_dir():
+        raise ExtractError(f"{src}: no such directory (convert reads a `shards` extraction output directory)")
     job = None
     if (src / "job.json").is_file():
         try:
@@ -118,8 +153,38 @@ def _source(src: Path) -> tuple[OutDir, list[dict[str, Any]], ExtractJob | None]
         except (ValueError, TypeError, KeyError) as e:
             raise ExtractError(f"{src / 'job.json'}: unreadable ({e})") from None
         if job.layout != "shards":
-            raise ExtractError(f"{src}: job.json says layout {job.layout!r}; convert reads `shards` output")
+            raise ExtractError(f"{src}: job.json says layout {job.layout!r}; convert reads `shards` output "
+                               f"(this directory is already a {job.layout} output)")
+    out = OutDir(src)
+    if not out.manifest.is_file():
+        raise ExtractError(f"{src}: no {MANIFEST} (not an extraction output directory; convert reads a `shards` one)")
+    listed = out.read_manifest()
+    entries = [e for e in listed if "shard" in e]
+    if not entries:
+        files = [e["file"] for e in listed if "file" in e]
+        if files:
+            raise ExtractError(f"{src}: its manifest lists per-sample files ({files[0]}, ...), not shards: it is a "
+                               "speculators or specforge output; convert reads a `shards` output directory")
+        raise ExtractError(f"{src}: no shards listed in {out.manifest} (convert reads a `shards` output directory)")
     return out, entries, job
+
+
+def _lock(directory: Path) -> runlock.DirLock | None:
+    """``directory/extract.lock``, or None on a directory where no lock file can be made (read-only)
+    when nobody holds one there either.
+
+    Raises:
+        DirectoryInUse: a live ``datagen extract`` (or convert) holds it.
+    """
+    try:
+        return runlock.acquire(directory, runlock.EXTRACT_LOCK, "extract output directory")
+    except runlock.DirectoryInUse:
+        raise
+    except OSError:
+        h = runlock.holder(directory, runlock.EXTRACT_LOCK)
+        if h is not None:
+            raise runlock.DirectoryInUse(directory, h if h.pid else None, "extract output directory") from None
+        return None
 
 
 def convert(src: str | Path, dst: str | Path, to: str, *, model: str | None = None, delete_source: bool = False,
@@ -135,16 +200,36 @@ def convert(src: str | Path, dst: str | Path, to: str, *, model: str | None = No
         stop: set it to stop after the current shard; progress: called ``(done, total)`` samples.
 
     Raises:
-        ExtractError: bad arguments, unreadable source, a sample's tensors missing, not enough disk.
+        ExtractError: bad arguments, no such directory, not a ``shards`` output, a sample's tensors
+            missing, not enough disk.
+        engine.proc.runlock.DirectoryInUse: a live process (``datagen extract``, another convert)
+            holds ``extract.lock`` of ``src`` or ``dst``; nothing was written or deleted.
     """
-    from safetensors import safe_open
-
     if to not in TARGETS:
         raise ExtractError(f"--to {to!r}: expected one of {', '.join(TARGETS)}")
     src, dst = Path(src).resolve(), Path(dst).resolve()
     if src == dst:
         raise ExtractError("--convert: the destination must be another directory than the shards")
-    s_out, entries, job = _source(src)
+    if not src.is_dir():
+        raise ExtractError(f"{src}: no such directory (convert reads a `shards` extraction output directory)")
+    locks = [_lock(src)]
+    try:
+        s_out, entries, job = _source(src)
+        dst.mkdir(parents=True, exist_ok=True)
+        locks.append(_lock(dst))
+        return _convert(src, dst, to, s_out, entries, job, model=model, delete_source=delete_source,
+                        margin_bytes=margin_bytes, stop=stop, progress=progress)
+    finally:
+        for lk in reversed(locks):
+            if lk is not None:
+                lk.release()
+
+
+def _convert(src: Path, dst: Path, to: str, s_out: OutDir, entries: list[dict[str, Any]], job: ExtractJob | None, *,
+             model: str | None, delete_source: bool, margin_bytes: int, stop: threading.Event | None,
+             progress: Callable[[int, int], None] | None) -> ConvertReport:
+    from safetensors import safe_open
+
     by_id: "OrderedDict[str, dict[str, Any]]" = OrderedDict()
     for e in entries:
         by_id[e["id"]] = e  # the last listing of an id wins (as ExtractedDataset reads it)
@@ -213,5 +298,7 @@ def convert(src: str | Path, dst: str | Path, to: str, *, model: str | None = No
             report.shards_deleted += 1
         if progress is not None and todo:
             progress(len(done & by_id.keys()), total)
-    report.complete = layout.finish(d_out, list(by_id), None)
+    report.source_complete, report.source_reason = source_state(src, total)
+    if report.source_complete:
+        report.complete = layout.finish(d_out, list(by_id), None)  # the speculators dataset: of the whole job only
     return report

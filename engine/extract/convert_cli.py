@@ -12,12 +12,14 @@ from typing import Any
 from engine.extract.convert import convert
 from engine.extract.disk import fmt_bytes
 from engine.extract.job import ExtractError, require_extract_packages
+from engine.proc.runlock import DirectoryInUse
 
 
 def run_convert(src: str, to: str | None, *, out: str | None = None, model: str | None = None,
                 delete_source: bool = False) -> int:
-    """Convert, printing progress to stdout. Returns 0 complete, 1 error or stopped (SIGINT/SIGTERM
-    stop after the current shard; rerun to resume)."""
+    """Convert, printing progress to stdout. Returns 0 complete, 1 error, refused (a live process holds
+    the source's or the destination's ``extract.lock``), stopped (SIGINT/SIGTERM stop after the
+    current shard; rerun to resume) or not complete because the source extraction is not."""
     if not to:
         print("error: --convert needs --to speculators|specforge", file=sys.stderr)
         return 1
@@ -43,7 +45,7 @@ def run_convert(src: str, to: str | None, *, out: str | None = None, model: str 
     old = [signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)]
     try:
         rep = convert(s, dst, to, model=model, delete_source=delete_source, stop=stop, progress=progress)
-    except ExtractError as e:
+    except (ExtractError, DirectoryInUse) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     finally:
@@ -51,5 +53,7 @@ def run_convert(src: str, to: str | None, *, out: str | None = None, model: str 
         signal.signal(signal.SIGTERM, old[1])
     print(f"convert: {rep.converted} converted, {rep.already} already there, {fmt_bytes(rep.bytes_written)} written"
           + (f", {rep.shards_deleted} source shard(s) deleted" if delete_source else "")
-          + ("; complete" if rep.complete else "; NOT complete: rerun to resume"), flush=True)
+          + ("; complete" if rep.complete else
+             f"; NOT complete: {rep.source_reason}; convert again once it is" if not rep.source_complete else
+             "; NOT complete: rerun to resume"), flush=True)
     return 0 if rep.complete else 1

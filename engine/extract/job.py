@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from engine.config.extract import hub_id_form, resolve_model
 from engine.errors import DatagenError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -24,6 +25,17 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 class ExtractError(DatagenError):
     """The job cannot run (bad settings, missing model or input, not enough disk); message says why."""
+
+
+class StartupError(ExtractError):
+    """A worker's model or engine could not start (loading the weights, the config, vLLM's
+    initialisation), before its first batch. Such an error is deterministic: the worker exits with
+    :data:`STARTUP_EXIT` and the launcher does not restart it (a restart of Kimi-K2.5 on vLLM would
+    reload ~595 GB only to fail the same way); a worker killed (SIGKILL, OOM) is restarted."""
+
+
+#: The worker's exit status for a :class:`StartupError` (1 is any other failure).
+STARTUP_EXIT = 3
 
 
 #: How to install what extraction imports (torch, safetensors, accelerate, datasets): README "Install".
@@ -92,17 +104,60 @@ class ModelShape:
     num_layers: int
 
 
-def read_model_shape(model: str, trust_remote_code: bool = False) -> ModelShape:
-    """Read H and L from the model's config (no weights loaded; ``text_config`` for multimodal ones).
+#: How a name that is no model directory was looked up (the end of :func:`check_model`'s message).
+MODEL_RULE = ("relative names are resolved against the config file's directory, then the working directory; "
+              "a hub id is ORG/NAME, and only when no directory ORG exists there")
+
+
+def check_model(model: str) -> Path | None:
+    """Decide, before any network, whether ``model`` (``[extract] model`` as the config loader
+    resolved it, :func:`engine.config.extract.resolve_model`) is a local directory or a hub id.
+
+    Returns:
+        the local directory, or None for a hub id (in the Hugging Face cache when ``HF_HUB_OFFLINE``
+        is set).
 
     Raises:
-        ExtractError: the config cannot be loaded or lacks ``hidden_size``/``num_hidden_layers``.
+        ExtractError: no such directory (``extract.model: no such model directory: PATH (...)``), a
+            file instead of a directory, or (offline) a hub id the cache does not hold.
     """
-    path = Path(model).expanduser()
-    if (path.is_absolute() or model.startswith((".", "~"))) and not path.exists():
-        raise ExtractError(f"extract.model: {model}: no such directory (a local model directory, or a hub id)")
+    name = resolve_model(model, [Path.cwd()])
+    if name != model or not hub_id_form(model):  # a local path (also a relative one: against the cwd)
+        path = Path(name)
+        if not path.exists():
+            raise ExtractError(f"extract.model: no such model directory: {path} ({MODEL_RULE})")
+        if not path.is_dir():
+            raise ExtractError(f"extract.model: {path} is a file, not a model directory")
+        return path
+    from engine.datasets import hub
+
+    if hub.offline():
+        from huggingface_hub import try_to_load_from_cache
+
+        try:
+            hit = try_to_load_from_cache(model, "config.json", cache_dir=hub.cache_dir())
+        except ValueError as e:  # an id the Hub would refuse
+            raise ExtractError(f"extract.model: {model!r} is not a valid hub id: {e}") from None
+        if not isinstance(hit, str):
+            raise ExtractError(f"extract.model: {model!r} is a hub id, but HF_HUB_OFFLINE is set and the Hugging Face "
+                               f"cache ({hub.cache_dir()}) does not hold it: download it first (or unset "
+                               "HF_HUB_OFFLINE), or name a local model directory")
+    return None
+
+
+def read_model_shape(model: str, trust_remote_code: bool = False) -> ModelShape:
+    """Read H and L from the model's config (no weights loaded; ``text_config`` for multimodal ones).
+    Whether ``model`` is a local directory or a hub id is decided first, without the network
+    (:func:`check_model`): a typo fails at once, not after the Hub's retries.
+
+    Raises:
+        ExtractError: no such model directory (:func:`check_model`), or the config cannot be loaded
+            or lacks ``hidden_size``/``num_hidden_layers``.
+    """
+    local_dir = check_model(model)
+    path = local_dir if local_dir is not None else Path(model)
     local = path / "config.json"
-    if local.is_file():  # fast path: no transformers import in the launcher
+    if local_dir is not None and local.is_file():  # fast path: no transformers import in the launcher
         try:
             d = json.loads(local.read_text())
             text = d.get("text_config") or d
@@ -113,7 +168,7 @@ def read_model_shape(model: str, trust_remote_code: bool = False) -> ModelShape:
     from transformers import AutoConfig
 
     try:
-        cfg = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
+        cfg = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     except Exception as e:  # noqa: BLE001 - OSError, ValueError, remote-code errors...
         raise ExtractError(f"cannot load the config of model {model!r}: {e}") from None
     text = getattr(cfg, "text_config", None) or cfg

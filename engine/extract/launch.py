@@ -5,7 +5,8 @@ dashboard drives): it reads the input once to project the output size, refuses t
 not fit, writes ``out_dir/job.json`` and starts one worker process per GPU group
 (``CUDA_VISIBLE_DEVICES`` = its GPUs) or ``workers`` CPU processes, printing a progress line every
 few seconds. Workers die with the launcher (Linux ``PR_SET_PDEATHSIG``); a dead worker is restarted
-(bounded), and a rerun resumes.
+(bounded), except one whose model or engine could not start (a start-up error would repeat: the
+job fails with it at once), and a rerun resumes.
 
 Under ``torchrun`` (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` set) nothing is spawned: this process
 is worker ``RANK`` of ``WORLD_SIZE`` on GPU group ``LOCAL_RANK``, so several hosts sharing a file

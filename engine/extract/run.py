@@ -7,7 +7,9 @@ group (``CUDA_VISIBLE_DEVICES`` = its GPUs) or ``workers`` CPU processes, each i
 and killed with the launcher (Linux ``PR_SET_PDEATHSIG``). A worker that dies (``kill -9``, a crash)
 shows as ``failed`` with its error for ``restart_delay_s``, then is started again (at most
 ``max_restarts`` times per rank); the restarted worker recovers the output directory and resumes
-exactly once (:mod:`engine.extract.shards`).
+exactly once (:mod:`engine.extract.shards`). A worker whose model or engine could not start (exit
+:data:`~engine.extract.job.STARTUP_EXIT`: loading, config, vLLM init, before its first batch) is not
+restarted: that error would repeat, and the job fails with it.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import IO, Any, Callable
 
 from engine.extract.control import (Control, ControlError, ExtractControl, read_control, reset_for_start,
                                     update_control, write_plan)
-from engine.extract.job import ExtractJob, resolve_job
+from engine.extract.job import STARTUP_EXIT, ExtractJob, resolve_job
 from engine.extract.prepare import prepare
 from engine.extract.snapshot import ExtractSnapshot, LauncherWorker, build_snapshot
 from engine.extract.status import collect, format_line, gpu_line, read_workers, status_dir
@@ -60,8 +62,9 @@ class ExtractRun:
         datasets: extract only these datasets (None: all; chained extraction, :mod:`engine.run.chain`).
         say: where messages go (headless: print); every message also lands in :attr:`events`.
         progress_s: seconds between progress lines through ``say`` (None: none, for the dashboard).
-        max_restarts: restarts per rank after a worker died; restart_delay_s: seconds it shows
-            ``failed`` before its restart.
+        max_restarts: restarts per rank after a worker died (never after a start-up error, exit
+            :data:`~engine.extract.job.STARTUP_EXIT`); restart_delay_s: seconds it shows ``failed``
+            before its restart.
         worker_output: ``"inherit"`` (the workers' logs go to this terminal) or ``"file"``
             (``out_dir/status/worker-<rank>.log``: nothing may write to a dashboard's terminal).
         poller: a :class:`engine.extract.gpu.GpuPoller` for the GPU rows (None: one is made; it is
@@ -235,6 +238,10 @@ class ExtractRun:
         if self._interrupts >= 2 or self._quit_mode() is not None:
             self._lw[rank] = replace(lw, failed_at=None, gave_up=True)
             self.say(f"worker {rank} failed: {err}; not restarted (quitting)")
+        elif code == STARTUP_EXIT:
+            self._lw[rank] = replace(lw, failed_at=None, gave_up=True)
+            self.say(f"worker {rank} failed: {err}; not restarted: the model could not start, before the first "
+                     "batch (a restart would fail the same way; fix the cause and rerun)")
         elif lw.restarts >= self.max_restarts:
             self._lw[rank] = replace(lw, failed_at=None, gave_up=True)
             self.say(f"worker {rank} failed: {err}; not restarted ({lw.restarts} restart(s) already)")

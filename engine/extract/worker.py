@@ -39,7 +39,7 @@ from engine.errors import DatagenError
 from engine.extract.control import ControlReader
 from engine.extract.gate import Gate
 from engine.extract.disk import DiskGuard
-from engine.extract.job import ExtractError, ExtractJob
+from engine.extract.job import STARTUP_EXIT, ExtractError, ExtractJob, StartupError
 from engine.extract.layouts import finish_layout, layout_for
 from engine.extract.plan import Batch, make_batches, pending, per_token_bytes, split
 from engine.extract.shards import OutDir
@@ -207,7 +207,8 @@ def run_worker(job: ExtractJob, rank: int = 0, world: int | None = None, local_r
         stop while paused for disk space).
 
     Raises:
-        ExtractError and anything else that failed the worker (its status says ``failed`` + reason).
+        StartupError: the model or engine could not start (before the first batch); ExtractError and
+            anything else that failed the worker (its status says ``failed`` + reason).
     """
     world = job.workers if world is None else world
     local_rank = rank if local_rank is None else local_rank
@@ -286,7 +287,12 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
         res.state = "done"
         return
     t0 = time.perf_counter()
-    hs = _hidden_states(job, gpus, model, out)
+    try:
+        hs = _hidden_states(job, gpus, model, out)
+    except (Stopped, StartupError):
+        raise
+    except Exception as e:  # noqa: BLE001 - loading, config, vLLM init: a restart would fail the same way
+        raise StartupError(str(e) if isinstance(e, ExtractError) else f"{type(e).__name__}: {e}") from e
     t["load"] = time.perf_counter() - t0
     if gate.check() is not None:  # a quit while the model loaded
         raise Stopped("quit before the first batch")
@@ -395,7 +401,8 @@ def _inputs(table: TokenTable, batch: Batch) -> tuple[dict[str, Any], list[dict[
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m engine.extract.worker``: run one worker of a job file. Exit 0 done or stopped (quit), 1 failed."""
+    """``python -m engine.extract.worker``: run one worker of a job file. Exit 0 done or stopped (quit), 1 failed,
+    :data:`~engine.extract.job.STARTUP_EXIT` (3) failed while starting the model (the launcher does not restart it)."""
     p = argparse.ArgumentParser(prog="python -m engine.extract.worker")
     p.add_argument("--job", required=True, help="job.json written by datagen extract")
     p.add_argument("--rank", type=int, required=True)
@@ -429,6 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         res = run_worker(job, a.rank, a.world, a.local_rank, stop=stop, drain=drain, restarts=a.restarts,
                          last_error=a.last_error)
+    except StartupError as e:
+        print(f"worker {a.rank}: error while starting the model (not restarted): {e}", file=sys.stderr)
+        return STARTUP_EXIT
     except ExtractError as e:
         print(f"worker {a.rank}: error: {e}", file=sys.stderr)
         return 1
