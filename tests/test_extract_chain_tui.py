@@ -11,9 +11,12 @@ from pathlib import Path
 import pytest
 
 from engine.extract.control import read_control
+from engine.extract.snapshot import DatasetExtractView, ExtractSnapshot
 from engine.extract.shards import OutDir
 from engine.extract.tiny import build_tiny_model
+from engine.run.chain import ExtractChain
 from test_extract_chain import chain_config
+from tui.extract.cells import header_lines
 from tui.app import DashboardApp
 from tui.extract.screen import ExtractScreen
 from tui.modals import QuitScreen
@@ -36,6 +39,60 @@ async def until(pilot, cond, timeout: float = 60.0, what: str = "condition"):
         assert time.monotonic() < end, f"timed out after {timeout}s waiting for {what}"
         await pilot.pause(0.05)
     return v
+
+
+class EndedRun:
+    """A chained extraction run that has ended (what the chain keeps in ``runs``): its snapshot,
+    its commands and the interrupts it got."""
+
+    def __init__(self) -> None:
+        from tui.extract.host import RecordingCommands
+
+        self.commands = RecordingCommands()
+        self.interrupts: list[str] = []
+
+    def snapshot(self) -> ExtractSnapshot:
+        return ExtractSnapshot(state="done", datasets=(DatasetExtractView("b1", 5, 5, 50, 50),), quit_mode=None)
+
+    def interrupt(self, name: str) -> None:
+        self.interrupts.append(name)
+
+
+def test_between_chained_extractions_the_view_reads_waiting_with_why(tmp_path: Path):
+    """Before: ``NOT_STARTED (extraction finished; waiting for the next datasets)`` and, after a quit,
+    ``NOT_STARTED (quit: drain) (...)``; once the chain ended on that quit, ``DONE``."""
+    chain = ExtractChain(chain_config(tmp_path, tmp_path, "dataset"))
+    first = chain.snapshot()
+    assert first.state == "not_started" and first.reason == "waiting for generation and validation of b1, b7"
+    chain.runs, chain.starts, chain.handed = [EndedRun()], [(0.0, ("b1",))], ("b1",)
+    s = chain.snapshot()
+    assert s.state == "waiting" and s.reason == "extraction of b1 finished; waiting for generation and validation of b7"
+    assert s.workers == () and s.datasets[0].name == "b1"
+    chain.paused = True
+    assert chain.snapshot().state == "paused" and "no extraction starts until resumed" in chain.snapshot().reason
+    chain.paused = False
+    chain.request_quit("drain")
+    s = chain.snapshot()
+    assert (s.state, s.quit_mode, s.reason) == ("waiting", "drain",
+                                                "extraction of b1 finished; quitting: no other extraction starts")
+    header = header_lines(s)[0].plain
+    assert "WAITING (quit: drain) (extraction of b1 finished; quitting" in header and "NOT_STARTED" not in header
+    chain.exit_code = 0  # the chain returned on the quit: b7 was never extracted
+    s = chain.snapshot()
+    assert s.state == "stopped" and s.reason == "quit (drain): b7 not extracted; a rerun extracts them"
+
+
+def test_an_interrupt_from_the_dashboard_reaches_the_extraction_in_hand(tmp_path: Path):
+    """Ctrl-C (or SIGINT) in the chained dashboard stops the chain by the dashboard's rule and counts
+    as the run's interrupt, so it exits 130 with samples left (before: a quit's drain, exit 0)."""
+    chain = ExtractChain(chain_config(tmp_path, tmp_path, "dataset"))
+    run = EndedRun()
+    chain.current = run  # type: ignore[assignment]
+    chain.interrupt("Ctrl-C", "drain")
+    assert chain.quit_mode == "drain" and run.commands.calls == [("quit", ())] and run.interrupts == ["Ctrl-C"]
+    chain.interrupt("Ctrl-C", "abort")
+    assert chain.quit_mode == "abort" and run.commands.calls == [("quit", ())] * 2
+    assert run.interrupts == ["Ctrl-C", "Ctrl-C"]
 
 
 async def test_views_switch_with_e_and_a_generation_pause_leaves_extraction_running(tmp_path: Path, tiny: Path):
@@ -65,7 +122,7 @@ async def test_views_switch_with_e_and_a_generation_pause_leaves_extraction_runn
         await pilot.press("e")
         await until(pilot, lambda: isinstance(app.screen, ExtractScreen), 5, what="the extraction view again")
         snap = app.screen.snapshot
-        assert snap is not None and snap.state == "not_started" and "b7" in snap.reason
+        assert snap is not None and snap.state == "waiting" and "b7" in snap.reason
         await pilot.press("e")
         await until(pilot, lambda: app.screen is app.main_screen, 5, what="generation view")
         await pilot.press("R")

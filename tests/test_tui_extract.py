@@ -49,10 +49,18 @@ async def settle(pilot, s: float = 0.15) -> None:
     await pilot.pause(s)
 
 
+async def until_footer(app, pilot, text: str, timeout: float = 5.0) -> None:
+    """Wait for the footer to show ``text`` (the first app of a loaded test process starts slowly)."""
+    for _ in range(int(timeout / 0.05)):
+        if text in footer(app):
+            return
+        await pilot.pause(0.05)
+
+
 async def test_p_pauses_then_resumes_and_the_footer_follows_the_state():
     app, box, cmds = make_app()
     async with app.run_test(size=(120, 40)) as pilot:
-        await settle(pilot)
+        await until_footer(app, pilot, "p Pause")
         assert "p Pause" in footer(app) and "Resume" not in footer(app)
         await pilot.press("p")
         await settle(pilot)
@@ -335,3 +343,112 @@ async def test_the_screen_works_inside_the_generation_dashboard():
         app.pop_screen()
         await settle(pilot)
         assert "b7_sharegpt" in screen_text(app) and "GPUs · workers" not in screen_text(app)
+
+
+# ---- issue 13 follow-ups: restarts are not failures, q is never a no-op, Ctrl-C is SIGINT, labels
+
+def restart_pending_snapshot() -> ExtractSnapshot:
+    """One worker, SIGKILLed, its restart pending (what ExtractRun.snapshot builds then): the status
+    file still says running (or failed: the pid is gone), the launcher knows it restarts it."""
+    from engine.extract.snapshot import LauncherWorker, build_snapshot
+
+    doc = {"worker": 0, "state": "failed", "host": "h", "pid": 17892, "samples_done": 1274, "samples_total": 1994,
+           "reason": "worker process 17892 is gone (killed?); rerun to resume",
+           "datasets": {"a": {"samples_done": 1274, "tokens_done": 9000}}}
+    why = "worker process 17892 ended by SIGKILL"
+    return build_snapshot(workers=[doc], world=1, plan={"a": {"samples": 1994, "tokens": 14000}},
+                          launcher={0: LauncherWorker(0, pid=17892, last_error=why, failed_at=1.0)}, host="h")
+
+
+def test_a_pending_restart_is_restarting_not_failed():
+    """Before: ``FAILED (worker 0: worker process 17892 ended by SIGKILL)`` and "press q to exit"."""
+    from engine.extract.snapshot import LauncherWorker, build_snapshot
+
+    s = restart_pending_snapshot()
+    assert (s.state, s.workers[0].state) == ("restarting", "restarting")
+    assert "ended by SIGKILL" in s.reason and "ended by SIGKILL" in s.workers[0].last_error
+    # the launcher has not reaped the dead process yet, but would restart it: restarting too
+    doc = {"worker": 0, "state": "failed", "pid": 7, "reason": "worker process 7 is gone (killed?); rerun to resume"}
+    live = build_snapshot(workers=[doc], world=1, plan={}, launcher={0: LauncherWorker(0, pid=7, restartable=True)})
+    assert live.state == "restarting" and live.workers[0].state == "restarting"
+    spent = build_snapshot(workers=[doc], world=1, plan={}, launcher={0: LauncherWorker(0, pid=7, gave_up=True,
+                                                                                        last_error="boom")})
+    assert spent.state == "failed" and spent.reason == "worker 0: boom"
+    quit_ = build_snapshot(workers=[doc], world=1, plan={}, launcher={0: LauncherWorker(0, pid=7, stopped=True,
+                                                                                        last_error="boom")})
+    assert quit_.state == "stopped" and quit_.workers[0].state == "stopped"
+
+
+async def test_q_during_a_restart_drains_instead_of_doing_nothing():
+    app, box, cmds = make_app(restart_pending_snapshot(), datasets=("a",))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await settle(pilot)
+        text = screen_text(app)
+        assert "extract  RESTARTING (worker 0: worker process 17892 ended by SIGKILL)" in text
+        assert "FAILED" not in text and "press q to exit" not in text and "1 restarting" in text
+        row = next(ln for ln in text.split("\n") if "w0" in ln)
+        assert "restarting" in row and "ended by SIGKILL" in row
+        await pilot.press("q")
+        await settle(pilot)
+        assert cmds.calls == [("quit", ())] and any(t.startswith("draining:") for t in toasts(app))
+        assert app.is_running
+
+
+async def test_q_on_an_ended_looking_job_posts_done_every_time():
+    """``q`` is never swallowed: each press once the job reads ended reaches the app (before, only the
+    first did, and an app still waiting for its launcher ignored the rest)."""
+    got: list[int] = []
+
+    class Waiting(ExtractApp):  # an app whose launcher has not returned yet: it keeps running
+        def on_extract_screen_done(self, message: ExtractScreen.Done) -> None:
+            message.prevent_default()
+            got.append(message.code)
+
+    box = Box(with_state(fixed_extract_snapshot(), "failed", reason="worker 5: boom"))
+    app = Waiting(StaticExtractHost(box, RecordingCommands(DATASETS)), refresh_hz=20)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("q", "q")
+        await settle(pilot)
+        assert got == [1, 1] and app.is_running
+
+
+async def test_ctrl_c_is_an_interrupt_exit_130_while_q_drains_to_0():
+    """Ctrl-C behaves as SIGINT: a drain it started ends in 130 (samples left); ``q``'s drain in 0."""
+    app, box, cmds = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("ctrl+c")
+        await settle(pilot)
+        assert cmds.calls == [("quit", ())] and app.view.interrupted
+        box.snap = with_state(box.snap, "stopped", quit_mode="drain")
+        await settle(pilot, 0.3)
+    assert app.return_code == 130
+    assert exit_code(with_state(fixed_extract_snapshot(), "done"), interrupted=True) == 0  # nothing left: 0
+
+
+def test_dataset_rows_follow_the_jobs_state():
+    from engine.extract.snapshot import DatasetExtractView
+    from tui.extract.cells import dataset_state
+
+    half, none = DatasetExtractView("a", 5, 10), DatasetExtractView("b", 0, 10)
+    done, skipped = DatasetExtractView("c", 10, 10), DatasetExtractView("d", 2, 10, skipped=True)
+    table = {st: [dataset_state(d, st) for d in (half, none, done, skipped)]
+             for st in ("running", "restarting", "paused", "draining", "waiting", "stopped", "failed")}
+    assert table == {
+        "running": ["running", "waiting", "done", "skipped"],
+        "restarting": ["running", "waiting", "done", "skipped"],
+        "paused": ["paused", "waiting", "done", "skipped"],
+        "draining": ["draining", "waiting", "done", "skipped"],
+        "waiting": ["waiting", "waiting", "done", "skipped"],
+        "stopped": ["stopped", "stopped", "done", "skipped"],
+        "failed": ["stopped", "stopped", "done", "skipped"],
+    }
+
+
+async def test_a_paused_jobs_dataset_rows_read_paused():
+    app, box, _ = make_app(with_state(fixed_extract_snapshot(), "paused", reason="paused by user"))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        row = next(ln for ln in screen_text(app).split("\n") if "b7_sharegpt" in ln)
+        assert "paused" in row and "running" not in row

@@ -1,10 +1,10 @@
 """``datagen extract CONFIG`` in a real terminal (tmux, 160x48) on the tiny model (CPU workers):
 the extraction view appears, ``p`` pauses (the worker's status file says ``paused`` and the
 manifest stops growing), ``p`` resumes, ``q`` drains and the process exits 0 with every written
-sample in the manifest once (a rerun finishes the rest: every sample exactly once); Ctrl-C twice
-aborts (exit 130) and a rerun resumes exactly once; a start refused by prepare (not enough disk) prints an ``error:`` line on the
-restored terminal and exits 1. Marked slow: SIGINT twice to the process group, the terminal lost
-(kill-session) and a signal after `q`."""
+sample in the manifest once (a rerun finishes the rest: every sample exactly once); Ctrl-C once
+drains and exits 130 (samples left), twice aborts (exit 130) and a rerun resumes exactly once; a start refused by prepare (not enough disk) prints an ``error:`` line on the
+restored terminal and exits 1. Marked slow: Ctrl-C once and twice, SIGINT twice to the process
+group, the terminal lost (kill-session) and a signal after `q`."""
 
 from __future__ import annotations
 
@@ -166,6 +166,21 @@ def test_view_pause_resume_quit(tmp_path: Path, tiny: Path, tmux: Tmux) -> None:
     assert len(got) == len(set(got)) == doc["samples_done"]  # drained: what was extracted is committed, once
     assert set(got) <= ids
     finish_headless(cfg, tmp_path, out, ids)
+
+
+@pytest.mark.slow  # ~20 s on a loaded machine; the key's path (Ctrl-C -> run.interrupt) is a pilot test in make test
+def test_ctrl_c_once_drains_and_exits_130_with_samples_left(tmp_path: Path, tiny: Path, tmux: Tmux) -> None:
+    """The Ctrl-C key is SIGINT's twin: one drains and, samples being left, exits 130 (before: the
+    quit key's drain, exit 0 with 1274 of 1994 samples done)."""
+    cfg, out, ids = make_config(tmp_path, tiny)
+    rc = tmux.start(tmp_path, f"{DATAGEN} extract {cfg} --data {tmp_path / 'data'}")
+    wait(lambda: worker_state(out).get("samples_done", 0) > 0 and "GPUs · workers" in tmux.screen(), 60,
+         "the view and the first batch", tmux.screen)
+    tmux("send-keys", "-t", "dash", "C-c")
+    assert exit_code(rc, tmux) == 130
+    assert json.loads((out / "control.json").read_text())["quit"] == "drain"
+    got = manifest_ids(out)
+    assert len(got) == len(set(got)) == worker_state(out)["samples_done"] < N  # drained: committed, once
 
 
 @pytest.mark.slow  # the job can finish before the second Ctrl-C on a loaded machine (exit 0, not 130): make slow

@@ -89,3 +89,48 @@ async def test_snapshot_comparison_catches_a_changed_cell(tmp_path):
 
 async def test_rendering_is_deterministic():
     assert await render((160, 48)) == await render((160, 48))
+
+
+class ChainedLook(DashboardApp):
+    """The fixed dashboard with the key a chained run adds (``e Extraction``, shown with ``[extract]
+    after_run``): one key more than the plain footer."""
+
+    def check_action(self, action, parameters):
+        if action in ("show_extract", "show_generation"):
+            return action == "show_extract"
+        return super().check_action(action, parameters)
+
+
+@pytest.mark.parametrize("width", [80, 100, 60])
+async def test_footer_keeps_quit_and_help_when_a_chained_key_does_not_fit(width):
+    """Before: at 80x24 the footer ended ``... x Exclude ? Help e Extraction`` with ``q Quit`` cut off.
+    Now the least important key (``x Exclude``, still in ``?`` and Ctrl-P) is left out instead."""
+    from tui.testing import screen_text
+
+    app = ChainedLook(snapshot_source=fixed_snapshot, controller=FakeController(), gpu_source=lambda: FIXED_GPUS,
+                      refresh_hz=50)
+    async with app.run_test(size=(width, 24)) as pilot:
+        await pilot.pause(0.3)
+        line = screen_text(app).split("\n")[-1]
+        assert line.rstrip().endswith(("q Quit", "^p palette")) and "q Quit" in line and "? Help" in line, line
+        assert "e Extraction" in line and len(line.rstrip()) <= width
+        if width == 80:
+            assert line.rstrip() == "p Pause s Skip P Pause all a Abort + Conc+ - Conc- ? Help e Extraction q Quit"
+        await pilot.press("x")  # a key left out of the footer still works: the provider picker
+        await pilot.pause(0.2)
+        assert len(app.screen_stack) == 2
+        await pilot.press("escape")
+        await pilot.resize_terminal(160, 48)  # wide again: every key comes back
+        await pilot.pause(0.3)
+        assert "x Exclude" in screen_text(app).split("\n")[-1]
+
+
+def test_left_out_drops_by_order_then_from_the_right_never_the_kept():
+    from tui.footer import key_width, left_out
+
+    keys = [("pause", 8), ("exclude", 10), ("help", 7), ("extra", 13), ("quit", 7)]
+    assert left_out(keys, 45) == frozenset()
+    assert left_out(keys, 44, drop_order=("exclude",)) == {"exclude"}
+    assert left_out(keys, 30, drop_order=("exclude",)) == {"exclude", "extra"}
+    assert left_out(keys, 5) == {"pause", "exclude", "extra"}  # help and quit stay (then clipped)
+    assert key_width("q", "Quit", compact=True) == 7 and key_width("q", "Quit", compact=False) == 8

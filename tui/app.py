@@ -29,7 +29,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer
+from textual.widgets import DataTable
 
 from engine.config import Config
 from engine.extract.gpu import GpuPoller, GpuReading
@@ -45,11 +45,16 @@ from tui.toasts import Toasts
 from tui.view import DashboardView
 from tui.extract.chain import ChainedExtraction
 from tui.extract.screen import ExtractScreen
+from tui.footer import PriorityFooter
 from tui.panes import (
     DatasetsTable, ErrorsPane, GpusPane, HeaderPane, LogPane, ProvidersPane, SamplePane, ThroughputPane,
 )
 
 log = logging.getLogger("datagen.dashboard")
+
+FOOTER_DROP_ORDER = ("exclude_provider", "concurrency_down", "concurrency_up", "abort", "resume_all", "pause_all")
+"""Footer keys left out first when the footer is too narrow (``? Help`` and ``q Quit`` never are, and
+``e`` outranks these): at 80 columns with chaining, ``x Exclude`` goes (still in ``?`` and Ctrl-P)."""
 
 
 class DashboardApp(App[int]):
@@ -170,7 +175,7 @@ class DashboardApp(App[int]):
             with Vertical(id="right"):
                 yield GpusPane(id="gpus", classes="pane")
                 yield LogPane(id="log", classes="pane")
-        yield Footer()
+        yield PriorityFooter(drop_order=FOOTER_DROP_ORDER)
 
     def on_mount(self) -> None:
         for wid, title in (("datasets", "datasets"), ("throughput", "throughput"), ("errors", "errors by class"),
@@ -260,6 +265,10 @@ class DashboardApp(App[int]):
         too, and exit once it has stopped."""
         self.begin_quit("drain")
 
+    def on_extract_screen_interrupt(self, message: ExtractScreen.Interrupt) -> None:
+        """The extraction view's Ctrl-C (when remapped apart from the dashboard's): interrupt both."""
+        self.action_interrupt()
+
     def action_show_extract(self) -> None:
         """Show the chained extraction's view (generation goes on; ``e`` comes back)."""
         if self.chained is not None:
@@ -309,9 +318,13 @@ class DashboardApp(App[int]):
         """Quit: exit now if the run has ended, else stop it (``"drain"``/``"abort"``) and exit when
         the engine has flushed and closed the store. ``interrupted`` (a signal or ``"Ctrl-C"``):
         the run exits 130. With an injected source the quit ends the app at once (exit code 0).
-        A chained extraction is stopped the same way (``mode``)."""
+        A chained extraction is stopped the same way (``mode``), as an interrupt when ``interrupted``
+        (it then exits 130 with samples left, like ``datagen extract`` after SIGINT)."""
         if self.chained is not None:
-            self.chained.chain.request_quit(mode)
+            if interrupted is not None:
+                self.chained.chain.interrupt(interrupted, mode)
+            else:
+                self.chained.chain.request_quit(mode)
         if not self.host.finished:
             line = self.host.request_quit(mode, interrupted)
             if not self.host.finished:  # the engine stops; _engine_main exits once it has closed

@@ -5,11 +5,12 @@ prints progress lines) or under the dashboard (which awaits :meth:`ExtractRun.ru
 reads :meth:`ExtractRun.snapshot` and sends :attr:`ExtractRun.commands`). One worker process per GPU
 group (``CUDA_VISIBLE_DEVICES`` = its GPUs) or ``workers`` CPU processes, each in its own session
 and killed with the launcher (Linux ``PR_SET_PDEATHSIG``). A worker that dies (``kill -9``, a crash)
-shows as ``failed`` with its error for ``restart_delay_s``, then is started again (at most
-``max_restarts`` times per rank); the restarted worker recovers the output directory and resumes
-exactly once (:mod:`engine.extract.shards`). A worker whose model or engine could not start (exit
-:data:`~engine.extract.job.STARTUP_EXIT`: loading, config, vLLM init, before its first batch) is not
-restarted: that error would repeat, and the job fails with it.
+shows as ``restarting`` with its error for ``restart_delay_s``, then is started again (at most
+``max_restarts`` times per rank; after that it shows ``failed``); the restarted worker recovers the
+output directory and resumes exactly once (:mod:`engine.extract.shards`). A quit while a restart is
+pending cancels it (the worker shows ``stopped``, and the drain ends as drains do: exit 0). A worker
+whose model or engine could not start (exit :data:`~engine.extract.job.STARTUP_EXIT`: loading, config,
+vLLM init, before its first batch) is not restarted: that error would repeat, and the job fails with it.
 """
 
 from __future__ import annotations
@@ -63,8 +64,8 @@ class ExtractRun:
         say: where messages go (headless: print); every message also lands in :attr:`events`.
         progress_s: seconds between progress lines through ``say`` (None: none, for the dashboard).
         max_restarts: restarts per rank after a worker died (never after a start-up error, exit
-            :data:`~engine.extract.job.STARTUP_EXIT`); restart_delay_s: seconds it shows ``failed``
-            before its restart.
+            :data:`~engine.extract.job.STARTUP_EXIT`); restart_delay_s: seconds it shows
+            ``restarting`` (with its error) before its restart.
         worker_output: ``"inherit"`` (the workers' logs go to this terminal) or ``"file"``
             (``out_dir/status/worker-<rank>.log``: nothing may write to a dashboard's terminal).
         poller: a :class:`engine.extract.gpu.GpuPoller` for the GPU rows (None: one is made; it is
@@ -235,7 +236,10 @@ class ExtractRun:
         else:
             err = f"worker process {p.pid if p else '?'} ended by {why}" if code < 0 else f"worker ended with {why}"
         lw = replace(self._lw.get(rank, LauncherWorker(rank)), last_error=err, failed_at=time.time())
-        if self._interrupts >= 2 or self._quit_mode() is not None:
+        if self._interrupts >= 2:  # killed by the launcher itself (a second signal): stopped, not failed
+            self._lw[rank] = replace(lw, failed_at=None, stopped=True)
+            self.say(f"worker {rank} stopped: {err}")
+        elif self._quit_mode() is not None:
             self._lw[rank] = replace(lw, failed_at=None, gave_up=True)
             self.say(f"worker {rank} failed: {err}; not restarted (quitting)")
         elif code == STARTUP_EXIT:
@@ -254,15 +258,20 @@ class ExtractRun:
     def _restart_due(self) -> None:
         now = time.monotonic()
         for rank, at in list(self._restart_at.items()):
-            if self._interrupts >= 2 or self._quit_mode() is not None:
+            if self._quitting():  # a quit cancels the pending restart: the drain ends without it
                 del self._restart_at[rank]
-                self._lw[rank] = replace(self._lw[rank], failed_at=None, gave_up=True)
+                self._lw[rank] = replace(self._lw[rank], failed_at=None, stopped=True)
+                self.say(f"worker {rank} not restarted: quitting (a rerun resumes its share)")
                 continue
             if now >= at:
                 del self._restart_at[rank]
                 self._lw[rank] = replace(self._lw[rank], restarts=self._lw[rank].restarts + 1)
                 self._spawn(rank)
                 self.say(f"worker {rank} restarted (pid {self._procs[rank].pid})")  # type: ignore[union-attr]
+
+    def _quitting(self) -> bool:
+        """True once a quit is in the control file or a second signal arrived: no restart any more."""
+        return self._interrupts >= 2 or self._quit_mode() is not None
 
     def interrupt(self, name: str = "SIGINT") -> None:
         """A signal to the launcher: the first asks every worker to drain (quit), the second kills them."""
@@ -302,6 +311,10 @@ class ExtractRun:
         try:
             info = self.info if self.info is not None else await asyncio.to_thread(self.prepare)  # reads the input
             self._started = time.monotonic()
+            if self._interrupts:  # a signal while preparing (prepare reset the control file): start nothing
+                self.say("interrupted before the workers started; rerun to extract")
+                self.final_state, self.final_reason, self.exit_code = "stopped", "interrupted", 130
+                return 130
             if info["samples"] == 0:
                 self.say("nothing to do: every sample is already in the manifest"
                          + (" or in a skipped dataset" if read_control(self.job.out_dir).skip else ""))
@@ -359,10 +372,22 @@ class ExtractRun:
 
     def _finish(self) -> int:
         doc = collect(self.job.out_dir)
-        self.say(format_line(doc))
+        code = self._final_state(doc)
+        # the last line says how the job ended (a worker whose restart a quit cancelled is stopped,
+        # though its status file, its process gone, reads failed)
+        stopped = {lw.rank for lw in self._lw.values() if lw.stopped}
+        workers = [dict(w, state="stopped") if w.get("worker") in stopped else w for w in doc["workers"]]
+        self.say(format_line({**doc, "state": self.final_state, "workers": workers,
+                              "reason": self.final_reason or ("" if stopped else doc["reason"])}))
         proj = self.info["projected_bytes"] if self.info else 0
         self.say(f"bytes written {doc['bytes_written']} vs projected {proj} "
                  f"({doc['bytes_written'] / max(1, proj):.4f}x)")
+        self.exit_code = code
+        return code
+
+    def _final_state(self, doc: dict[str, Any]) -> int:
+        """Set :attr:`final_state` and :attr:`final_reason` from the workers' files (``doc``:
+        :func:`collect`), the launcher's records, signals and the control file; returns the exit code."""
         gave_up = [lw for lw in self._lw.values() if lw.gave_up]
         quit_mode = self._quit_mode()
         if doc["state"] == "done" and not gave_up:
@@ -379,7 +404,6 @@ class ExtractRun:
         else:
             self.final_state, code = doc["state"], (0 if doc["state"] == "done" else 1)
             self.final_reason = doc.get("reason", "")
-        self.exit_code = code
         return code
 
     # ------------------------------------------------------------------ snapshot
@@ -405,9 +429,12 @@ class ExtractRun:
             elapsed = (self._ended or time.monotonic()) - self._started
         reading = self.poller.latest() if hasattr(self.poller, "latest") else None
         info = self.info or {}
+        quitting = self._interrupts >= 2 or quit_mode is not None
+        launcher = {r: replace(lw, restartable=self._procs.get(r) is not None and not quitting
+                               and lw.restarts < self.max_restarts) for r, lw in self._lw.items()}
         return build_snapshot(
             workers=workers, world=job.workers if self.info and info.get("samples") else 0,
-            plan=info.get("plan", {}), done_at_start=info.get("done", {}), launcher=dict(self._lw),
+            plan=info.get("plan", {}), done_at_start=info.get("done", {}), launcher=launcher,
             paused=paused, skip=skip, quit_mode=quit_mode,
             final_state=self.final_state if self.exit_code is not None else None, final_reason=self.final_reason,
             gpu_reading=reading, host=socket.gethostname(), out_dir=job.out_dir, model=job.model,

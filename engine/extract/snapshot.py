@@ -11,12 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence
 
-#: Job states: before any worker reported, working, paused by the user, finishing the batches in
-#: hand after a quit, finished, a worker failed for good, stopped before the end (quit or abort).
-JOB_STATES = ("not_started", "loading", "running", "paused", "draining", "done", "failed", "stopped")
-#: Worker states (``restarting``: it died and the launcher starts it again).
+#: Job states: before any extraction ran (``not_started``), workers importing (``loading``),
+#: working, every worker down and about to be started again (``restarting``), paused by the user,
+#: finishing the batches in hand after a quit, between two chained extractions (``waiting``: one has
+#: run, the next waits for its datasets), finished, a worker failed for good (restarts spent),
+#: stopped before the end (quit or abort).
+JOB_STATES = ("not_started", "loading", "running", "restarting", "paused", "draining", "waiting", "done", "failed",
+              "stopped")
+#: Worker states (``restarting``: it died and the launcher starts it again, from the moment the
+#: launcher saw it die until the new process has written its file; ``failed``: no restart left;
+#: ``stopped``: it quit before the end of its share on a user's quit, or a quit cancelled its
+#: restart; a rerun resumes it).
 WORKER_STATES = ("starting", "loading", "running", "paused", "draining", "done", "failed", "restarting", "stopped")
-#: (``stopped``: it quit before the end of its share on a user's quit; a rerun resumes it.)
 
 
 @dataclass(frozen=True)
@@ -136,7 +142,12 @@ class LauncherWorker:
 
     ``pid``: the process it started last; ``restarts``: how often it started it again;
     ``last_error``: why the previous process ended; ``failed_at``: wall time (epoch s) the launcher saw
-    it die, while a restart is pending (None otherwise); ``gave_up``: no restart left.
+    it die, while a restart is pending (None otherwise); ``gave_up``: it died with no restart left
+    (or while the job was draining); ``stopped``: a quit cancelled its pending restart (or the
+    launcher killed it on an abort): not a failure, a rerun resumes it; ``restartable``: the
+    launcher still supervises its process and would start it again if it ended badly (restarts
+    left, no quit), so a status file that already says ``failed`` (the process is gone, not reaped
+    yet) means ``restarting``.
     """
 
     rank: int
@@ -145,6 +156,8 @@ class LauncherWorker:
     last_error: str = ""
     failed_at: float | None = None
     gave_up: bool = False
+    stopped: bool = False
+    restartable: bool = False
 
 
 def _i(d: Mapping[str, Any], k: str) -> int:
@@ -157,19 +170,33 @@ def _i(d: Mapping[str, Any], k: str) -> int:
 def worker_view(doc: Mapping[str, Any] | None, rank: int, launcher: LauncherWorker | None = None) -> WorkerView:
     """One :class:`WorkerView` from a worker's status file (``doc``, as
     :func:`engine.extract.status.read_workers` returns it; None: not written yet) and the launcher's
-    record. State: ``failed`` while the launcher waits to restart a dead worker, ``restarting`` once the
-    new process is started but has not written its file, ``starting`` before any file."""
+    record. State: ``restarting`` from the moment the launcher saw a dead worker it will start again
+    (or a ``failed`` file of a process it would restart) until the new process has written its file;
+    ``failed`` once no restart is left; ``stopped`` when a quit cancelled the restart; ``starting``
+    before any file. A restarting or failed worker's ``reason`` is why its process ended."""
     lw = launcher or LauncherWorker(rank)
+    pending = lw.failed_at is not None
     if doc is None:
-        state = "failed" if lw.failed_at is not None or lw.gave_up else ("restarting" if lw.restarts else "starting")
+        if lw.gave_up:
+            state = "failed"
+        elif lw.stopped:
+            state = "stopped"
+        else:
+            state = "restarting" if pending or lw.restarts else "starting"
         return WorkerView(rank=rank, state=state, pid=lw.pid, last_error=lw.last_error, restarts=lw.restarts,
-                          reason=lw.last_error if state == "failed" else "")
+                          reason=lw.last_error if state in ("failed", "stopped") or pending else "")
     state = str(doc.get("state") or "starting")
     pid = doc.get("pid")
     reason = str(doc.get("reason") or "")
     last_error = str(doc.get("last_error") or "") or lw.last_error
-    if lw.failed_at is not None or lw.gave_up:  # the launcher saw it end: it knows the exit status
+    if lw.gave_up:  # the launcher saw it end for good: it knows the exit status
         state, reason = "failed", lw.last_error or reason
+        last_error = lw.last_error or last_error
+    elif lw.stopped:
+        state, reason = "stopped", f"not restarted (quit): {lw.last_error or reason}"
+        last_error = lw.last_error or last_error
+    elif pending or (state == "failed" and lw.restartable):  # dead; the launcher starts it again
+        state, reason = "restarting", lw.last_error or reason
         last_error = lw.last_error or last_error
     elif lw.pid is not None and pid is not None and int(pid) != lw.pid:
         state, pid, reason = "restarting", lw.pid, ""  # the new process has not written its file yet
@@ -198,9 +225,12 @@ def _job_state(views: Sequence[WorkerView], paused: bool, quit_mode: str | None,
         busy = sum(v.state == "running" for v in active)
         return "paused", (f"{busy} worker(s) finishing the batch in hand" if busy else "paused by user")
     states = {v.state for v in views}
-    for s in ("running", "paused", "loading", "restarting"):
+    for s in ("running", "paused", "loading"):
         if s in states:
-            return s if s != "restarting" else "running", ""
+            return s, ""
+    if "restarting" in states:  # nothing else works: say why
+        return "restarting", "; ".join(f"worker {v.rank}: {v.reason or v.last_error or 'starting again'}"
+                                       for v in views if v.state == "restarting")
     if "starting" in states:
         return "loading", ""
     if "failed" in states:

@@ -174,11 +174,18 @@ class ExtractChain:
             self.say(line)
         return line
 
-    def interrupt(self, signame: str) -> None:
-        """A signal (SIGINT/SIGTERM/SIGHUP) while chained: the first drains, the second aborts
-        (kills the workers, like ``datagen extract``)."""
+    def interrupt(self, signame: str, mode: str | None = None) -> None:
+        """A signal (SIGINT/SIGTERM/SIGHUP) or the dashboard's Ctrl-C while chained. ``mode`` None
+        (headless): the first drains, the second aborts (kills the workers, like ``datagen
+        extract``). The dashboard passes ``"drain"``/``"abort"`` by its own rule (a quit already in
+        progress counts as the first interrupt): the chain stops that way. Either way the extraction
+        in hand counts it as an interrupt, so it exits 130 while samples are left (as ``datagen
+        extract`` after SIGINT), not 0 as after a quit key's drain."""
         self._interrupts += 1
-        self.quit_mode = "drain" if self._interrupts == 1 else "abort"
+        if mode is None:
+            self.quit_mode = "drain" if self._interrupts == 1 else "abort"
+        else:
+            self.request_quit(mode)
         if self.current is not None:
             self.current.interrupt(signame)
 
@@ -297,34 +304,47 @@ class ExtractChain:
         """Datasets neither handed to an extraction nor left out (in config order)."""
         return [d.name for d in self.cfg.datasets if d.name not in self.handed and d.name not in self.left_out]
 
+    def _waiting_reason(self) -> str:
+        """Why no extraction runs now: the last one finished (if any), and what the next one waits for."""
+        last = f"extraction of {', '.join(self.starts[-1][1])} finished; " if self.starts else ""
+        if self.quit_mode:
+            return last + ("quitting: no other extraction starts" if last else "quitting: no extraction starts")
+        held = "paused: no extraction starts until resumed; " if self.paused else ""
+        if self.mode == "run":
+            return last + held + "waiting for the generation run to complete"
+        left = self.waiting_for()
+        return last + held + ("waiting for generation and validation of " + ", ".join(left) if left
+                              else "no dataset left to wait for")
+
     def snapshot(self) -> ExtractSnapshot | None:
-        """What the extraction view shows: the extraction in hand (or the last one); between runs
-        and before the first, state ``not_started`` (``paused`` while paused) with what it waits for."""
+        """What the extraction view shows: the extraction in hand (or the last one); before the
+        first, state ``not_started``, and between two, ``waiting`` (``paused`` while paused), each
+        with what it waits for (or that a quit starts no other). Once the chain ended: the last
+        extraction's final state (``stopped`` when a quit left datasets unextracted), or
+        ``done``/``stopped`` with why nothing was extracted."""
         run = self.current or (self.runs[-1] if self.runs else None)
         events = tuple(self.events)
         if self.exit_code is not None and run is None:
-            why = "; ".join(f"{n}: {w}" for n, w in self.left_out.items()) or "nothing to extract"
-            return ExtractSnapshot(state="stopped" if self.left_out else "done", reason=why, events=events,
-                                   quit_mode=self.quit_mode)
-        live = self.current.snapshot() if self.exit_code is None and self.current is not None else None
-        if self.mode == "dataset" and live is not None and live.state == "done":
-            # its workers are done and it is closing: between extractions (p holds the next one)
-            return replace(live, state="paused" if self.paused else "not_started", events=events, workers=(),
-                           reason="extraction finished; waiting for the next datasets", quit_mode=self.quit_mode)
-        if self.exit_code is None and (self.current is None or run is None):
-            if self.mode == "run":
-                why = "waiting for the generation run to complete"
-            else:
-                why = "waiting for generation and validation of " + (", ".join(self.waiting_for()) or "nothing")
+            why = [f"{n}: {w}" for n, w in self.left_out.items()]
             if self.quit_mode:
-                why = "quitting: no extraction starts"
-            state = "paused" if self.paused else "not_started"
+                why.insert(0, f"quit ({self.quit_mode}) before any extraction started")
+            return ExtractSnapshot(state="stopped" if why else "done", reason="; ".join(why) or "nothing to extract",
+                                   events=events, quit_mode=self.quit_mode)
+        live = self.current.snapshot() if self.exit_code is None and self.current is not None else None
+        # dataset mode: its workers are done and it is closing: between extractions (p holds the next one)
+        closing = self.mode == "dataset" and live is not None and live.state == "done"
+        if closing or (self.exit_code is None and self.current is None):
+            state = "paused" if self.paused else ("waiting" if self.runs else "not_started")
+            why = self._waiting_reason()
             if run is None:
                 return ExtractSnapshot(state=state, reason=why, events=events, quit_mode=self.quit_mode)
-            snap = run.snapshot()
+            snap = live if closing and live is not None else run.snapshot()
             return replace(snap, state=state, reason=why, events=events, workers=(), quit_mode=self.quit_mode)
         assert run is not None
         snap = live if live is not None and run is self.current else run.snapshot()
+        if self.exit_code is not None and self.quit_mode and snap.state == "done" and self.waiting_for():
+            snap = replace(snap, state="stopped", reason=f"quit ({self.quit_mode}): "
+                           f"{', '.join(self.waiting_for())} not extracted; a rerun extracts them")
         return replace(snap, events=events, quit_mode=snap.quit_mode or self.quit_mode)
 
 

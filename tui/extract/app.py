@@ -3,8 +3,11 @@
 ``datagen extract CONFIG`` on a TTY runs it over the engine's extraction run (an
 :class:`~tui.extract.host.ExtractHost`); tests and ``python -m tui.extract --demo`` run it over a
 :class:`~tui.extract.host.StaticExtractHost` or :class:`tui.extract.demo.DemoExtraction`. The app
-exits with the screen's code once the job has ended after a quit (0 done or drained, 130 aborted,
-1 failed: :func:`tui.extract.cells.exit_code`).
+exits with the screen's code once the job has ended after a quit (0 done or drained by ``q``, 130
+aborted or stopped after Ctrl-C, 1 failed: :func:`tui.extract.cells.exit_code`). Ctrl-C
+(:class:`~tui.extract.screen.ExtractScreen.Interrupt`) drains, and aborts the second time, through
+the commands (the live app, :class:`tui.extract.run_app.RunExtractApp`, sends it to the run's
+interrupt like SIGINT).
 """
 
 from __future__ import annotations
@@ -50,6 +53,10 @@ class ExtractApp(App[int]):
     async def action_quit(self) -> None:
         """Textual's own quit (Ctrl-Q, the command palette) quits like ``q``: drain first, never a
         silent exit while workers write."""
+        self.view.action_quit_extract()
+
+    def on_extract_screen_interrupt(self, message: ExtractScreen.Interrupt) -> None:
+        """Ctrl-C over a host without signals: drain, then abort (as ``q``), exit 130 unless done."""
         self.view.action_quit_extract()
 
     def on_extract_screen_done(self, message: ExtractScreen.Done) -> None:

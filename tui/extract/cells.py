@@ -19,8 +19,9 @@ from tui.panes.gpus import level_style
 from tui.panes.header import fit
 
 JOB_STYLE = {
-    "not_started": "bold cyan", "loading": "bold cyan", "running": "bold green", "paused": "bold yellow",
-    "draining": "bold yellow", "done": "bold blue", "failed": "bold red", "stopped": "bold red",
+    "not_started": "bold cyan", "loading": "bold cyan", "running": "bold green", "restarting": "bold magenta",
+    "paused": "bold yellow", "draining": "bold yellow", "waiting": "bold cyan", "done": "bold blue",
+    "failed": "bold red", "stopped": "bold red",
 }
 """Rich style per job state (:data:`engine.extract.snapshot.JOB_STATES`)."""
 
@@ -34,13 +35,14 @@ FINAL_STATES = ("done", "failed", "stopped")
 """Job states after which nothing runs any more (a quit then exits at once)."""
 
 
-def exit_code(snap: ExtractSnapshot) -> int:
+def exit_code(snap: ExtractSnapshot, interrupted: bool = False) -> int:
     """The extraction view's exit code for a job in a final state: 0 done, or stopped by a drain
-    (the batches in hand were written, the rest resumes later); 130 stopped by an abort (README
-    "exit codes": interrupted); 1 failed."""
+    of ``q`` (the batches in hand were written, the rest resumes later); 130 stopped by an abort,
+    or by any stop after an interrupt (Ctrl-C, like SIGINT: README "exit codes": interrupted with
+    samples left); 1 failed."""
     if snap.state == "failed":
         return 1
-    if snap.state == "stopped" and snap.quit_mode == "abort":
+    if snap.state == "stopped" and (snap.quit_mode == "abort" or interrupted):
         return 130
     return 0
 
@@ -102,8 +104,11 @@ def header_lines(s: ExtractSnapshot | None, note: str = "", width: int = 160) ->
         if low:
             disk.append(" under margin!", style="bold red")
     failed = sum(1 for w in s.workers if w.state == "failed")
+    restarting = sum(1 for w in s.workers if w.state == "restarting")
     running = sum(1 for w in s.workers if w.state == "running")
     workers = _t(f"workers {running}/{len(s.workers)} running")
+    if restarting:
+        workers.append(f"  {restarting} restarting", style=WORKER_STYLE["restarting"])
     if failed:
         workers.append(f"  {failed} failed", style="bold red")
     line3 = fit([(0, written), (0, disk), (1, workers)], width)
@@ -239,21 +244,34 @@ DATASET_COLUMNS: tuple[Column, ...] = (
 """The per-dataset table's columns (they fit 80 columns)."""
 
 
-def dataset_state(d: DatasetExtractView) -> str:
-    """``skipped``, ``done`` (every sample), ``running`` (some) or ``waiting`` (none yet)."""
+IN_HAND = {"paused": "paused", "draining": "draining", "stopped": "stopped", "failed": "stopped",
+           "waiting": "waiting", "not_started": "waiting"}
+"""What a dataset with samples left shows while the job is in one of these states (else ``running``
+once some of it is done, ``waiting`` before): a paused job's datasets read ``paused``, not ``running``."""
+
+
+def dataset_state(d: DatasetExtractView, job_state: str = "running") -> str:
+    """``skipped``, ``done`` (every sample), else what the job (``job_state``) is doing with it:
+    ``running`` (some done) or ``waiting`` (none yet) while it runs (or restarts a worker);
+    ``paused``, ``draining`` (some done), ``stopped`` (the job stopped or failed before its end) or
+    ``waiting`` (between chained extractions) otherwise (:data:`IN_HAND`)."""
     if d.skipped:
         return "skipped"
     if d.samples_total and d.samples_done >= d.samples_total:
         return "done"
+    if job_state in IN_HAND and (d.samples_done or job_state not in ("paused", "draining")):
+        return IN_HAND[job_state]
     return "running" if d.samples_done else "waiting"
 
 
-DS_STYLE = {"skipped": "magenta", "done": "blue", "running": "green", "waiting": "dim"}
+DS_STYLE = {"skipped": "magenta", "done": "blue", "running": "green", "waiting": "dim", "paused": "yellow",
+            "draining": "yellow", "stopped": "red"}
 
 
-def dataset_cells(d: DatasetExtractView) -> dict[str, Text]:
-    """One dataset row: name, state, a bar (done vs skipped ``░`` vs left) with its percentage, samples, tokens."""
-    state = dataset_state(d)
+def dataset_cells(d: DatasetExtractView, job_state: str = "running") -> dict[str, Text]:
+    """One dataset row: name, state (:func:`dataset_state` in a job in ``job_state``), a bar (done
+    vs skipped ``░`` vs left) with its percentage, samples, tokens."""
+    state = dataset_state(d, job_state)
     skipped = d.samples_total - d.samples_done if d.skipped else 0
     done_s, _, skip_s, left_s = bar_parts(d.samples_done, skipped, d.samples_total, 8)
     bar = _t((done_s, "green"), (skip_s, "magenta"), (left_s, "dim"))
@@ -268,6 +286,6 @@ def dataset_cells(d: DatasetExtractView) -> dict[str, Text]:
 
 
 __all__ = [
-    "Column", "DATASET_COLUMNS", "FINAL_STATES", "GPU_COLUMNS", "JOB_STYLE", "WORKER_STYLE", "dataset_cells",
+    "Column", "DATASET_COLUMNS", "FINAL_STATES", "GPU_COLUMNS", "IN_HAND", "JOB_STYLE", "WORKER_STYLE", "dataset_cells",
     "dataset_state", "exit_code", "gpu_cells", "gpu_columns", "gpu_worker_rows", "header_lines", "worker_cells",
 ]

@@ -113,7 +113,8 @@ class ExtractDatasetsTable(KeyedTable):
 
     def update_from(self, snapshot: ExtractSnapshot | None) -> None:
         """Show ``snapshot``'s datasets in the snapshot's order."""
-        rows = [(d.name, dataset_cells(d)) for d in snapshot.datasets] if snapshot is not None else []
+        rows = ([(d.name, dataset_cells(d, snapshot.state)) for d in snapshot.datasets]
+                if snapshot is not None else [])
         self.sync(DATASET_COLUMNS, rows)
 
     @property

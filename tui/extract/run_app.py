@@ -4,10 +4,11 @@
 :class:`RunExtractApp` awaits ``run.run()`` (prepare, spawn and supervise the workers) in a task of
 its own loop and shows :meth:`~engine.extract.run.ExtractRun.snapshot` twice a second. Signals work
 like headless ``datagen extract`` (:func:`engine.extract.launch.run_extract`): SIGINT/SIGTERM/SIGHUP go
-to ``run.interrupt`` (the first drains, the second kills the workers); SIGHUP, or a watchdog that
+to ``run.interrupt`` (the first drains, the second kills the workers), and so does the Ctrl-C key
+(a key in the terminal's raw mode, not a signal); SIGHUP, or a watchdog that
 finds the terminal gone, also stops drawing (:class:`tui.terminal.TerminalWatch`), and the drain
-finishes off-screen. The app exits with the run's exit code: 0 done or drained, 1 failed, 130
-interrupted or aborted. :func:`run_extract_dashboard` runs it and re-raises what ``prepare`` raised
+finishes off-screen. The app exits with the run's exit code: 0 done or drained by ``q``, 1 failed,
+130 interrupted (a signal or Ctrl-C) with samples left, or aborted. :func:`run_extract_dashboard` runs it and re-raises what ``prepare`` raised
 once the terminal is restored, so the caller prints an ``error:`` line on a normal screen.
 """
 
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.extract.control import ControlError
 from engine.report.metricsserver import open_metrics, start_metrics
 from engine.run.headless import interrupt_action
 from tui.extract.app import ExtractApp
@@ -126,13 +128,30 @@ class RunExtractApp(ExtractApp):
         self._interrupts_sent += 1
         self.run_.interrupt(name)
 
+    def on_extract_screen_interrupt(self, message: ExtractScreen.Interrupt) -> None:
+        """Ctrl-C: what SIGINT does (:class:`ExtractTerminalWatch`): the first drains and the run
+        exits 130 while samples are left, the next aborts (kills the workers)."""
+        message.prevent_default()  # not ExtractApp's handler (a quit key's drain, exit 0)
+        self.terminal.on_signal("Ctrl-C")
+
     def on_extract_screen_done(self, message: ExtractScreen.Done) -> None:
-        """The job ended after a quit key: exit with the run's own exit code, once ``run()`` returned."""
+        """The job reads ended after a quit key (or ``q`` while it reads ended): exit with the run's
+        own exit code once ``run()`` returned. Until then the launcher still supervises workers (a
+        status file says stopped or failed before the launcher reaped the process): the first such
+        ``q`` with no quit asked yet drains them, and every one says what the app waits for."""
         message.prevent_default()  # not ExtractApp's handler too (it would exit with the screen's code)
         if self._task is not None and not self._task.done():
-            # the workers' status files say stopped before the launcher has reaped them: exit with
-            # the run's code once run() has returned (_main)
-            self._exit_when_done = True
+            self._exit_when_done = True  # _main exits with the run's code once run() returned
+            snap = self.run_.snapshot()
+            if snap.quit_mode is None and not self.terminal.signals_seen:
+                self.view.quits += 1
+                try:
+                    line = self.run_.commands.quit()
+                except (ControlError, OSError) as e:
+                    line = f"quit failed: {e}"
+            else:
+                line = "extraction is stopping: exiting once the launcher has stopped its workers"
+            self.notify(line, timeout=3, markup=False)
             return
         super().exit(self.code, return_code=self.code)
 

@@ -8,11 +8,14 @@ GPU rows and the footer stay visible (the datasets and log panes get what is lef
 
 Keys (binding ids in parentheses, remappable with ``App.set_keymap``): ``p`` pause / resume
 (``extract.pause``/``extract.resume``: the footer shows the one that applies), ``s`` skip the
-highlighted dataset after a confirmation (``extract.skip``), ``q`` or Ctrl-C quit (``extract.quit``,
-``extract.interrupt``: first drain, then abort; at once once the job has ended). Each key calls
-the host's commands object and toasts its answer. The screen is the same inside the generation dashboard and in
+highlighted dataset after a confirmation (``extract.skip``), ``q`` quit (``extract.quit``: first
+drain, exit 0; again abort; at once once the job has ended; never a no-op), Ctrl-C interrupt
+(``extract.interrupt``: what SIGINT does, posted as :class:`ExtractScreen.Interrupt` for the app:
+first drain, exit 130 with samples left; again abort). Each key calls the host's commands object
+and toasts its answer. The screen is the same inside the generation dashboard and in
 :class:`tui.extract.app.ExtractApp`: when the job has ended after a quit (or ``q`` is pressed
-after it ended) it posts :class:`ExtractScreen.Done` with the exit code; the app decides what to do.
+while it reads ended) it posts :class:`ExtractScreen.Done` with the exit code; the app decides what
+to do (a live launcher that has not returned yet drains what still runs and exits when it has).
 """
 
 from __future__ import annotations
@@ -26,12 +29,12 @@ from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Footer
 
 from engine.extract.snapshot import ExtractSnapshot
 from tui.extract.cells import FINAL_STATES, exit_code
 from tui.extract.host import ExtractHost
 from tui.extract.panes import ExtractDatasetsTable, ExtractHeader, GpuWorkerTable
+from tui.footer import PriorityFooter
 from tui.modals import ConfirmScreen
 from tui.panes.log import LogPane, new_events
 
@@ -59,6 +62,7 @@ class ExtractScreen(Screen[None]):
     Attributes:
         snapshot: the latest snapshot pulled (None before the job is planned).
         quits: how often the quit key called ``commands.quit()``.
+        interrupted: True once Ctrl-C was pressed (the exit code is then 130 unless the job is done).
         polls: snapshots pulled so far.
 
     Raises:
@@ -71,17 +75,22 @@ class ExtractScreen(Screen[None]):
         Binding("p", "resume", "Resume", id="extract.resume"),
         Binding("s", "skip", "Skip dataset", id="extract.skip"),
         Binding("q", "quit_extract", "Quit", id="extract.quit"),
-        # Ctrl-C reaches a raw-mode terminal as a key, not SIGINT: it quits like q (drain, then abort).
-        Binding("ctrl+c", "quit_extract", "Quit", show=False, priority=True, id="extract.interrupt"),
+        # Ctrl-C reaches a raw-mode terminal as a key, not SIGINT: it interrupts like SIGINT does.
+        Binding("ctrl+c", "interrupt_extract", "Interrupt", show=False, priority=True, id="extract.interrupt"),
     ]
 
     class Done(Message):
-        """The job ended after a quit (or ``q`` was pressed once it had ended): ``code`` is the exit
-        code (:func:`tui.extract.cells.exit_code`)."""
+        """The job ended after a quit (or ``q`` was pressed while it reads ended): ``code`` is the
+        exit code (:func:`tui.extract.cells.exit_code`). Posted at each such ``q``."""
 
         def __init__(self, code: int) -> None:
             super().__init__()
             self.code = code
+
+    class Interrupt(Message):
+        """Ctrl-C in the view: the app treats it as SIGINT (the first drains and the exit code is 130
+        while samples are left, the second aborts). :class:`tui.extract.app.ExtractApp` over a static
+        host drains and aborts through the commands; the live one sends it to the run's interrupt."""
 
     def __init__(self, host: ExtractHost, refresh_hz: float = 2.0, **kw) -> None:
         super().__init__(**kw)
@@ -91,6 +100,7 @@ class ExtractScreen(Screen[None]):
         self.refresh_hz = refresh_hz
         self.snapshot: ExtractSnapshot | None = None
         self.quits = 0
+        self.interrupted = False
         self.polls = 0
         self._events: tuple[str, ...] = ()
         self._bindings_key: tuple | None = None
@@ -101,7 +111,7 @@ class ExtractScreen(Screen[None]):
         yield GpuWorkerTable(id="x-gpus")
         yield ExtractDatasetsTable(id="x-datasets", classes="x-pane")
         yield LogPane(id="x-log", classes="x-pane")
-        yield Footer()
+        yield PriorityFooter()
 
     def on_mount(self) -> None:
         for wid, title in (("x-gpus", "GPUs · workers"), ("x-datasets", "datasets"), ("x-log", "log")):
@@ -152,7 +162,7 @@ class ExtractScreen(Screen[None]):
     def _done(self, snap: ExtractSnapshot) -> None:
         if not self._done_sent:
             self._done_sent = True
-            self.post_message(self.Done(exit_code(snap)))
+            self.post_message(self.Done(exit_code(snap, self.interrupted)))
 
     # ---- keys -------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -194,17 +204,24 @@ class ExtractScreen(Screen[None]):
         self.app.push_screen(ConfirmScreen(f"Skip dataset {name}?", body, yes="Skip"), answered)
 
     def action_quit_extract(self) -> None:
-        """Quit: once the job has ended, at once; else first drain (finish the batches in hand,
-        flush shards, exit 0), a second time abort after the current write."""
+        """Quit: once the job reads ended, post :class:`Done` (each press: the app exits, or drains
+        a launcher that is still running); else first drain (finish the batches in hand, flush
+        shards, exit 0), a second time abort after the current write."""
         snap = self.snapshot
         if snap is not None and snap.state in FINAL_STATES:
-            self._done(snap)
+            self._done_sent = True
+            self.post_message(self.Done(exit_code(snap, self.interrupted)))
             return
         if self.host.commands is None:  # nothing started yet: nothing to drain
             self.post_message(self.Done(130))
             return
         self.quits += 1
         self._command("quit", lambda c: c.quit())
+
+    def action_interrupt_extract(self) -> None:
+        """Ctrl-C: an interrupt, like SIGINT to the process (:class:`Interrupt`, handled by the app)."""
+        self.interrupted = True
+        self.post_message(self.Interrupt())
 
     def _command(self, what: str, call: Callable[[object], str | Awaitable[str]]) -> None:
         """Call the host's commands object and toast its answer (a ``ValueError``'s message as an
