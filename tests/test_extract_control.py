@@ -282,7 +282,8 @@ def _quit_after(cfg: Any, tmp: Path, said: list[str], n_quits: int, pause_first:
 
 
 def test_quit_while_paused_drains_and_exits_0(tmp_path: Path, tiny: Path) -> None:
-    cfg, ids, _ = make_job(tmp_path, tiny, n=120, max_tokens=160)
+    # 600 samples: on a loaded machine `ctl extract-pause` (a subprocess) must land before the job ends
+    cfg, ids, _ = make_job(tmp_path, tiny, n=600, max_tokens=160)
     out = Path(cfg.run.dir) / "extract"
     said: list[str] = []
     rc, snap = _quit_after(cfg, tmp_path, said, 1, pause_first=True)
