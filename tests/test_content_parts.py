@@ -30,7 +30,7 @@ def test_text_parts_join_with_nothing_between():
     ({"type": "input_audio", "input_audio": {"data": "..."}}, "content part 2 has type 'input_audio'; only text parts can be sent as text"),
     ({"text": "no type"}, "content part 2 has no 'type' (expected 'text')"),
     ({"type": "text"}, "content part 2: 'text' is missing, expected a string"),
-    ({"type": "text", "text": 3}, "content part 2: 'text' is a int, expected a string"),
+    ({"type": "text", "text": 3}, "content part 2: 'text' is an int, expected a string"),
     ("bare string", "content part 2 is a str, expected an object"),
 ])
 def test_other_parts_are_refused_with_the_reason(part, reason):

@@ -438,7 +438,7 @@ def test_sharegpt_roles_tools_and_errors(tmp_path):
         "sharegpt: message 1: null content",
         "sharegpt: message 1: final user turn is empty",
         "sharegpt: field 'conversations' is a str, expected a list",
-        "sharegpt: field 'system' is a int, expected a string",
+        "sharegpt: field 'system' is an int, expected a string",
     ]
 
 

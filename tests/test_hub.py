@@ -196,6 +196,17 @@ def test_hub_errors_name_the_dataset(hub, ref, message):
     assert message in str(e.value) and str(e.value).startswith(ref.url)
 
 
+def test_a_compressed_parquet_file_picked_from_the_hub_is_refused_before_any_download(hub):
+    hub.commit("org/packed", {"data/train-00000.parquet.gz": gzip.compress(parquet([chat("q0")])),
+                              "data/train-00001.jsonl": jsonl([chat("q1")])})
+    with pytest.raises(DatasetError) as e:
+        hubs.resolve(HubRef("org/packed"))
+    assert str(e.value) == ("hf://datasets/org/packed/data/train-00000.parquet.gz: a gzip-compressed Parquet file; Parquet "
+                            "compresses its own pages, so give the .parquet file itself; set files to leave it out")
+    assert hubs.resolve(HubRef("org/packed", files="data/*.jsonl")).files == ("data/train-00001.jsonl",)
+    assert [p for p in hub.paths() if "/resolve/" in p] == []
+
+
 def test_an_unreachable_hub_is_one_clear_error(hub, monkeypatch):
     from huggingface_hub import constants
 

@@ -71,26 +71,39 @@ def test_multi_member_gzip_and_multi_frame_zstd_read_through(tmp_path):
         assert rejects == [] and [t for _, t, _ in got] == [f"question {i}" for i in range(5)]
 
 
-def test_a_truncated_compressed_file_keeps_the_rows_before_the_break(tmp_path):
-    data = gzip.compress(JSONL)
+def test_a_truncated_compressed_file_keeps_only_the_rows_of_its_intact_members_and_frames(tmp_path):
+    """Cut inside its last member/frame: the rows of the members/frames before it (whose checks passed)
+    are kept, the rest is one reject; cut inside the first one, nothing was checked: the file is refused
+    (tests/test_compressed_integrity.py holds the rule's other cases)."""
     cut = tmp_path / "cut.jsonl.gz"
-    cut.write_bytes(data[: len(data) - 12])  # the stream ends before gzip's end-of-stream marker
+    split = JSONL.index(b"question 3")  # member 2 starts inside row 4
+    first = gzip.compress(JSONL[:split])
+    cut.write_bytes(first + gzip.compress(JSONL[split:])[:-12])  # member 2 ends before its CRC-32
     got, rejects = load(cut)
-    assert [t for _, t, _ in got] == [f"question {i}" for i in range(len(got))] and len(got) <= 4
-    (source, reason), = rejects
-    assert source == f"{cut}:{len(got) + 1}"
-    assert reason.startswith("compressed data corrupt or truncated (gzip: ") and reason.endswith("; rest of file skipped")
-    arr = tmp_path / "cut.json.zst"  # zstd blocks hold up to 128 KiB: 300 kB of rows, cut inside the last block
+    assert [t for _, t, _ in got] == ["question 0", "question 1", "question 2"]
+    assert rejects == [(f"{cut}:4", f"compressed data truncated (the file ends inside gzip member 2 (which starts at "
+                                    f"byte {len(first)}), before the CRC-32 at its end; its rows cannot be verified); "
+                                    f"rest of file skipped")]
+    one = tmp_path / "one.jsonl.gz"
+    one.write_bytes(gzip.compress(JSONL)[:-12])
+    with pytest.raises(DatasetError, match=rf"^{one}: truncated gzip data: the file ends inside gzip member 1 \(which "
+                                           rf"starts at byte 0\), before the CRC-32 at its end, so none of it can be verified"):
+        iter_prompts(one)
+    arr = tmp_path / "cut.json.zst"  # two checksummed frames of a 300 kB array, cut inside the second
     many = [row(f"question {i} " + "y" * 3000) for i in range(100)]
-    whole = zstandard.ZstdCompressor().compress(json.dumps(many).encode())
-    arr.write_bytes(whole[:-9])
+    text = json.dumps(many).encode()
+    c = zstandard.ZstdCompressor(write_checksum=True)
+    split = text.index(b"question 40 ")  # element 41 starts in frame 1 and ends in frame 2
+    head = c.compress(text[:split])
+    arr.write_bytes(head + c.compress(text[split:])[:-9])
     got, rejects = load(arr)
-    assert 0 < len(got) < 100 and [t[:12] for _, t, _ in got[:2]] == ["question 0 y", "question 1 y"]
-    assert rejects == [(f"{arr}:{len(got) + 1}", "compressed data corrupt or truncated (zstd: zstd: the file ends "
-                                                "inside a frame (truncated)); rest of file skipped")]
-    tiny = tmp_path / "tiny.jsonl.zst"  # one block, cut: nothing decompresses at all
+    assert [t[:12] for _, t, _ in got] == [f"question {i} y"[:12] for i in range(40)]
+    assert rejects == [(f"{arr}:{len(got) + 1}", f"compressed data truncated (the file ends inside zstd frame 2 (which "
+                                                f"starts at byte {len(head)}), before the content checksum at its end; its "
+                                                f"rows cannot be verified); rest of file skipped")]
+    tiny = tmp_path / "tiny.jsonl.zst"  # one frame, cut: nothing checked at all
     tiny.write_bytes(zstandard.ZstdCompressor().compress(JSONL)[:-5])
-    with pytest.raises(DatasetError, match=rf"^{tiny}: truncated zstd data, nothing decompresses"):
+    with pytest.raises(DatasetError, match=rf"^{tiny}: truncated zstd data: the file ends inside zstd frame 1 "):
         iter_prompts(tiny)
 
 

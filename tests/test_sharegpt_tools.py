@@ -143,9 +143,9 @@ def test_call_payload_variants():
     ("not a call", "function_call is not a call or a list of calls ({name, arguments}): 'not a call'"),
     ("[]", "function_call holds no calls (an empty list)"),
     ('[{"name": "f"}, {"arguments": {}}]', "function_call call 2: function name is missing, expected a non-empty string"),
-    ('[{"name": "f"}, 3]', "function_call call 2 is a int, expected an object {name, arguments}"),
+    ('[{"name": "f"}, 3]', "function_call call 2 is an int, expected an object {name, arguments}"),
     ('{"name": ""}', "function_call: function name is empty, expected a non-empty string"),
-    ("5", "function_call is a int, expected a call or a list of calls ({name, arguments})"),
+    ("5", "function_call is an int, expected a call or a list of calls ({name, arguments})"),
 ])
 def test_bad_function_call_rejected_without_glaive_wording(value, reason):
     r = row_to_prompt({"conversations": [human("go"), fc(value), obs("x"), gpt("ok")]}, "f.json:3", "sharegpt")

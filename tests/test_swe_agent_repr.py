@@ -70,7 +70,7 @@ def test_repr_row_renders_with_the_kimi_template():
      "tool_calls is not a list of calls: call 1: function name is null, expected a non-empty string"),
     (repr([{"id": "c", "function": {"name": "open"}}]), "tool_calls is not a list of calls: call 1 (open): missing 'arguments'"),
     (repr([{"id": "c", "function": {"name": "open", "arguments": 3}}]),
-     "tool_calls is not a list of calls: call 1 (open): 'arguments' is a int, expected a JSON string"),
+     "tool_calls is not a list of calls: call 1 (open): 'arguments' is an int, expected a JSON string"),
     ("__import__('os').system('true')", "tool_calls is not a list of calls: neither JSON nor a Python literal"),  # never run
 ])
 def test_unparseable_tool_calls_rejected_at_ingest_with_file_line(tmp_path, calls_field, reason):

@@ -78,32 +78,39 @@ def _resolve_tokenizer(cfg: Config, base: Path) -> Config:
 
 def _dataset_problem(d: DatasetSection) -> str | None:
     """Why ``d.path`` names nothing to read (None when it does), without touching the network: a
-    missing, non-regular or unreadable file; a directory without data files; a glob matching none; for
-    ``hf://``, nothing unless ``HF_HUB_OFFLINE`` is set, then the cache must hold the revision."""
+    missing, non-regular or unreadable file; a compressed Parquet file, or a compressed file whose
+    first bytes are not of its suffix's kind (also among a directory's or a glob's files); a
+    directory without data files; a glob matching no data file; for ``hf://``, nothing unless
+    ``HF_HUB_OFFLINE`` is set, then the cache must hold the revision. (Whether a compressed file's
+    checks pass is known only once it is decompressed whole: at ingest, before any request.)"""
     hub = d.hub()
     if hub is not None:
         from engine.datasets import hub as hubs
 
         return hubs.check_cached(hub) if hubs.offline() else None
-    from engine.datasets.sources import DatasetError, is_glob, local_shards
+    from engine.datasets.compressed import start_problem
+    from engine.datasets.sources import DatasetError, compressed_parquet, is_glob, local_shards
 
     p = d.path
     try:
         if is_glob(p) and not p.exists() or p.is_dir():
             try:
-                local_shards(p)
+                shards = local_shards(p)
             except DatasetError as e:
                 return str(e)
-            return None
-        if not p.exists():
+        elif not p.exists():
             return f"file not found: {p}"
-        if not p.is_file():
+        elif not p.is_file():
             return f"not a file: {p}"
-        if not os.access(p, os.R_OK):
+        elif not os.access(p, os.R_OK):
             return f"not readable: {p}"
+        elif (why := compressed_parquet(str(p))) is not None:
+            return why
+        else:
+            shards = local_shards(p)
+        return next((why for s in shards if (why := start_problem(s.path, s.shown)) is not None), None)
     except OSError as e:  # e.g. a directory we may not search
         return f"cannot access {p}: {e.strerror}"
-    return None
 
 
 def parse_config(data: dict[str, Any], path: Path = Path("config.toml"), *, check_files: bool = True) -> Config:

@@ -3,7 +3,7 @@
 Public API::
 
     FORMATS                                   # accepted format names, "auto" first
-    iter_prompts(path, format="auto", fields=None) -> Iterator[Prompt | Reject]   # a file, directory, glob or shards
+    iter_prompts(path, format="auto", fields=None, notes=None) -> Iterator[Prompt | Reject]   # a file, directory, glob or shards
     detect_format(row) -> str | None
     DatasetError                              # whole-file problems
 
@@ -30,6 +30,7 @@ from engine.datasets.adapters import (
     detect_format,
     wrong_signature_type,
 )
+from engine.datasets.kinds import kind_of
 from engine.datasets.readers import DatasetError, Record, open_records
 from engine.datasets.sources import Shard, local_shards
 from engine.datasets.rule import cut_prompt, normalise_conversation
@@ -42,7 +43,8 @@ FORMATS: tuple[str, ...] = ("auto", *sorted(ADAPTERS))
 
 
 def iter_prompts(
-    path: str | Path | Sequence[Shard], format: str = "auto", fields: dict[str, str] | None = None
+    path: str | Path | Sequence[Shard], format: str = "auto", fields: dict[str, str] | None = None,
+    notes: list[str] | None = None,
 ) -> Iterator[Prompt | Reject]:
     """Stream the prompts of one dataset, one item per row, in file order (shard after shard).
 
@@ -58,6 +60,9 @@ def iter_prompts(
         fields: optional renames, canonical name -> source column, canonical names from
             ``{"messages", "conversations", "system", "prompt", "instruction", "input", "tools"}``;
             e.g. ``{"prompt": "question"}`` reads the ``text`` prompt from column ``question``.
+        notes: a list file-level problems are appended to as they are met, for the caller to show
+            first (:func:`engine.datasets.readers.open_records`: a truncated compressed file, a broken
+            JSON array, zstd frames without a checksum).
 
     Returns:
         an iterator yielding, per non-blank row, a ``Prompt`` (messages ending with a user or tool
@@ -68,7 +73,8 @@ def iter_prompts(
     Raises:
         DatasetError: at call time for an unknown format name, a bad ``fields`` mapping, a
             directory without data files or a glob matching none, or a (first) file that is missing,
-            unreadable or not JSON lines / JSON / Parquet; during iteration if a later shard is, or
+            unreadable, not JSON lines / JSON / Parquet, or compressed and corrupt (a gzip CRC or zstd
+            checksum that fails: no row of it is yielded); during iteration if a later shard is, or
             a Parquet file fails mid-read.
     """
     shards = list(path) if isinstance(path, Sequence) and not isinstance(path, str) else local_shards(path)
@@ -76,20 +82,21 @@ def iter_prompts(
     if format not in FORMATS:
         raise DatasetError(f"{named}: unknown format {format!r}; expected one of: {', '.join(FORMATS)}")
     _check_fields(named, fields)
-    return _prompts(open_shards(shards), format, dict(fields) if fields else None)
+    return _prompts(open_shards(shards, notes), format, dict(fields) if fields else None)
 
 
-def open_shards(shards: Sequence[Shard]) -> Iterator[Record | Reject]:
+def open_shards(shards: Sequence[Shard], notes: list[str] | None = None) -> Iterator[Record | Reject]:
     """The rows of every shard in order; the first shard is opened (and checked) now, the others
-    when reached (each raises :class:`DatasetError` then, as :func:`engine.datasets.readers.open_records`)."""
+    when reached (each raises :class:`DatasetError` then, as :func:`engine.datasets.readers.open_records`,
+    which appends file-level problems to ``notes``)."""
     if not shards:
         return iter(())
-    first = open_records(shards[0].path, shards[0].shown)
+    first = open_records(shards[0].path, shards[0].shown, notes)
 
     def rows() -> Iterator[Record | Reject]:
         yield from first
         for s in shards[1:]:
-            yield from open_records(s.path, s.shown)
+            yield from open_records(s.path, s.shown, notes)
 
     return rows()
 
@@ -145,7 +152,7 @@ def row_to_prompt(row: Any, source: str, format: str, fields: Mapping[str, str] 
         fields: canonical name -> source column renames (keys from :data:`FIELD_KEYS`).
     """
     if not isinstance(row, dict):
-        return Reject(source, f"row is a {type(row).__name__}, expected a JSON object")
+        return Reject(source, f"row is {kind_of(row)}, expected a JSON object")
     view = rename_fields(row, fields)
     name = detect_format(view) if format == "auto" else format
     if name is None:

@@ -44,6 +44,7 @@ from engine.datasets.sharegpt import sharegpt_messages
 from engine.datasets.swe_agent import parse_tool_calls, swe_agent_messages
 from engine.datasets.tool_calls import pair_openai_results
 from engine.errors import DatagenError
+from engine.datasets.kinds import kind_of
 
 #: Canonical field names a ``fields`` mapping may rename (canonical name -> source column).
 FIELD_KEYS = frozenset({"messages", "conversations", "system", "prompt", "instruction", "input", "tools"})
@@ -102,14 +103,14 @@ def _get(row: Mapping[str, Any], name: str) -> Any:
 def _string(row: Mapping[str, Any], name: str) -> str:
     value = _get(row, name)
     if not isinstance(value, str):
-        raise AdapterError(f"field {name!r} is {_kind(value)}, expected a string")
+        raise AdapterError(f"field {name!r} is {kind_of(value)}, expected a string")
     return value
 
 
 def _list(row: Mapping[str, Any], name: str) -> list[Any]:
     value = _get(row, name)
     if not isinstance(value, list):
-        raise AdapterError(f"field {name!r} is {_kind(value)}, expected a list")
+        raise AdapterError(f"field {name!r} is {kind_of(value)}, expected a list")
     return value
 
 
@@ -119,7 +120,7 @@ def _system(row: Mapping[str, Any]) -> list[dict[str, Any]]:
     if value is None:
         return []
     if not isinstance(value, str):
-        raise AdapterError(f"field 'system' is {_kind(value)}, expected a string")
+        raise AdapterError(f"field 'system' is {kind_of(value)}, expected a string")
     return [{"role": "system", "content": value}] if value.strip() else []
 
 
@@ -134,11 +135,11 @@ def _tools(row: Mapping[str, Any]) -> list[dict[str, Any]]:
         except ValueError as e:
             raise AdapterError(f"field 'tools' is a string but not JSON: {e}") from None
     if not isinstance(value, list):
-        raise AdapterError(f"field 'tools' is {_kind(value)}, expected a list")
+        raise AdapterError(f"field 'tools' is {kind_of(value)}, expected a list")
     tools = []
     for n, tool in enumerate(value, 1):
         if not isinstance(tool, dict):
-            raise AdapterError(f"tool {n}: {_kind(tool)}, expected an object")
+            raise AdapterError(f"tool {n}: {kind_of(tool)}, expected an object")
         if "function" not in tool and isinstance(tool.get("name"), str):
             tool = {"type": "function", "function": tool}  # a bare function schema
         _check_tool(n, tool)
@@ -157,26 +158,22 @@ def _check_tool(n: int, tool: Mapping[str, Any]) -> None:
     if fn is _MISSING:
         raise AdapterError(f"tool {n}: missing field 'function' (or a bare schema with a 'name')")
     if not isinstance(fn, dict):
-        raise AdapterError(f"tool {n}: field 'function' is {_kind(fn)}, expected an object")
+        raise AdapterError(f"tool {n}: field 'function' is {kind_of(fn)}, expected an object")
     name = fn.get("name")
     if not isinstance(name, str) or not name.strip():
-        got = "missing" if name is None else f"{_kind(name)}" if not isinstance(name, str) else "empty"
+        got = "missing" if name is None else f"{kind_of(name)}" if not isinstance(name, str) else "empty"
         raise AdapterError(f"tool {n}: function name is {got}, expected a non-empty string")
     params = fn.get("parameters")
     if params is None:
         return
     if not isinstance(params, dict):
-        raise AdapterError(f"tool {n} ({name}): 'parameters' is {_kind(params)}, expected a JSON Schema object")
+        raise AdapterError(f"tool {n} ({name}): 'parameters' is {kind_of(params)}, expected a JSON Schema object")
     ptype = params.get("type", "object")
     if ptype != "object":
         raise AdapterError(f"tool {n} ({name}): 'parameters' has type {ptype!r}, expected 'object'")
     props = params.get("properties")
     if props is not None and not isinstance(props, dict):
-        raise AdapterError(f"tool {n} ({name}): 'parameters.properties' is {_kind(props)}, expected an object")
-
-
-def _kind(value: Any) -> str:
-    return "null" if value is None else f"a {type(value).__name__}"
+        raise AdapterError(f"tool {n} ({name}): 'parameters.properties' is {kind_of(props)}, expected an object")
 
 
 # ----------------------------------------------------------------------------- adapters
@@ -246,7 +243,7 @@ def adapt_instruction(row: Mapping[str, Any]) -> Conversation:
     text = _string(row, "instruction")
     extra = row.get("input")
     if extra is not None and not isinstance(extra, str):
-        raise AdapterError(f"field 'input' is {_kind(extra)}, expected a string")
+        raise AdapterError(f"field 'input' is {kind_of(extra)}, expected a string")
     if extra and extra.strip():
         text = f"{text}\n\n{extra}" if text.strip() else extra  # no blank lines before a lone input
     messages = _system(row)
@@ -284,7 +281,7 @@ def adapt_glaive(row: Mapping[str, Any]) -> Conversation:
     """glaive-function-calling-v2 ``{"system", "chat"}``; see :mod:`engine.datasets.glaive`."""
     system = row.get("system")
     if system is not None and not isinstance(system, str):
-        raise AdapterError(f"field 'system' is {_kind(system)}, expected a string")
+        raise AdapterError(f"field 'system' is {kind_of(system)}, expected a string")
     chat = _string(row, "chat")
     try:
         messages, tools, offset = parse_glaive(system, chat)
@@ -368,10 +365,10 @@ _SIGNATURE_SHAPES = {
 
 def wrong_signature_type(row: Mapping[str, Any]) -> str | None:
     """For a row no format fits: the reason when a format's key is present with the wrong type
-    (``"field 'chat' is a int, expected a string (glaive)"``); None when no such key is present."""
+    (``"field 'chat' is an int, expected a string (glaive)"``); None when no such key is present."""
     for name, (key, _) in _SIGNATURES.items():
         if key in row and not (name == "swe_agent" and "instruction" in row):  # Alpaca's history
-            return f"field {key!r} is {_kind(row[key])}, expected {_SIGNATURE_SHAPES[name]} ({name})"
+            return f"field {key!r} is {kind_of(row[key])}, expected {_SIGNATURE_SHAPES[name]} ({name})"
     return None
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.datasets.sources import DatasetError, Shard, is_data_file
+from engine.datasets.sources import DatasetError, Shard, compressed_parquet, is_data_file
 
 #: The prefix of a Hub dataset path.
 SCHEME = "hf://datasets/"
@@ -182,8 +182,9 @@ def resolve(ref: HubRef) -> HubRevision:
 
     Raises:
         DatasetError: the repository or revision does not exist or is not accessible (gated, private
-            without ``HF_TOKEN``), the Hub cannot be reached, offline with nothing cached, or no data file
-            matches ``files``/``split`` (the message lists the repository's files).
+            without ``HF_TOKEN``), the Hub cannot be reached, offline with nothing cached, no data file
+            matches ``files``/``split`` (the message lists the repository's files), or a picked file is
+            a compressed Parquet file.
     """
     from huggingface_hub import HfApi
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
@@ -216,6 +217,10 @@ def resolve(ref: HubRef) -> HubRevision:
         shown = ", ".join(sorted(names)[:_SHOWN_FILES]) + (", ..." if len(names) > _SHOWN_FILES else "")
         has = "the cached snapshot (HF_HUB_OFFLINE is set) has" if offline() else "the repository has"
         raise DatasetError(f"{ref.url}@{sha[:12]}: {what} matches no data file; {has}: {shown or '(no files)'}")
+    refused = [why for f in files if (why := compressed_parquet(f"{ref.url}/{f}")) is not None]
+    if refused:  # refused before anything is downloaded
+        raise DatasetError(refused[0] + (f" (and {len(refused) - 1} more such file(s)); set files to leave them out"
+                                         if len(refused) > 1 else "; set files to leave it out"))
     return HubRevision(ref, sha, tuple(files), pattern)
 
 

@@ -44,12 +44,35 @@ class _Text:
         self.base = 0
         self.eof = False
         self.dropped_last = ""  # the last non-space character of the text dropped so far
+        self.error: BaseException | None = None  # raised by the stream after it gave data: raised next time
+
+    def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes of the stream (fewer only at its end). A stream that raises after giving
+        some bytes gives them first, and the exception at the next call (a decompressing stream that
+        refuses to go past its checked data must not cost the elements before that point)."""
+        if self.error is not None:
+            raise self.error
+        got: list[bytes] = []
+        size = 0
+        while size < n:
+            try:
+                data = self.fh.read1(n - size)  # type: ignore[attr-defined]  # one read of the raw stream at most
+            except Exception as e:
+                if not got:
+                    raise
+                self.error = e
+                break
+            if not data:
+                break
+            got.append(data)
+            size += len(data)
+        return b"".join(got)
 
     def more(self, at_least: int = _CHUNK) -> bool:
         """Read and decode the next chunk; False (and ``eof``) at the end of the stream."""
         if self.eof:
             return False
-        data = self.fh.read(max(_CHUNK, at_least))
+        data = self.read(max(_CHUNK, at_least))
         if not data:
             self.buf += self.dec.decode(b"", final=True)
             self.eof = True
@@ -78,7 +101,7 @@ class _Text:
         keeping only its last non-space character)."""
         last = self.buf.rstrip(_WS_CHARS)[-1:] or self.dropped_last
         while not self.eof:
-            data = self.fh.read(_CHUNK)
+            data = self.read(_CHUNK)
             tail = (self.dec.decode(data) if data else self.dec.decode(b"", final=True)).rstrip(_WS_CHARS)
             self.eof = not data
             last = tail[-1:] or last
@@ -91,7 +114,8 @@ def iter_array(fh: BinaryIO, shown: str) -> Iterator[tuple[str, Any] | Reject]:
     be decoded, yield one ``Reject`` and stop (the module docstring lists the reasons).
 
     Raises:
-        whatever ``fh.read`` raises (``OSError``; a decompressor's error on corrupt data).
+        whatever ``fh.read1`` raises (``OSError``; a decompressing stream's error), once the elements
+        decoded from the bytes it gave before are yielded.
     """
     t = _Text(fh)
     decoder = json.JSONDecoder()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.datasets.kinds import kind_of
 from engine.datasets.parts import join_text_parts
 from engine.prompts import ROLES
 
@@ -27,8 +28,7 @@ def base_message(n: int, m: Any, final: bool = False) -> dict[str, Any]:
             (and the other reasons of :func:`engine.datasets.parts.join_text_parts`).
     """
     if not isinstance(m, dict):
-        kind = "null" if m is None else f"a {type(m).__name__}"
-        raise ValueError(f"message {n}: {kind}, expected an object")
+        raise ValueError(f"message {n}: {kind_of(m)}, expected an object")
     role = m.get("role", _MISSING)
     if role is _MISSING:
         raise ValueError(f"message {n}: missing field 'role'")

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.datasets.kinds import kind_of
+
 
 def join_text_parts(content: Any) -> Any:
     """``content`` with a list of text parts joined into one string; any other value unchanged.
@@ -35,8 +37,7 @@ def join_text_parts(content: Any) -> Any:
     texts = []
     for k, part in enumerate(content, 1):
         if not isinstance(part, dict):
-            kind = "null" if part is None else f"a {type(part).__name__}"
-            raise ValueError(f"content part {k} is {kind}, expected an object")
+            raise ValueError(f"content part {k} is {kind_of(part)}, expected an object")
         kind = part.get("type")
         if kind is None:
             raise ValueError(f"content part {k} has no 'type' (expected 'text')")
@@ -44,7 +45,7 @@ def join_text_parts(content: Any) -> Any:
             raise ValueError(f"content part {k} has type {kind!r}; only text parts can be sent as text")
         text = part.get("text")
         if not isinstance(text, str):
-            got = "missing" if "text" not in part else ("null" if text is None else f"a {type(text).__name__}")
+            got = "missing" if "text" not in part else kind_of(text)
             raise ValueError(f"content part {k}: 'text' is {got}, expected a string")
         texts.append(text)
     return "".join(texts)

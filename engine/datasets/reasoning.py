@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from engine.datasets.kinds import kind_of
 from engine.errors import DatagenError
 
 #: Mixture-of-Thoughts / OpenR1 / DeepSeek-R1 style reasoning block.
@@ -160,7 +161,7 @@ def field_reasoning(message: dict[str, Any]) -> str:
         if value is None:
             continue
         if not isinstance(value, str):
-            raise ReasoningError(f"{key!r} is a {type(value).__name__}, expected a string")
+            raise ReasoningError(f"{key!r} is {kind_of(value)}, expected a string")
     for key in REASONING_FIELDS:
         value = message.get(key)
         if isinstance(value, str) and value.strip():

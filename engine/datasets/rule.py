@@ -16,12 +16,9 @@ from engine.datasets.adapters import AdapterError, Conversation
 from engine.datasets.reasoning import ReasoningError, move_reasoning
 from engine.datasets.roles import normalise, specforge_parse
 from engine.prompts import Became
+from engine.datasets.kinds import kind_of
 
 _MISSING = object()
-
-
-def _kind(value: Any) -> str:
-    return "null" if value is None else f"a {type(value).__name__}"
 
 
 
@@ -85,7 +82,7 @@ def cut_prompt(conv: Conversation) -> tuple[list[dict[str, Any]], Became]:
             raise AdapterError(f"{conv.label(i)}: null content")
         if content is _MISSING:
             raise AdapterError(f"{conv.label(i)}: missing field 'content'")
-        raise AdapterError(f"{conv.label(i)}: content is {_kind(content)}, expected a string")
+        raise AdapterError(f"{conv.label(i)}: content is {kind_of(content)}, expected a string")
     if not any(m["role"] == "user" for m in prompt):
         raise AdapterError("no user turn" + (" before the last assistant turn" if cut_at else ""))
     end = prompt[-1]

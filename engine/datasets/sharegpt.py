@@ -34,6 +34,7 @@ from typing import Any
 from engine.datasets.glaive import parse_call
 from engine.datasets.messages import text_content
 from engine.datasets.tool_calls import CallQueue, make_call, read_literal
+from engine.datasets.kinds import kind_of
 
 #: ShareGPT speaker (lower case) -> OpenAI role.
 SPEAKERS = {
@@ -46,10 +47,6 @@ SPEAKERS = {
 }
 _MISSING = object()
 _LISTED = "list"  # CallQueue tag of a list-valued function_call turn
-
-
-def _kind(value: Any) -> str:
-    return "null" if value is None else f"a {type(value).__name__}"
 
 
 def sharegpt_messages(turns: list[Any]) -> tuple[list[dict[str, Any]], list[int]]:
@@ -77,7 +74,7 @@ def sharegpt_messages(turns: list[Any]) -> tuple[list[dict[str, Any]], list[int]
     for k, turn in enumerate(turns):
         n = k + 1
         if not isinstance(turn, dict):
-            raise ValueError(f"message {n}: {_kind(turn)}, expected an object")
+            raise ValueError(f"message {n}: {kind_of(turn)}, expected an object")
         speaker = turn.get("from", turn.get("role", _MISSING))
         if speaker is _MISSING:
             raise ValueError(f"message {n}: missing field 'from'")
@@ -181,17 +178,17 @@ def parse_calls(value: Any) -> tuple[list[tuple[str, Any]], bool]:
         if not obj:
             raise ValueError("function_call holds no calls (an empty list)")
         return [_call(c, k) for k, c in enumerate(obj, 1)], True
-    raise ValueError(f"function_call is {_kind(obj)}, expected a call or a list of calls ({{name, arguments}})")
+    raise ValueError(f"function_call is {kind_of(obj)}, expected a call or a list of calls ({{name, arguments}})")
 
 
 def _call(obj: Any, k: int | None) -> tuple[str, Any]:
     where = "function_call" if k is None else f"function_call call {k}"
     if not isinstance(obj, dict):
-        raise ValueError(f"{where} is {_kind(obj)}, expected an object {{name, arguments}}")
+        raise ValueError(f"{where} is {kind_of(obj)}, expected an object {{name, arguments}}")
     if isinstance(obj.get("function"), dict):
         obj = obj["function"]
     name = obj.get("name")
     if not isinstance(name, str) or not name.strip():
-        got = "missing" if name is None else "empty" if isinstance(name, str) else _kind(name)
+        got = "missing" if name is None else "empty" if isinstance(name, str) else kind_of(name)
         raise ValueError(f"{where}: function name is {got}, expected a non-empty string")
     return name, obj.get("arguments", {})

@@ -31,12 +31,9 @@ from typing import Any
 
 from engine.datasets.messages import base_message
 from engine.datasets.tool_calls import NONE_TEXTS, CallQueue, read_literal
+from engine.datasets.kinds import kind_of
 
 _MISSING = object()
-
-
-def _kind(value: Any) -> str:
-    return "null" if value is None else f"a {type(value).__name__}"
 
 
 def parse_tool_calls(value: Any) -> list[dict[str, Any]]:
@@ -52,14 +49,14 @@ def parse_tool_calls(value: Any) -> list[dict[str, Any]]:
     if calls is None or calls == []:
         return []
     if not isinstance(calls, list):
-        raise ValueError(f"tool_calls is not a list of calls: {_kind(calls)}")
+        raise ValueError(f"tool_calls is not a list of calls: {kind_of(calls)}")
     return [_call(k, c) for k, c in enumerate(calls, 1)]
 
 
 def _call(k: int, call: Any) -> dict[str, Any]:
     bad = f"tool_calls is not a list of calls: call {k}"
     if not isinstance(call, dict):
-        raise ValueError(f"{bad} is {_kind(call)}, expected an object")
+        raise ValueError(f"{bad} is {kind_of(call)}, expected an object")
     cid = call.get("id")
     if not isinstance(cid, str) or not cid:
         raise ValueError(f"{bad} has no 'id' (a non-empty string)")
@@ -68,17 +65,17 @@ def _call(k: int, call: Any) -> dict[str, Any]:
         raise ValueError(f"{bad} has type {kind!r}, expected 'function'")
     fn = call.get("function")
     if not isinstance(fn, dict):
-        raise ValueError(f"{bad}: 'function' is {_kind(fn)}, expected an object {{name, arguments}}")
+        raise ValueError(f"{bad}: 'function' is {kind_of(fn)}, expected an object {{name, arguments}}")
     name = fn.get("name")
     if not isinstance(name, str) or not name:
-        raise ValueError(f"{bad}: function name is {_kind(name) if name != '' else 'empty'}, expected a non-empty string")
+        raise ValueError(f"{bad}: function name is {kind_of(name) if name != '' else 'empty'}, expected a non-empty string")
     args = fn.get("arguments", _MISSING)
     if args is _MISSING or args is None:
         raise ValueError(f"{bad} ({name}): missing 'arguments'")
     if isinstance(args, dict):
         args = json.dumps(args, ensure_ascii=False)
     elif not isinstance(args, str):
-        raise ValueError(f"{bad} ({name}): 'arguments' is {_kind(args)}, expected a JSON string")
+        raise ValueError(f"{bad} ({name}): 'arguments' is {kind_of(args)}, expected a JSON string")
     return {"id": cid, "type": "function", "function": {"name": name, "arguments": args}}
 
 

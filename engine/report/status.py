@@ -155,10 +155,11 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         for d, c, n in conn.execute("SELECT dataset, error_class, COUNT(*) FROM attempts WHERE outcome='error' GROUP BY 1, 2"):
             errors.setdefault(d, {})[c] = n
         datasets = []
-        has_rev = "revision" in table_columns(conn, ["datasets"])["datasets"]  # older stores: no Hub datasets
-        for dname, control, reason_d, rejected, budget, dpath, revision in conn.execute(
+        cols = table_columns(conn, ["datasets"])["datasets"]  # older stores: no Hub datasets, no ingest_error
+        for dname, control, reason_d, rejected, budget, dpath, revision, fp, ingest_error in conn.execute(
             "SELECT name, state, state_reason, rejected, token_budget, path, "
-            + ("revision" if has_rev else "NULL") + " FROM datasets ORDER BY position"
+            + ", ".join(c if c in cols else "NULL" for c in ("revision", "fingerprint", "ingest_error"))
+            + " FROM datasets ORDER BY position"
         ):
             c = counts.get(dname, {})
             done, failed, pend = c.get("done", 0), c.get("failed", 0), c.get("pending", 0)
@@ -168,6 +169,10 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             pending = pend - in_flight - skipped
             if alive and dname in live.get("datasets", {}):
                 state = live["datasets"][dname]
+            elif ingest_error is not None:  # its last ingest failed: nothing of that read was stored
+                state, reason_d = "stopped", f"ingest failed: {ingest_error}"
+            elif fp is None:  # registered, never ingested (a first ingest going on, or one killed)
+                state = "pending"
             elif control in ("skipped", "budget_met") or (control == "paused" and pend):  # paused, nothing left: done
                 state = control
             elif pend == 0:

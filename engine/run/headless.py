@@ -20,7 +20,7 @@ from engine.report.metricsserver import open_metrics, printer, serving
 from engine.report.progress import final_report, format_notices, format_progress
 from engine.run.runstate import RunPhase
 from engine.run.scheduler import Scheduler
-from engine.run.runner import Job, prepare, run_job
+from engine.run.runner import FILE_ONLY, Job, prepare, run_job
 
 log = logging.getLogger("engine")
 
@@ -50,7 +50,8 @@ class SafeOut:
 
 
 def setup_file_logging(run_dir: Path, *, stderr_level: int | None = logging.WARNING) -> None:
-    """Log to ``RUN_DIR/datagen.log`` (owner-only) and, optionally, warnings to stderr."""
+    """Log to ``RUN_DIR/datagen.log`` (owner-only) and, optionally, warnings to stderr (except
+    records marked :data:`~engine.run.runner.FILE_ONLY`)."""
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     for h in list(root.handlers):
@@ -65,6 +66,7 @@ def setup_file_logging(run_dir: Path, *, stderr_level: int | None = logging.WARN
     if stderr_level is not None:
         sh = logging.StreamHandler(sys.stderr)
         sh.setLevel(stderr_level)
+        sh.addFilter(lambda record: not getattr(record, FILE_ONLY, False))
         sh.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
         sh._datagen = True  # type: ignore[attr-defined]
         root.addHandler(sh)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.config import Config, DatasetSection
-from engine.datasets import Reject, Shard, iter_prompts
+from engine.datasets import DatasetError, Reject, Shard, iter_prompts
 from engine.datasets import hub as hubs
 from engine.datasets.sources import local_shards
 from engine.prompts import Became, Prompt
@@ -64,6 +64,9 @@ class IngestReport:
         revision: an ``hf://`` dataset's commit sha (None for a local path); moved_from: the sha stored
         by the previous ingest when the revision now points elsewhere (the dataset was re-read);
         hub_files / hub_pattern: how many files were picked, and the glob that picked them.
+        file_notes: problems of whole files met while reading, as ``"file...: reason"`` lines, shown
+            before anything else (the reject that skipped the rest of a truncated compressed file or a
+            broken JSON array, zstd frames without a checksum); empty when skipped.
     """
 
     dataset: str
@@ -84,6 +87,7 @@ class IngestReport:
     moved_from: str | None = None
     hub_files: int = 0
     hub_pattern: str = ""
+    file_notes: list[str] = field(default_factory=list)
 
     def revision_summary(self, url: str, revision: str) -> str | None:
         """One line on an ``hf://`` dataset's commit (None for a local path): ``"hf://datasets/ORG/NAME
@@ -126,23 +130,27 @@ def fingerprint(d: DatasetSection, rev: hubs.HubRevision | None = None) -> str:
     files. Plus ``format``, ``fields`` and ``max_prompts``.
 
     Raises:
-        OSError: a local file cannot be stat'ed; engine.datasets.DatasetError: a directory or glob
-            names no data file.
+        engine.datasets.DatasetError: a local file cannot be stat'ed (missing, no access), or a
+            directory or glob names no data file.
     """
     if rev is not None:
         what: list = [str(d.path), rev.sha, list(rev.files)]
     else:
         shards = local_shards(d.path)
-        if len(shards) == 1 and shards[0].shown == str(d.path):
-            st = Path(d.path).stat()
-            what = [str(d.path), st.st_size, st.st_mtime_ns]
-        else:
-            what = [str(d.path), [[s.shown, (st := s.path.stat()).st_size, st.st_mtime_ns] for s in shards]]
+        try:
+            if len(shards) == 1 and shards[0].shown == str(d.path):
+                st = Path(d.path).stat()
+                what = [str(d.path), st.st_size, st.st_mtime_ns]
+            else:
+                what = [str(d.path), [[s.shown, (st := s.path.stat()).st_size, st.st_mtime_ns] for s in shards]]
+        except OSError as e:
+            raise DatasetError(f"{e.filename or d.path}: cannot read file ({e.strerror or e})") from e
     raw = json.dumps([*what, d.format, d.fields, d.max_prompts], sort_keys=True)
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
 def _read(d: DatasetSection, cfg: Config, checker: "PromptChecker | None" = None, rev: hubs.HubRevision | None = None,
+          notes: list[str] | None = None,
           ) -> tuple[list[tuple], list[tuple[str, str]], list[tuple[str, str]], list[tuple[str, Became]]]:
     rows: list[tuple] = []
     rejects: list[tuple[str, str]] = []
@@ -150,7 +158,7 @@ def _read(d: DatasetSection, cfg: Config, checker: "PromptChecker | None" = None
     became: list[tuple[str, Became]] = []
     seen: dict[str, str] = {}
     source: Path | list[Shard] = hubs.download(rev) if rev is not None else d.path  # type: ignore[assignment]
-    for item in iter_prompts(source, d.format, d.fields or None):
+    for item in iter_prompts(source, d.format, d.fields or None, notes):
         if isinstance(item, Reject):
             rejects.append((item.source, item.reason))
             continue
@@ -188,56 +196,72 @@ async def ingest_all(cfg: Config, store: Store, checker: "PromptChecker | None" 
     An ``hf://`` dataset's revision is resolved first (one Hub API call, or the cache offline); its
     files are downloaded only when the fingerprint changed.
 
+    A dataset that fails (a :class:`~engine.datasets.DatasetError`) has nothing stored from this read
+    (rows are inserted only once every file of it was read): the failure is recorded with it
+    (``Store.fail_ingest``: ``datagen status`` shows it stopped, with the reason), then re-raised;
+    later datasets are not read.
+
     Raises:
-        engine.datasets.DatasetError: a whole file cannot be read, or a Hub dataset cannot be resolved
-            or downloaded (named in the message).
+        engine.datasets.DatasetError: a whole file cannot be read or is corrupt, or a Hub dataset cannot
+            be resolved or downloaded (named in the message).
     """
     reports = []
     rows = await store.datasets()
     for pos, d in enumerate(cfg.datasets):
         await store.register_dataset(d.name, pos, str(d.path), d.token_budget)
-        ref = d.hub()
-        rev = await asyncio.to_thread(hubs.resolve, ref) if ref is not None else None
-        fp = await asyncio.to_thread(fingerprint, d, rev)
-        prev = rows.get(d.name)
-        hub_info: dict = {} if rev is None else {"revision": rev.sha, "hub_files": len(rev.files), "hub_pattern": rev.pattern}
-        if prev is not None and prev["fingerprint"] == fp:
-            await store.reclassify(d.name, lambda est, _n=d.name: cfg.class_for(_n, est))
-            reports.append(IngestReport(d.name, True, prev["prompts"], rejected=prev["rejected"], **hub_info))
-            continue
-        old_sha = prev.get("revision") if prev is not None else None
-        if rev is not None and old_sha and old_sha != rev.sha:
-            hub_info["moved_from"] = old_sha
-            log.warning("[%s] %s revision %s moved: %s -> %s; re-reading", d.name, ref.url, ref.revision,  # type: ignore[union-attr]
-                        old_sha, rev.sha)
-        new_rows, rejects, normalised, became = await asyncio.to_thread(_read, d, cfg, checker, rev)
-        inserted = 0
-        for i in range(0, len(new_rows), _BATCH):
-            inserted += await store.ingest_batch(d.name, new_rows[i : i + _BATCH])
-        await store.replace_rejects(d.name, rejects)
-        stale = await store.drop_stale(d.name, {r[0] for r in new_rows})
-        n = await store.finish_ingest(d.name, fp, len(rejects), rev.sha if rev is not None else None)
-        rep = IngestReport(d.name, False, n, inserted, len(rejects), [f"{s}: {r}" for s, r in rejects[:5]],
-                           len(normalised), [f"{s}: {r}" for s, r in normalised[:5]],
-                           whole=sum(not b.cut for _, b in became), cut=sum(b.cut for _, b in became),
-                           reasoning_moved=sum(bool(b.reasoning) for _, b in became),
-                           stale_deleted=stale[0], stale_failed=stale[1], stale_kept=stale[2], **hub_info)
-        if rep.stale_summary():
-            log.warning("[%s] %s", d.name, rep.stale_summary())
-        for s, r in rejects[:20]:
-            log.warning("[%s] rejected %s: %s", d.name, s, r)
-        flagged = [(r[1], r[6]) for r in new_rows if r[6]]
-        if flagged:  # special_text_in_prompt: kept (prompt_special_text = "keep"), sent as special ids
-            log.warning("[%s] %d prompt(s) with special-token text in their messages (kept: it is sent as special "
-                        "ids; [tokenizer] prompt_special_text = \"reject\" rejects them), e.g. %s: %s",
-                        d.name, len(flagged), *flagged[0])
-        if normalised:
-            log.info("[%s] %d prompt(s) brought into SpecForge's role order at ingest (docs/specforge-roles.md)",
-                     d.name, len(normalised))
-        for s, r in normalised[:20]:
-            log.info("[%s] normalised %s: %s", d.name, s, r)
-        log.info("[%s] %s", d.name, rep.became_summary())
-        for s, b in became[:20]:
-            log.info("[%s] prompt %s: %s", d.name, s, b.describe())
-        reports.append(rep)
+        try:
+            reports.append(await _ingest_one(cfg, store, checker, d, rows.get(d.name)))
+        except DatasetError as e:  # recorded with the dataset: `datagen status` shows it stopped, with the reason
+            await store.fail_ingest(d.name, str(e))
+            raise
     return reports
+
+
+async def _ingest_one(cfg: Config, store: Store, checker: "PromptChecker | None", d: DatasetSection,
+                      prev: dict | None) -> IngestReport:
+    """Ingest dataset ``d`` (registered) unless its fingerprint equals ``prev``'s (its stored row)."""
+    ref = d.hub()
+    rev = await asyncio.to_thread(hubs.resolve, ref) if ref is not None else None
+    fp = await asyncio.to_thread(fingerprint, d, rev)
+    hub_info: dict = {} if rev is None else {"revision": rev.sha, "hub_files": len(rev.files), "hub_pattern": rev.pattern}
+    if prev is not None and prev["fingerprint"] == fp:
+        await store.reclassify(d.name, lambda est, _n=d.name: cfg.class_for(_n, est))
+        return IngestReport(d.name, True, prev["prompts"], rejected=prev["rejected"], **hub_info)
+    old_sha = prev.get("revision") if prev is not None else None
+    if rev is not None and old_sha and old_sha != rev.sha:
+        hub_info["moved_from"] = old_sha
+        log.warning("[%s] %s revision %s moved: %s -> %s; re-reading", d.name, ref.url, ref.revision,  # type: ignore[union-attr]
+                    old_sha, rev.sha)
+    notes: list[str] = []
+    new_rows, rejects, normalised, became = await asyncio.to_thread(_read, d, cfg, checker, rev, notes)
+    for note in notes:
+        log.warning("[%s] %s", d.name, note)
+    inserted = 0
+    for i in range(0, len(new_rows), _BATCH):
+        inserted += await store.ingest_batch(d.name, new_rows[i : i + _BATCH])
+    await store.replace_rejects(d.name, rejects)
+    stale = await store.drop_stale(d.name, {r[0] for r in new_rows})
+    n = await store.finish_ingest(d.name, fp, len(rejects), rev.sha if rev is not None else None)
+    rep = IngestReport(d.name, False, n, inserted, len(rejects), [f"{s}: {r}" for s, r in rejects[:5]],
+                       len(normalised), [f"{s}: {r}" for s, r in normalised[:5]],
+                       whole=sum(not b.cut for _, b in became), cut=sum(b.cut for _, b in became),
+                       reasoning_moved=sum(bool(b.reasoning) for _, b in became),
+                       stale_deleted=stale[0], stale_failed=stale[1], stale_kept=stale[2], file_notes=notes, **hub_info)
+    if rep.stale_summary():
+        log.warning("[%s] %s", d.name, rep.stale_summary())
+    for s, r in rejects[:20]:
+        log.warning("[%s] rejected %s: %s", d.name, s, r)
+    flagged = [(r[1], r[6]) for r in new_rows if r[6]]
+    if flagged:  # special_text_in_prompt: kept (prompt_special_text = "keep"), sent as special ids
+        log.warning("[%s] %d prompt(s) with special-token text in their messages (kept: it is sent as special "
+                    "ids; [tokenizer] prompt_special_text = \"reject\" rejects them), e.g. %s: %s",
+                    d.name, len(flagged), *flagged[0])
+    if normalised:
+        log.info("[%s] %d prompt(s) brought into SpecForge's role order at ingest (docs/specforge-roles.md)",
+                 d.name, len(normalised))
+    for s, r in normalised[:20]:
+        log.info("[%s] normalised %s: %s", d.name, s, r)
+    log.info("[%s] %s", d.name, rep.became_summary())
+    for s, b in became[:20]:
+        log.info("[%s] prompt %s: %s", d.name, s, b.describe())
+    return rep

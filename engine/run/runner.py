@@ -24,6 +24,7 @@ from engine.client.fleet import EndpointFleet
 from engine.client.retry import RetryPolicy
 from engine.client.types import RequestError
 from engine.config import Config, ConfigError
+from engine.datasets import DatasetError
 from engine.run.controller import Controller
 from engine.run.ingest import ingest_all
 from engine.money.prices import prices_from_models_endpoint
@@ -35,6 +36,10 @@ from engine.run.supervisor import Supervisor
 from engine.storage.writer import StoreWriter
 
 log = logging.getLogger("engine")
+
+#: ``extra={FILE_ONLY: True}`` on a log record: ``datagen.log`` only, not the console (the message
+#: reaches the user another way, e.g. as the command's ``error:`` line).
+FILE_ONLY = "datagen_file_only"
 
 
 def sim_config_from_section(cfg: Config):
@@ -97,7 +102,9 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
 
     Raises:
         ConfigError: key missing, plain-http key, etc.
-        engine.datasets.DatasetError / engine.storage.store.StoreError: unusable input or store.
+        engine.datasets.DatasetError / engine.storage.store.StoreError: unusable input or store (a
+            failed ingest is recorded first: the run stopped with the reason, in the store and in
+            ``datagen.log``).
         engine.proc.runlock.DirectoryInUse: another process runs on this run directory (nothing opened).
     """
     api_key = resolve_api_key(cfg.provider)
@@ -119,10 +126,18 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
             from engine.tokens.promptcheck import PromptChecker
 
             checker = PromptChecker(checked[0], cfg.tokenizer.prompt_special_text)  # type: ignore[union-attr]
-        for rep in await ingest_all(cfg, store, checker):
+        try:
+            reports = await ingest_all(cfg, store, checker)
+        except DatasetError as e:  # the run is recorded as stopped by it, before any request
+            await store.record_stopped(f"ingest failed: {e}")
+            log.error("ingest failed; the run stops before any request: %s", e, extra={FILE_ONLY: True})
+            raise
+        for rep in reports:
             ref = cfg.dataset(rep.dataset).hub()
             if ref is not None:
                 print(f"[{rep.dataset}] {rep.revision_summary(ref.url, ref.revision)}", file=out)
+            for note in rep.file_notes:  # whole-file problems first: they say what the counts below mean
+                print(f"[{rep.dataset}] warning: {note}", file=out)
             if rep.skipped_unchanged:
                 print(f"[{rep.dataset}] {rep.prompts} prompts (already ingested), {rep.rejected} rejected rows", file=out)
             else:

@@ -5,7 +5,8 @@ One file per run, ``RUN_DIR/store.sqlite``. Tables:
 - ``meta``: schema version, run name, resolved special ids later on.
 - ``datasets``: per dataset its position, ingest fingerprint, counts and persisted state
   (``paused`` / ``skipped`` survive a restart); ``revision``: the commit sha an ``hf://`` dataset was
-  last ingested at (NULL for a local path).
+  last ingested at (NULL for a local path); ``ingest_error``: why its last ingest failed (NULL when
+  it did not; cleared when the next one starts).
 - ``prompts``: one row per unique (dataset, key) with the messages and tools as JSON, the request
   class and ``state`` in ``pending | done | failed``. A prompt stays ``pending`` until its result
   or failure is committed, so a crash only ever re-requests prompts whose result was not stored.
@@ -31,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -48,7 +50,7 @@ CREATE TABLE IF NOT EXISTS datasets(
   name TEXT PRIMARY KEY, position INTEGER NOT NULL, path TEXT NOT NULL, fingerprint TEXT,
   prompts INTEGER NOT NULL DEFAULT 0, rejected INTEGER NOT NULL DEFAULT 0,
   state TEXT NOT NULL DEFAULT 'active', state_reason TEXT NOT NULL DEFAULT '',
-  token_budget INTEGER, updated_at REAL NOT NULL DEFAULT 0, revision TEXT);
+  token_budget INTEGER, updated_at REAL NOT NULL DEFAULT 0, revision TEXT, ingest_error TEXT);
 CREATE TABLE IF NOT EXISTS prompts(
   id INTEGER PRIMARY KEY, dataset TEXT NOT NULL, key TEXT NOT NULL, source TEXT NOT NULL,
   class TEXT NOT NULL, est_prompt_tokens INTEGER NOT NULL, messages TEXT NOT NULL, tools TEXT NOT NULL,
@@ -91,6 +93,7 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("results", "usage_source", "TEXT NOT NULL DEFAULT 'reported'"),
     ("prompts", "special_text", "TEXT"),
     ("datasets", "revision", "TEXT"),
+    ("datasets", "ingest_error", "TEXT"),
 )
 
 
@@ -256,13 +259,28 @@ class Store:
             self.conn.row_factory = None
 
     async def register_dataset(self, name: str, position: int, path: str, token_budget: int | None) -> None:
-        """Insert a dataset row or update its position/path/budget (state is kept)."""
+        """Insert a dataset row or update its position/path/budget (state is kept), before its ingest:
+        an earlier ingest's failure (``ingest_error``) is cleared."""
         await self.conn.execute(
             "INSERT INTO datasets(name, position, path, token_budget) VALUES(?,?,?,?) "
             "ON CONFLICT(name) DO UPDATE SET position=excluded.position, path=excluded.path, "
-            "token_budget=excluded.token_budget",
+            "token_budget=excluded.token_budget, ingest_error=NULL",
             (name, position, path, token_budget),
         )
+
+    async def fail_ingest(self, dataset: str, reason: str) -> None:
+        """Record that the dataset's ingest failed (``reason``: the error), committed now: ``datagen
+        status`` shows the dataset stopped with ``ingest failed: REASON`` until its next ingest starts."""
+        await self.conn.execute("UPDATE datasets SET ingest_error=? WHERE name=?", (reason, dataset))
+
+    async def record_stopped(self, reason: str) -> None:
+        """Record, with no engine running, that the run stopped before its first request (e.g. a failed
+        ingest): the ``runtime`` row's state ``stopped`` with ``reason``, no pid, its elapsed time and
+        last live figures kept. The next start overwrites it."""
+        await self.conn.execute(
+            "INSERT INTO runtime(id, pid, heartbeat_at, state, state_reason, elapsed_s) VALUES(1, NULL, ?, 'stopped', ?, 0) "
+            "ON CONFLICT(id) DO UPDATE SET pid=NULL, heartbeat_at=excluded.heartbeat_at, state='stopped', "
+            "state_reason=excluded.state_reason", (time.time(), reason))
 
     async def set_dataset_state(self, name: str, state: str, reason: str, now: float) -> None:
         """Persist a dataset's control state (``active`` | ``paused`` | ``skipped``) and reason."""
