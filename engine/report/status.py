@@ -242,6 +242,7 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             "credits_usd": live.get("credits_usd"),
             "credits_age_s": None if credits_age is None else round(credits_age, 3),
             "credits_drift_usd": live.get("credits_drift_usd"),
+            **({"credits_endpoints": live["credits_endpoints"]} if live.get("credits_endpoints") else {}),
             "spend_rate_usd_per_h": live.get("spend_rate_usd_per_h", 0.0) if alive else 0.0,
             "projected_total_cost_usd": live.get("projected_total_cost_usd"),
             "cost_in_flight_usd": live.get("cost_in_flight_usd", 0.0) if alive else 0.0,
@@ -328,6 +329,9 @@ def format_status(doc: dict[str, Any]) -> str:
     credits = "--"
     if doc.get("credits_usd") is not None:
         credits = _usd(doc["credits_usd"])
+        ce = doc.get("credits_endpoints")
+        if ce and ce["missing"]:
+            credits += f" (partial: {ce['read']} of {ce['of']} endpoints)"
         if doc.get("credits_age_s") is not None:
             credits += f" (read {fmt_duration(doc['credits_age_s'])} ago)"
     lines.append(f"spent {_usd(t['cost_usd'])}  rate {_usd(doc.get('spend_rate_usd_per_h'))}/h  "

@@ -103,6 +103,8 @@ def live_row(sched: "RunView") -> dict[str, Any]:
             "credits_age_s": snap.credits_age_s,
             "credits_at": (time.time() - (sched.clock() - cr.at)) if cr else None,
             "credits_drift_usd": sched.spend.drift_usd(),
+            **({"credits_endpoints": {"read": cr.endpoints - len(cr.missing), "of": cr.endpoints,
+                                      "missing": list(cr.missing)}} if cr is not None and cr.endpoints > 1 else {}),
             "spend_rate_usd_per_h": snap.spend_rate_usd_per_h,
             "projected_total_cost_usd": snap.projected_total_cost_usd,
             "cost_in_flight_usd": snap.cost_in_flight_usd,
