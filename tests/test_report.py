@@ -215,6 +215,42 @@ def test_extraction_progress_from_manifest_and_status(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------ the command
 
+async def test_report_endpoints_table_equals_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run over two replicas (``[provider] base_urls``, one of them down from the start): the report
+    has one row per endpoint, every cell equal to ``datagen status --json``'s ``endpoints``."""
+    import socket
+
+    from e2e import write_prompts
+    from engine.run.headless import run_headless
+    from engine.sim import SimConfig, SimThread
+    from helpers import make_config
+
+    sim = SimThread(SimConfig(seed=5, mean_completion_tokens=30, faults={"502": 0.2}, providers=("S",)))
+    url = sim.start()
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    s.close()
+    monkeypatch.setenv("REPORT_KEY", "sim-key")
+    cfg = make_config(tmp_path, provider={"kind": "openai", "api_key_env": "REPORT_KEY",
+                                          "base_urls": [{"url": url, "concurrency": 3}, dead], "endpoint_probe_s": 30},
+                      datasets=[{"name": "a", "path": str(write_prompts(tmp_path / "p.jsonl", 20)), "format": "text"}])
+    try:
+        assert await run_headless(cfg, io.StringIO(), install_signals=False, metrics=False) == 0
+    finally:
+        sim.stop()
+    r = datagen("report", str(cfg.run.dir), "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    status = status_json(cfg.run.dir)
+    cells = Cells()
+    cells.feed((tmp_path / "out" / "report.html").read_text(encoding="utf-8"))
+    paths = check_cells_equal_status(cells, status)
+    eps = [p for p in paths if p[0] == "endpoints"]
+    assert {p[1] for p in eps} == {url, dead} and len(eps) == 12 * 2
+    assert lookup(status, ["endpoints", dead, "state"]) == "down"
+    assert lookup(status, ["endpoints", url, "requests"]) >= 20 and lookup(status, ["endpoints", url, "errors"])
+
+
 def test_report_errors_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["report", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
@@ -269,9 +305,20 @@ class Cells(HTMLParser):
 
 
 def lookup(doc: Any, path: list[str]) -> Any:
+    """The value at ``path`` in a status document (a list entry by its ``name``, an endpoint by its ``url``)."""
     for k in path:
-        doc = next(x for x in doc if x["name"] == k) if isinstance(doc, list) else doc[k]
+        doc = next(x for x in doc if x.get("name", x.get("url")) == k) if isinstance(doc, list) else doc[k]
     return doc
+
+
+def check_cells_equal_status(cells: "Cells", status: dict) -> set[tuple]:
+    """Every ``data-path`` cell of the page carries ``datagen status --json``'s value (integers shown
+    as that value); returns the paths seen."""
+    for path, value, text in cells.cells:
+        assert value == lookup(status, path), (path, value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            assert text == f"{value:,}", (path, text)
+    return {tuple(p) for p, _, _ in cells.cells}
 
 
 def chromium(url: str, shot: Path, profile: Path) -> str:
@@ -322,13 +369,10 @@ def test_report_in_a_real_browser(run: tuple[Path, Path], tmp_path: Path, capsys
 
     # the status table's numbers are `datagen status --json`'s
     assert len(cells.cells) > 60
-    for path, value, text in cells.cells:
-        assert value == lookup(status, path), (path, value)
-        if isinstance(value, int) and not isinstance(value, bool):
-            assert text == f"{value:,}", (path, text)
-    paths = {tuple(p) for p, _, _ in cells.cells}
+    paths = check_cells_equal_status(cells, status)
     assert {("totals", "done"), ("totals", "cost_usd"), ("datasets", "b7_sharegpt", "done"), ("run", "elapsed_s")} <= paths
     assert sum(1 for p in paths if p[0] == "providers") == 6 * len(status["providers"])
+    assert "endpoints" not in status and not any(p[0] == "endpoints" for p in paths)  # one server: no table
 
     # a real browser renders it: no console error, a screenshot with the charts' colours in it
     log = chromium(page.as_uri(), tmp_path / "shot.png", tmp_path / "profile")
