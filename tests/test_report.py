@@ -262,6 +262,9 @@ def test_report_errors_exit_2_with_one_line(tmp_path: Path, capsys: pytest.Captu
     (tmp_path / "file").write_text("x")
     assert main(["report", str(tmp_path / "empty"), "--out", str(tmp_path / "file")]) == 2
     assert "exists and is not a directory" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "file"), "--out", str(tmp_path / "o")]) == 2  # a plain file as RUN_DIR
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"error: {tmp_path / 'file'}: not a directory (expected a run directory)"], err
     assert not (tmp_path / "o").exists()
 
 
