@@ -215,15 +215,58 @@ def test_extraction_progress_from_manifest_and_status(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------ the command
 
-async def test_report_endpoints_table_equals_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _bars_under_legends(fig: Any) -> list[str]:
+    """Bars (``Rectangle`` patches of positive size) whose drawn box meets their axis' legend box."""
+    from matplotlib.patches import Rectangle
+
+    fig.canvas.draw()
+    hits = []
+    for a in fig.axes:
+        leg = a.get_legend()
+        if leg is None:
+            continue
+        box = leg.get_window_extent()
+        for p in a.patches:
+            if isinstance(p, Rectangle) and p.get_width() > 0 and p.get_height() > 0:
+                bb = p.get_window_extent()
+                if bb.x1 > box.x0 and bb.x0 < box.x1 and bb.y1 > box.y0 and bb.y0 < box.y1:
+                    hits.append(f"{a.get_title()[:30]}: bar at x={p.get_x():.0f} h={p.get_height():.0f}")
+    return hits
+
+
+def test_chart_legends_never_cover_bars() -> None:
+    """Few completions (the demo's b1_glaive, b8_swe_agent: tall lone bars at the right end) and an
+    error burst at the end: every legend sits clear of the bars."""
+    from engine.report import plots
+
+    def item(name: str, vals: list[int], classes: list[str]) -> dict:
+        res = {"tokens": 10240, "q": None, "calibrated": False, "basis": "max_tokens until 50 completions (5 so far)"}
+        return {"dataset": name, "n": len(vals), "mean": sum(vals) / len(vals), "hist": histogram([float(v) for v in vals], 30),
+                "classes": [{"class": c, "n": len(vals), "max_tokens": 10240, "percentile": 0.9,
+                             "percentile_tokens": max(vals), "reservation": res} for c in classes]}
+
+    items = [item("b1_glaive", [210, 250, 320, 520, 672], ["short"]), item("one", [371], ["short"]),
+             item("b8_swe_agent", [50, 240, 400, 660, 1139], ["long", "short"]),
+             item("wide", [10 * i for i in range(1, 120)], ["short"])]
+    assert _bars_under_legends(plots.lengths_figure(items)) == []
+    n = 20
+    tl = {"t0": 0.0, "t1": float(n), "bin_s": 1.0, "bins": n,
+          "errors": {"server": [0.0] * (n - 3) + [9.0, 9.0, 9.0], "rate_limit": [1.0] * n,
+                     "disconnect": [0.0] * (n - 1) + [4.0]}}
+    assert _bars_under_legends(plots.errors_figure(tl)) == []
+    provs = {f"Provider{i}": {"ok": 90 + i, "records": 100, "invalid": 10 - i, "checks": {}} for i in range(3)}
+    val = {"summary": {"providers": provs},
+           "invalid_by_first_check": {p: {"completion_ids_mismatch": d["invalid"]} for p, d in provs.items()}}
+    assert _bars_under_legends(plots.validation_figure(val)) == []
+
+
+def test_report_endpoints_table_equals_status(tmp_path: Path) -> None:
     """A run over two replicas (``[provider] base_urls``, one of them down from the start): the report
     has one row per endpoint, every cell equal to ``datagen status --json``'s ``endpoints``."""
     import socket
 
     from e2e import write_prompts
-    from engine.run.headless import run_headless
     from engine.sim import SimConfig, SimThread
-    from helpers import make_config
 
     sim = SimThread(SimConfig(seed=5, mean_completion_tokens=30, faults={"502": 0.2}, providers=("S",)))
     url = sim.start()
@@ -231,17 +274,34 @@ async def test_report_endpoints_table_equals_status(tmp_path: Path, monkeypatch:
     s.bind(("127.0.0.1", 0))
     dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
     s.close()
-    monkeypatch.setenv("REPORT_KEY", "sim-key")
-    cfg = make_config(tmp_path, provider={"kind": "openai", "api_key_env": "REPORT_KEY",
-                                          "base_urls": [{"url": url, "concurrency": 3}, dead], "endpoint_probe_s": 30},
-                      datasets=[{"name": "a", "path": str(write_prompts(tmp_path / "p.jsonl", 20)), "format": "text"}])
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f"""
+[run]
+name = "fleet-report"
+dir = "{tmp_path / 'run'}"
+commit_interval_s = 0.1
+[provider]
+kind = "openai"
+api_key_env = "REPORT_KEY"
+base_urls = [{{ url = "{url}", concurrency = 3 }}, "{dead}"]
+endpoint_probe_s = 30
+[classes.short]
+max_tokens = 400
+concurrency = 4
+[[datasets]]
+name = "a"
+path = "{write_prompts(tmp_path / 'p.jsonl', 20)}"
+format = "text"
+""")
     try:
-        assert await run_headless(cfg, io.StringIO(), install_signals=False, metrics=False) == 0
+        r = datagen("run", str(cfg), "--headless", env={**os.environ, "REPORT_KEY": "sim-key"})
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     finally:
         sim.stop()
-    r = datagen("report", str(cfg.run.dir), "--out", str(tmp_path / "out"))
+    run_dir = tmp_path / "run"
+    r = datagen("report", str(run_dir), "--out", str(tmp_path / "out"))
     assert r.returncode == 0, r.stderr
-    status = status_json(cfg.run.dir)
+    status = status_json(run_dir)
     cells = Cells()
     cells.feed((tmp_path / "out" / "report.html").read_text(encoding="utf-8"))
     paths = check_cells_equal_status(cells, status)
