@@ -155,8 +155,9 @@ class EndpointFleet:
             self._release(ep)
 
     async def get_json(self, path: str, params: dict[str, Any] | None = None) -> Any:
-        """GET ``path`` (``/key``, ``/credits``, ``/models``...) of the first endpoint that answers:
-        healthy ones first (fewest in flight), then the others.
+        """GET ``path`` (``/models``, ``/generation``...) of the first endpoint that answers:
+        healthy ones first (fewest in flight), then the others. What each endpoint answers for
+        itself (``/key``: its own credits) is asked of every one through :meth:`getters`.
 
         Raises:
             RequestError: the answer's error, or the last transport failure when none could be reached.
