@@ -368,3 +368,104 @@ async def test_credentials_in_an_endpoint_url_are_never_shown():
     assert [e.url for e in fleet.snapshot()] == ["https://***@10.0.0.1/v1"]
     assert "s3cret" not in repr(fleet)
     await fleet.aclose()
+
+
+# ---- credits: every replica's /key, summed ----------------------------------------------------------
+
+async def test_credits_and_drift_are_summed_over_every_endpoint(tmp_path, monkeypatch, caplog):
+    """Three simulators, $5 of credits each: the run reads every replica's ``/key`` and sums them, so
+    the drift (provider usage minus accounted spend) is 0, not minus the two replicas never read."""
+    import io
+    import logging
+
+    from e2e import write_prompts
+    from engine.report.status import collect_status
+    from engine.run.headless import run_headless
+    from engine.sim import SimConfig, SimThread
+
+    sims = [SimThread(SimConfig(seed=i, mean_completion_tokens=30, credits_usd=5.0, providers=(f"S{i}",)))
+            for i in range(3)]
+    urls = [s.start() for s in sims]
+    monkeypatch.setenv("FLEET_KEY", "sim-key")
+    cfg = make_config(tmp_path, provider={"kind": "openai", "api_key_env": "FLEET_KEY", "base_urls": urls,
+                                          "endpoint_concurrency": 2},
+                      datasets=[{"name": "a", "path": str(write_prompts(tmp_path / "p.jsonl", 30)), "format": "text"}])
+    jobs = []
+    try:
+        with caplog.at_level(logging.INFO, logger="engine"):
+            rc = await run_headless(cfg, io.StringIO(), install_signals=False, on_ready=jobs.append, metrics=False)
+    finally:
+        for s in sims:
+            s.stop()
+    assert rc == 0
+    billed = [s.ledger.billed_usd for s in sims]
+    assert all(b > 0 for b in billed)  # every replica served (and billed) some
+    spend = jobs[0].scheduler.spend
+    cr = spend.credits
+    assert (cr.endpoints, cr.missing, cr.partial) == (3, (), False)
+    assert cr.usage_usd == pytest.approx(sum(billed), abs=1e-9)
+    assert cr.remaining_usd == pytest.approx(15.0 - sum(billed), abs=1e-9)
+    assert spend.drift_usd() == pytest.approx(0.0, abs=1e-6)
+    assert any(m.startswith("spend reconciliation: provider usage minus accounted spend = $")
+               and abs(float(m.rsplit("$", 1)[1])) < 1e-6 for m in caplog.messages), caplog.messages[-5:]
+    doc = collect_status(cfg.run.dir)
+    assert doc["credits_usd"] == pytest.approx(15.0 - sum(billed), abs=1e-9)
+    assert doc["credits_drift_usd"] == pytest.approx(0.0, abs=1e-6)
+    assert doc["credits_endpoints"] == {"read": 3, "of": 3, "missing": []}
+
+
+async def test_credits_partial_when_an_endpoint_does_not_answer(tmp_path):
+    """A replica that refuses connections, and one that accepts them but never answers: the reading
+    is partial (the others' credits, no usage), so no drift is computed from it; the status says so."""
+    import socket as socket_
+
+    from engine.client.chat import ChatClient
+    from engine.client.fleet import EndpointFleet
+    from engine.money.credits import read_credits_each
+    from engine.money.spend import CreditsReading
+    from engine.report.status import format_status
+    from engine.sim import SimConfig, SimThread
+
+    sim = SimThread(SimConfig(seed=1, mean_completion_tokens=10, credits_usd=5.0, providers=("S",)))
+    url = sim.start()
+    dead = f"http://127.0.0.1:{_dead_port()}/v1"
+    mute = socket_.socket()
+    mute.bind(("127.0.0.1", 0))
+    mute.listen(8)  # the kernel accepts connections; nothing ever answers
+    silent = f"http://127.0.0.1:{mute.getsockname()[1]}/v1"
+    fleet = EndpointFleet([(url, None), (dead, None), (silent, None)],
+                          lambda u: ChatClient(u, "sim-key", connect_timeout_s=2, stall_timeout_s=30),
+                          policy=HealthPolicy(probe_s=30.0), probe_timeout_s=0.5)
+    try:
+        req = ChatRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=32, body={"model": "m"})
+        await fleet.complete(req)
+        t0 = asyncio.get_running_loop().time()
+        cr = await read_credits_each(fleet.getters())
+        assert asyncio.get_running_loop().time() - t0 < 3  # the silent one costs the probe timeout, no more
+    finally:
+        await fleet.aclose()
+        sim.stop()
+        mute.close()
+    billed = sim.ledger.billed_usd
+    assert billed > 0
+    assert (cr.endpoints, cr.missing, cr.partial, cr.usage_usd) == (3, (dead, silent), True, None)
+    assert cr.remaining_usd == pytest.approx(5.0 - billed, abs=1e-9)
+    # no drift from a partial reading, even after a full one fixed the baseline
+    from engine.money.spend import SpendControl
+    spend = SpendControl(make_config(tmp_path))
+    spend.on_credits(CreditsReading(15.0, 0.0, "key", 0.0, endpoints=3))
+    assert spend.drift_usd() == 0.0
+    spend.on_credits(cr)
+    assert spend.drift_usd() is None
+    # every endpoint silent about credits (a plain vLLM): nothing to track
+    assert await read_credits_each([("u", _no_credits), ("v", _no_credits)]) is None
+    doc = {"run": {"name": "r", "state": "running", "state_reason": "", "elapsed_s": 1.0, "alive": True},
+           "totals": {"cost_usd": 0.0, "errors": {}, "usage_sources": {}, "done": 0, "failed": 0, "skipped": 0,
+                      "pending": 0, "in_flight": 0, "rejected": 0, "completion_tokens": 0},
+           "datasets": [], "credits_usd": 9.5,
+           "credits_endpoints": {"read": 1, "of": 3, "missing": [dead, silent]}}
+    assert "credits $9.50 (partial: 1 of 3 endpoints)" in format_status(doc)
+
+
+async def _no_credits(path, params=None):
+    raise RequestError(ErrorClass.OTHER, f"GET {path}: 404", status=404)

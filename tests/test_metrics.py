@@ -118,6 +118,67 @@ def test_run_families_carry_the_snapshot_figures() -> None:
     assert value(m2, "datagen_credits_usd") == 4.5 and value(m2, "datagen_credits_age_seconds") == 2.0
 
 
+async def test_endpoint_families_carry_the_fleets_figures_and_never_a_password() -> None:
+    """A real fleet (a simulator, and a dead port behind a ``user:password@`` url): the scrape's
+    per-endpoint series equal the fleet's snapshot (the one ``status --json`` ``endpoints`` is made
+    of), with the url masked."""
+    import dataclasses
+
+    from prometheus_client import generate_latest
+    from prometheus_client.registry import CollectorRegistry
+
+    from engine.client.chat import ChatClient
+    from engine.client.endpoints import HealthPolicy
+    from engine.client.fleet import EndpointFleet
+    from engine.client.types import ChatRequest
+    from engine.sim import SimConfig, SimThread
+
+    sim = SimThread(SimConfig(seed=3, mean_completion_tokens=20, providers=("S",)))
+    url = sim.start()
+    dead_sock = socket.socket()
+    dead_sock.bind(("127.0.0.1", 0))
+    port = dead_sock.getsockname()[1]
+    dead_sock.close()  # nothing listens there
+    dead = f"http://127.0.0.1:{port}/v1"
+    fleet = EndpointFleet([(url, 4), (f"http://bob:s3cret-pw@127.0.0.1:{port}/v1", None)],
+                          lambda u: ChatClient(u, None if "@" in u else "sim-key", connect_timeout_s=2),
+                          policy=HealthPolicy(probe_s=30.0), probe_timeout_s=2)
+    try:
+        await fleet.start()
+        req = ChatRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=32, body={"model": "m"})
+        for _ in range(3):
+            await fleet.complete(req)
+        eps = fleet.snapshot()
+    finally:
+        await fleet.aclose()
+        sim.stop()
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(SnapshotCollector(run=lambda: snapshot(endpoints=eps)))
+    text = generate_latest(reg).decode()
+    assert "s3cret" not in text and "bob" not in text
+    m = parse(text)
+    live, down = eps
+    assert down.url == f"http://***@127.0.0.1:{port}/v1" and live.requests == 3
+    dead = down.url
+    assert value(m, "datagen_endpoint_info", endpoint=live.url, state="healthy") == 1
+    assert value(m, "datagen_endpoint_info", endpoint=dead, state="down") == 1
+    assert (value(m, "datagen_endpoint_up", endpoint=live.url), value(m, "datagen_endpoint_up", endpoint=dead)) == (1, 0)
+    assert value(m, "datagen_endpoint_in_flight", endpoint=live.url) == 0
+    assert value(m, "datagen_endpoint_concurrency", endpoint=live.url) == 4
+    assert get(m, "datagen_endpoint_concurrency", endpoint=dead) is None  # no cap: no sample
+    assert value(m, "datagen_endpoint_requests_total", endpoint=live.url) == 3
+    assert value(m, "datagen_endpoint_completion_tokens_total", endpoint=live.url) == live.completion_tokens > 0
+    assert value(m, "datagen_endpoint_completion_tokens_per_second", endpoint=live.url) == live.tok_per_s > 0
+    assert value(m, "datagen_endpoint_latency_seconds", endpoint=live.url, quantile="0.5") == live.latency_p50_s
+    assert get(m, "datagen_endpoint_latency_seconds", endpoint=dead, quantile="0.5") is None  # no success yet
+    assert value(m, "datagen_endpoint_state_seconds", endpoint=dead) == down.state_for_s
+    errs = dataclasses.replace(down, errors={"connect": 2, "disconnect": 1}, requests=3)
+    m2 = render(SnapshotCollector(run=lambda: snapshot(endpoints=(errs,))))
+    assert value(m2, "datagen_endpoint_errors_total", endpoint=dead, **{"class": "connect"}) == 2
+    assert value(m2, "datagen_endpoint_errors_total", endpoint=dead, **{"class": "disconnect"}) == 1
+    assert not any(k[0].startswith("datagen_endpoint_") for k in render(SnapshotCollector(run=lambda: snapshot())))
+
+
 def test_extract_families_and_no_source_yet() -> None:
     ext = ExtractSnapshot(
         state="running", model="/m", elapsed_s=10.0, samples_done=5, samples_total=9, tokens_done=500,

@@ -215,6 +215,102 @@ def test_extraction_progress_from_manifest_and_status(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------------------ the command
 
+def _bars_under_legends(fig: Any) -> list[str]:
+    """Bars (``Rectangle`` patches of positive size) whose drawn box meets their axis' legend box."""
+    from matplotlib.patches import Rectangle
+
+    fig.canvas.draw()
+    hits = []
+    for a in fig.axes:
+        leg = a.get_legend()
+        if leg is None:
+            continue
+        box = leg.get_window_extent()
+        for p in a.patches:
+            if isinstance(p, Rectangle) and p.get_width() > 0 and p.get_height() > 0:
+                bb = p.get_window_extent()
+                if bb.x1 > box.x0 and bb.x0 < box.x1 and bb.y1 > box.y0 and bb.y0 < box.y1:
+                    hits.append(f"{a.get_title()[:30]}: bar at x={p.get_x():.0f} h={p.get_height():.0f}")
+    return hits
+
+
+def test_chart_legends_never_cover_bars() -> None:
+    """Few completions (the demo's b1_glaive, b8_swe_agent: tall lone bars at the right end) and an
+    error burst at the end: every legend sits clear of the bars."""
+    from engine.report import plots
+
+    def item(name: str, vals: list[int], classes: list[str]) -> dict:
+        res = {"tokens": 10240, "q": None, "calibrated": False, "basis": "max_tokens until 50 completions (5 so far)"}
+        return {"dataset": name, "n": len(vals), "mean": sum(vals) / len(vals), "hist": histogram([float(v) for v in vals], 30),
+                "classes": [{"class": c, "n": len(vals), "max_tokens": 10240, "percentile": 0.9,
+                             "percentile_tokens": max(vals), "reservation": res} for c in classes]}
+
+    items = [item("b1_glaive", [210, 250, 320, 520, 672], ["short"]), item("one", [371], ["short"]),
+             item("b8_swe_agent", [50, 240, 400, 660, 1139], ["long", "short"]),
+             item("wide", [10 * i for i in range(1, 120)], ["short"])]
+    assert _bars_under_legends(plots.lengths_figure(items)) == []
+    n = 20
+    tl = {"t0": 0.0, "t1": float(n), "bin_s": 1.0, "bins": n,
+          "errors": {"server": [0.0] * (n - 3) + [9.0, 9.0, 9.0], "rate_limit": [1.0] * n,
+                     "disconnect": [0.0] * (n - 1) + [4.0]}}
+    assert _bars_under_legends(plots.errors_figure(tl)) == []
+    provs = {f"Provider{i}": {"ok": 90 + i, "records": 100, "invalid": 10 - i, "checks": {}} for i in range(3)}
+    val = {"summary": {"providers": provs},
+           "invalid_by_first_check": {p: {"completion_ids_mismatch": d["invalid"]} for p, d in provs.items()}}
+    assert _bars_under_legends(plots.validation_figure(val)) == []
+
+
+def test_report_endpoints_table_equals_status(tmp_path: Path) -> None:
+    """A run over two replicas (``[provider] base_urls``, one of them down from the start): the report
+    has one row per endpoint, every cell equal to ``datagen status --json``'s ``endpoints``."""
+    import socket
+
+    from e2e import write_prompts
+    from engine.sim import SimConfig, SimThread
+
+    sim = SimThread(SimConfig(seed=5, mean_completion_tokens=30, faults={"502": 0.2}, providers=("S",)))
+    url = sim.start()
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    dead = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+    s.close()
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f"""
+[run]
+name = "fleet-report"
+dir = "{tmp_path / 'run'}"
+commit_interval_s = 0.1
+[provider]
+kind = "openai"
+api_key_env = "REPORT_KEY"
+base_urls = [{{ url = "{url}", concurrency = 3 }}, "{dead}"]
+endpoint_probe_s = 30
+[classes.short]
+max_tokens = 400
+concurrency = 4
+[[datasets]]
+name = "a"
+path = "{write_prompts(tmp_path / 'p.jsonl', 20)}"
+format = "text"
+""")
+    try:
+        r = datagen("run", str(cfg), "--headless", env={**os.environ, "REPORT_KEY": "sim-key"})
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    finally:
+        sim.stop()
+    run_dir = tmp_path / "run"
+    r = datagen("report", str(run_dir), "--out", str(tmp_path / "out"))
+    assert r.returncode == 0, r.stderr
+    status = status_json(run_dir)
+    cells = Cells()
+    cells.feed((tmp_path / "out" / "report.html").read_text(encoding="utf-8"))
+    paths = check_cells_equal_status(cells, status)
+    eps = [p for p in paths if p[0] == "endpoints"]
+    assert {p[1] for p in eps} == {url, dead} and len(eps) == 12 * 2
+    assert lookup(status, ["endpoints", dead, "state"]) == "down"
+    assert lookup(status, ["endpoints", url, "requests"]) >= 20 and lookup(status, ["endpoints", url, "errors"])
+
+
 def test_report_errors_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["report", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
@@ -226,6 +322,9 @@ def test_report_errors_exit_2_with_one_line(tmp_path: Path, capsys: pytest.Captu
     (tmp_path / "file").write_text("x")
     assert main(["report", str(tmp_path / "empty"), "--out", str(tmp_path / "file")]) == 2
     assert "exists and is not a directory" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "file"), "--out", str(tmp_path / "o")]) == 2  # a plain file as RUN_DIR
+    err = capsys.readouterr().err
+    assert err.splitlines() == [f"error: {tmp_path / 'file'}: not a directory (expected a run directory)"], err
     assert not (tmp_path / "o").exists()
 
 
@@ -269,9 +368,20 @@ class Cells(HTMLParser):
 
 
 def lookup(doc: Any, path: list[str]) -> Any:
+    """The value at ``path`` in a status document (a list entry by its ``name``, an endpoint by its ``url``)."""
     for k in path:
-        doc = next(x for x in doc if x["name"] == k) if isinstance(doc, list) else doc[k]
+        doc = next(x for x in doc if x.get("name", x.get("url")) == k) if isinstance(doc, list) else doc[k]
     return doc
+
+
+def check_cells_equal_status(cells: "Cells", status: dict) -> set[tuple]:
+    """Every ``data-path`` cell of the page carries ``datagen status --json``'s value (integers shown
+    as that value); returns the paths seen."""
+    for path, value, text in cells.cells:
+        assert value == lookup(status, path), (path, value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            assert text == f"{value:,}", (path, text)
+    return {tuple(p) for p, _, _ in cells.cells}
 
 
 def chromium(url: str, shot: Path, profile: Path) -> str:
@@ -322,13 +432,10 @@ def test_report_in_a_real_browser(run: tuple[Path, Path], tmp_path: Path, capsys
 
     # the status table's numbers are `datagen status --json`'s
     assert len(cells.cells) > 60
-    for path, value, text in cells.cells:
-        assert value == lookup(status, path), (path, value)
-        if isinstance(value, int) and not isinstance(value, bool):
-            assert text == f"{value:,}", (path, text)
-    paths = {tuple(p) for p, _, _ in cells.cells}
+    paths = check_cells_equal_status(cells, status)
     assert {("totals", "done"), ("totals", "cost_usd"), ("datasets", "b7_sharegpt", "done"), ("run", "elapsed_s")} <= paths
     assert sum(1 for p in paths if p[0] == "providers") == 6 * len(status["providers"])
+    assert "endpoints" not in status and not any(p[0] == "endpoints" for p in paths)  # one server: no table
 
     # a real browser renders it: no console error, a screenshot with the charts' colours in it
     log = chromium(page.as_uri(), tmp_path / "shot.png", tmp_path / "profile")

@@ -204,3 +204,45 @@ def test_extract_refused_on_an_output_directory_in_use(tmp_path):
         pytest.fail(r.stderr)
     assert r.returncode == 1 and f"pid {hold.pid}" in r.stderr
     assert sorted(p.name for p in out.iterdir()) == ["extract.lock"]  # nothing written
+
+
+async def test_status_after_the_end_with_the_dashboard_open_shows_the_live_holder(tmp_path):
+    """`datagen run` whose run completed while its dashboard stays at "run ended: press q": it holds
+    the lock and no longer commits. Status (read 20 s later, the heartbeat stale) names it as the
+    engine, consistently with `lock`, and its spend rate is the dashboard's figure at that moment
+    (this engine's spend over 5 min), not 0; `ctl` applies commands offline (nothing reads them)."""
+    import io
+
+    from engine.report.status import collect_status, format_status
+    from engine.run.ctl import send
+    from engine.run.headless import run_headless
+    from engine.storage.store import make_run_dir
+    from helpers import SAMPLES, make_config
+
+    cfg = make_config(tmp_path, provider={"sim": {"seed": 2, "mean_completion_tokens": 40}},
+                      datasets=[{"name": "b1", "path": str(SAMPLES / "b1_glaive.jsonl"), "format": "glaive",
+                                 "max_prompts": 12}])
+    make_run_dir(cfg.run.dir)
+    hold = runlock.acquire(cfg.run.dir)  # as `datagen run` holds it around the dashboard
+    jobs = []
+    try:
+        assert await run_headless(cfg, io.StringIO(), install_signals=False, on_ready=jobs.append, metrics=False) == 0
+        tel, clock = jobs[0].scheduler.telemetry, jobs[0].scheduler.clock
+        wall, mono = time.time(), clock()
+        doc = collect_status(cfg.run.dir, now=wall + 20)
+        dashboard = tel.spend_rate_usd_per_h(mono + 20, 0)
+        later = collect_status(cfg.run.dir, now=wall + 200)
+        dashboard_later = tel.spend_rate_usd_per_h(mono + 200, 0)
+        text = format_status(doc)
+        retry = send(cfg.run.dir, "retry-failed", wait_s=2)
+    finally:
+        hold.release()
+    assert doc["run"]["state"] == "completed"
+    assert (doc["run"]["pid"], doc["run"]["alive"]) == (os.getpid(), True)
+    assert doc["lock"]["pid"] == os.getpid()
+    assert f"held by pid {os.getpid()}" in text and "engine not running" not in text
+    assert dashboard > 0 and doc["spend_rate_usd_per_h"] == pytest.approx(dashboard, rel=1e-6)
+    assert later["spend_rate_usd_per_h"] == pytest.approx(dashboard_later, rel=1e-6) and dashboard_later < dashboard
+    assert retry.ok and "not confirmed" not in retry.text, retry.text
+    gone = collect_status(cfg.run.dir, now=time.time() + 20)  # lock released: the engine is gone
+    assert (gone["run"]["pid"], gone["run"]["alive"], gone["spend_rate_usd_per_h"], gone["lock"]) == (None, False, 0.0, None)

@@ -295,6 +295,51 @@ def test_cli_refuses_plain_http_before_any_request(tmp_path, capsys, monkeypatch
     assert not hits(err, "stderr")
 
 
+CRED_MSG = ("credentials in the URL are not supported (they would be sent as Basic auth instead of the API key); "
+            "put the key in ${}")
+
+
+@pytest.mark.parametrize("provider, key, env", [
+    ({"base_url": "http://bob:pw-{s}@127.0.0.1:18102/api/v1"}, "provider.base_url", "OPENAI_API_KEY"),
+    ({"base_urls": ["http://127.0.0.1:18101/v1", "http://bob:pw-{s}@127.0.0.1:18102/api/v1"]},
+     "provider.base_urls[1]", "OPENAI_API_KEY"),
+    ({"base_urls": [{"url": "https://bob:pw-{s}@10.0.0.3/v1", "concurrency": 4}], "api_key_env": "VLLM_KEY"},
+     "provider.base_urls[0]", "VLLM_KEY"),
+    ({"base_urls": ["http://127.0.0.1:1/v1", "https://only-a-user-{s}@10.0.0.3/v1"]}, "provider.base_urls[1]",
+     "OPENAI_API_KEY"),
+])
+def test_credentials_in_a_provider_url_are_refused_at_config_check(provider, key, env):
+    """httpx turns ``user:password@`` into Basic auth in place of the Bearer key: the server's 401
+    would then blame a key that was never sent. Refused where the config is checked, naming the key
+    and its variable, never echoing the URL's secret."""
+    secret = secrets.token_hex(8)
+    prov = {k: (v.format(s=secret) if isinstance(v, str) else
+                [e.format(s=secret) if isinstance(e, str) else {**e, "url": e["url"].format(s=secret)} for e in v])
+            for k, v in provider.items()}
+    with pytest.raises(ConfigError) as e:
+        parse_config({"run": {"name": "x"}, "provider": {"kind": "openai", **prov},
+                      "datasets": [{"name": "a", "path": "a.jsonl"}]}, Path("c.toml"), check_files=False)
+    assert str(e.value).splitlines()[1:] == [f"  {key}: {CRED_MSG.format(env)}"]
+    assert secret not in str(e.value) and "bob" not in str(e.value)
+    # the client refuses them too whenever it would send a key (and sends nothing without one)
+    url = "http://bob:pw@127.0.0.1:9/v1"
+    with pytest.raises(ValueError) as e2:
+        ChatClient(url, CANARY)
+    assert "credentials in the URL are not supported" in str(e2.value) and "pw" not in str(e2.value)
+
+
+def test_cli_refuses_credentials_in_a_url_before_anything(tmp_path, capsys, monkeypatch, no_datagen_log_handlers):
+    data = write_prompts(tmp_path / "p.jsonl", 3)
+    cfg = _config(tmp_path / "config.toml", tmp_path / "run", "http://127.0.0.1:9/v1", data)
+    cfg.write_text(cfg.read_text().replace('base_url = "http://127.0.0.1:9/v1"', 'base_urls = ["http://127.0.0.1:9/v1", '
+                                           '"http://bob:hunter2@127.0.0.1:10/api/v1"]'))
+    monkeypatch.setenv("CANARY_KEY", CANARY)
+    rc = cli.main(["run", str(cfg), "--headless"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "hunter2" not in err and not (tmp_path / "run").exists(), err
+    assert f"  provider.base_urls[1]: {CRED_MSG.format('CANARY_KEY')}" in err.splitlines()
+
+
 # ------------------------------------------------------------------------------------ key file
 
 @pytest.mark.parametrize("mode,warns", [(0o600, False), (0o400, False), (0o640, True), (0o644, True), (0o604, True)])

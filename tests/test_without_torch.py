@@ -53,6 +53,29 @@ def test_the_blocker_blocks(env: dict[str, str]) -> None:
     assert r.returncode == 0 and "blocked" in r.stdout and "transformers sees torch: False" in r.stdout, r.stderr
 
 
+#: transformers' start-up advisory without torch (``logger.warning_advice``).
+ADVISORY = "PyTorch was not found"
+
+
+def test_the_advisory_is_silenced_for_the_tokenizer_path_only(env: dict[str, str]) -> None:
+    """The tokenizer path imports transformers without its "PyTorch was not found" advisory; a real
+    warning still shows, and so does a later advisory (the switch is restored after the import)."""
+    code = ("import os\n"
+            "from engine.tokens.hfimport import ADVISORY_ENV, transformers_module\n"
+            "transformers_module('transformers.utils.chat_template_utils')\n"
+            "print('env after:', os.environ.get(ADVISORY_ENV))\n"
+            "from transformers.utils import logging\n"
+            "log = logging.get_logger('transformers.test')\n"
+            "log.warning('a real warning')\n"
+            "log.warning_advice('a later advisory')\n")
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "env after: None" in r.stdout
+    assert ADVISORY not in r.stderr and "a real warning" in r.stderr and "a later advisory" in r.stderr, r.stderr
+    plain = subprocess.run([PY, "-c", "import transformers"], capture_output=True, text=True, timeout=60, env=env)
+    assert ADVISORY in plain.stderr  # the check can fail: a bare import does print it
+
+
 def test_generation_status_and_export_run_without_torch(tmp_path: Path, env: dict[str, str]) -> None:
     tok = tmp_path / "tok"
     r = datagen(env, "make-tokenizer", str(tok))
@@ -85,6 +108,9 @@ format = "glaive"
     r = datagen(env, "run", str(cfg), "--headless")  # every result rebuilt and validated in a worker process
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "run completed" in r.stdout and "glaive" in r.stdout
+    assert ADVISORY not in r.stdout + r.stderr  # transformers' advisory: no model is needed here
+    r = datagen(env, "validate", str(tmp_path / "run"))
+    assert r.returncode == 0 and ADVISORY not in r.stdout + r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
     r = datagen(env, "status", str(tmp_path / "run"))
     assert r.returncode == 0 and "glaive" in r.stdout, r.stderr
     for fmt in ("raw", "tokens"):
@@ -100,6 +126,21 @@ format = "glaive"
     assert "datagen extract needs torch, safetensors, not installed here" in r.stderr
     assert "pip install 'eagle-datagen[extract]'" in r.stderr
     assert not (tmp_path / "run" / "extract").exists()
+
+
+def test_readme_quotes_the_base_installs_extract_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A base install lacks torch alone (transformers brings safetensors): README quotes the message
+    the code gives there, word for word."""
+    import importlib.util
+
+    from engine.extract.job import ExtractError, require_extract_packages
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    with pytest.raises(ExtractError) as e:
+        require_extract_packages()
+    assert str(e.value).startswith("datagen extract needs torch, not installed here")
+    assert f"`error: {e.value}`" in (REPO / "README.md").read_text()
 
 
 def test_chained_extraction_without_torch_is_refused_before_anything_is_bought(tmp_path: Path,

@@ -118,7 +118,8 @@ class ChatClient:
     Args:
         base_url: API root, e.g. ``https://openrouter.ai/api/v1`` (``/chat/completions`` is appended).
         api_key: sent as ``Authorization: Bearer KEY`` when given. Refused (``ValueError``) over plain ``http://``
-            to anything but a loopback host.
+            to anything but a loopback host, and with credentials in ``base_url`` (``user:pass@``: httpx
+            would send those as Basic auth instead of the key).
         stream: use SSE streaming (default) or plain JSON bodies.
         connect_timeout_s: TCP+TLS connect limit (s).
         stall_timeout_s: longest silence tolerated while waiting for / reading the response (s); keep-alive
@@ -168,6 +169,9 @@ class ChatClient:
         if api_key:
             check_header_secret(api_key)
         sends_secret = bool(api_key) or any(k.lower() == "authorization" for k in extra)
+        if sends_secret and url.userinfo:  # httpx would send them as Basic auth in place of the key
+            raise ValueError("credentials in the URL are not supported with an API key (they would be sent as "
+                             "Basic auth instead of it)")
         if sends_secret and url.scheme == "http" and not is_loopback_host(url.host):
             raise ValueError(
                 f"refusing to send an API key over plain http:// to non-loopback host {url.host!r}; use https://"

@@ -18,8 +18,9 @@ request and when an endpoint leaves or rejoins the rotation is decided by the pu
 - A background task probes every endpoint out of rotation when its backoff is due:
   ``GET {base}/models`` within ``probe_timeout_s``. Any HTTP answer below 500 is healthy (a server
   without ``/models`` still answers 404); a transport failure or a 5xx is not.
-- ``get_json`` (``/key``, ``/credits``, ``/models``) asks the healthy endpoints first and moves
-  on only when one cannot be reached.
+- ``get_json`` (``/credits``, ``/models``, ``/generation``) asks the healthy endpoints first and moves
+  on only when one cannot be reached; ``getters`` gives one ``get_json`` per endpoint, for what each
+  answers for itself (its own credits: ``/key`` is read from every replica and summed).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import asyncio
 import collections
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
@@ -154,8 +155,9 @@ class EndpointFleet:
             self._release(ep)
 
     async def get_json(self, path: str, params: dict[str, Any] | None = None) -> Any:
-        """GET ``path`` (``/key``, ``/credits``, ``/models``...) of the first endpoint that answers:
-        healthy ones first (fewest in flight), then the others.
+        """GET ``path`` (``/models``, ``/generation``...) of the first endpoint that answers:
+        healthy ones first (fewest in flight), then the others. What each endpoint answers for
+        itself (``/key``: its own credits) is asked of every one through :meth:`getters`.
 
         Raises:
             RequestError: the answer's error, or the last transport failure when none could be reached.
@@ -172,6 +174,22 @@ class EndpointFleet:
                 last = e.at_endpoint(ep.url, False)
         assert last is not None
         raise last
+
+    def getters(self) -> tuple[tuple[str, Callable[..., Awaitable[Any]]], ...]:
+        """``(url as shown, get_json)`` of every endpoint in config order, for what each endpoint
+        answers for itself (``/key``: each replica's own credits, :func:`engine.money.credits.read_credits_each`).
+        Each call is limited to the probe timeout: one without an answer by then raises ``timeout``
+        (status 0), as an unreachable endpoint raises ``connect``."""
+        def getter(client: ChatClient) -> Callable[..., Awaitable[Any]]:
+            async def get_json(path: str, params: dict[str, Any] | None = None) -> Any:
+                try:
+                    async with asyncio.timeout(self._probe_timeout):
+                        return await client.get_json(path, params)
+                except TimeoutError:
+                    raise RequestError(ErrorClass.TIMEOUT,
+                                       f"GET {path}: no answer within {self._probe_timeout:g}s") from None
+            return get_json
+        return tuple((ep.url, getter(self._clients[ep.index])) for ep in self.set.endpoints)
 
     def snapshot(self) -> tuple[EndpointSnapshot, ...]:
         """Every endpoint's figures now, in config order."""

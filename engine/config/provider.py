@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 from urllib.parse import urlparse
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from engine.config.base import DEFAULT_KEY_ENV, OPENROUTER_BASE_URL, _Strict
 from engine.simfaults import parse_faults
@@ -86,6 +86,27 @@ def _check_url(v: str) -> str:
     return v.rstrip("/")
 
 
+def _refuse_credentials(url: str, info: ValidationInfo) -> None:
+    """Refuse a ``user:password@`` (or ``user@``) in a provider URL: httpx would send it as Basic
+    auth in place of the ``Authorization: Bearer`` key, and the server's 401 would blame the key.
+
+    The message names the key's variable (``api_key_env``, validated before the URLs), never the
+    URL or anything in it.
+
+    Raises:
+        ValueError: the URL has credentials.
+    """
+    if "@" in urlparse(url).netloc:
+        env = info.data.get("api_key_env") or DEFAULT_KEY_ENV.get(info.data.get("kind"), "OPENROUTER_API_KEY")
+        raise ValueError("credentials in the URL are not supported (they would be sent as Basic auth instead of "
+                         f"the API key); put the key in ${env}")
+
+
+def _entry_without_credentials(e: "EndpointEntry", info: ValidationInfo) -> "EndpointEntry":
+    _refuse_credentials(e.url, info)
+    return e
+
+
 class EndpointEntry(_Strict):
     """One entry of ``[provider] base_urls`` written as a table: ``{ url = "...", concurrency = N }``
     (a plain string is ``{ url = STRING }``).
@@ -113,6 +134,8 @@ class ProviderSection(_Strict):
             ``simulated`` (the built-in simulator on an ephemeral loopback port; no key, no network).
         base_url: API root ending in ``/v1`` (e.g. ``https://openrouter.ai/api/v1``); ignored for
             ``simulated``. Must be http(s); a key is never sent over plain http except to loopback.
+            Credentials in a URL (``user:password@``, here or in ``base_urls``) are refused: the key
+            goes in ``api_key_env``.
         model: model id sent in every request.
         api_key_env: NAME of the environment variable holding the key (never the key itself);
             default by kind (:data:`DEFAULT_KEY_ENV`): ``OPENAI_API_KEY`` for ``openai``,
@@ -133,24 +156,28 @@ class ProviderSection(_Strict):
     """
 
     kind: Literal["openrouter", "openai", "simulated"] = "simulated"
-    base_url: str | None = None
-    model: str = "moonshotai/kimi-k2.5"
+    # api_key_env before the URLs: their check names it (fields are validated in this order)
     api_key_env: str = Field(default_factory=lambda data: DEFAULT_KEY_ENV.get(data.get("kind"), "OPENROUTER_API_KEY"))
     api_key_file: Path | None = None
+    base_url: str | None = None
+    model: str = "moonshotai/kimi-k2.5"
     stream: bool = True
     stream_usage: bool = True
     timeouts: TimeoutsSection = Field(default_factory=TimeoutsSection)
     routing: RoutingSection = Field(default_factory=RoutingSection)
     sim: SimSection = Field(default_factory=SimSection)
-    base_urls: list[EndpointEntry] | None = Field(None, min_length=1)
+    base_urls: list[Annotated[EndpointEntry, AfterValidator(_entry_without_credentials)]] | None = Field(None, min_length=1)
     endpoint_concurrency: int | None = Field(None, ge=1)
     endpoint_error_streak: int = Field(5, ge=1)
     endpoint_probe_s: float = Field(1.0, gt=0, le=60)
 
     @field_validator("base_url")
     @classmethod
-    def _url(cls, v: str | None) -> str | None:
-        return v if v is None else _check_url(v)
+    def _url(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None:
+            return v
+        _refuse_credentials(v, info)
+        return _check_url(v)
 
     @field_validator("base_urls", mode="before")
     @classmethod

@@ -56,10 +56,12 @@ class RateWindow:
     def rate(self, now: float) -> float:
         """Amount per second over the recent window (per second; 0.0 before any data)."""
         self._expire(now)
-        if self._t0 is None:
-            return 0.0
-        span = min(float(self.window_s), max(now - self._t0, 1.0))
-        return max(self._total, 0.0) / span
+        return window_rate(self._total, now, self._t0, self.window_s)
+
+    @property
+    def started(self) -> float | None:
+        """Time of the first event or :meth:`start` (the clock of ``add``), None before either."""
+        return self._t0
 
     def rate_since_start(self, now: float) -> float:
         """Amount per second since the first event or :meth:`start` (per second)."""
@@ -71,6 +73,20 @@ class RateWindow:
     def since_start(self) -> float:
         """Total amount recorded since start."""
         return self._since_start
+
+
+#: Window of the spend rate (s): "this engine's spend over the last 5 minutes" (the dashboard, the
+#: metrics and ``datagen status`` all use it).
+SPEND_WINDOW_S = 300
+
+
+def window_rate(amount_in_window: float, now: float, t0: float | None, window_s: float) -> float:
+    """:meth:`RateWindow.rate` from its parts: the amount of the last ``window_s`` seconds divided by
+    the window, or by the time since ``t0`` (measurement start, same clock as ``now``) while that is
+    shorter (at least 1 s). 0.0 when ``t0`` is None (nothing measured yet)."""
+    if t0 is None:
+        return 0.0
+    return max(amount_in_window, 0.0) / min(float(window_s), max(now - t0, 1.0))
 
 
 def eta_seconds(remaining: float, rate_per_s: float) -> float | None:

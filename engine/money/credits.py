@@ -5,15 +5,19 @@ Shapes from docs/openrouter.md ("Account endpoints"): ``GET /key`` ->
 ``GET /credits`` -> ``{"data": {"total_credits", "total_usage"}}`` (newer accounts answer 403 to an
 ordinary key: fall back to ``/key``); ``GET /generation?id=`` -> ``{"data": {"total_cost", ...}}``,
 often 404 for a few seconds after a generation ends.
+
+With several endpoints (``[provider] base_urls``) every endpoint is asked and the readings summed
+(:func:`read_credits_each`); one that gives none makes the reading partial.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from engine.client.types import RequestError
+from engine.client.types import ErrorClass, RequestError
 from engine.money.spend import CreditsReading
 
 
@@ -37,29 +41,81 @@ def parse_credits(doc: Any) -> tuple[float | None, float | None]:
     return (None if total is None or usage is None else total - usage), usage
 
 
+#: Error classes that, without an HTTP status, mean the server could not be asked at all (not "this
+#: endpoint is not offered").
+_UNREACHABLE = frozenset({ErrorClass.CONNECT, ErrorClass.DISCONNECT, ErrorClass.TIMEOUT, ErrorClass.STALL})
+
+
+def _answered(e: RequestError) -> bool:
+    return e.status != 0 or e.error_class not in _UNREACHABLE
+
+
+async def _read(get_json) -> tuple[float | None, float | None, str, bool]:
+    """``(remaining, usage, source, answered)`` of one server: ``/key``, else ``/credits`` (see
+    :func:`read_credits`); ``answered`` is False when neither request reached it."""
+    remaining = usage = None
+    source = "key"
+    answered = False
+    try:
+        remaining, usage = parse_key(await get_json("/key"))
+        answered = True
+    except RequestError as e:
+        answered = _answered(e)
+    if remaining is None:
+        try:
+            bal, cu = parse_credits(await get_json("/credits"))
+            answered = True
+            if bal is not None:
+                remaining, source = bal, "credits"
+                usage = usage if usage is not None else cu
+        except RequestError as e:
+            answered = answered or _answered(e)
+    return remaining, usage, source, answered
+
+
 async def read_credits(get_json, clock=time.monotonic) -> CreditsReading | None:
     """Read credits with ``get_json(path)`` (e.g. ``ChatClient.get_json``); None when neither endpoint works.
 
     Uses ``/key`` (``limit_remaining``, ``usage``); when the key has no limit, asks ``/credits`` for
     the account balance (a 403 there is expected for ordinary keys and ignored).
     """
-    remaining = usage = None
-    source = "key"
-    try:
-        remaining, usage = parse_key(await get_json("/key"))
-    except RequestError:
-        pass
-    if remaining is None:
-        try:
-            bal, cu = parse_credits(await get_json("/credits"))
-            if bal is not None:
-                remaining, source = bal, "credits"
-                usage = usage if usage is not None else cu
-        except RequestError:
-            pass
+    remaining, usage, source, _ = await _read(get_json)
     if remaining is None and usage is None:
         return None
     return CreditsReading(remaining, usage, source, clock())
+
+
+def _sum(values: list[float | None]) -> float | None:
+    return None if any(v is None for v in values) else sum(v for v in values if v is not None)
+
+
+async def read_credits_each(endpoints: Sequence[tuple[str, Any]], clock=time.monotonic) -> CreditsReading | None:
+    """Credits of several endpoints (``[provider] base_urls``), each asked at once with its own
+    ``get_json`` as :func:`read_credits` asks one server, and summed: each replica is its own
+    account (its own ``/key``), while the run's spend is summed over all of them.
+
+    Args:
+        endpoints: ``(url as shown, get_json)`` per endpoint (:meth:`engine.client.fleet.EndpointFleet.getters`).
+        clock: monotonic clock (s) for the reading's time.
+
+    Returns:
+        None when no endpoint offers credits and every one answered (nothing to track); else a
+        reading whose ``remaining_usd`` is the sum (None: some endpoint reports no limit) and whose
+        ``usage_usd`` is the sum when every endpoint gave its usage. An endpoint that gave none
+        (unreachable, or no ``/key`` nor ``/credits``) is in ``missing``: the reading is partial,
+        ``remaining_usd`` covers the others only and ``usage_usd`` is None (no spend drift from it).
+    """
+    got = await asyncio.gather(*(_read(g) for _, g in endpoints))
+    offered = [(r, u, src) for r, u, src, _ in got if r is not None or u is not None]
+    if not offered and all(answered for *_, answered in got):
+        return None
+    missing = tuple(url for (url, _), (r, u, _, _) in zip(endpoints, got) if r is None and u is None)
+    sources = {src for _, _, src in offered}
+    return CreditsReading(
+        _sum([r for r, _, _ in offered]) if offered else None,
+        None if missing else _sum([u for _, u, _ in offered]),
+        sources.pop() if len(sources) == 1 else "+".join(sorted(sources)) or "key", clock(),
+        endpoints=len(endpoints), missing=missing)
 
 
 async def generation_stats(get_json, generation_id: str, *, tries: int = 5, first_wait_s: float = 1.0) -> dict | None:

@@ -43,12 +43,23 @@ class CreditsReading:
         usage_usd: the key's total usage (USD), the truth spend is reconciled against; None if unknown.
         source: ``key`` | ``credits``.
         at: monotonic time of the reading (s).
+        endpoints: endpoints asked (several ``[provider] base_urls``: each has its own ``/key``; 1 otherwise).
+        missing: the (masked) urls of those that gave no credits (unreachable, or neither ``/key`` nor
+            ``/credits``): the reading is partial, ``remaining_usd`` the sum of the others and
+            ``usage_usd`` None, so no spend drift is computed from it.
     """
 
     remaining_usd: float | None
     usage_usd: float | None
     source: str
     at: float
+    endpoints: int = 1
+    missing: tuple[str, ...] = ()
+
+    @property
+    def partial(self) -> bool:
+        """True when some endpoint gave no credits (see ``missing``)."""
+        return bool(self.missing)
 
 
 class SpendControl:

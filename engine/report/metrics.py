@@ -10,7 +10,7 @@ the same functions the dashboard polls (``Scheduler.snapshot``, ``ExtractRun.sna
 :mod:`engine.report.metricsserver`.
 
 Names follow Prometheus conventions: base units (seconds, bytes, USD, ratios), ``_total`` on
-counters, labels ``dataset``, ``class``, ``provider``, ``quantile``, ``state``, ``worker``, ``gpu``.
+counters, labels ``dataset``, ``class``, ``provider``, ``endpoint``, ``quantile``, ``state``, ``worker``, ``gpu``.
 README "Metrics (Prometheus)" lists every metric. A figure that is unknown (credits before the first
 reading, an ETA while paused) is left out of the scrape rather than exported as 0.
 """
@@ -52,8 +52,8 @@ def run_families(snap: RunSnapshot) -> list[Metric]:
         snap: the engine's snapshot (``Scheduler.snapshot()``).
 
     Returns:
-        Families in README order: run-wide figures, then per dataset, per request class and per
-        provider. USD in dollars, durations in seconds, rates per second (``req_per_s`` is the
+        Families in README order: run-wide figures, then per dataset, per request class, per
+        provider and per endpoint (several ``base_urls`` only). USD in dollars, durations in seconds, rates per second (``req_per_s`` is the
         completions per second of the last 60 s, as the dashboard shows).
     """
     fams: list[Metric] = [
@@ -122,7 +122,7 @@ def run_families(snap: RunSnapshot) -> list[Metric]:
     for c in snap.classes:
         conc.add_metric([c.name], c.concurrency)
         cls_fly.add_metric([c.name], c.in_flight)
-    fams += [conc, cls_fly, *provider_families(snap)]
+    fams += [conc, cls_fly, *provider_families(snap), *endpoint_families(snap)]
     return fams
 
 
@@ -148,6 +148,39 @@ def provider_families(snap: RunSnapshot) -> list[Metric]:
         _one(tps, p.tok_per_s_per_stream, p.name)
         excluded.add_metric([p.name], 1 if p.excluded else 0)
     return [requests, errors, spend, latency, ttft, tps, excluded]
+
+
+def endpoint_families(snap: RunSnapshot) -> list[Metric]:
+    """Per-endpoint families (``endpoint`` label: the replica's url as figures show it, a
+    ``user:password@`` masked ``***@``) of ``snap.endpoints``, only with several ``[provider]
+    base_urls`` (none otherwise): state, in flight and cap, counters since this engine started,
+    latency percentiles over recent successes, tokens per second over the last 60 s."""
+    ep = ("endpoint",)
+    info = _gauge("datagen_endpoint_info", "The endpoint's state (always 1): healthy, draining or down", ("endpoint", "state"))
+    up = _gauge("datagen_endpoint_up", "1 when the endpoint is healthy (takes new requests), else 0", ep)
+    in_flight = _gauge("datagen_endpoint_in_flight", "Requests in flight on the endpoint", ep)
+    cap = _gauge("datagen_endpoint_concurrency", "The endpoint's cap on requests in flight (absent: none)", ep)
+    requests = _counter("datagen_endpoint_requests_total", "Requests sent to the endpoint (completed and failed)", ep)
+    errors = _counter("datagen_endpoint_errors_total", "The endpoint's failed requests by error class", ("endpoint", "class"))
+    latency = _gauge("datagen_endpoint_latency_seconds", "Whole-request latency percentile of recent successes",
+                     ("endpoint", "quantile"))
+    tps = _gauge("datagen_endpoint_completion_tokens_per_second", "Completion tokens per second it returned, last 60 s", ep)
+    tokens = _counter("datagen_endpoint_completion_tokens_total", "Completion tokens of its successes", ep)
+    state_s = _gauge("datagen_endpoint_state_seconds", "Seconds in the current state", ep)
+    for e in snap.endpoints:
+        info.add_metric([e.url, e.state], 1)
+        up.add_metric([e.url], 1 if e.state == "healthy" else 0)
+        in_flight.add_metric([e.url], e.in_flight)
+        _one(cap, e.concurrency, e.url)
+        requests.add_metric([e.url], e.requests)
+        for cls, n in sorted(e.errors.items()):
+            errors.add_metric([e.url, cls], n)
+        _one(latency, e.latency_p50_s, e.url, "0.5")
+        _one(latency, e.latency_p95_s, e.url, "0.95")
+        tps.add_metric([e.url], e.tok_per_s)
+        tokens.add_metric([e.url], e.completion_tokens)
+        state_s.add_metric([e.url], e.state_for_s)
+    return [info, up, in_flight, cap, requests, errors, latency, tps, tokens, state_s]
 
 
 def extract_families(snap: ExtractSnapshot) -> list[Metric]:
@@ -237,4 +270,5 @@ class SnapshotCollector(Collector):
         return (f for f in fams if f.samples)
 
 
-__all__ = ["PROMPT_STATES", "SnapshotCollector", "extract_families", "provider_families", "run_families"]
+__all__ = ["PROMPT_STATES", "SnapshotCollector", "endpoint_families", "extract_families", "provider_families",
+           "run_families"]

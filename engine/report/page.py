@@ -4,7 +4,8 @@ No external URL, no script, no web font: charts are embedded as ``data:image/png
 and the style sheet is inline, so the file opens from anywhere (a mail attachment, a laptop
 without the run directory). Every figure of the status tables carries the value
 ``datagen status --json`` has for it: ``data-path`` (a JSON list of keys into that document, a list
-entry found by its ``name``) and ``data-value`` (the value, JSON), next to the human-readable text.
+entry found by its ``name``, an endpoint by its ``url``) and ``data-value`` (the value, JSON), next to
+the human-readable text.
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ DATASET_COLS = (("state", "state", "text"), ("prompts", "prompts", "int"), ("don
 PROVIDER_COLS = (("requests", "requests", "int"), ("error rate", "error_rate", "pct"),
                  ("latency p50", "latency_p50_s", "secs"), ("latency p95", "latency_p95_s", "secs"),
                  ("tok/s/stream", "tok_per_s_per_stream", "num"), ("cost", "cost_usd", "usd"))
+#: Per-endpoint columns (several ``[provider] base_urls``; status ``endpoints``): (heading, key, format).
+ENDPOINT_COLS = (("state", "state", "text"), ("reason", "reason", "text"), ("in flight", "in_flight", "int"),
+                 ("cap", "concurrency", "int"), ("requests", "requests", "int"), ("errors", "errors", "errors"),
+                 ("error rate", "error_rate", "pct"), ("latency p50", "latency_p50_s", "secs"),
+                 ("latency p95", "latency_p95_s", "secs"), ("tok/s", "tok_per_s", "num"),
+                 ("completion tok", "completion_tokens", "int"), ("in state", "state_for_s", "duration"))
 EXTRACT_ROWS = (("state", "state", "text"), ("samples done", "samples_done", "int"),
                 ("samples total", "samples_total", "int"), ("tokens done", "tokens_done", "int"),
                 ("tokens total", "tokens_total", "int"), ("in the manifest", "manifest_samples", "int"))
@@ -94,7 +101,8 @@ def _get(doc: dict[str, Any], path: tuple[str, ...]) -> Any:
 
 
 def status_tables(st: dict[str, Any]) -> str:
-    """The status figures as tables (run, datasets, providers), each cell with ``data-path``/``data-value``."""
+    """The status figures as tables (run, datasets, providers and, with several endpoints, one row per
+    endpoint), each cell with ``data-path``/``data-value``."""
     out = ['<div class="grid">']
     for tid, rows in (("status-run", RUN_ROWS[:RUN_SPLIT]), ("status-counts", RUN_ROWS[RUN_SPLIT:])):
         out.append(f'<table id="{tid}">')
@@ -112,6 +120,14 @@ def status_tables(st: dict[str, Any]) -> str:
         for p in st["providers"]:
             out.append(f"<tr><th>{escape(p['name'])}</th>"
                        + "".join(_cell(["providers", p["name"], k], p.get(k), kind) for _, k, kind in PROVIDER_COLS) + "</tr>")
+        out.append("</table>")
+    if st.get("endpoints"):
+        out.append('<table id="status-endpoints"><tr><th>endpoint</th>'
+                   + "".join(f"<th>{h}</th>" for h, _, _ in ENDPOINT_COLS) + "</tr>")
+        for e in st["endpoints"]:
+            out.append(f"<tr><th>{escape(e['url'])}</th>"
+                       + "".join(_cell(["endpoints", e["url"], k], e.get(k), kind) for _, k, kind in ENDPOINT_COLS)
+                       + "</tr>")
         out.append("</table>")
     return "\n".join(out)
 

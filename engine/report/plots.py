@@ -4,7 +4,8 @@ matplotlib is imported here, lazily (:func:`matplotlib_api`), on matplotlib's Ag
 object API (``Figure`` + ``FigureCanvasAgg``: no pyplot, no global figure state, no display), so
 no other command loads it. Without matplotlib, :func:`matplotlib_api` raises :class:`ReportError` naming the
 ``report`` extra. Each function returns one PNG (bytes, deterministic: no metadata) or None when
-its data is absent. Units: seconds, tokens, USD.
+its data is absent (``*_figure``: the ``Figure`` it is drawn from). Legends never cover the data:
+beside or above the plot, or inside with the y range raised above it. Units: seconds, tokens, USD.
 """
 
 from __future__ import annotations
@@ -37,15 +38,31 @@ def matplotlib_api() -> tuple[Any, Any]:
 
 
 def _figure(height_in: float, rows: int = 1, cols: int = 1, **kw: Any) -> tuple[Any, Any]:
-    Figure, _ = matplotlib_api()
+    Figure, FigureCanvasAgg = matplotlib_api()
     fig = Figure(figsize=(WIDTH_IN, height_in), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)  # attached now: legends are measured before the final draw (_legends_above_data)
     axes = fig.subplots(rows, cols, squeeze=False, **kw)
     return fig, axes
 
 
+def _legends_above_data(fig: Any, axes: list[Any]) -> None:
+    """Raise each axis' y range until its legend (placed inside, at the top) sits above every bar:
+    the legend's height is measured on a laid-out draw and the data (bar tops, ``dataLim``) kept in
+    the part of the axes below it. Lines across the whole height (``axvline``) still pass under it."""
+    fig.canvas.draw()
+    for a in axes:
+        leg = a.get_legend()
+        if leg is None:
+            continue
+        box, frame = leg.get_window_extent(), a.get_window_extent()
+        free = (box.y0 - frame.y0) / frame.height  # the axes' fraction below the legend
+        lo, hi = a.get_ylim()
+        top = a.dataLim.y1
+        if free > 0.2 and top > lo:
+            a.set_ylim(lo, max(hi, lo + (top - lo) / (free * 0.96)))
+
+
 def _png(fig: Any) -> bytes:
-    _, FigureCanvasAgg = matplotlib_api()
-    FigureCanvasAgg(fig)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", metadata={"Software": None})
     return buf.getvalue()
@@ -92,6 +109,12 @@ def throughput_spend(tl: dict[str, Any] | None) -> bytes | None:
 
 def errors(tl: dict[str, Any] | None) -> bytes | None:
     """Failed attempts per bin, stacked by error class; None when there were none."""
+    fig = errors_figure(tl)
+    return None if fig is None else _png(fig)
+
+
+def errors_figure(tl: dict[str, Any] | None) -> Any:
+    """The matplotlib ``Figure`` of :func:`errors` (None without errors)."""
     if tl is None or not tl["errors"]:
         return None
     fig, ax = _figure(3.2)
@@ -104,14 +127,21 @@ def errors(tl: dict[str, Any] | None) -> bytes | None:
     a.set_ylabel(f"errors per {tl['bin_s']:g} s")
     a.set_xlabel(xlabel)
     a.set_title("Errors by class (failed attempts, retried or final)")
-    a.legend(loc="upper right", fontsize="small")
-    return _png(fig)
+    a.legend(loc="upper right", fontsize="small", ncols=min(4, len(tl["errors"])))
+    _legends_above_data(fig, [a])
+    return fig
 
 
 def lengths(items: list[dict[str, Any]]) -> bytes | None:
     """One histogram of completion lengths per dataset with, per class, the configured percentile
     (dashed), the reservation the next request holds (solid) and ``max_tokens`` (dotted, when it
-    falls inside the plotted range)."""
+    falls inside the plotted range); each legend above the bars (:func:`_legends_above_data`)."""
+    fig = lengths_figure(items)
+    return None if fig is None else _png(fig)
+
+
+def lengths_figure(items: list[dict[str, Any]]) -> Any:
+    """The matplotlib ``Figure`` of :func:`lengths` (None without items)."""
     if not items:
         return None
     cols = 2 if len(items) > 1 else 1
@@ -141,14 +171,22 @@ def lengths(items: list[dict[str, Any]]) -> bytes | None:
                     fontsize="medium")
         a.set_xlabel("completion tokens")
         a.set_ylabel("completions")
-        a.legend(fontsize="x-small", loc="best")
+        a.legend(fontsize="x-small", loc="upper right")
     for k in range(len(items), rows * cols):
         ax[k // cols][k % cols].set_visible(False)
-    return _png(fig)
+    _legends_above_data(fig, [ax[i // cols][i % cols] for i in range(len(items))])
+    return fig
 
 
 def validation_outcomes(val: dict[str, Any] | None) -> bytes | None:
-    """Per provider: valid records, and invalid ones split by their first failed check."""
+    """Per provider: valid records, and invalid ones split by their first failed check (the legend
+    beside the bars)."""
+    fig = validation_figure(val)
+    return None if fig is None else _png(fig)
+
+
+def validation_figure(val: dict[str, Any] | None) -> Any:
+    """The matplotlib ``Figure`` of :func:`validation_outcomes` (None without validated records)."""
     if val is None or not val["summary"]["providers"]:
         return None
     provs = val["summary"]["providers"]
@@ -173,8 +211,8 @@ def validation_outcomes(val: dict[str, Any] | None) -> bytes | None:
     a.set_xlim(0, max(left) * 1.25 if max(left) else 1)
     a.set_xlabel("validated records")
     a.set_title("Validation outcomes per provider (invalid records by their first failed check)")
-    a.legend(loc="lower right", fontsize="small")
-    return _png(fig)
+    a.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, fontsize="small")  # beside the bars
+    return fig
 
 
 def billing(val: dict[str, Any] | None) -> bytes | None:

@@ -62,12 +62,13 @@ def gather(run_dir: Path, config: Config | None = None, now: float | None = None
     """Every figure of the report of ``run_dir`` (see the module docstring).
 
     Raises:
-        ReportError: ``run_dir`` is not a directory.
+        ReportError: ``run_dir`` does not exist, or is not a directory (each said so).
         engine.report.status.StatusError: it has no (initialised) store.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise ReportError(f"{run_dir}: no such run directory")
+        raise ReportError(f"{run_dir}: " + ("not a directory (expected a run directory)" if run_dir.exists()
+                                            else "no such run directory"))
     now = time.time() if now is None else now
     status = collect_status(run_dir, now=now)
     conn = connect_ro(run_dir)

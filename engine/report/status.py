@@ -2,7 +2,10 @@
 
 Committed rows give done/failed/tokens/cost/errors; the live engine's ``runtime`` row (refreshed
 in the same transaction as every commit) gives in-flight counts and the run state. A run whose
-engine is gone (no such pid, or no heartbeat for :data:`STALE_S`) has nothing in flight.
+engine is gone (no such pid, or no heartbeat for :data:`STALE_S` while another process or none
+holds the run directory's lock: :func:`engine_alive`) has nothing in flight.
+``spend_rate_usd_per_h`` is computed from the store when the document is read, with the
+dashboard's definition: this engine's spend over the last 5 minutes (:func:`spend_rate`).
 Invariant of every dataset entry: ``done + failed + skipped + pending + in_flight == prompts``.
 ``special_text_in_prompt`` (per dataset and in ``totals``) counts prompts flagged at ingest for
 special-token text typed in their messages (:mod:`engine.tokens.promptcheck`; 0 without ``[tokenizer]``).
@@ -32,8 +35,9 @@ from typing import Any, TextIO
 
 from engine.errors import DatagenError
 from engine.proc.pids import pid_alive
+from engine.proc.runlock import Holder, holder
 from engine.money.projection import range_text
-from engine.metrics.rates import fmt_count, fmt_duration
+from engine.metrics.rates import SPEND_WINDOW_S, fmt_count, fmt_duration, window_rate
 from engine.metrics.stats import UNKNOWN_PROVIDER, nearest_rank
 from engine.storage.store import db_path, table_columns
 from engine.money.usage import SOURCES
@@ -130,7 +134,8 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         rt = conn.execute("SELECT pid, started_at, heartbeat_at, state, state_reason, elapsed_s, live FROM runtime").fetchone()
         pid, started_at, hb, rstate, reason, elapsed, live_json = rt if rt else (None, None, None, None, "", 0.0, None)
         live = json.loads(live_json) if live_json else {}
-        alive = bool(rt) and pid_alive(pid) and hb is not None and now - hb < STALE_S
+        lock = holder(Path(run_dir))  # who holds RUN_DIR/run.lock (the live `datagen run` or `validate`), or None
+        alive = engine_alive(pid, hb, lock, now)
         counts: dict[str, dict[str, int]] = {}
         for d, s, n in conn.execute("SELECT dataset, state, COUNT(*) FROM prompts GROUP BY 1, 2"):
             counts.setdefault(d, {})[s] = n
@@ -247,7 +252,8 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             "credits_usd": live.get("credits_usd"),
             "credits_age_s": None if credits_age is None else round(credits_age, 3),
             "credits_drift_usd": live.get("credits_drift_usd"),
-            "spend_rate_usd_per_h": live.get("spend_rate_usd_per_h", 0.0) if alive else 0.0,
+            **({"credits_endpoints": live["credits_endpoints"]} if live.get("credits_endpoints") else {}),
+            "spend_rate_usd_per_h": (spend_rate(conn, live, now, totals["in_flight"]) if alive else 0.0),
             "projected_total_cost_usd": live.get("projected_total_cost_usd"),
             "cost_in_flight_usd": live.get("cost_in_flight_usd", 0.0) if alive else 0.0,
             "abort_cost_usd": live.get("abort_cost_usd", 0.0) if alive else 0.0,  # an estimate; basis below
@@ -268,12 +274,46 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     finally:
         conn.close()
     from engine.extract.status import status_fields
-    from engine.proc.runlock import holder
 
-    h = holder(Path(run_dir))  # who holds RUN_DIR/run.lock (the live `datagen run` or `validate`), or None
-    doc["lock"] = h.as_dict() if h is not None else None
+    doc["lock"] = lock.as_dict() if lock is not None else None
     doc.update(status_fields(Path(run_dir)))  # "extract" (per worker) and "gpus" (NVML, or why not)
     return doc
+
+
+def engine_alive(pid: int | None, heartbeat_at: float | None, lock: Holder | None, now: float) -> bool:
+    """Whether the run's engine (the ``runtime`` row's ``pid``) is still there: a live process that
+    either committed within :data:`STALE_S` of ``now`` (wall clock, s) or holds the run directory's
+    lock (``lock``: :func:`engine.proc.runlock.holder`). The lock covers a ``datagen run`` whose run
+    has ended while its dashboard stays open ("run ended: press q"): it no longer commits, yet it is
+    the live holder, and ``status`` says so (``run.pid``, ``alive``) as it says ``lock``."""
+    if pid is None or not pid_alive(pid):
+        return False
+    fresh = heartbeat_at is not None and now - heartbeat_at < STALE_S
+    return fresh or (lock is not None and lock.pid == pid)
+
+
+def spend_rate(conn: sqlite3.Connection, live: dict[str, Any], now: float, in_flight: int) -> float | None:
+    """This engine's spend over the last :data:`~engine.metrics.rates.SPEND_WINDOW_S` seconds (USD
+    per hour) at ``now`` (wall clock, s), from the store: results at their ``created_at``, failed and
+    aborted attempts at their ``ended_at``, since the window's start the engine recorded
+    (``spend_rate_since``, its first dispatch); the dashboard's figure
+    (:meth:`engine.run.telemetry.Telemetry.spend_rate_usd_per_h`) at the same moment. None while
+    nothing was billed since that start and requests are in flight. An engine that recorded no
+    start: its own last figure."""
+    if "spend_rate_since" not in live:
+        return live.get("spend_rate_usd_per_h", 0.0)
+    t0 = live["spend_rate_since"]
+    if t0 is None:
+        return None if in_flight else 0.0
+    since = max(t0, now - SPEND_WINDOW_S)
+    (window, total), = conn.execute(
+        "SELECT COALESCE(SUM(CASE WHEN t >= ? THEN c END), 0), COALESCE(SUM(c), 0) FROM ("
+        "SELECT created_at AS t, cost_usd AS c FROM results WHERE created_at >= ? AND cost_usd IS NOT NULL "
+        "UNION ALL SELECT ended_at, cost_usd FROM attempts WHERE outcome != 'ok' AND ended_at >= ? "
+        "AND cost_usd IS NOT NULL)", (since, t0, t0))
+    if total <= 0:
+        return None if in_flight else 0.0
+    return window_rate(window, now, t0, SPEND_WINDOW_S) * 3600.0
 
 
 def special_text_counts(conn: sqlite3.Connection) -> dict[str, int]:
@@ -333,6 +373,9 @@ def format_status(doc: dict[str, Any]) -> str:
     credits = "--"
     if doc.get("credits_usd") is not None:
         credits = _usd(doc["credits_usd"])
+        ce = doc.get("credits_endpoints")
+        if ce and ce["missing"]:
+            credits += f" (partial: {ce['read']} of {ce['of']} endpoints)"
         if doc.get("credits_age_s") is not None:
             credits += f" (read {fmt_duration(doc['credits_age_s'])} ago)"
     lines.append(f"spent {_usd(t['cost_usd'])}  rate {_usd(doc.get('spend_rate_usd_per_h'))}/h  "

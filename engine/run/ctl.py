@@ -221,7 +221,9 @@ def send(run_dir: Path, verb: str, dataset: str | None = None, arg: str | None =
     path = db_path(Path(run_dir))
     if not path.exists():
         raise StatusError(f"{run_dir}: no run store here (expected {path})")
-    alive = collect_status(Path(run_dir))["run"]["alive"]
+    run = collect_status(Path(run_dir))["run"]
+    # an engine whose run has ended reads no more commands (its dashboard may stay open): apply them offline
+    alive = run["alive"] and run["state"] not in ("completed", "stopped")
     conn = sqlite3.connect(path, timeout=10, isolation_level=None)
     try:
         conn.execute("PRAGMA busy_timeout=10000")

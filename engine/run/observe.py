@@ -103,7 +103,13 @@ def live_row(sched: "RunView") -> dict[str, Any]:
             "credits_age_s": snap.credits_age_s,
             "credits_at": (time.time() - (sched.clock() - cr.at)) if cr else None,
             "credits_drift_usd": sched.spend.drift_usd(),
+            **({"credits_endpoints": {"read": cr.endpoints - len(cr.missing), "of": cr.endpoints,
+                                      "missing": list(cr.missing)}} if cr is not None and cr.endpoints > 1 else {}),
             "spend_rate_usd_per_h": snap.spend_rate_usd_per_h,
+            # wall-clock start of the spend rate's window (the first dispatch): `status` computes the
+            # rate from the store at read time, as the dashboard does from the same window
+            "spend_rate_since": (None if (t0 := sched.telemetry.usd_rate.started) is None
+                                 else time.time() - (sched.clock() - t0)),
             "projected_total_cost_usd": snap.projected_total_cost_usd,
             "cost_in_flight_usd": snap.cost_in_flight_usd,
             "abort_cost_usd": snap.abort_cost_usd,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import json
 import logging
@@ -27,6 +28,7 @@ from engine.config import Config, ConfigError
 from engine.datasets import DatasetError
 from engine.run.controller import Controller
 from engine.run.ingest import ingest_all
+from engine.money.credits import read_credits, read_credits_each
 from engine.money.prices import prices_from_models_endpoint
 from engine.run.scheduler import Scheduler
 from engine.proc import runlock
@@ -207,7 +209,10 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
         ctl = Controller(sched, credits_check=lambda: sup.poll_credits())
         # Credits from /key (fallback /credits) wherever the server offers them, kind openai included
         # (e.g. a rehearsal against `datagen sim`); a server with neither is probed once and left unknown.
-        sup = Supervisor(sched, ctl, client.get_json)
+        # With several endpoints each is its own account: every replica's /key is read and summed.
+        reader = (functools.partial(read_credits_each, fleet.getters()) if fleet is not None
+                  else functools.partial(read_credits, client.get_json))
+        sup = Supervisor(sched, ctl, reader)
         await sup.poll_credits()  # credits known before the first dispatch: the floor is checked at each one
         if recon is not None:
             print(format_startup_line(await recon.start()), file=out)
@@ -380,8 +385,12 @@ async def run_job(job: Job, *, exit_on_pause: bool = False, stop_on_auth: bool =
         code = await sched.run()
         await job.supervisor.poll_credits()  # final reading: reconcile spend with the provider's usage
         d = sched.spend.drift_usd()
+        cr = sched.spend.credits
         if d is not None:
             log.info("spend reconciliation: provider usage minus accounted spend = $%.6f", d)
+        elif cr is not None and cr.partial:
+            log.info("spend reconciliation: not done, credits partial (%d of %d endpoints gave none: %s)",
+                     len(cr.missing), cr.endpoints, ", ".join(cr.missing))
         return code
     finally:
         if watch is not None:

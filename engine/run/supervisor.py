@@ -5,7 +5,8 @@
   (pause a dataset whose projected cost exceeds its cap after its first 1% / 50 completions) and
   the credits floor as a backstop (pause everything when credits minus the dollars in flight fall
   below ``spend.credits_floor_usd``; dispatch itself checks the floor first, :mod:`engine.money.creditsfloor`);
-- every ``spend.credits_poll_s``: read credits from ``/key`` (fallback ``/credits``).
+- every ``spend.credits_poll_s``: read credits from ``/key`` (fallback ``/credits``): of the one
+  server, or of every endpoint of ``[provider] base_urls``, summed (:mod:`engine.money.credits`).
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable
+from typing import Awaitable, Callable
 
 from engine.run import guards
 from engine.run.controller import Controller
-from engine.money.credits import read_credits
+from engine.money.spend import CreditsReading
 from engine.money.projection import calibration_gate
 from engine.run.runstate import Control
 from engine.run.scheduler import Scheduler
@@ -33,39 +34,48 @@ class Supervisor:
     Args:
         scheduler: the scheduler to supervise.
         controller: its controller (commands are applied through it).
-        get_json: ``get_json(path, params=None)`` of the provider for ``/key`` and ``/credits``;
-            None disables credits polling (e.g. a local vLLM server).
+        read_credits: ``read_credits(clock)`` reads the provider's credits once (e.g.
+            ``functools.partial(engine.money.credits.read_credits, client.get_json)``, or
+            :func:`~engine.money.credits.read_credits_each` over a fleet's endpoints), None when the
+            provider offers none; None disables credits polling.
         clock: monotonic clock (s).
     """
 
     def __init__(self, scheduler: Scheduler, controller: Controller,
-                 get_json: Callable[..., Any] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 read_credits: Callable[[Callable[[], float]], Awaitable[CreditsReading | None]] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.s = scheduler
         self.ctl = controller
-        self.get_json = get_json
+        self.read_credits = read_credits
         self.clock = clock
         self._floor_paused_at: float | None = None
         self.credits_task: asyncio.Task | None = None
 
     async def poll_credits(self) -> None:
-        """Read credits once and record them (no-op without ``get_json``)."""
-        if self.get_json is None:
+        """Read credits once and record them (no-op without ``read_credits``). A partial reading
+        (some endpoint gave none) is logged when it starts being partial."""
+        if self.read_credits is None:
             return
         try:
-            reading = await read_credits(self.get_json, self.clock)
+            reading = await self.read_credits(self.clock)
         except Exception as e:  # noqa: BLE001 - a monitoring read must never stop the run
             log.warning("credits read failed: %s", e)
             return
         if reading is None:
             log.info("credits: provider exposes neither /key nor /credits; credits not tracked")
-            self.get_json = None
+            self.read_credits = None
             return
+        before = self.s.spend.credits
+        if reading.partial and (before is None or before.missing != reading.missing):
+            log.warning("credits partial: %d of %d endpoints gave none (%s); credits shown are the others' "
+                        "and spend is not reconciled until every endpoint answers", len(reading.missing),
+                        reading.endpoints, ", ".join(reading.missing))
         self.s.spend.on_credits(reading)
 
     async def _credits_loop(self) -> None:
         while True:
             await self.poll_credits()
-            if self.get_json is None:
+            if self.read_credits is None:
                 return
             await asyncio.sleep(self.s.cfg.spend.credits_poll_s)
 
@@ -128,7 +138,7 @@ class Supervisor:
 
     async def run(self) -> None:
         """Tick until cancelled."""
-        if self.get_json is not None:
+        if self.read_credits is not None:
             self.credits_task = asyncio.create_task(self._credits_loop())
         try:
             next_t = self.clock()

@@ -12,7 +12,7 @@ import dataclasses
 import time
 
 from engine.client.types import Completion
-from engine.metrics.rates import RateWindow
+from engine.metrics.rates import SPEND_WINDOW_S, RateWindow
 from engine.run.runwide import RUN_WIDE_CLASSES
 from engine.report.snapshot import SampleSnapshot
 from engine.run.anomaly import AnomalyGuard
@@ -56,7 +56,7 @@ class Telemetry:
         self.loop_lag_ms = 0.0
         self.req_rate = RateWindow(60)
         self.tok_rate = RateWindow(180)
-        self.usd_rate = RateWindow(300)
+        self.usd_rate = RateWindow(SPEND_WINDOW_S)
         self._last_history = -HISTORY_EVERY_S
 
     def on_event(self, level: str, dataset: str | None, message: str) -> None:

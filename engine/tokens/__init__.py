@@ -5,6 +5,7 @@ Modules:
 - :mod:`.tokenizer`: load ``[tokenizer]`` (transformers ``AutoTokenizer``, or a Kimi-style tiktoken
   directory natively), resolve special tokens by text.
 - :mod:`.template`: render conversations with the chat template (transformers' Jinja machinery).
+- :mod:`.hfimport`: import transformers there without its "PyTorch was not found" advisory.
 - :mod:`.startup`: the start-up check that refuses a tokenizer/template/mode mismatch.
 - :mod:`.reconstruct`: prompt ids, completion ids two ways, native tool calls.
 - :mod:`.validate`: the per-record checks (pure).

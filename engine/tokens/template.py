@@ -66,7 +66,9 @@ def render(tok: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str,
     """
     if not tok.chat_template:
         raise TemplateError("the tokenizer has no chat template (set [tokenizer] chat_template)")
-    from transformers.utils.chat_template_utils import render_jinja_template
+    from engine.tokens.hfimport import transformers_module
+
+    render_jinja_template = transformers_module("transformers.utils.chat_template_utils").render_jinja_template
 
     kwargs: dict[str, Any] = dict(tok.template_tokens)
     if getattr(tok, "chat_preprocess", "none") == "kimi":

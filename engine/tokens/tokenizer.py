@@ -235,8 +235,9 @@ class _HF:
     kind = "hf"
 
     def __init__(self, path: str, trust_remote_code: bool) -> None:
-        from transformers import AutoTokenizer
+        from engine.tokens.hfimport import transformers_module
 
+        AutoTokenizer = transformers_module().AutoTokenizer
         try:
             self.tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         except Exception as e:  # noqa: BLE001 - transformers raises many types; the message says why
