@@ -189,11 +189,11 @@ def test_nothing_to_export_keeps_exit_1_and_is_a_datagen_error(tmp_path, capsys,
 
 def test_pid_alive_is_one_function_and_never_addresses_a_group():
     from engine.proc import pids
-    from engine.report import status
+    from engine.report import liveness
     from engine.extract import shards
     from engine.extract import status as xstatus
 
-    assert status.pid_alive is shards.pid_alive is xstatus.pid_alive is pids.pid_alive
+    assert liveness.pid_alive is shards.pid_alive is xstatus.pid_alive is pids.pid_alive
     p = subprocess.Popen([PY, "-c", "pass"])
     p.wait()
     assert pids.pid_alive(os.getpid()) and not pids.pid_alive(p.pid)

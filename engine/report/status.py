@@ -3,9 +3,9 @@
 Committed rows give done/failed/tokens/cost/errors; the live engine's ``runtime`` row (refreshed
 in the same transaction as every commit) gives in-flight counts and the run state. A run whose
 engine is gone (no such pid, or no heartbeat for :data:`STALE_S` while another process or none
-holds the run directory's lock: :func:`engine_alive`) has nothing in flight.
+holds the run directory's lock: :func:`engine.report.liveness.engine_alive`) has nothing in flight.
 ``spend_rate_usd_per_h`` is computed from the store when the document is read, with the
-dashboard's definition: this engine's spend over the last 5 minutes (:func:`spend_rate`).
+dashboard's definition: this engine's spend over the last 5 minutes (:func:`engine.report.liveness.spend_rate`).
 Invariant of every dataset entry: ``done + failed + skipped + pending + in_flight == prompts``.
 ``special_text_in_prompt`` (per dataset and in ``totals``) counts prompts flagged at ingest for
 special-token text typed in their messages (:mod:`engine.tokens.promptcheck`; 0 without ``[tokenizer]``).
@@ -34,17 +34,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from engine.errors import DatagenError
-from engine.proc.pids import pid_alive
-from engine.proc.runlock import Holder, holder
+from engine.proc.runlock import holder
+from engine.report.liveness import STALE_S, engine_alive, spend_rate  # noqa: F401 - STALE_S re-exported
 from engine.money.projection import range_text
-from engine.metrics.rates import SPEND_WINDOW_S, fmt_count, fmt_duration, window_rate
+from engine.metrics.rates import fmt_count, fmt_duration
 from engine.metrics.stats import UNKNOWN_PROVIDER, nearest_rank
 from engine.storage.store import db_path, table_columns
 from engine.money.usage import SOURCES
-
-#: Seconds without a heartbeat after which a run is considered not running.
-STALE_S = 15.0
-
 
 class StatusError(DatagenError):
     """The run directory has no readable store."""
@@ -278,42 +274,6 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     doc["lock"] = lock.as_dict() if lock is not None else None
     doc.update(status_fields(Path(run_dir)))  # "extract" (per worker) and "gpus" (NVML, or why not)
     return doc
-
-
-def engine_alive(pid: int | None, heartbeat_at: float | None, lock: Holder | None, now: float) -> bool:
-    """Whether the run's engine (the ``runtime`` row's ``pid``) is still there: a live process that
-    either committed within :data:`STALE_S` of ``now`` (wall clock, s) or holds the run directory's
-    lock (``lock``: :func:`engine.proc.runlock.holder`). The lock covers a ``datagen run`` whose run
-    has ended while its dashboard stays open ("run ended: press q"): it no longer commits, yet it is
-    the live holder, and ``status`` says so (``run.pid``, ``alive``) as it says ``lock``."""
-    if pid is None or not pid_alive(pid):
-        return False
-    fresh = heartbeat_at is not None and now - heartbeat_at < STALE_S
-    return fresh or (lock is not None and lock.pid == pid)
-
-
-def spend_rate(conn: sqlite3.Connection, live: dict[str, Any], now: float, in_flight: int) -> float | None:
-    """This engine's spend over the last :data:`~engine.metrics.rates.SPEND_WINDOW_S` seconds (USD
-    per hour) at ``now`` (wall clock, s), from the store: results at their ``created_at``, failed and
-    aborted attempts at their ``ended_at``, since the window's start the engine recorded
-    (``spend_rate_since``, its first dispatch); the dashboard's figure
-    (:meth:`engine.run.telemetry.Telemetry.spend_rate_usd_per_h`) at the same moment. None while
-    nothing was billed since that start and requests are in flight. An engine that recorded no
-    start: its own last figure."""
-    if "spend_rate_since" not in live:
-        return live.get("spend_rate_usd_per_h", 0.0)
-    t0 = live["spend_rate_since"]
-    if t0 is None:
-        return None if in_flight else 0.0
-    since = max(t0, now - SPEND_WINDOW_S)
-    (window, total), = conn.execute(
-        "SELECT COALESCE(SUM(CASE WHEN t >= ? THEN c END), 0), COALESCE(SUM(c), 0) FROM ("
-        "SELECT created_at AS t, cost_usd AS c FROM results WHERE created_at >= ? AND cost_usd IS NOT NULL "
-        "UNION ALL SELECT ended_at, cost_usd FROM attempts WHERE outcome != 'ok' AND ended_at >= ? "
-        "AND cost_usd IS NOT NULL)", (since, t0, t0))
-    if total <= 0:
-        return None if in_flight else 0.0
-    return window_rate(window, now, t0, SPEND_WINDOW_S) * 3600.0
 
 
 def special_text_counts(conn: sqlite3.Connection) -> dict[str, int]:
