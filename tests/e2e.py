@@ -145,14 +145,16 @@ def read_log(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
 
 
-def wait_for(pred, timeout: float, interval: float = 0.1):
+def wait_for(pred, timeout: float, interval: float = 0.1, *, what: str = "condition"):
+    """Poll ``pred()`` every ``interval`` seconds until it returns a truthy value (returned), for at most
+    ``timeout`` seconds; then raise TimeoutError naming ``what``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         v = pred()
         if v:
             return v
         time.sleep(interval)
-    raise TimeoutError("condition not met")
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
 
 
 # ---- helpers for the chaos / soak / signal / security suites ------------------------------------

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from e2e import wait_for
 from helpers import SAMPLES
 
 PY = sys.executable
@@ -57,16 +58,6 @@ def status(run_dir: Path) -> dict:
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
 
-
-def wait_for(pred, timeout: float, interval: float = 0.1):
-    end = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > end:
-            raise AssertionError("timed out")
-        time.sleep(interval)
 
 
 @pytest.fixture

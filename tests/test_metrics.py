@@ -33,6 +33,7 @@ from engine.report.metricsserver import MetricsError, MetricsServer, open_metric
 from engine.report.snapshot import ClassSnapshot, DatasetSnapshot, RunSnapshot
 from engine.report.status import collect_status
 from engine.run.ctl import send
+from e2e import wait_for
 from helpers import SAMPLES
 
 PY = sys.executable
@@ -303,7 +304,7 @@ class Run:
                                      stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []
         threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True).start()  # type: ignore[arg-type]
-        self.url = wait_for(self._url, 30, "the metrics line")
+        self.url = wait_for(self._url, 30, what="the metrics line")
 
     def _url(self) -> str | None:
         for line in list(self.lines):
@@ -319,16 +320,6 @@ class Run:
         assert r.status_code == 200
         return parse(r.text)
 
-
-def wait_for(pred, timeout: float, what: str, interval: float = 0.1):
-    end = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 def status(run_dir: Path) -> dict:
@@ -374,7 +365,7 @@ def test_headless_run_scraped_matches_status_then_port_closes_at_exit(tmp_path: 
     run_dir = tmp_path / "run"
     try:
         m = wait_for(lambda: (s := run.scrape()) and any(k[0] == "datagen_completions_total" and v > 0
-                                                         for k, v in s.items()) and s, 30, "a first completion")
+                                                         for k, v in s.items()) and s, 30, what="a first completion")
         doc = collect_status(run_dir)  # during the run: the store trails the engine, never leads it
         later = run.scrape()
         for d in doc["datasets"]:
@@ -389,11 +380,11 @@ def test_headless_run_scraped_matches_status_then_port_closes_at_exit(tmp_path: 
                 assert later.get(k, 0) >= v, k
         ctl(run_dir, "pause")
         m = wait_for(lambda: (s := run.scrape()) and get(s, "datagen_run_info", run="prom", state="paused") == 1
-                     and all(v == 0 for k, v in s.items() if k[0] == "datagen_in_flight") and s, 60, "settled pause")
+                     and all(v == 0 for k, v in s.items() if k[0] == "datagen_in_flight") and s, 60, what="settled pause")
         # the store gets the last results at the next commit (0.2 s): then both say the same
         wait_for(lambda: (d := collect_status(run_dir)) and all(x["in_flight"] == 0 for x in d["datasets"])
                  and sum(x["done"] for x in d["datasets"]) == sum(
-                     v for k, v in m.items() if k[0] == "datagen_completions_total"), 10, "status settled")
+                     v for k, v in m.items() if k[0] == "datagen_completions_total"), 10, what="status settled")
         _settled_equal(run.scrape(), status(run_dir))
         assert value(m, "datagen_completions_total", dataset="share") > 0
         ctl(run_dir, "resume")
@@ -409,7 +400,7 @@ def test_headless_run_scraped_matches_status_then_port_closes_at_exit(tmp_path: 
 def test_sigint_drains_exits_130_and_closes_the_port(tmp_path: Path) -> None:
     run = Run(_config(tmp_path))
     try:
-        wait_for(lambda: any(k[0] == "datagen_in_flight" and v > 0 for k, v in run.scrape().items()), 30, "in flight")
+        wait_for(lambda: any(k[0] == "datagen_in_flight" and v > 0 for k, v in run.scrape().items()), 30, what="in flight")
         run.proc.send_signal(signal.SIGINT)
         assert run.proc.wait(60) == 130, "".join(run.lines)
     finally:
