@@ -163,3 +163,40 @@ async def test_q_while_a_killed_worker_waits_for_its_restart_drains_and_exits_0(
     assert any("not restarted: quitting" in e for e in run.events)
     got = [e["id"] for e in OutDir(out).read_manifest()]
     assert 0 < len(got) == len(set(got)) < len(recs)
+
+
+async def test_a_worker_killed_right_after_q_is_stopped_not_failed(tmp_path, tiny, monkeypatch):
+    """The re-check's race: ``q`` lands, then the worker is killed before the launcher saw either (0.1 s
+    apart). Before: ``worker 0 failed: ... not restarted (quitting)``, ``extract failed``, exit 1; a
+    quit in force makes a killed worker ``stopped`` like the drain (exit 0; a rerun resumes its share)."""
+    from engine.config import parse_config
+    from engine.extract.run import ExtractRun
+    from engine.extract.shards import OutDir
+    from engine.extract.status import read_workers
+    from engine.extract.tiny import synth_records
+    from engine.tokens.records import write_parquet
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    recs = synth_records(600, 8, 96, seed=6)
+    write_parquet(tmp_path / "data" / "a.parquet", recs)
+    cfg = parse_config({"run": {"dir": str(tmp_path / "run")}, "datasets": [{"name": "a", "path": "a.jsonl"}],
+                        "extract": {"model": str(tiny), "aux_layers": [0, 1, 2], "max_tokens_per_batch": 64,
+                                    "disk_margin_gb": 0}}, tmp_path / "config.toml", check_files=False)
+    said: list[str] = []
+    run = ExtractRun(cfg, data=tmp_path / "data", workers=1, say=said.append, progress_s=None,
+                     worker_output="file", restart_delay_s=30.0)
+    out = Path(run.job.out_dir)
+    task = asyncio.create_task(run.run())
+    end = time.monotonic() + 90
+    while not any(w.get("samples_done", 0) > 0 for w in read_workers(out)):
+        assert time.monotonic() < end and not task.done(), said
+        await asyncio.sleep(0.05)
+    pid = read_workers(out)[0]["pid"]
+    run.commands.quit()
+    os.kill(pid, signal.SIGKILL)
+    rc = await asyncio.wait_for(task, 60)
+    assert rc == 0 and run.final_state == "stopped", said
+    assert run.snapshot().workers[0].state == "stopped"
+    assert not any("failed" in e for e in said), said
+    got = [e["id"] for e in OutDir(out).read_manifest()]
+    assert 0 < len(got) == len(set(got)) < len(recs)

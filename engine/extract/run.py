@@ -239,6 +239,11 @@ class ExtractRun:
         if self._interrupts >= 2:  # killed by the launcher itself (a second signal): stopped, not failed
             self._lw[rank] = replace(lw, failed_at=None, stopped=True)
             self.say(f"worker {rank} stopped: {err}")
+        elif self._quit_mode() is not None and code < 0:
+            # killed while a quit is in force (before or after its death was noticed, as a pending restart
+            # that the quit cancels): stopped like the drain, its share resumes at the next run
+            self._lw[rank] = replace(lw, failed_at=None, stopped=True)
+            self.say(f"worker {rank} stopped: {err}; not restarted: quitting (a rerun resumes its share)")
         elif self._quit_mode() is not None:
             self._lw[rank] = replace(lw, failed_at=None, gave_up=True)
             self.say(f"worker {rank} failed: {err}; not restarted (quitting)")
