@@ -117,23 +117,30 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny", seed=0, layers=4)
 
 
-async def test_q_while_a_killed_worker_waits_for_its_restart_drains_and_exits_0(tmp_path, tiny, monkeypatch):
-    """The trial's case: ``kill -9`` the only worker, ``q`` half a second later. Before: ``FAILED ...
-    press q to exit``, ``q`` ignored, ``control.json`` kept ``"quit": null``, the worker restarted and
-    the job ran on."""
+def _tiny_job(tmp_path: Path, tiny: Path, seed: int):
+    """A 600-sample tiny-model job (64-token batches) over ``tmp_path/data``: ``(config, records)``."""
     from engine.config import parse_config
-    from engine.extract.run import ExtractRun
-    from engine.extract.shards import OutDir
-    from engine.extract.status import read_workers
     from engine.extract.tiny import synth_records
     from engine.tokens.records import write_parquet
 
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    recs = synth_records(600, 8, 96, seed=5)
+    recs = synth_records(600, 8, 96, seed=seed)
     write_parquet(tmp_path / "data" / "a.parquet", recs)
     cfg = parse_config({"run": {"dir": str(tmp_path / "run")}, "datasets": [{"name": "a", "path": "a.jsonl"}],
                         "extract": {"model": str(tiny), "aux_layers": [0, 1, 2], "max_tokens_per_batch": 64,
                                     "disk_margin_gb": 0}}, tmp_path / "config.toml", check_files=False)
+    return cfg, recs
+
+
+async def test_q_while_a_killed_worker_waits_for_its_restart_drains_and_exits_0(tmp_path, tiny, monkeypatch):
+    """The trial's case: ``kill -9`` the only worker, ``q`` half a second later. Before: ``FAILED ...
+    press q to exit``, ``q`` ignored, ``control.json`` kept ``"quit": null``, the worker restarted and
+    the job ran on."""
+    from engine.extract.run import ExtractRun
+    from engine.extract.shards import OutDir
+    from engine.extract.status import read_workers
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    cfg, recs = _tiny_job(tmp_path, tiny, seed=5)
     run = ExtractRun(cfg, data=tmp_path / "data", workers=1, say=lambda _l: None, progress_s=None,
                      worker_output="file", restart_delay_s=30.0)
     out = Path(run.job.out_dir)
@@ -169,19 +176,12 @@ async def test_a_worker_killed_right_after_q_is_stopped_not_failed(tmp_path, tin
     """The re-check's race: ``q`` lands, then the worker is killed before the launcher saw either (0.1 s
     apart). Before: ``worker 0 failed: ... not restarted (quitting)``, ``extract failed``, exit 1; a
     quit in force makes a killed worker ``stopped`` like the drain (exit 0; a rerun resumes its share)."""
-    from engine.config import parse_config
     from engine.extract.run import ExtractRun
     from engine.extract.shards import OutDir
     from engine.extract.status import read_workers
-    from engine.extract.tiny import synth_records
-    from engine.tokens.records import write_parquet
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    recs = synth_records(600, 8, 96, seed=6)
-    write_parquet(tmp_path / "data" / "a.parquet", recs)
-    cfg = parse_config({"run": {"dir": str(tmp_path / "run")}, "datasets": [{"name": "a", "path": "a.jsonl"}],
-                        "extract": {"model": str(tiny), "aux_layers": [0, 1, 2], "max_tokens_per_batch": 64,
-                                    "disk_margin_gb": 0}}, tmp_path / "config.toml", check_files=False)
+    cfg, recs = _tiny_job(tmp_path, tiny, seed=6)
     said: list[str] = []
     run = ExtractRun(cfg, data=tmp_path / "data", workers=1, say=said.append, progress_s=None,
                      worker_output="file", restart_delay_s=30.0)
