@@ -24,7 +24,8 @@ from engine.extract.tiny import build_tiny_model, synth_records
 from engine.tokens.records import write_parquet
 from engine.run.chain import run_headless_chained
 from test_extract_chain import chain_config
-from test_metrics import get, parse, refused, value, wait_for
+from e2e import wait_for
+from test_metrics import get, parse, refused, value
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -53,12 +54,12 @@ def test_extract_metrics_follow_the_job_and_the_port_closes(tmp_path: Path, tiny
             return next((m.group(1) for line in list(lines) if (m := re.match(r"metrics: (http://\S+/metrics)", line))),
                         None)
 
-        url = wait_for(url_line, 30, "the metrics line")
+        url = wait_for(url_line, 30, what="the metrics line")
 
         def scrape() -> dict:
             return parse(httpx.get(url, timeout=5).text)
 
-        m = wait_for(lambda: (s := scrape()) and any(k[0] == "datagen_extract_info" for k in s) and s, 30, "a job")
+        m = wait_for(lambda: (s := scrape()) and any(k[0] == "datagen_extract_info" for k in s) and s, 30, what="a job")
         for ds in ("a", "b"):  # the plan, before any sample (synth_records alternates two datasets)
             mine = [r for r in recs if r.dataset == ds]
             assert value(m, "datagen_extract_samples_planned", dataset=ds) == len(mine) > 0
@@ -66,7 +67,7 @@ def test_extract_metrics_follow_the_job_and_the_port_closes(tmp_path: Path, tiny
         assert send(out, "extract-pause").ok
         m = wait_for(lambda: (s := scrape()) and get(s, "datagen_extract_info", state="paused", model=str(tiny)) == 1
                      and get(s, "datagen_extract_worker_info", worker="0", state="paused") == 1 and s,
-                     60, "paused workers")
+                     60, what="paused workers")
         doc = collect(out)  # what `datagen status` shows of the extraction
         assert doc["state"] == "paused"
         assert sum(value(m, "datagen_extract_samples_done", dataset=ds) for ds in "ab") == doc["samples_done"]
