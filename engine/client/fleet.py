@@ -77,6 +77,10 @@ class EndpointFleet:
         probe_timeout_s: limit of one health probe (s).
         on_change: called on every state change with a log level and a one-line message.
         clock: monotonic clock (s).
+        send: ``await send(endpoint_index, req, progress) -> Completion``: ONE attempt on that endpoint
+            (a run passes :meth:`engine.stream.pool.StreamWorkerPool.send`: the streams live in the
+            stream workers, the clients here serve probes and ``get_json``). None: the endpoint's own
+            client sends it.
 
     Raises:
         ValueError: as :class:`~engine.client.endpoints.EndpointSet` (no endpoint, repeated url, cap < 1).
@@ -84,7 +88,9 @@ class EndpointFleet:
 
     def __init__(self, endpoints: list[tuple[str, int | None]], make_client: Callable[[str], ChatClient], *,
                  policy: HealthPolicy | None = None, probe_timeout_s: float = 10.0,
-                 on_change: OnChange | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 on_change: OnChange | None = None, clock: Callable[[], float] = time.monotonic,
+                 send: "Callable[[int, ChatRequest, StreamProgress | None], Awaitable[Completion]] | None" = None
+                 ) -> None:
         self.clock = clock
         self._t0 = clock()
         # messages, events and figures name an endpoint by its url without any user:password in it
@@ -96,6 +102,7 @@ class EndpointFleet:
         self._probes: dict[int, asyncio.Task] = {}
         self._kick = asyncio.Event()
         self._health_task: asyncio.Task | None = None
+        self._send = send or (lambda i, req, progress: self._clients[i].complete(req, progress))
 
     def __repr__(self) -> str:
         return f"EndpointFleet({[ep.url for ep in self.set.endpoints]!r})"
@@ -145,7 +152,7 @@ class EndpointFleet:
         ep = await self._acquire()
         try:
             try:
-                c = await self._clients[ep.index].complete(req, progress)
+                c = await self._send(ep.index, req, progress)
             except RequestError as e:
                 raise e.at_endpoint(ep.url, await self._judge(ep, e)) from None
             tokens = c.usage.completion_tokens or (progress.tokens_received if progress is not None else 0)

@@ -212,12 +212,15 @@ class ChatRequest:
         tools: OpenAI-shape tools (omitted from the body when empty).
         max_tokens: completion cap in tokens (always sent: see docs/openrouter.md, credit pre-check).
         body: every other body field (model, temperature, top_p, seed, reasoning, provider, extra fields).
+        ref: the prompt this request answers, ``(prompt id, dataset, key)``; never sent. A stream worker
+            journals the completion under it (:mod:`engine.stream.journal`). None: not journaled.
     """
 
     messages: list[dict[str, Any]]
     max_tokens: int
     tools: list[dict[str, Any]] = field(default_factory=list)
     body: dict[str, Any] = field(default_factory=dict)
+    ref: tuple[int, str, str] | None = field(default=None, compare=False)
 
     def to_body(self, stream: bool) -> dict[str, Any]:
         """Return the JSON body to POST."""

@@ -27,6 +27,10 @@ class RunSection(_Strict):
             (Prometheus)") served by ``datagen run`` and ``datagen extract``; None (default): none;
             0: an ephemeral port (printed at start).
         metrics_host: address the endpoint listens on (default ``127.0.0.1``: this host only).
+        stream_workers: processes that hold the HTTP streams (connections, SSE parsing, assembly;
+            :mod:`engine.stream`), each on its own core; None (default): one per core beyond the
+            first, at least 1 (:func:`engine.stream.pool.default_stream_workers`). The first core
+            runs the control plane and the dashboard.
     """
 
     name: str = "run"
@@ -37,6 +41,7 @@ class RunSection(_Strict):
     drain_timeout_s: Annotated[float, Field(ge=0)] | Literal["auto"] = "auto"
     metrics_port: int | None = Field(None, ge=0, le=65535)
     metrics_host: str = Field("127.0.0.1", min_length=1)
+    stream_workers: int | None = Field(None, ge=1, le=256)
 
 
 class GenerationSection(_Strict):

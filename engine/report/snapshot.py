@@ -152,6 +152,9 @@ class RunSnapshot:
             (None when no drain runs).
         endpoints: with several endpoints (``[provider] base_urls``), each one's figures in config
             order (state, in flight, requests, errors, latency, tok/s); ``()`` with one.
+        stream_workers: the stream-worker processes holding the HTTP streams (``[run] stream_workers``;
+            0: none, e.g. a test's scheduler alone); stream_workers_alive: those up now;
+            stream_worker_restarts: workers that died and were replaced since start.
     """
 
     name: str
@@ -191,6 +194,9 @@ class RunSnapshot:
     #: run events appended since the start (``events`` is the window of the latest; 0: unknown).
     events_total: int = 0
     endpoints: tuple[EndpointSnapshot, ...] = ()
+    stream_workers: int = 0
+    stream_workers_alive: int = 0
+    stream_worker_restarts: int = 0
 
     def dataset(self, name: str) -> DatasetSnapshot:
         """Return the snapshot of dataset ``name`` (KeyError if unknown)."""

@@ -265,6 +265,12 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             "excluded_providers": excluded,
             "live": {"cost_in_flight_usd": live.get("cost_in_flight_usd", 0.0) if alive else 0.0},
         }
+        if live.get("stream_workers"):  # as the engine last saw them (none alive once it is gone)
+            sw = live["stream_workers"]
+            doc["stream_workers"] = dict(sw, alive=sw.get("alive", 0) if alive else 0,
+                                         workers=[dict(w, alive=w.get("alive") and alive,
+                                                       in_flight=w.get("in_flight", 0) if alive else 0)
+                                                  for w in sw.get("workers", [])])
         if live.get("endpoints"):  # several base_urls: as the engine last saw them (nothing in flight once it is gone)
             doc["endpoints"] = [dict(e, in_flight=e.get("in_flight", 0) if alive else 0) for e in live["endpoints"]]
     finally:

@@ -10,7 +10,11 @@ of three outcomes, each handed back to the run (:class:`AttemptHost`):
   exception costs one prompt, never the run: it fails as ``other`` with ``internal error: ...``);
   the spend of the failed attempts is recorded once (:meth:`AttemptHost._failed`);
 - aborted (cancelled): what was streamed is counted as spent and the prompt returns to pending
-  (:meth:`AttemptHost._aborted`); the cancellation propagates.
+  (:meth:`AttemptHost._aborted`); the cancellation propagates;
+- returned to pending without a failed attempt: the stream worker holding the stream died
+  (:class:`~engine.stream.wire.StreamWorkerLost`: what it had streamed is counted, as for an abort),
+  or a retry was due while the run or the dataset was paused, skipped or stopping (nothing is sent:
+  a pause means no request leaves, retries included; :meth:`AttemptHost._requeued`).
 
 The slot is released in ONE place, the ``finally`` around the attempts, whatever the outcome (a
 task cancelled before it ever started is undone by the dispatcher's done-callback instead). Every
@@ -32,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from engine.client.accumulate import StreamProgress
 from engine.client.retry import RetryPolicy, call_with_retries
 from engine.client.types import Completion, ErrorClass, RequestError
+from engine.stream.wire import StreamWorkerLost
 
 if TYPE_CHECKING:
     from engine.run.accounting import Accounting
@@ -46,6 +51,16 @@ if TYPE_CHECKING:
     from engine.storage.writer import StoreWriter
 
 log = logging.getLogger("engine.run.scheduler")
+
+
+class _Requeue(Exception):
+    """Ends the attempts of a request and returns its prompt to pending (not a :class:`RequestError`,
+    so the retry loop neither records nor retries it). ``lost``: the stream worker died mid-stream
+    (its streamed spend is counted); else a retry was held back by a pause."""
+
+    def __init__(self, lost: StreamWorkerLost | None = None) -> None:
+        super().__init__("returned to pending")
+        self.lost = lost
 
 
 @dataclass
@@ -64,6 +79,10 @@ class AttemptClock:
     attempts: int
     started: float = 0.0
     seq: int = 0
+    first: int = -1
+
+    def __post_init__(self) -> None:
+        self.first = self.attempts  # attempts made before this dispatch (a prompt back from pending)
 
 
 class AttemptHost(Protocol):
@@ -79,6 +98,8 @@ class AttemptHost(Protocol):
     accounting: "Accounting"
 
     def _request_for(self, p: "PendingPrompt") -> "ChatRequest": ...
+    def may_send(self, rt: "DatasetRuntime") -> bool: ...
+    def _requeued(self, rt: "DatasetRuntime", p: "PendingPrompt", res: Any, spent: Spent, attempts: int) -> None: ...
     def _anomaly(self, rt: "DatasetRuntime", reason: str | None) -> None: ...
     def run_wide(self, e: RequestError) -> "Condition | None": ...
     def _aborted(self, rt: "DatasetRuntime", p: "PendingPrompt", res: Any, progress: StreamProgress,
@@ -113,6 +134,13 @@ async def run_request(host: AttemptHost, rt: "DatasetRuntime", p: "PendingPrompt
             host.telemetry.attempt_over(rt.name, at.seq)
             host._aborted(rt, p, res, progress, spent, at)
             raise
+        except _Requeue as rq:
+            if rq.lost is not None:  # the worker died: what it streamed is spent, the prompt goes back
+                host.telemetry.attempt_over(rt.name, at.seq)
+                host._aborted(rt, p, res, progress, spent, at)
+            else:
+                host._requeued(rt, p, res, spent, at.attempts)
+            return
         except RequestError as e:
             failure = e
         except Exception as e:  # noqa: BLE001 - a bug must cost one prompt, not the run
@@ -133,11 +161,16 @@ async def run_request(host: AttemptHost, rt: "DatasetRuntime", p: "PendingPrompt
 def _one_attempt(host: AttemptHost, rt: "DatasetRuntime", req: "ChatRequest", progress: StreamProgress,
                  at: AttemptClock) -> Callable[[], Any]:
     async def one_attempt() -> Completion:
+        if at.attempts > at.first and not host.may_send(rt):
+            raise _Requeue()  # a retry due while paused, skipped or stopping: nothing leaves
         at.attempts += 1
         at.started = time.time()
         progress.chars_received = 0
         at.seq = host.telemetry.dispatched(rt.name)
-        c = await host._complete(req, progress=progress)
+        try:
+            c = await host._complete(req, progress=progress)
+        except StreamWorkerLost as e:
+            raise _Requeue(e) from None
         host._anomaly(rt, host.telemetry.attempt_ok(rt.name, at.seq))
         return c
 

@@ -22,7 +22,7 @@ from engine.report.snapshot import ClassSnapshot, DatasetSnapshot, RunSnapshot
 if TYPE_CHECKING:
     from engine.config import Config
     from engine.run.limiter import AdjustableLimiter
-    from engine.run.seams import EndpointsFn
+    from engine.run.seams import EndpointsFn, WorkersFn
     from engine.money.spend import SpendControl
     from engine.run.telemetry import Telemetry
     from engine.storage.writer import StoreWriter
@@ -42,6 +42,7 @@ class RunView(Protocol):
     clock: Callable[[], float]
 
     endpoints: "EndpointsFn | None"
+    workers: "WorkersFn | None"
 
     def elapsed_s(self) -> float: ...
     def drain_left_s(self) -> float | None: ...
@@ -122,8 +123,18 @@ def live_row(sched: "RunView") -> dict[str, Any]:
             "excluded_providers": list(sched.runstate.excluded_providers),
             "routing_providers": sorted({n for lst in (routing.order, routing.only, routing.ignore) for n in lst or ()}),
             **({"endpoints": [dataclasses.asdict(e) for e in snap.endpoints]} if snap.endpoints else {}),
+            **({"stream_workers": _workers_live(sched)} if sched.workers is not None else {}),
         },
     }
+
+def _workers_live(sched: "RunView") -> dict[str, Any]:
+    """``status --json``'s ``stream_workers``: configured, alive, restarts, requests returned to
+    pending by a worker's death, completions recovered from a dead worker's journal, per worker."""
+    f = sched.workers()  # type: ignore[misc]
+    return {"configured": f.configured, "alive": f.alive, "restarts": f.restarts, "lost_requests": f.lost_requests,
+            "recovered": f.recovered,
+            "workers": [{"slot": w.slot, "pid": w.pid, "alive": w.alive, "in_flight": w.in_flight} for w in f.workers]}
+
 
 def build_snapshot(sched: "RunView") -> RunSnapshot:
     """Return an immutable snapshot of the scheduler's run (O(datasets + classes + providers))."""
@@ -200,7 +211,16 @@ def build_snapshot(sched: "RunView") -> RunSnapshot:
         projected_cost_low_usd=run_proj.cost_low_usd, projected_cost_high_usd=run_proj.cost_high_usd,
         eta_s_low=run_proj.eta_s_low if progressing else None, eta_s_high=run_proj.eta_s_high if progressing else None,
         calibration=run_proj.calibration, endpoints=sched.endpoints() if sched.endpoints is not None else (),
+        **_worker_fields(sched),
     )
+
+
+def _worker_fields(sched: "RunView") -> dict[str, int]:
+    """The stream workers' figures for the snapshot (none when the run has no pool)."""
+    if sched.workers is None:
+        return {}
+    f = sched.workers()
+    return {"stream_workers": f.configured, "stream_workers_alive": f.alive, "stream_worker_restarts": f.restarts}
 
 
 def stopping_state(state: str, run_state: str, in_flight: int) -> str:

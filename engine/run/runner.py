@@ -36,12 +36,17 @@ from engine.storage.store import Store, make_run_dir
 from engine.run.apikey import probe_keyless_server, resolve_api_key
 from engine.run.supervisor import Supervisor
 from engine.storage.writer import StoreWriter
+from engine.stream.pool import StreamWorkerPool, default_stream_workers
+from engine.stream.recover import prune, recover
 
 log = logging.getLogger("engine")
 
 #: ``extra={FILE_ONLY: True}`` on a log record: ``datagen.log`` only, not the console (the message
 #: reaches the user another way, e.g. as the command's ``error:`` line).
 FILE_ONLY = "datagen_file_only"
+
+#: Seconds between prunings of the stream workers' journals while a run is running.
+JOURNAL_PRUNE_S = 60.0
 
 
 def sim_config_from_section(cfg: Config):
@@ -73,6 +78,7 @@ class Job:
     controller: Controller
     supervisor: Supervisor
     recon: object | None = None
+    pool: StreamWorkerPool | None = None
     writer_task: asyncio.Task | None = None
     supervisor_task: asyncio.Task | None = None
     lock: object | None = None  # engine.proc.runlock.DirLock on the run directory, released by close()
@@ -86,12 +92,19 @@ class Job:
             # A stopped run waits 10 s at most: what is left stays stored, unvalidated, for `datagen validate`.
             stopped = self.scheduler.state in ("stopping", "stopped")
             await self.recon.close(timeout_s=10.0 if stopped else None)  # type: ignore[attr-defined]
+        if self.pool is not None:  # the scheduler is done: cancel whatever is left, let the workers exit
+            await self.pool.aclose()
         self.writer_stop.set()
         if self.writer_task is not None:
             await self.writer_task
         else:
             await self.writer.flush()
         await self.client.aclose()
+        if self.pool is not None and not self.writer.queued:  # every journaled result committed: drop them
+            try:
+                await prune(self.cfg.run.dir, self.store)
+            except Exception:  # noqa: BLE001 - kept journals are ingested (once) at the next start
+                log.warning("stream journals not pruned", exc_info=True)
         await self.store.close()
         if self.sim is not None:
             self.sim.stop()  # type: ignore[attr-defined]
@@ -166,23 +179,32 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
         t = cfg.provider.timeouts
         total_conc = sum(c.concurrency for c in cfg.classes.values())
 
+        client_kw = dict(stream=cfg.provider.stream, stream_usage=cfg.provider.stream_usage,
+                         connect_timeout_s=t.connect_s, stall_timeout_s=t.stall_s, total_timeout_s=t.total_s)
+
         def make_client(url: str, spare: int = 0) -> ChatClient:
-            return ChatClient(
-                url, api_key, stream=cfg.provider.stream, stream_usage=cfg.provider.stream_usage,
-                connect_timeout_s=t.connect_s,
-                stall_timeout_s=t.stall_s, total_timeout_s=t.total_s, max_connections=max(total_conc, 16) + spare,
-            )
+            # the run's own client: account endpoints (/key, /credits, /generation, /models) and health
+            # probes; the streams themselves go through the stream workers
+            return ChatClient(url, api_key, max_connections=16 + spare, **client_kw)
 
         # The writer, the reconstruction service, the controller and the endpoint fleet call back into
         # the scheduler built just after them: their callbacks look `sched` up when called, never before.
         sched: Scheduler
         client: ChatClient | EndpointFleet
         fleet: EndpointFleet | None = None
+        pool: StreamWorkerPool
         if cfg.provider.base_urls:
-            fleet = client = endpoint_fleet(cfg, make_client, lambda level, msg: sched.event(level, "endpoint", None, msg))
+            fleet = client = endpoint_fleet(cfg, make_client, lambda level, msg: sched.event(level, "endpoint", None, msg),
+                                            send=lambda i, req, progress: pool.send(i, req, progress))
         else:
-            client = make_client(base_url)
+            client = make_client(base_url)  # refuses a bad URL or key use before any worker starts
         opened.push_async_callback(client.aclose)
+        urls = [u for u, _ in cfg.provider.endpoints()] if cfg.provider.base_urls else [base_url]
+        pool = StreamWorkerPool(cfg.run.stream_workers or default_stream_workers(), urls, api_key,
+                                {**client_kw, "max_connections": max(total_conc, 16)}, run_dir=cfg.run.dir,
+                                on_event=lambda level, msg: sched.event(level, "stream_worker", None, msg))
+        opened.push_async_callback(pool.aclose)
+        await pool.start()
 
         def store_failed(e: BaseException) -> None:
             guards.apply(sched, guards.store_failing(e, sched.runstate))
@@ -195,14 +217,18 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
                              on_error=store_failed, on_recover=store_recovered)
         recon = reconstruction_service(cfg, checked, lambda ds, ok, reasons: on_validation_verdict(sched, recon, ds, ok, reasons))
         account_api = cfg.provider.kind in ("openrouter", "simulated")
-        sched = Scheduler(cfg, store, writer, client.complete, get_json=client.get_json if account_api else None,
+        sched = Scheduler(cfg, store, writer, fleet.complete if fleet is not None else pool.complete,
+                          get_json=client.get_json if account_api else None,
                           recon=recon, policy=fleet_retry_policy(cfg, fleet),
-                          endpoints=fleet.snapshot if fleet is not None else None)
+                          endpoints=fleet.snapshot if fleet is not None else None, workers=pool.figures)
         if fleet is not None:
             for url, probe in await fleet.start():  # unreachable endpoints start down, probed again later
                 print(f"endpoint {url}: " + (f"healthy (GET /models answered in {probe.seconds * 1000:.0f} ms)"
                                              if probe.ok else f"down ({probe.reason}); probed again later"), file=out)
         check_fd_limit(sum(c.concurrency for c in cfg.classes.values()), out)
+        recovered = await recover(cfg.run.dir, store, sched.accounting.price)  # before the counters are loaded
+        if recovered.line():
+            print(recovered.line(), file=out)
         await sched.load()
         await discover_prices(cfg, sched, client, out)
         sup: Supervisor
@@ -222,17 +248,18 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
         gc.freeze()
         gc.set_threshold(50_000, 20, 100)
         opened.pop_all()  # everything opened now belongs to the job (Job.close)
-        return Job(cfg, store, writer, sched, client, sim, asyncio.Event(), ctl, sup, recon, lock=lock)
+        return Job(cfg, store, writer, sched, client, sim, asyncio.Event(), ctl, sup, recon, pool=pool, lock=lock)
     raise AssertionError("unreachable")  # pragma: no cover - the block returns or raises
 
 
-def endpoint_fleet(cfg: Config, make_client, on_change) -> EndpointFleet:
+def endpoint_fleet(cfg: Config, make_client, on_change, send=None) -> EndpointFleet:
     """The :class:`~engine.client.fleet.EndpointFleet` over ``[provider] base_urls`` (not started):
     each endpoint's client from ``make_client(url, spare)`` (``spare`` connections beyond the streams,
     so a health probe never waits for a pooled one), health from the ``endpoint_*`` keys, probes
-    within ``timeouts.connect_s``; ``on_change(level, message)`` hears every state change."""
+    within ``timeouts.connect_s``; ``on_change(level, message)`` hears every state change; ``send``
+    sends one attempt to an endpoint by index (the stream workers' ``send``; None: the fleet's clients)."""
     p = cfg.provider
-    return EndpointFleet(p.endpoints(), lambda url: make_client(url, spare=4),
+    return EndpointFleet(p.endpoints(), lambda url: make_client(url, spare=4), send=send,
                          policy=HealthPolicy(error_streak=p.endpoint_error_streak, probe_s=p.endpoint_probe_s,
                                              probe_max_s=max(60.0, p.endpoint_probe_s)),
                          probe_timeout_s=p.timeouts.connect_s, on_change=on_change)
@@ -380,7 +407,16 @@ async def run_job(job: Job, *, exit_on_pause: bool = False, stop_on_auth: bool =
             sched.stop(end.reason, exit_code=end.exit_code, abort=False)
             return
 
+    async def prune_journals() -> None:  # a journal segment whose results are all committed is deleted
+        while job.pool is not None:
+            await asyncio.sleep(JOURNAL_PRUNE_S)
+            try:
+                await prune(job.cfg.run.dir, job.store, keep=job.pool.is_open_segment)
+            except Exception:  # noqa: BLE001 - kept segments are pruned later or ingested (once) at the next start
+                log.warning("stream journals not pruned", exc_info=True)
+
     watch = asyncio.create_task(pause_watch()) if exit_on_pause or stop_on_auth else None
+    pruner = asyncio.create_task(prune_journals())
     try:
         code = await sched.run()
         await job.supervisor.poll_credits()  # final reading: reconcile spend with the provider's usage
@@ -393,6 +429,8 @@ async def run_job(job: Job, *, exit_on_pause: bool = False, stop_on_auth: bool =
                      len(cr.missing), cr.endpoints, ", ".join(cr.missing))
         return code
     finally:
+        pruner.cancel()
+        await asyncio.gather(pruner, return_exceptions=True)
         if watch is not None:
             watch.cancel()
             await asyncio.gather(watch, return_exceptions=True)

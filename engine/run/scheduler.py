@@ -46,7 +46,7 @@ from engine.run.limiter import AdjustableLimiter
 from engine.run.observe import build_snapshot, live_row
 from engine.report.snapshot import RunSnapshot
 from engine.run.runstate import PERSISTED_CONTROLS, TERMINAL_CONTROLS, Control, DatasetRuntime, RunPhase, RunState
-from engine.run.seams import CompleteFn, EndpointsFn, GetJsonFn, Reconstructor
+from engine.run.seams import CompleteFn, EndpointsFn, GetJsonFn, Reconstructor, WorkersFn
 from engine.money.spend import SpendControl
 from engine.storage.store import PendingPrompt, Store
 from engine.run.telemetry import Telemetry
@@ -93,6 +93,8 @@ class Scheduler:
         recon: token reconstruction service (:class:`~engine.run.seams.Reconstructor`) or None.
         endpoints: with several endpoints (``[provider] base_urls``), their figures now
             (:meth:`engine.client.fleet.EndpointFleet.snapshot`), for snapshots; None with one.
+        workers: the stream workers' figures now (:meth:`engine.stream.pool.StreamWorkerPool.figures`),
+            for snapshots; None when ``complete`` is not a pool's (tests).
     """
 
     # The run state's fields under the names callers use (kept on self.runstate).
@@ -121,6 +123,7 @@ class Scheduler:
         get_json: GetJsonFn | None = None,
         recon: Reconstructor | None = None,
         endpoints: EndpointsFn | None = None,
+        workers: WorkersFn | None = None,
     ) -> None:
         self.cfg = cfg
         self.store = store
@@ -146,6 +149,8 @@ class Scheduler:
         self.recon: Reconstructor | None = recon
         #: the endpoints' figures (several ``base_urls``) or None (engine.client.fleet).
         self.endpoints: EndpointsFn | None = endpoints
+        #: the stream workers' figures (engine.stream.pool) or None.
+        self.workers: WorkersFn | None = workers
         #: a request's costs: results, partial spend, /generation true-ups (engine.run.accounting).
         self.accounting = Accounting(self.spend, self.telemetry, writer, lambda: self.clock(), get_json, recon)
         #: stop, abort, drain, and the dollars in flight (engine.run.ending).
@@ -328,8 +333,14 @@ class Scheduler:
 
     def _request_for(self, p: PendingPrompt) -> ChatRequest:
         return ChatRequest(
-            messages=p.messages, tools=p.tools, max_tokens=self.cfg.classes[p.cls].max_tokens, body=self.base_body
+            messages=p.messages, tools=p.tools, max_tokens=self.cfg.classes[p.cls].max_tokens, body=self.base_body,
+            ref=(p.id, p.dataset, p.key),
         )
+
+    def may_send(self, rt: DatasetRuntime) -> bool:
+        """Whether a request of ``rt`` may leave now: the run is not paused or stopping and the
+        dataset is active (a retry checks it too: a pause means no request leaves)."""
+        return rt.control == Control.ACTIVE and not self.run_paused and not self._stopping
 
     async def _budget_met(self, rt: DatasetRuntime, reason: str) -> None:
         if rt.control != Control.ACTIVE:
@@ -390,6 +401,14 @@ class Scheduler:
         self.spend.release(rt.name, res, spent.tokens + tok, spent.usd + usd)
         self.writer.set_attempts(p.id, at.attempts)
         self._return_to_pending(rt, p, at.attempts)
+        self._unblock(rt)
+
+    def _requeued(self, rt: DatasetRuntime, p: PendingPrompt, res: Any, spent: Spent, attempts: int) -> None:
+        """A retry was held back (paused, skipped or stopping): the earlier attempts' spend is
+        settled, the prompt returns to pending with its attempt count; nothing was sent."""
+        self.spend.release(rt.name, res, spent.tokens, spent.usd)
+        self.writer.set_attempts(p.id, attempts)
+        self._return_to_pending(rt, p, attempts)
         self._unblock(rt)
 
     def _failed(self, rt: DatasetRuntime, p: PendingPrompt, res: Any, spent: Spent, e: RequestError,

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from engine.client.accumulate import StreamProgress
     from engine.client.endpoints import EndpointSnapshot
     from engine.client.types import ChatRequest, Completion
+    from engine.stream.pool import PoolFigures
 
 
 class CompleteFn(Protocol):
@@ -37,6 +38,9 @@ LiveFn = Callable[[], "dict[str, Any]"]
 #: The figures of several endpoints now (:meth:`engine.client.fleet.EndpointFleet.snapshot`).
 EndpointsFn = Callable[[], "tuple[EndpointSnapshot, ...]"]
 
+#: The stream workers' figures now (:meth:`engine.stream.pool.StreamWorkerPool.figures`).
+WorkersFn = Callable[[], "PoolFigures"]
+
 #: Re-reads the provider's credits once (e.g. :meth:`engine.run.supervisor.Supervisor.poll_credits`).
 CreditsCheck = Callable[[], Awaitable[None]]
 
@@ -55,4 +59,4 @@ class Reconstructor(Protocol):
                tools: Any, completion: "Completion") -> None: ...
 
 
-__all__ = ["CompleteFn", "CreditsCheck", "EndpointsFn", "GetJsonFn", "LiveFn", "Reconstructor"]
+__all__ = ["CompleteFn", "CreditsCheck", "EndpointsFn", "GetJsonFn", "LiveFn", "Reconstructor", "WorkersFn"]

@@ -377,6 +377,23 @@ class Store:
             for i, k, m, t, a, e in await cur.fetchall()
         ]
 
+    async def prompt_states(self, refs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], tuple[int, str, int]]:
+        """``{(dataset, key): (prompt id, state, est_prompt_tokens)}`` of the prompts among ``refs``
+        that exist (a stream worker's journal names its completions by dataset and key)."""
+        by_ds: dict[str, list[str]] = {}
+        for ds, key in refs:
+            by_ds.setdefault(ds, []).append(key)
+        out: dict[tuple[str, str], tuple[int, str, int]] = {}
+        for ds, keys in by_ds.items():
+            for i in range(0, len(keys), 500):
+                part = keys[i:i + 500]
+                cur = await self.conn.execute(
+                    f"SELECT key, id, state, est_prompt_tokens FROM prompts WHERE dataset=? AND key IN "
+                    f"({','.join('?' * len(part))})", (ds, *part))
+                for key, pid, state, est in await cur.fetchall():
+                    out[(ds, key)] = (pid, state, est)
+        return out
+
     async def recent_completion_tokens(self, dataset: str, limit: int = 2000) -> dict[str, list[int]]:
         """The last ``limit`` completion lengths (tokens) of a dataset per class, oldest first."""
         cur = await self.conn.execute(

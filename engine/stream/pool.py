@@ -1,0 +1,404 @@
+"""The run's side of the stream workers: requests out, results and batched progress in.
+
+:class:`StreamWorkerPool` starts ``[run] stream_workers`` processes (:mod:`engine.stream.worker`),
+each connected by a socket pair, and offers the one call the scheduler makes of a client,
+``complete(req, progress) -> Completion`` (:class:`engine.run.seams.CompleteFn`), plus
+``send(endpoint_index, req, progress)`` for several endpoints (:class:`engine.client.fleet.EndpointFleet`).
+
+- A request goes to the live worker with the fewest requests in flight. The caller's
+  :class:`~engine.client.accumulate.StreamProgress` is updated from the worker's batched progress
+  (every 100 ms), so budgets, censored lengths and the dollars in flight read it as before.
+- Cancelling the awaiting task (abort, skip with abort, a drain's deadline) sends ``cancel``: the
+  worker closes that stream's connection at once.
+- A worker that dies (its socket ends): its requests whose completion is already in its journal
+  are answered from the journal; the others raise :class:`~engine.stream.wire.StreamWorkerLost`
+  with the tokens they had received (the run returns them to pending and counts that spend); a new
+  worker takes the slot; ``on_event`` hears one line of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.client.accumulate import StreamProgress
+from engine.client.types import ChatRequest, Completion, ErrorClass
+from engine.proc.childproc import TERMINAL_SIGNALS
+from engine.stream import journal
+from engine.stream.wire import StreamWorkerLost, WorkerInit, encode, error_from_fields, read_frame
+
+log = logging.getLogger(__name__)
+
+#: Seconds a new worker may take to start (interpreter, imports) before the run gives up on it.
+START_TIMEOUT_S = 60.0
+#: Seconds a closing worker may take to cancel its streams and exit before it is killed.
+CLOSE_TIMEOUT_S = 5.0
+
+#: ``on_event(level, message)``: a worker died, was replaced, or could not start.
+OnEvent = Callable[[str, str], None]
+
+
+def default_stream_workers() -> int:
+    """One stream worker per core beyond the first (the first runs the control plane and the
+    dashboard), at least 1: ``max(1, usable cores - 1)``."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, cores - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerFigures:
+    """One worker now: its slot, process id (0 while starting), whether it is up, requests in flight."""
+
+    slot: int
+    pid: int
+    alive: bool
+    in_flight: int
+
+
+@dataclass(frozen=True, slots=True)
+class PoolFigures:
+    """The pool now (for snapshots, ``status --json`` and the header).
+
+    Attributes:
+        configured: ``[run] stream_workers``. alive: workers up now. restarts: workers replaced since
+        start. lost_requests: requests returned to pending by a worker's death. recovered: completions a
+        dead worker had journaled, delivered from its journal. workers: per worker.
+    """
+
+    configured: int
+    alive: int
+    restarts: int
+    lost_requests: int
+    recovered: int
+    workers: tuple[WorkerFigures, ...] = ()
+
+
+class _Req:
+    __slots__ = ("fut", "progress", "worker")
+
+    def __init__(self, fut: asyncio.Future, progress: StreamProgress, worker: "_Worker") -> None:
+        self.fut = fut
+        self.progress = progress
+        self.worker = worker
+
+
+class _Worker:
+    __slots__ = ("slot", "proc", "pid", "reader", "writer", "in_flight", "alive", "task")
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
+        self.proc: subprocess.Popen | None = None
+        self.pid = 0
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.in_flight: set[int] = set()
+        self.alive = False
+        self.task: asyncio.Task | None = None
+
+    def send(self, msg: tuple) -> None:
+        if self.writer is not None and not self.writer.is_closing():
+            self.writer.write(encode(msg))
+
+
+class StreamWorkerPool:
+    """``workers`` stream-worker processes serving one run.
+
+    Args:
+        workers: how many processes (``[run] stream_workers``, >= 1).
+        endpoints: API roots by index (one ``base_url``, or ``[provider] base_urls``).
+        api_key: the provider key (None: none), handed to each worker in its first frame.
+        client: keyword arguments of :class:`~engine.client.chat.ChatClient` for each endpoint in each
+            worker (``max_connections`` is divided among the workers).
+        run_dir: the run directory: journals under ``journal/`` and the workers' stderr in
+            ``stream-workers.log``. None: no journal (tests of the pool alone).
+        on_event: hears a worker's death and replacement (``level``, message).
+        progress_s: seconds between a worker's batched progress messages.
+    """
+
+    def __init__(self, workers: int, endpoints: list[str], api_key: str | None, client: dict[str, Any], *,
+                 run_dir: Path | None = None, on_event: OnEvent | None = None, progress_s: float = 0.1) -> None:
+        if workers < 1:
+            raise ValueError("stream_workers must be >= 1")
+        self.n = workers
+        self.endpoints = tuple(endpoints)
+        self._key = api_key
+        conns = int(client.get("max_connections", 4096))
+        self._client = {**client, "max_connections": max(16, -(-conns // workers) + 16)}
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self._on_event = on_event
+        self._progress_s = progress_s
+        self._workers = [_Worker(i) for i in range(workers)]
+        self._reqs: dict[int, _Req] = {}
+        self._rids = itertools.count(1)
+        self._ready = asyncio.Event()
+        self._closing = False
+        self.restarts = 0
+        self.lost_requests = 0
+        self.recovered = 0
+        self.late_results = 0
+        self._respawns: set[asyncio.Task] = set()
+
+    def __repr__(self) -> str:
+        return f"StreamWorkerPool(workers={self.n}, endpoints={self.endpoints!r})"
+
+    @property
+    def journal_dir(self) -> Path | None:
+        """``RUN_DIR/journal`` (None without a run directory)."""
+        return journal.journal_dir(self.run_dir) if self.run_dir is not None else None
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start every worker and wait until each is ready.
+
+        Raises:
+            RuntimeError: a worker did not start within :data:`START_TIMEOUT_S` (its stderr is in
+                ``RUN_DIR/stream-workers.log``).
+        """
+        await asyncio.gather(*(self._spawn(w) for w in self._workers))
+
+    def _stderr(self):
+        if self.run_dir is None:
+            return subprocess.DEVNULL
+        path = self.run_dir / "stream-workers.log"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        return os.fdopen(fd, "ab")
+
+    async def _spawn(self, w: _Worker) -> None:
+        ours, theirs = socket.socketpair()
+        err = self._stderr()
+        try:
+            old = signal.pthread_sigmask(signal.SIG_BLOCK, TERMINAL_SIGNALS)  # the child is born deaf to the terminal
+            try:
+                w.proc = subprocess.Popen(
+                    [sys.executable, "-m", "engine.stream.worker", str(theirs.fileno()), str(os.getpid())],
+                    pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                    close_fds=True)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        finally:
+            theirs.close()
+            if err is not subprocess.DEVNULL:
+                err.close()
+        w.reader, w.writer = await asyncio.open_connection(sock=ours, limit=2 ** 22)
+        w.send(("init", WorkerInit(slot=w.slot, endpoints=self.endpoints, api_key=self._key, client=self._client,
+                                   journal_dir=str(self.run_dir) if self.run_dir is not None else "",
+                                   progress_s=self._progress_s)))
+        try:
+            msg = await asyncio.wait_for(read_frame(w.reader), START_TIMEOUT_S)
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
+            w.proc.kill()
+            raise RuntimeError(f"stream worker {w.slot} did not start ({type(e).__name__}); see "
+                               f"{self.run_dir / 'stream-workers.log' if self.run_dir else 'its stderr'}") from None
+        w.pid = int(msg[1])
+        w.alive = True
+        w.task = asyncio.create_task(self._read(w), name=f"stream-worker-{w.slot}")
+        self._ready.set()
+
+    async def aclose(self) -> None:
+        """Close every worker (each cancels its streams and exits; killed after :data:`CLOSE_TIMEOUT_S`);
+        requests still waiting raise :class:`StreamWorkerLost`."""
+        self._closing = True
+        for t in list(self._respawns):
+            t.cancel()
+        for w in self._workers:
+            w.send(("close",))
+        for w in self._workers:
+            if w.proc is not None:
+                try:
+                    await asyncio.wait_for(asyncio.to_thread(w.proc.wait), CLOSE_TIMEOUT_S)
+                except TimeoutError:
+                    w.proc.kill()
+                    await asyncio.to_thread(w.proc.wait)
+            if w.task is not None:
+                w.task.cancel()
+                await asyncio.gather(w.task, return_exceptions=True)
+            if w.writer is not None:
+                w.writer.close()
+            w.alive = False
+        for rid, r in list(self._reqs.items()):
+            if not r.fut.done():
+                r.fut.set_exception(StreamWorkerLost(ErrorClass.DISCONNECT, "the run closed its stream workers"))
+        self._reqs.clear()
+
+    # ---- requests ----------------------------------------------------------------------------
+    async def complete(self, req: ChatRequest, progress: StreamProgress | None = None) -> Completion:
+        """ONE attempt of ``req`` on the first endpoint (:class:`engine.run.seams.CompleteFn`); see :meth:`send`."""
+        return await self.send(0, req, progress)
+
+    async def send(self, endpoint: int, req: ChatRequest, progress: StreamProgress | None = None) -> Completion:
+        """ONE attempt of ``req`` on endpoint ``endpoint``, in the least-loaded worker.
+
+        Raises:
+            RequestError: the attempt's error, as the client raised it in the worker.
+            StreamWorkerLost: the worker died with the request open (the completion was not journaled).
+            asyncio.CancelledError: cancelled; the worker closes the stream.
+        """
+        if progress is None:
+            progress = StreamProgress()
+        else:
+            progress.reset()
+        w = await self._pick()
+        rid = next(self._rids)
+        fut = asyncio.get_running_loop().create_future()
+        self._reqs[rid] = _Req(fut, progress, w)
+        w.in_flight.add(rid)
+        w.send(("req", rid, endpoint, req))
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if self._reqs.pop(rid, None) is not None:
+                w.send(("cancel", rid))
+            raise
+        finally:
+            w.in_flight.discard(rid)
+
+    async def _pick(self) -> _Worker:
+        while True:
+            live = [w for w in self._workers if w.alive]
+            if live:
+                return min(live, key=lambda w: len(w.in_flight))
+            if self._closing:
+                raise StreamWorkerLost(ErrorClass.DISCONNECT, "the run is closing its stream workers")
+            self._ready.clear()
+            try:
+                await asyncio.wait_for(self._ready.wait(), START_TIMEOUT_S)
+            except TimeoutError:
+                raise StreamWorkerLost(ErrorClass.DISCONNECT, "no stream worker is running") from None
+
+    # ---- the socket --------------------------------------------------------------------------
+    async def _read(self, w: _Worker) -> None:
+        reqs = self._reqs
+        assert w.reader is not None
+        try:
+            while True:
+                msg = await read_frame(w.reader)
+                verb = msg[0]
+                if verb == "prog":
+                    for rid, chars, status, gid, provider, cost in msg[1]:
+                        r = reqs.get(rid)
+                        if r is not None:
+                            p = r.progress
+                            p.chars_received, p.status, p.generation_id, p.provider, p.cost_usd = (
+                                chars, status, gid, provider, cost)
+                elif verb == "done":
+                    r = reqs.pop(msg[1], None)
+                    if r is None:
+                        self.late_results += 1  # cancelled as it finished: kept in the journal (recovered at start)
+                    elif not r.fut.done():
+                        r.fut.set_result(msg[2])
+                elif verb == "err":
+                    r = reqs.pop(msg[1], None)
+                    if r is not None and not r.fut.done():
+                        r.fut.set_exception(error_from_fields(msg[2]))
+        except (asyncio.IncompleteReadError, ConnectionError, ValueError, EOFError):
+            pass
+        except asyncio.CancelledError:
+            raise
+        if not self._closing:
+            await self._lost(w)
+
+    async def _lost(self, w: _Worker) -> None:
+        """Worker ``w`` is gone: answer its requests from its journal or with :class:`StreamWorkerLost`, replace it."""
+        w.alive = False
+        if w.writer is not None:
+            w.writer.close()
+        code = None
+        if w.proc is not None:
+            try:
+                code = await asyncio.wait_for(asyncio.to_thread(w.proc.wait), CLOSE_TIMEOUT_S)
+            except TimeoutError:
+                w.proc.kill()
+                code = await asyncio.to_thread(w.proc.wait)
+        how = (f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}")
+        open_rids = [rid for rid, r in self._reqs.items() if r.worker is w]
+        found: dict[int, Completion] = {}
+        jdir = self.journal_dir
+        if jdir is not None and open_rids:
+            found = await asyncio.to_thread(_journaled, jdir, f"w{w.slot}-{w.pid}-", set(open_rids))
+        lost = 0
+        for rid in open_rids:
+            r = self._reqs.pop(rid, None)
+            if r is None or r.fut.done():
+                continue
+            if rid in found:
+                r.fut.set_result(found[rid])
+                self.recovered += 1
+            else:
+                lost += 1
+                p = r.progress
+                r.fut.set_exception(StreamWorkerLost(
+                    ErrorClass.DISCONNECT, f"stream worker {w.slot} (pid {w.pid}) died ({how}) with this stream open",
+                    status=p.status, provider=p.provider, generation_id=p.generation_id,
+                    tokens_received=p.tokens_received, partial_cost_usd=p.cost_usd))
+        self.lost_requests += lost
+        if jdir is not None:
+            journal.remove_ledgers(jdir, f"inflight-w{w.slot}-{w.pid}.")  # its open streams are accounted now
+        w.in_flight.clear()
+        msg = (f"stream worker {w.slot} (pid {w.pid}) died ({how}): {lost} in-flight request(s) returned to pending "
+               f"with their streamed spend counted, {len(found)} completion(s) recovered from its journal")
+        if self._closing:
+            return
+        self.restarts += 1
+        t = asyncio.create_task(self._respawn(w, msg))
+        self._respawns.add(t)
+        t.add_done_callback(self._respawns.discard)
+
+    async def _respawn(self, w: _Worker, msg: str) -> None:
+        fresh = _Worker(w.slot)
+        self._workers[w.slot] = fresh
+        try:
+            await self._spawn(fresh)
+        except Exception as e:  # noqa: BLE001 - the other workers go on; reported
+            self._emit("error", f"{msg}; a new worker could not start: {e}")
+            return
+        self._emit("warning", f"{msg}; a new worker (pid {fresh.pid}) took its place")
+
+    def _emit(self, level: str, msg: str) -> None:
+        getattr(log, level if level in ("warning", "error") else "info")("%s", msg)
+        if self._on_event is not None:
+            self._on_event(level, msg)
+
+    def is_open_segment(self, path: Path) -> bool:
+        """Whether journal segment ``path`` may still be written: the newest segment of a live worker."""
+        for w in self._workers:
+            prefix = f"w{w.slot}-{w.pid}-"
+            if w.alive and path.name.startswith(prefix):
+                return path.name == max(p.name for p in journal.segments(path.parent, prefix))
+        return False
+
+    # ---- figures -----------------------------------------------------------------------------
+    def figures(self) -> PoolFigures:
+        """The pool's figures now."""
+        ws = tuple(WorkerFigures(w.slot, w.pid, w.alive, len(w.in_flight)) for w in self._workers)
+        return PoolFigures(self.n, sum(1 for w in ws if w.alive), self.restarts, self.lost_requests, self.recovered, ws)
+
+
+def _journaled(jdir: Path, prefix: str, rids: set[int]) -> dict[int, Completion]:
+    """The completions of requests ``rids`` in the journal segments starting with ``prefix``."""
+    out: dict[int, Completion] = {}
+    for seg in journal.segments(jdir, prefix):
+        for rec in journal.read_records(seg):
+            rid = rec.get("rid")
+            if rid in rids:
+                try:
+                    out[rid] = journal.completion_from_dict(rec["c"])
+                except (KeyError, TypeError, ValueError):
+                    continue
+    return out
+
+
+__all__ = ["PoolFigures", "StreamWorkerPool", "WorkerFigures", "default_stream_workers"]

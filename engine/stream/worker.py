@@ -1,0 +1,240 @@
+"""A stream worker: ``python -m engine.stream.worker FD`` (started by :mod:`engine.stream.pool`).
+
+It owns its event loop, its HTTP connection pools (one :class:`~engine.client.chat.ChatClient`
+per endpoint) and its share of the streams. Per request it runs ONE attempt (retries, budgets and
+every decision stay with the run) and answers with one message:
+
+- a finished completion is appended to the journal and fsynced first (:mod:`engine.stream.journal`),
+  then sent as ``done``: whatever is killed afterwards, the paid completion is on disk;
+- a failure is sent as ``err`` with the :class:`~engine.client.types.RequestError`'s fields;
+- a ``cancel`` closes the stream's connection (the provider sees the disconnect) and answers ``gone``.
+
+Progress (tokens received, generation id, provider, status) goes to the run in one batched ``prog``
+message every ``progress_s`` (100 ms), not one per SSE event; the in-flight ledger is rewritten every
+``ledger_s``. The worker ignores the terminal's signals (the run decides when it stops) and dies with
+the run: on ``close``, on the socket's end, or by the kernel (``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+from engine.client.accumulate import StreamProgress
+from engine.client.chat import ChatClient
+from engine.client.types import ChatRequest, Completion, ErrorClass, RequestError
+from engine.stream import journal
+from engine.stream.wire import WorkerInit, encode, error_fields, read_frame
+
+log = logging.getLogger("engine.stream.worker")
+
+
+class _Stream:
+    """One request in this worker: its task, progress and what was last reported of it."""
+
+    __slots__ = ("rid", "req", "task", "progress", "started", "sent")
+
+    def __init__(self, rid: int, req: ChatRequest) -> None:
+        self.rid = rid
+        self.req = req
+        self.task: asyncio.Task | None = None
+        self.progress = StreamProgress()
+        self.started = time.time()
+        self.sent: tuple = ()
+
+
+class Worker:
+    """The worker's state on its loop.
+
+    Args:
+        init: the pool's :class:`~engine.stream.wire.WorkerInit`.
+        reader, writer: the socket to the run.
+    """
+
+    def __init__(self, init: WorkerInit, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.init = init
+        self.reader = reader
+        self.writer = writer
+        self.clients = [ChatClient(url, init.api_key, **init.client) for url in init.endpoints]
+        self.streams: dict[int, _Stream] = {}
+        self.jdir = journal.journal_dir(init.journal_dir) if init.journal_dir else None
+        self.journal = journal.JournalWriter(self.jdir, init.slot, os.getpid()) if self.jdir else None
+        self.ledger = journal.ledger_path(self.jdir, init.slot, os.getpid()) if self.jdir else None
+        self._pending: list[tuple[_Stream, Completion, bytes]] = []
+        self._wake = asyncio.Event()
+        self._closing = False
+
+    def send(self, msg: tuple) -> None:
+        """Queue one frame to the run (the socket's buffer absorbs bursts)."""
+        if not self.writer.is_closing():
+            self.writer.write(encode(msg))
+
+    # ---- requests ----------------------------------------------------------------------------
+    def start(self, rid: int, endpoint: int, req: ChatRequest) -> None:
+        s = _Stream(rid, req)
+        self.streams[rid] = s
+        s.task = asyncio.get_running_loop().create_task(self._run(s, endpoint))
+
+    async def _run(self, s: _Stream, endpoint: int) -> None:
+        try:
+            c = await self.clients[endpoint].complete(s.req, s.progress)
+        except asyncio.CancelledError:
+            self.streams.pop(s.rid, None)
+            self.send(("gone", s.rid))
+            return
+        except RequestError as e:
+            self.streams.pop(s.rid, None)
+            self.send(("err", s.rid, error_fields(e)))
+            return
+        except Exception as e:  # noqa: BLE001 - a bug costs this attempt, not the worker
+            self.streams.pop(s.rid, None)
+            log.exception("unexpected error in a stream")
+            self.send(("err", s.rid, error_fields(RequestError(ErrorClass.OTHER,
+                                                               f"internal error: {type(e).__name__}: {e}"))))
+            return
+        if self.journal is None or s.req.ref is None:
+            self.streams.pop(s.rid, None)
+            self.send(("done", s.rid, c))
+            return
+        line = journal.record_line(s.rid, s.req.ref, s.started, time.time(), c)
+        self._pending.append((s, c, line))
+        self._wake.set()
+
+    def cancel(self, rid: int) -> None:
+        s = self.streams.get(rid)
+        if s is not None and s.task is not None and not s.task.done():
+            s.task.cancel()
+        elif s is None:
+            self.send(("gone", rid))
+
+    # ---- background loops --------------------------------------------------------------------
+    async def journal_loop(self) -> None:
+        """Group commit: write and fsync what finished, then send those results."""
+        assert self.journal is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await asyncio.sleep(0)  # let completions that finished in this same tick join the group
+            batch, self._pending = self._pending, []
+            if not batch:
+                continue
+            try:
+                await asyncio.to_thread(self.journal.write, [line for _, _, line in batch])
+            except OSError as e:
+                for s, _c, _line in batch:
+                    self.streams.pop(s.rid, None)
+                    self.send(("err", s.rid, error_fields(RequestError(
+                        ErrorClass.PROTOCOL, f"the stream worker could not journal the completion ({e})"))))
+                continue
+            for s, c, _line in batch:
+                self.streams.pop(s.rid, None)
+                self.send(("done", s.rid, c))
+
+    async def progress_loop(self) -> None:
+        """Every ``progress_s``: one ``prog`` message with the streams whose figures changed."""
+        while True:
+            await asyncio.sleep(self.init.progress_s)
+            changed = []
+            for s in self.streams.values():
+                p = s.progress
+                now = (p.chars_received, p.status, p.generation_id, p.provider, p.cost_usd)
+                if now != s.sent:
+                    s.sent = now
+                    changed.append((s.rid, *now))
+            if changed:
+                self.send(("prog", changed))
+
+    async def ledger_loop(self) -> None:
+        """Every ``ledger_s``: rewrite the in-flight ledger (what a kill of the whole run would cut)."""
+        assert self.ledger is not None
+        last: list = []
+        while True:
+            await asyncio.sleep(self.init.ledger_s)
+            rows = [[*s.req.ref, s.progress.tokens_received, s.progress.generation_id, s.progress.provider,
+                     s.started] for s in self.streams.values() if s.req.ref is not None]
+            if rows != last:
+                last = rows
+                try:
+                    await asyncio.to_thread(journal.write_ledger, self.ledger, rows)
+                except OSError:
+                    log.warning("in-flight ledger not written", exc_info=True)
+
+    async def serve(self) -> None:
+        """Read commands until ``close`` or the end of the socket, then cancel every stream."""
+        loops = [asyncio.create_task(self.progress_loop())]
+        if self.journal is not None:
+            loops += [asyncio.create_task(self.journal_loop()), asyncio.create_task(self.ledger_loop())]
+        self.send(("ready", os.getpid()))
+        try:
+            while True:
+                try:
+                    msg = await read_frame(self.reader)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                verb = msg[0]
+                if verb == "req":
+                    self.start(msg[1], msg[2], msg[3])
+                elif verb == "cancel":
+                    self.cancel(msg[1])
+                elif verb == "close":
+                    return
+        finally:
+            tasks = [s.task for s in self.streams.values() if s.task is not None]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self._pending and self.journal is not None:  # finished before the close: keep them on disk
+                try:
+                    self.journal.write([line for _, _, line in self._pending])
+                except OSError:
+                    pass
+            for t in loops:
+                t.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+            for c in self.clients:
+                await c.aclose()
+            if self.journal is not None:
+                self.journal.close()
+            if self.ledger is not None:
+                self.ledger.unlink(missing_ok=True)  # a clean end: nothing of this worker is in flight
+            try:
+                await self.writer.drain()
+                self.writer.close()
+            except (ConnectionError, RuntimeError):
+                pass
+
+
+async def _main(fd: int) -> None:
+    sock = socket.socket(fileno=fd)
+    reader, writer = await asyncio.open_connection(sock=sock, limit=2 ** 20)
+    msg = await read_frame(reader)
+    if msg[0] != "init":
+        raise SystemExit(f"stream worker: expected init, got {msg[0]!r}")
+    await Worker(msg[1], reader, writer).serve()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: ``python -m engine.stream.worker FD PARENT_PID``."""
+    args = sys.argv[1:] if argv is None else argv
+    from engine.proc.childproc import quiet_child
+
+    quiet_child(int(args[1]) if len(args) > 1 else None)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="%(asctime)s stream worker %(process)d %(levelname)s %(message)s")
+    import gc
+
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)  # as the run does: full collections stall a loop of thousands of streams
+    try:
+        asyncio.run(_main(int(args[0])))
+    except KeyboardInterrupt:  # pragma: no cover - terminal signals are ignored
+        pass
+
+
+if __name__ == "__main__":
+    main()
