@@ -73,6 +73,7 @@ def header_lines(s: RunSnapshot | None, note: str = "", width: int = 160) -> lis
         (2, _t(f"elapsed {fmt_duration(s.elapsed_s)}")),
         (1, _t(f"in flight {s.in_flight:,}")),
         (3, _t("loop lag ", (f"{s.loop_lag_ms:.0f} ms", lag_style))),
+        (4, workers_text(s)),
         (0, _t((note, "bold reverse")) if note else Text()),
     ], width)
 
@@ -109,6 +110,19 @@ def header_lines(s: RunSnapshot | None, note: str = "", width: int = 160) -> lis
     line3 = fit([(0, drain_segment(s)), (0, errs), (1, limits_text(s)),
                  (5, _t((f"writer queue {s.writer_queue:,}", "dim")) if s.writer_queue else Text())], width)
     return [line1, line2, line3]
+
+
+def workers_text(s: RunSnapshot) -> Text:
+    """``"workers 3"`` (the stream-worker processes), ``"workers 2/3"`` in red while one is down, and
+    how many were replaced after dying (``"· 1 restarted"``); empty when the run has none."""
+    if not s.stream_workers:
+        return Text()
+    down = s.stream_workers_alive < s.stream_workers
+    t = _t("workers ", (f"{s.stream_workers_alive}/{s.stream_workers}" if down else f"{s.stream_workers}",
+                        "bold red" if down else ""))
+    if s.stream_worker_restarts:
+        t.append(f" · {s.stream_worker_restarts} restarted", style="yellow")
+    return t
 
 
 def eta_text(s: RunSnapshot) -> str:
