@@ -308,8 +308,22 @@ class SpendControl:
         return int(self.budgets[dataset].tokens.reserved)
 
     # ---- credits ----------------------------------------------------------------------------
+    def usage_baseline(self) -> float | None:
+        """The provider's usage (USD) before this run's first dollar: the first reading's usage minus
+        what the run had accounted by then, earlier processes included (persisted by the run, so the
+        drift spans every process of the run: what a kill lost shows); None before a reading."""
+        if self.usage_at_start is None:
+            return None
+        return self.usage_at_start - sum(self.dataset_usd.values()) + self.spent_since_start
+
+    def seed_baseline(self, baseline: float) -> None:
+        """Take the run's persisted :meth:`usage_baseline` (call after the counters are seeded, before
+        the first reading): the drift then counts from the run's first start, not this process's."""
+        self.usage_at_start = baseline + sum(self.dataset_usd.values()) - self.spent_since_start
+
     def on_credits(self, reading: CreditsReading) -> None:
-        """Record a credits reading (the first one fixes the usage baseline for reconciliation)."""
+        """Record a credits reading (the first one fixes the usage baseline for reconciliation, unless
+        :meth:`seed_baseline` gave the run's own)."""
         if self.usage_at_start is None and reading.usage_usd is not None:
             self.usage_at_start = reading.usage_usd - self.spent_since_start
         self.credits = reading
@@ -317,7 +331,8 @@ class SpendControl:
         self.credit_holds.on_reading(reading.remaining_usd, self.spent_since_start)
 
     def drift_usd(self) -> float | None:
-        """Provider-reported usage since start minus our accounted spend since start, both as of the
+        """Provider-reported usage since the run's first start minus our accounted spend since then
+        (every process of the run, with :meth:`seed_baseline`; else this process's), both as of the
         last credits reading (USD). Positive: the provider billed more than we accounted."""
         c = self.credits
         if c is None or c.usage_usd is None or self.usage_at_start is None:

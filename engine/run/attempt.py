@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from engine.client.accumulate import StreamProgress
 from engine.client.retry import RetryPolicy, call_with_retries
 from engine.client.types import Completion, ErrorClass, RequestError
+from engine.errors import DatagenError
 from engine.stream.wire import StreamWorkerLost
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("engine.run.scheduler")
 
 
-class _Requeue(Exception):
+class _Requeue(DatagenError):
     """Ends the attempts of a request and returns its prompt to pending (not a :class:`RequestError`,
     so the retry loop neither records nor retries it). ``lost``: the stream worker died mid-stream
     (its streamed spend is counted); else a retry was held back by a pause."""

@@ -34,10 +34,10 @@ from engine.run.scheduler import Scheduler
 from engine.proc import runlock
 from engine.storage.store import Store, make_run_dir
 from engine.run.apikey import probe_keyless_server, resolve_api_key
-from engine.run.supervisor import Supervisor
+from engine.run.supervisor import USAGE_BASELINE_KEY, Supervisor
 from engine.storage.writer import StoreWriter
 from engine.stream.pool import StreamWorkerPool, default_stream_workers
-from engine.stream.recover import prune, recover
+from engine.stream.recover import prune, recover_cut_streams, recover_results
 
 log = logging.getLogger("engine")
 
@@ -193,6 +193,7 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
         client: ChatClient | EndpointFleet
         fleet: EndpointFleet | None = None
         pool: StreamWorkerPool
+        check_fd_limit(total_conc, out)  # before the stream workers start: they inherit the limit
         if cfg.provider.base_urls:
             fleet = client = endpoint_fleet(cfg, make_client, lambda level, msg: sched.event(level, "endpoint", None, msg),
                                             send=lambda i, req, progress: pool.send(i, req, progress))
@@ -225,12 +226,15 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
             for url, probe in await fleet.start():  # unreachable endpoints start down, probed again later
                 print(f"endpoint {url}: " + (f"healthy (GET /models answered in {probe.seconds * 1000:.0f} ms)"
                                              if probe.ok else f"down ({probe.reason}); probed again later"), file=out)
-        check_fd_limit(sum(c.concurrency for c in cfg.classes.values()), out)
-        recovered = await recover(cfg.run.dir, store, sched.accounting.price)  # before the counters are loaded
-        if recovered.line():
-            print(recovered.line(), file=out)
+        recovered = await recover_results(cfg.run.dir, store, sched.accounting.price)  # before the counters load
         await sched.load()
         await discover_prices(cfg, sched, client, out)
+        cut, streams = await recover_cut_streams(cfg.run.dir, store, sched.accounting.price)  # priced now
+        for dataset, tokens, usd in streams:
+            sched.count_lost(dataset, tokens, usd)
+        for rec in (recovered, cut):
+            if rec.line():
+                print(rec.line(), file=out)
         sup: Supervisor
         ctl = Controller(sched, credits_check=lambda: sup.poll_credits())
         # Credits from /key (fallback /credits) wherever the server offers them, kind openai included
@@ -238,6 +242,11 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
         # With several endpoints each is its own account: every replica's /key is read and summed.
         reader = (functools.partial(read_credits_each, fleet.getters()) if fleet is not None
                   else functools.partial(read_credits, client.get_json))
+        # the drift spans every process of the run (what a kill lost shows), except on the built-in
+        # simulator, whose account is new at every start
+        base = await store.get_meta(USAGE_BASELINE_KEY) if cfg.provider.kind != "simulated" else None
+        if base is not None:
+            sched.spend.seed_baseline(float(base))
         sup = Supervisor(sched, ctl, reader)
         await sup.poll_credits()  # credits known before the first dispatch: the floor is checked at each one
         if recon is not None:

@@ -454,6 +454,13 @@ class Scheduler:
         self._unblock(rt)
         self._check_finished()
 
+    def count_lost(self, dataset: str, tokens: int, usd: float) -> None:
+        """Count the spend of a stream an earlier process of the run lost (cut by a kill, recorded by
+        :func:`engine.stream.recover.recover_cut_streams`): budgets, caps and the dataset's dollars."""
+        if dataset in self.spend.dataset_usd:
+            self.spend.add_partial(dataset, usd, tokens=tokens)
+            self.spend.lost_usd[dataset] = self.spend.lost_usd.get(dataset, 0.0) + usd
+
     def _anomaly(self, rt: DatasetRuntime, reason: str | None) -> None:
         """Pause ``rt`` when the anomaly guard fired (``reason``) and it is still active (:func:`engine.run.guards.anomaly`)."""
         guards.apply(self, guards.anomaly(rt, reason))

@@ -26,6 +26,8 @@ from engine.run.scheduler import Scheduler
 log = logging.getLogger(__name__)
 
 TICK_S = 1.0
+#: Store meta key of the provider's usage (USD) before the run's first dollar (:meth:`SpendControl.usage_baseline`).
+USAGE_BASELINE_KEY = "credits_usage_baseline"
 
 
 class Supervisor:
@@ -70,7 +72,15 @@ class Supervisor:
             log.warning("credits partial: %d of %d endpoints gave none (%s); credits shown are the others' "
                         "and spend is not reconciled until every endpoint answers", len(reading.missing),
                         reading.endpoints, ", ".join(reading.missing))
+        had = self.s.spend.usage_at_start is not None
         self.s.spend.on_credits(reading)
+        base = self.s.spend.usage_baseline()
+        if not had and base is not None:  # the run's first reading: the drift spans its later processes too
+            try:
+                if await self.s.store.get_meta(USAGE_BASELINE_KEY) is None:
+                    await self.s.store.set_meta(USAGE_BASELINE_KEY, repr(base))
+            except Exception as e:  # noqa: BLE001 - the drift then counts from this process's start
+                log.warning("credits baseline not stored: %s", e)
 
     async def _credits_loop(self) -> None:
         while True:

@@ -1,11 +1,12 @@
 """The store ingests the stream workers' journals exactly once by prompt key.
 
-- :func:`recover` runs at start, before the run's counters are loaded from the store: every journaled
-  completion whose prompt is still ``pending`` was paid and never committed (the run was killed
-  between the worker's fsync and the store's commit): it is stored now, with an ``ok`` attempt. Every
-  stream in the in-flight ledgers whose prompt is still pending was cut by the kill: it is recorded
-  as an ``aborted`` attempt with the tokens it had received and their estimated cost, so the lost
-  spend counts in ``status``, the report, the caps and the credits drift.
+- :func:`recover_results` runs at start, before the run's counters are loaded from the store: every
+  journaled completion whose prompt is still ``pending`` was paid and never committed (the run was
+  killed between the worker's fsync and the store's commit): it is stored now, with an ``ok`` attempt.
+- :func:`recover_cut_streams` runs once prices are known: every stream in the in-flight ledgers whose
+  prompt is still pending was cut by the kill: it is recorded as an ``aborted`` attempt with the
+  tokens it had received and their estimated cost, and added to the run's spend, so the lost spend
+  counts in ``status``, the report, the caps and the credits drift.
 - :func:`prune` deletes the journal segments whose every prompt is no longer pending (its result or
   failure is committed): periodically while running, and at the end.
 
@@ -16,11 +17,12 @@ journal twice stores nothing twice.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from engine.money.usage import account
 from engine.storage.store import Store
@@ -57,26 +59,21 @@ class Recovery:
         return "recovered: " + "; ".join(parts)
 
 
-def _read_all(jdir: Path) -> tuple[list[Path], list[dict[str, Any]], list[list[Any]]]:
-    segs = journal.segments(jdir)
-    recs = [r for s in segs for r in journal.read_records(s)]
-    return segs, recs, journal.read_ledgers(jdir)
-
-
-async def recover(run_dir: Path, store: Store, price: Callable[[int, int], "float | None"]) -> Recovery:
-    """Ingest the journals and in-flight ledgers of ``run_dir`` into ``store`` (see the module
-    docstring), then delete them. ``price(prompt_tokens, completion_tokens)`` prices a completion
-    without a reported cost and a cut stream (USD; None when no price is known).
+async def recover_results(run_dir: Path, store: Store, price: Callable[[int, int], "float | None"]) -> Recovery:
+    """Store every journaled completion of ``run_dir`` whose prompt is still pending (see the module
+    docstring), then delete the journal segments. Run it before the run's counters are loaded from
+    the store: they then include what it stored. ``price(prompt_tokens, completion_tokens)`` prices a
+    completion without a reported cost (USD; None when no price is known).
 
     Raises:
         sqlite3.Error / OSError: the store could not commit (the journals are kept for the next start).
     """
     jdir = journal.journal_dir(run_dir)
-    segs, recs, streams = await asyncio.to_thread(_read_all, jdir)
-    if not segs and not streams:
+    segs = await asyncio.to_thread(journal.segments, jdir)
+    if not segs:
         return Recovery()
-    refs = {(r["d"], r["k"]) for r in recs} | {(s[1], s[2]) for s in streams}
-    states = await store.prompt_states(refs)
+    recs = await asyncio.to_thread(lambda: [r for seg in segs for r in journal.read_records(seg)])
+    states = await store.prompt_states({(r["d"], r["k"]) for r in recs})
     writer = StoreWriter(store)
     stored: set[tuple[str, str]] = set()
     for r in recs:
@@ -90,36 +87,55 @@ async def recover(run_dir: Path, store: Store, price: Callable[[int, int], "floa
             log.warning("journal line for %s/%s unreadable; the prompt stays pending", *ref)
             continue
         acc = account(c, est_prompt_tokens=st[2], price=price)
-        c = _with_usage(c, acc.usage)
+        c = dataclasses.replace(c, usage=acc.usage)
         t0, t1 = float(r.get("t0") or time.time()), float(r.get("t1") or time.time())
         writer.add_attempt(st[0], ref[0], 1, t0, t1, "ok", provider=c.provider or None,
                            generation_id=c.generation_id or None, cost_usd=acc.usage.cost_usd)
         writer.add_result(st[0], ref[0], ref[1], c, 1, now=t1, usage_source=acc.source)
         stored.add(ref)
-    lost = 0
-    lost_usd = 0.0
-    for pid_, ds, key, tokens, gid, provider, started, *_ in streams:
+    if stored:
+        writer.add_event("warning", "recovered", None, Recovery(len(stored)).line() or "")
+    await writer.flush()
+    await asyncio.to_thread(_delete, segs)
+    return Recovery(len(stored), segments=len(segs))
+
+
+async def recover_cut_streams(run_dir: Path, store: Store, price: Callable[[int, int], "float | None"]
+                              ) -> tuple[Recovery, list[tuple[str, int, float]]]:
+    """Record every stream in the in-flight ledgers of ``run_dir`` whose prompt is still pending (cut
+    by a kill of the whole run) as an ``aborted`` attempt with its tokens and their estimated cost,
+    then delete the ledgers. Run it once prices are known (``price`` as in :func:`recover_results`).
+
+    Returns:
+        the :class:`Recovery` figures and ``(dataset, tokens, USD)`` per cut stream, for the spend
+        ledger of the run about to start.
+
+    Raises:
+        sqlite3.Error / OSError: the store could not commit (the ledgers are kept for the next start).
+    """
+    jdir = journal.journal_dir(run_dir)
+    streams = await asyncio.to_thread(journal.read_ledgers, jdir)
+    if not streams:
+        journal.remove_ledgers(jdir)
+        return Recovery(), []
+    states = await store.prompt_states({(s[1], s[2]) for s in streams})
+    writer = StoreWriter(store)
+    cut: list[tuple[str, int, float]] = []
+    for _pid, ds, key, tokens, gid, provider, started, *_ in streams:
         st = states.get((ds, key))
-        if st is None or st[1] != "pending" or (ds, key) in stored:
+        if st is None or st[1] != "pending":
             continue
         usd = price(st[2], int(tokens or 0))
-        lost += 1
-        lost_usd += usd or 0.0
+        cut.append((ds, int(tokens or 0), usd or 0.0))
         writer.add_attempt(st[0], ds, 0, float(started or time.time()), time.time(), "aborted",
                            message=KILLED_MESSAGE, provider=provider or None, generation_id=gid or None,
                            tokens_received=int(tokens or 0), cost_usd=usd)
-    if stored or lost:
-        writer.add_event("warning", "recovered", None, Recovery(len(stored), lost, lost_usd).line() or "")
+    rec = Recovery(lost_streams=len(cut), lost_usd=sum(u for _, _, u in cut))
+    if cut:
+        writer.add_event("warning", "recovered", None, rec.line() or "")
     await writer.flush()
-    await asyncio.to_thread(_delete, segs)
     journal.remove_ledgers(jdir)
-    return Recovery(len(stored), lost, lost_usd, len(segs))
-
-
-def _with_usage(c, usage):
-    import dataclasses
-
-    return dataclasses.replace(c, usage=usage)
+    return rec, cut
 
 
 def _delete(paths: list[Path]) -> None:
@@ -144,4 +160,4 @@ async def prune(run_dir: Path, store: Store, keep: Callable[[Path], bool] = lamb
     return removed
 
 
-__all__ = ["KILLED_MESSAGE", "Recovery", "prune", "recover"]
+__all__ = ["KILLED_MESSAGE", "Recovery", "prune", "recover_cut_streams", "recover_results"]

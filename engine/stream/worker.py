@@ -68,6 +68,7 @@ class Worker:
         self._pending: list[tuple[_Stream, Completion, bytes]] = []
         self._wake = asyncio.Event()
         self._closing = False
+        self._journal_failed = False
 
     def send(self, msg: tuple) -> None:
         """Queue one frame to the run (the socket's buffer absorbs bursts)."""
@@ -125,12 +126,12 @@ class Worker:
                 continue
             try:
                 await asyncio.to_thread(self.journal.write, [line for _, _, line in batch])
-            except OSError as e:
-                for s, _c, _line in batch:
-                    self.streams.pop(s.rid, None)
-                    self.send(("err", s.rid, error_fields(RequestError(
-                        ErrorClass.PROTOCOL, f"the stream worker could not journal the completion ({e})"))))
-                continue
+            except OSError as e:  # a paid completion is never dropped: sent unjournaled (the store still takes it)
+                if not self._journal_failed:
+                    log.warning("journal write failed (%s); completions are sent without a journal line", e)
+                self._journal_failed = True
+            else:
+                self._journal_failed = False
             for s, c, _line in batch:
                 self.streams.pop(s.rid, None)
                 self.send(("done", s.rid, c))
@@ -153,6 +154,7 @@ class Worker:
         """Every ``ledger_s``: rewrite the in-flight ledger (what a kill of the whole run would cut)."""
         assert self.ledger is not None
         last: list = []
+        warned = False
         while True:
             await asyncio.sleep(self.init.ledger_s)
             rows = [[*s.req.ref, s.progress.tokens_received, s.progress.generation_id, s.progress.provider,
@@ -161,8 +163,12 @@ class Worker:
                 last = rows
                 try:
                     await asyncio.to_thread(journal.write_ledger, self.ledger, rows)
-                except OSError:
-                    log.warning("in-flight ledger not written", exc_info=True)
+                except OSError as e:  # e.g. every file descriptor taken: the next rewrite may work
+                    if not warned:
+                        log.warning("in-flight ledger not written (%s); retried every %gs", e, self.init.ledger_s)
+                    warned = True
+                else:
+                    warned = False
 
     async def serve(self) -> None:
         """Read commands until ``close`` or the end of the socket, then cancel every stream."""
@@ -210,6 +216,9 @@ class Worker:
 
 
 async def _main(fd: int) -> None:
+    # Start the thread pool now (it imports modules on first use): once thousands of sockets have
+    # taken every file descriptor, an import would fail with EMFILE and the journal with it.
+    await asyncio.to_thread(int)
     sock = socket.socket(fileno=fd)
     reader, writer = await asyncio.open_connection(sock=sock, limit=2 ** 20)
     msg = await read_frame(reader)
