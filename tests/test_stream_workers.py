@@ -18,7 +18,7 @@ from engine.client.types import ChatRequest, ErrorClass, RequestError
 from engine.sim import SimConfig, SimThread
 from engine.stream import journal
 from engine.stream.pool import StreamWorkerPool, default_stream_workers
-from engine.stream.recover import KILLED_MESSAGE, prune, recover
+from engine.stream.recover import KILLED_MESSAGE, prune, recover_cut_streams, recover_results
 from engine.stream.wire import StreamWorkerLost
 
 from helpers import completion, make_config, seeded_store
@@ -196,10 +196,13 @@ async def test_recover_stores_journaled_results_once_and_counts_cut_streams(tmp_
             [ids[0], "a", "a-000000", 30, "gen-x", "P", 10.0],  # finished and journaled: not lost
             [ids[1], "a", "a-000001", 400, "gen-y", "P", 10.0],  # cut by the kill
         ])
-        rec = await recover(cfg.run.dir, store, lambda p, c: (p + c) * 1e-3)
-        assert (rec.stored, rec.lost_streams) == (1, 1)
-        assert rec.lost_usd == pytest.approx((10 + 400) * 1e-3)
-        assert "1 completion(s)" in rec.line() and "1 stream(s)" in rec.line()
+        price = lambda p, c: (p + c) * 1e-3  # noqa: E731
+        rec = await recover_results(cfg.run.dir, store, price)
+        assert (rec.stored, rec.lost_streams) == (1, 0) and "1 completion(s)" in rec.line()
+        cut, streams = await recover_cut_streams(cfg.run.dir, store, price)
+        assert (cut.stored, cut.lost_streams) == (0, 1) and "1 stream(s)" in cut.line()
+        assert cut.lost_usd == pytest.approx((10 + 400) * 1e-3)
+        assert streams == [("a", 400, pytest.approx(0.41))]
         cur = await store.conn.execute("SELECT key, content, completion_tokens, cost_usd, usage_source FROM results")
         assert await cur.fetchall() == [("a-000000", "stored from the journal", 33, 0.25, "reported")]
         cur = await store.conn.execute("SELECT prompt_id, outcome, tokens_received, cost_usd, message, generation_id "
@@ -209,7 +212,8 @@ async def test_recover_stores_journaled_results_once_and_counts_cut_streams(tmp_
         assert rows[1][2:] == (400, pytest.approx(0.41), KILLED_MESSAGE, "gen-y")
         assert (await store.prompt_states([("a", "a-000000")]))[("a", "a-000000")][1] == "done"
         assert list(jdir.iterdir()) == []  # ingested: journals and ledgers removed
-        assert (await recover(cfg.run.dir, store, lambda p, c: 1.0)).line() is None  # nothing twice
+        assert (await recover_results(cfg.run.dir, store, price)).line() is None  # nothing twice
+        assert (await recover_cut_streams(cfg.run.dir, store, price))[0].line() is None
     finally:
         await store.close()
 

@@ -452,6 +452,8 @@ class DashboardApp(App[int]):
         self.view.render(snap, note, self._gpu_source)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if not self.screen_stack:  # a highlight still queued while the app exits: nothing left to draw
+            return
         self.view.render_sample()
         self.view.refresh_footer()
 

@@ -299,6 +299,7 @@ class StreamWorkerPool:
                     if r is None:
                         self.late_results += 1  # cancelled as it finished: kept in the journal (recovered at start)
                     elif not r.fut.done():
+                        _finished(r.progress, msg[2])
                         r.fut.set_result(msg[2])
                 elif verb == "err":
                     r = reqs.pop(msg[1], None)
@@ -385,6 +386,17 @@ class StreamWorkerPool:
         """The pool's figures now."""
         ws = tuple(WorkerFigures(w.slot, w.pid, w.alive, len(w.in_flight)) for w in self._workers)
         return PoolFigures(self.n, sum(1 for w in ws if w.alive), self.restarts, self.lost_requests, self.recovered, ws)
+
+
+def _finished(p: StreamProgress, c: Completion) -> None:
+    """The caller's progress as of the end of the stream (a stream shorter than one progress batch
+    never had one): what it received, its generation id and provider."""
+    p.chars_received = len(c.reasoning) + len(c.content) + sum(len(t.arguments) for t in c.tool_calls)
+    p.status = p.status or 200
+    p.generation_id = c.generation_id or p.generation_id
+    p.provider = c.provider or p.provider
+    if c.usage.cost_usd is not None:
+        p.cost_usd = c.usage.cost_usd
 
 
 def _journaled(jdir: Path, prefix: str, rids: set[int]) -> dict[int, Completion]:
