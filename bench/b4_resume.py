@@ -3,8 +3,10 @@ results, against a fresh run of the same config.
 
 The config has one dataset of 90,000 prompts (``text`` format), concurrency 2,000, against a
 ``datagen sim`` process. Each measurement is a fresh ``datagen run CONFIG --headless`` process
-(in-process ``datagen.cli.main``, with ``ChatClient.complete`` wrapped to report the moment of the
-first call and exit at once, so nothing is sent and the store is left as it was):
+(in-process ``datagen.cli.main``, with ``engine.stream.pool.StreamWorkerPool.send`` -- the run's side
+of every request, handed to a stream-worker process from there -- wrapped to report the moment of
+the first call and exit at once, so nothing is sent and the store is left as it was; the stream
+workers' start-up, in ``prepare()``, is included):
 
 - fresh: an empty run directory (the file is parsed and its 90,000 prompts ingested);
 - resume: the store of the first fresh run, into which 80,000 results (+ one ``ok`` attempt each,
@@ -40,17 +42,20 @@ MEAN_CHARS = 8000
 
 def worker(a: argparse.Namespace) -> None:
     t0 = float(a.t0)
-    import engine.client.chat as chat
+    import engine.stream.pool as pool
     from datagen.cli import main
 
     t_main = time.time()
 
-    async def first_call(self, req, progress=None):  # noqa: ANN001 - stands in for ChatClient.complete
+    async def first_send(self, endpoint, req, progress=None):  # noqa: ANN001 - stands in for StreamWorkerPool.send
         t = time.time()
-        emit({"first_dispatch_s": t - t0, "in_process_s": t - t_main, "startup_s": t_main - t0})
-        os._exit(0)
+        emit({"first_dispatch_s": t - t0, "in_process_s": t - t_main, "startup_s": t_main - t0,
+              "stream_workers": self.n})
+        os._exit(0)  # the stream workers die with the run (PR_SET_PDEATHSIG)
 
-    chat.ChatClient.complete = first_call
+    # Every request leaves the run's process through the pool's send (``complete`` calls it too); the
+    # HTTP call itself happens in a stream-worker process, out of reach of a patch here.
+    pool.StreamWorkerPool.send = first_send
     code = main(["run", a.config, "--headless", "--run-dir", a.run_dir])
     print(f"run ended with code {code} before any dispatch", file=sys.stderr)
     os._exit(1)

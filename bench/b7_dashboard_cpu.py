@@ -40,7 +40,10 @@ def rows(res: dict[str, list[dict]]) -> list[dict]:
                 f"scaled to 2 frames/s: {s_at2['median']:.1f}% of a core; process CPU with the dashboard minus "
                 f"headless: {added['median']:+.1f} points" if s_at2["median"] is not None else "")
         if phase == "load":
-            note += "; the client core is saturated under this load (B2), so process CPU shares are capped"
+            hl = summary([r["load"].get("cpu_share") if "load" in r else None for r in head])
+            if hl["median"] is not None and hl["median"] >= 0.9:
+                note += "; the client core is saturated under this load (B2), so process CPU shares are capped"
+            note += "; the HTTP streams run in the stream-worker processes, not counted here"
         out.append(make_row(
             "B7", f"CPU of the dashboard, % of one core, 2 Hz with 8 datasets, {label}; "
                   f"baseline: the whole engine process headless", ours=s_ui, baseline=summary(h), unit="% of a core",

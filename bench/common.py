@@ -97,6 +97,142 @@ def raise_fd_limit(n: int = 16384) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
+# ---- the engine's stream workers (engine.stream.pool) -------------------------------------------
+#: Environment of a measured engine process: how many stream workers (``[run] stream_workers``) and
+#: the CPUs to pin them to (comma-separated; every CPU the orchestrator may use when they run unpinned).
+ENV_STREAM_WORKERS = "BENCH_STREAM_WORKERS"
+ENV_STREAM_CPUS = "BENCH_STREAM_CPUS"
+
+
+def stream_cpus() -> tuple[list[int], bool]:
+    """``(cpus, pinned)``: the CPUs for the measured engine's stream workers: every allowed CPU but
+    the measured process's (the first) and the simulator's (the last). When none is left (a 1- or
+    2-core machine) they run unpinned: ``(every allowed CPU, False)``."""
+    c = cpus()
+    client, sim = placement()
+    rest = [x for x in c if x not in (client, sim)]
+    return (rest, True) if rest else (c, False)
+
+
+def default_stream_workers() -> int:
+    """The stream workers of the measured engine by default: one per CPU left to them (the engine's
+    own default, ``max(1, cores - 1)``, would count the simulator's core and, in the pinned engine
+    process, sees one core); 1 when they run unpinned."""
+    c, pinned = stream_cpus()
+    return len(c) if pinned else 1
+
+
+def stream_env(workers: int | None = None) -> dict[str, str]:
+    """Environment for a measured engine worker process: ``workers`` stream workers (default
+    :func:`default_stream_workers`) on :func:`stream_cpus`."""
+    c, _ = stream_cpus()
+    return {ENV_STREAM_WORKERS: str(workers or default_stream_workers()), ENV_STREAM_CPUS: ",".join(map(str, c))}
+
+
+def stream_settings() -> tuple[int | None, set[int] | None]:
+    """In the measured engine process: ``(stream_workers, cpus)`` from :func:`stream_env`'s
+    variables; ``(None, None)`` when unset (the engine's default count, the engine's CPU inherited)."""
+    n = os.environ.get(ENV_STREAM_WORKERS)
+    if not n:
+        return None, None
+    c = os.environ.get(ENV_STREAM_CPUS, "")
+    return int(n), ({int(x) for x in c.split(",")} if c else None)
+
+
+def stream_note(workers: int | None = None) -> str:
+    """One phrase on where the stream workers ran, for a result row's note."""
+    c, pinned = stream_cpus()
+    n = workers or default_stream_workers()
+    where = (f"pinned to CPU{'s' if len(c) > 1 else ''} {_cpu_list(c)}" if pinned else
+             f"unpinned (affinity reset to all {len(c)} CPUs: none is left beside the engine's and the simulator's, "
+             f"so the workers share those)")
+    return f"{n} stream worker{'s' if n != 1 else ''} {where}"
+
+
+def _cpu_list(c: list[int]) -> str:
+    return f"{c[0]}-{c[-1]}" if len(c) > 2 and c == list(range(c[0], c[-1] + 1)) else ",".join(map(str, c))
+
+
+class StreamWorkers:
+    """The measured engine's stream-worker processes (``job.pool``, a
+    :class:`engine.stream.pool.StreamWorkerPool`): pins them to ``cpus`` (they would otherwise
+    inherit the engine's single CPU; None: left so) and sums their CPU time and RSS. :meth:`start`
+    re-pins every 0.5 s, so a worker that replaced a dead one is pinned too."""
+
+    def __init__(self, pool: Any, cpus_: set[int] | None) -> None:
+        self.pool = pool
+        self.cpus = cpus_
+        self._pinned: set[int] = set()
+        self._dead_cpu = 0.0  # CPU of workers that were replaced (so sums never go backwards)
+        self._last_cpu: dict[int, float] = {}
+        self.task: asyncio.Task | None = None
+        self.pin()
+
+    def pids(self) -> list[int]:
+        return [w.pid for w in self.pool.figures().workers if w.pid and w.alive]
+
+    def pin(self) -> None:
+        """Set the affinity of every thread of every live worker not pinned yet."""
+        if self.cpus is None:
+            return
+        for pid in self.pids():
+            try:
+                tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            except OSError:
+                continue
+            for tid in tids:
+                if tid in self._pinned:
+                    continue
+                try:
+                    os.sched_setaffinity(tid, self.cpus)
+                    self._pinned.add(tid)
+                except OSError:
+                    pass
+
+    async def _keep(self) -> None:
+        while True:
+            await asyncio.sleep(0.5)
+            self.pin()
+
+    def start(self) -> "StreamWorkers":
+        self.task = asyncio.get_running_loop().create_task(self._keep())
+        return self
+
+    def cpu_s(self) -> float:
+        """CPU seconds of the workers since they started (all their threads; replaced ones included)."""
+        pids = set(self.pids())
+        for pid in [p for p in self._last_cpu if p not in pids]:
+            self._dead_cpu += self._last_cpu.pop(pid)
+        for pid in pids:
+            v = proc_cpu_s(pid)
+            if v == v:
+                self._last_cpu[pid] = v
+        return self._dead_cpu + sum(self._last_cpu.values())
+
+    def rss(self) -> int:
+        """Summed RSS of the live workers (bytes)."""
+        total = 0
+        for pid in self.pids():
+            try:
+                total += rss_bytes(pid)
+            except OSError:
+                pass
+        return total
+
+    def figures(self) -> dict[str, Any]:
+        f = self.pool.figures()
+        return {"stream_workers": f.configured, "alive": f.alive, "restarts": f.restarts, "pids": self.pids(),
+                "cpus": sorted(self.cpus) if self.cpus else None,
+                "affinity": {pid: sorted(_affinity(pid)) for pid in self.pids()}}
+
+
+def _affinity(pid: int) -> set[int]:
+    try:
+        return os.sched_getaffinity(pid)
+    except OSError:
+        return set()
+
+
 # ---- the simulator --------------------------------------------------------------------------------
 class SimProcess:
     """``datagen sim`` in its own process on an ephemeral loopback port, pinned to ``cpu``."""
@@ -416,10 +552,13 @@ class Window:
     requests completed (connections are up, every slot busy) or, when ``open_at_s`` is given, that
     many seconds after :meth:`watch` started, whichever comes first; closes after ``seconds`` or
     once ``end_at`` completed (before the drain tail). Records wall time, process CPU and the
-    optional ``events`` counter (SSE data events) at both ends."""
+    optional ``events`` counter (SSE data events) at both ends. ``cpu`` (default: this process's
+    ``time.process_time``) is the CPU clock read; the engine's adds its stream workers'."""
 
-    def __init__(self, start_after: int, end_at: int, seconds: float, open_at_s: float | None = None) -> None:
+    def __init__(self, start_after: int, end_at: int, seconds: float, open_at_s: float | None = None,
+                 cpu=None) -> None:
         self.start_after, self.end_at, self.seconds, self.open_at_s = start_after, end_at, seconds, open_at_s
+        self.cpu = cpu or time.process_time
         self.t0 = self.c0 = self.n0 = self.e0 = None
         self.t1 = self.c1 = self.n1 = self.e1 = None
 
@@ -434,9 +573,9 @@ class Window:
             now = time.monotonic()
             if self.t0 is None:
                 if n >= self.start_after or (self.open_at_s is not None and now - t_watch >= self.open_at_s):
-                    self.t0, self.c0, self.n0, self.e0 = now, time.process_time(), n, ev()
+                    self.t0, self.c0, self.n0, self.e0 = now, self.cpu(), n, ev()
             elif n >= self.end_at or now - self.t0 >= self.seconds:
-                self.t1, self.c1, self.n1, self.e1 = now, time.process_time(), n, ev()
+                self.t1, self.c1, self.n1, self.e1 = now, self.cpu(), n, ev()
                 return
             elif in_flight is not None:
                 self._inflight.append(in_flight())

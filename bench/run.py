@@ -3,7 +3,7 @@
 Usage::
 
     python -m bench.run                 # everything (about 13 minutes on 2 cores)
-    python -m bench.run --only B4,B5    # a subset (B2, B3 and B7 share their runs)
+    python -m bench.run --only B4,B5    # a subset (B2, B3, B7 and B10 share their runs)
     python -m bench.run --quick         # shorter windows, one repetition (development)
     python -m bench.run --reps 5        # more repetitions than the default 3
     python -m bench.run --only B8 --merge   # rerun one, keep the other rows of results.json
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-ALL = ("B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9")
+ALL = ("B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9", "B10")
 
 
 def main(argv=None) -> int:
@@ -75,15 +75,16 @@ def main(argv=None) -> int:
         from bench import b9_hard_cap
 
         step("B9 hard_cap", lambda: b9_hard_cap.run(reps))
-    hold_ids = [x for x in ("B2", "B3", "B7") if x in only]
+    hold_ids = [x for x in ("B2", "B3", "B7", "B10") if x in only]
     if hold_ids:
-        from bench import b2_loop_lag, b3_memory, b7_dashboard_cpu, hold
+        from bench import b2_loop_lag, b3_memory, b7_dashboard_cpu, b10_keys, hold
 
-        modes = ("headless",) + (("dashboard",) if {"B2", "B7"} & set(hold_ids) else ()) + \
+        modes = (("headless",) if {"B2", "B3", "B7"} & set(hold_ids) else ()) + \
+            (("dashboard",) if {"B2", "B7", "B10"} & set(hold_ids) else ()) + \
             (("httpx",) if "B2" in hold_ids else ())
 
         def holds() -> list[dict]:
-            res = hold.run(reps, modes)
+            res = hold.run(reps, modes, keys="B10" in hold_ids)
             out = []
             if "B2" in hold_ids:
                 out += b2_loop_lag.rows(res)
@@ -91,6 +92,8 @@ def main(argv=None) -> int:
                 out += b3_memory.rows(res)
             if "B7" in hold_ids:
                 out += b7_dashboard_cpu.rows(res)
+            if "B10" in hold_ids:
+                out += b10_keys.rows(res)
             if out:
                 out[0]["details"] = {**out[0].get("details", {}), "hold_runs": res}
             return out
@@ -189,7 +192,8 @@ of B1: at most 2), {total:.0f} s of benchmarks in all.
 
 Cells: median [min–max] over the repetitions; "ratio" is the median of the per-run ratios ours/baseline
 (runs interleaved, so each ratio compares runs made side by side). The simulator (`datagen sim`) runs in its own
-process pinned to one core, each measured process is pinned to the other. Absolute figures depend on the machine
+process pinned to one core, each measured process is pinned to another; the engine's stream workers (B1, B2/B3/B7/B10)
+run on the cores left, unpinned when none is (2 cores). Absolute figures depend on the machine
 and on what else runs on it: compare ratios, and rerun `make bench` on a quiet machine before quoting any.
 
 {table(rows)}
