@@ -30,7 +30,7 @@ from e2e import SimProcess, read_log, run_cmd, run_env, status_json, wait_for, w
 LONG = os.environ.get("DATAGEN_LONG") == "1"
 #: Streams in flight: the product's scale in `make chaos`, a tenth of it in `make test`.
 CONC = 2000 if LONG else 300
-PROMPTS = 8000 if LONG else 1500
+PROMPTS = 8000 if LONG else 900
 #: Upper bounds of the issue (billed but not stored, bought twice), per kill.
 MAX_LOST = 50
 

@@ -86,10 +86,18 @@ def decode_payload(payload: bytes | str) -> Any:
     """Decode one event's data: the JSON object, or :data:`DONE` for ``[DONE]``.
 
     Invalid UTF-8 is decoded with U+FFFD replacement characters (the standard's UTF-8 decode).
+    The hot path is ``orjson.loads`` (several times faster than ``json.loads``; the same values for
+    valid JSON in UTF-8); whatever it refuses (invalid UTF-8, ``NaN``, integers past 64 bits, lone
+    surrogates, ``[DONE]``, two chunks in one event) takes the standard library's path below, so
+    what is accepted and how is unchanged.
 
     Raises:
         SSEDecodeError: the payload is not valid JSON (and not ``[DONE]``).
     """
+    try:
+        return _fast_loads(payload)
+    except ValueError:  # orjson.JSONDecodeError is a ValueError
+        pass
     try:
         return json.loads(payload)
     except UnicodeDecodeError:
@@ -108,6 +116,12 @@ def decode_payload(payload: bytes | str) -> Any:
             except SSEDecodeError:
                 pass
         raise SSEDecodeError(f"undecodable SSE data event ({len(raw)} bytes)", raw) from None
+
+
+try:
+    from orjson import loads as _fast_loads
+except ImportError:  # pragma: no cover - orjson is a dependency; the standard library still decodes
+    _fast_loads = json.loads
 
 
 class _Multi(list):

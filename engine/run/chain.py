@@ -271,8 +271,8 @@ class ExtractChain:
 
     async def _one(self, datasets: tuple[str, ...] | None) -> int:
         """One extraction run over ``datasets`` (None: every dataset); returns its exit code."""
-        try:
-            run = self._make_run(datasets)
+        try:  # resolving the job reads the model's config and starts NVML: off the loop, generation goes on
+            run = await asyncio.to_thread(self._make_run, datasets)
         except DatagenError as e:
             self.say(f"extraction not started: {e}")
             return 1
