@@ -72,9 +72,37 @@ def run_elapsed_s(sched: "RunView") -> float:
     return now
 
 
+_LIVE: "weakref.WeakKeyDictionary[RunView, tuple[float, dict[str, Any]]]" = weakref.WeakKeyDictionary()
+#: Seconds the live row's figures (projections, dollars, providers) are reused between commits; the
+#: in-flight counts and the state are always the commit's own (``status`` adds them to committed rows).
+LIVE_TTL_S = 0.25
+
+
 def live_row(sched: "RunView") -> dict[str, Any]:
     """Fields of the store's ``runtime`` row written at every commit (see :class:`~engine.storage.writer.StoreWriter`):
-    pid, start, state, elapsed and the live figures ``datagen status`` merges with committed rows."""
+    pid, start, state, elapsed and the live figures ``datagen status`` merges with committed rows.
+
+    Under load a commit follows every group of results (up to 20 a second): the figures built from a
+    snapshot are reused for :data:`LIVE_TTL_S`; the in-flight counts, the datasets' states, the run
+    state and elapsed are taken at each call (``datagen status`` adds the counts to the committed rows:
+    ``done + failed + skipped + pending + in_flight == prompts`` holds at every commit)."""
+    now = sched.clock()
+    cached = _LIVE.get(sched)
+    if cached is not None and now - cached[0] < LIVE_TTL_S:
+        row = dict(cached[1])
+        rs = sched.runstate
+        live = dict(row["live"])
+        live["in_flight"] = {name: rt.in_flight for name, rt in rs.datasets.items()}
+        live["datasets"] = {name: stopping_state(rt.state(rs.paused), rs.phase, rt.in_flight)
+                            for name, rt in rs.datasets.items()}
+        row.update(state=rs.phase, state_reason=rs.reason, elapsed_s=run_elapsed_s(sched), live=live)
+        return row
+    row = _live_row(sched)
+    _LIVE[sched] = (now, row)
+    return row
+
+
+def _live_row(sched: "RunView") -> dict[str, Any]:
     snap = build_snapshot(sched)
     cr = sched.spend.credits
     routing = sched.cfg.provider.routing
