@@ -369,9 +369,10 @@ class StreamWorkerPool:
         self._emit("warning", f"{msg}; a new worker (pid {fresh.pid}) took its place")
 
     def _emit(self, level: str, msg: str) -> None:
-        getattr(log, level if level in ("warning", "error") else "info")("%s", msg)
-        if self._on_event is not None:
+        if self._on_event is not None:  # the run records and logs it (once)
             self._on_event(level, msg)
+        else:
+            getattr(log, level if level in ("warning", "error") else "info")("%s", msg)
 
     def is_open_segment(self, path: Path) -> bool:
         """Whether journal segment ``path`` may still be written: the newest segment of a live worker."""
