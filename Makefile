@@ -38,7 +38,7 @@ test: venv
 slow: venv
 	$(BIN)/python -m pytest -q -s -m slow
 
-# Benchmarks (bench/README.md): writes bench/results.md and bench/results.json; about 13 minutes on 2 cores.
+# Benchmarks (bench/README.md): writes bench/results.md and bench/results.json; about 16-18 minutes on 2 cores.
 # BENCH_ARGS="--only B4,B5" or "--quick" for a subset or a short development run.
 bench: venv
 	$(BIN)/pip install --quiet -e '.[bench]'
