@@ -394,6 +394,18 @@ class Store:
                     out[(ds, key)] = (pid, state, est)
         return out
 
+    async def attempted_generations(self, generation_ids: Iterable[str]) -> set[str]:
+        """The generation ids among ``generation_ids`` that already have an attempt row (its spend is
+        counted there)."""
+        ids = [g for g in set(generation_ids) if g]
+        out: set[str] = set()
+        for i in range(0, len(ids), 500):
+            part = ids[i:i + 500]
+            cur = await self.conn.execute(
+                f"SELECT DISTINCT generation_id FROM attempts WHERE generation_id IN ({','.join('?' * len(part))})", part)
+            out.update(g for (g,) in await cur.fetchall())
+        return out
+
     async def recent_completion_tokens(self, dataset: str, limit: int = 2000) -> dict[str, list[int]]:
         """The last ``limit`` completion lengths (tokens) of a dataset per class, oldest first."""
         cur = await self.conn.execute(

@@ -6,7 +6,8 @@
 - :func:`recover_cut_streams` runs once prices are known: every stream in the in-flight ledgers whose
   prompt is still pending was cut by the kill: it is recorded as an ``aborted`` attempt with the
   tokens it had received and their estimated cost, and added to the run's spend, so the lost spend
-  counts in ``status``, the report, the caps and the credits drift.
+  counts in ``status``, the report, the caps and the credits drift (a stream whose generation id
+  already has an attempt row, one that failed after the ledger's last rewrite, is counted there).
 - :func:`prune` deletes the journal segments whose every prompt is no longer pending (its result or
   failure is committed): periodically while running, and at the end.
 
@@ -119,17 +120,20 @@ async def recover_cut_streams(run_dir: Path, store: Store, price: Callable[[int,
         journal.remove_ledgers(jdir)
         return Recovery(), []
     states = await store.prompt_states({(s[1], s[2]) for s in streams})
+    # a stream that failed after the ledger's last rewrite has its attempt row (and spend) already
+    counted = await store.attempted_generations(s[4] for s in streams)
     writer = StoreWriter(store)
     cut: list[tuple[str, int, float]] = []
     for _pid, ds, key, tokens, gid, provider, started, *_ in streams:
         st = states.get((ds, key))
-        if st is None or st[1] != "pending":
+        if st is None or st[1] != "pending" or (gid and gid in counted):
             continue
-        usd = price(st[2], int(tokens or 0))
-        cut.append((ds, int(tokens or 0), usd or 0.0))
+        tokens = int(tokens or 0)
+        usd = price(st[2] if tokens else 0, tokens)  # as a live abort: no prompt charge before a token came
+        cut.append((ds, tokens, usd or 0.0))
         writer.add_attempt(st[0], ds, 0, float(started or time.time()), time.time(), "aborted",
                            message=KILLED_MESSAGE, provider=provider or None, generation_id=gid or None,
-                           tokens_received=int(tokens or 0), cost_usd=usd)
+                           tokens_received=tokens, cost_usd=usd)
     rec = Recovery(lost_streams=len(cut), lost_usd=sum(u for _, _, u in cut))
     if cut:
         writer.add_event("warning", "recovered", None, rec.line() or "")
