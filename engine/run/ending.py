@@ -20,10 +20,6 @@ log = logging.getLogger(__name__)
 
 #: Seconds the run may still take once everything was aborted (tasks that ignore cancellation).
 ABORT_GRACE_S = 5.0
-#: Seconds a dataset's in-flight dollars are reused: snapshots, the store's live row (at every commit)
-#: and the dashboard ask many times a second, and pricing 2,000 streams is one pass over all of them.
-#: Its streams' progress arrives every 0.1 s; an abort prices them afresh.
-COST_TTL_S = 0.25
 
 
 class RunEnding:
@@ -54,36 +50,16 @@ class RunEnding:
         self.unidentified_aborts: dict[int, float] = {}
         #: the task that ends the run within the grace after an abort of everything (None: none yet).
         self.ender: asyncio.Task | None = None
-        self._costs: dict[str, InFlightCost] = {}
-        self._costs_at = float("-inf")
 
     # ---- dollars in flight ------------------------------------------------------------------
     def in_flight_cost(self, dataset: str | None = None) -> InFlightCost:
         """Dollars of the streams in flight (of ``dataset`` or all), from :mod:`engine.money.inflight`: what
         was generated so far, what they cost when completed, and what an abort now is estimated to
-        bill (each provider's observed billing of aborted streams). Zero dollars while no price is known.
-        Each dataset's figure is reused for :data:`COST_TTL_S` (none while it has no stream in flight)."""
-        now = self.clock()
-        if now - self._costs_at >= COST_TTL_S:
-            self._costs, self._costs_at = {}, now
-        if dataset is not None:
-            return self._dataset_cost(dataset)
+        bill (each provider's observed billing of aborted streams). Zero dollars while no price is known."""
         total = InFlightCost()
-        for name in self.run.datasets:
-            total = total + self._dataset_cost(name)
+        for _prog, c in self.stream_costs(dataset):
+            total = total + c
         return total
-
-    def _dataset_cost(self, name: str) -> InFlightCost:
-        rt = self.run.datasets.get(name)
-        if rt is None or not rt.streams:
-            return InFlightCost()
-        c = self._costs.get(name)
-        if c is None:
-            c = InFlightCost()
-            for _prog, one in self.stream_costs(name):
-                c = c + one
-            self._costs[name] = c
-        return c
 
     def stream_costs(self, dataset: str | None = None) -> list[tuple[Any, InFlightCost]]:
         """``(progress, InFlightCost)`` per stream in flight (of ``dataset`` or all)."""
@@ -109,7 +85,6 @@ class RunEnding:
         how many streams, the dollars generated so far and what they cost if billed in full. While
         the run is stopping, the run ends within :data:`ABORT_GRACE_S` of an abort of everything even
         if a request ignores its cancellation."""
-        self._costs_at = float("-inf")  # priced afresh: what is aborted now
         cost = InFlightCost()
         for prog, c in self.stream_costs(dataset):
             cost = cost + c

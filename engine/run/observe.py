@@ -72,7 +72,7 @@ def run_elapsed_s(sched: "RunView") -> float:
     return now
 
 
-_LIVE: "weakref.WeakKeyDictionary[RunView, tuple[float, dict[str, Any]]]" = weakref.WeakKeyDictionary()
+_LIVE: "weakref.WeakKeyDictionary[RunView, tuple[float, tuple, dict[str, Any]]]" = weakref.WeakKeyDictionary()
 #: Seconds the live row's figures (projections, dollars, providers) are reused between commits; the
 #: in-flight counts and the state are always the commit's own (``status`` adds them to committed rows).
 LIVE_TTL_S = 0.25
@@ -83,14 +83,18 @@ def live_row(sched: "RunView") -> dict[str, Any]:
     pid, start, state, elapsed and the live figures ``datagen status`` merges with committed rows.
 
     Under load a commit follows every group of results (up to 20 a second): the figures built from a
-    snapshot are reused for :data:`LIVE_TTL_S`; the in-flight counts, the datasets' states, the run
-    state and elapsed are taken at each call (``datagen status`` adds the counts to the committed rows:
+    snapshot are reused for :data:`LIVE_TTL_S` unless the run's or a dataset's control state, or the
+    credits reading, changed since; the in-flight counts, the datasets' states, the run state and
+    elapsed are taken at each call (``datagen status`` adds the counts to the committed rows:
     ``done + failed + skipped + pending + in_flight == prompts`` holds at every commit)."""
     now = sched.clock()
     cached = _LIVE.get(sched)
-    if cached is not None and now - cached[0] < LIVE_TTL_S:
-        row = dict(cached[1])
-        rs = sched.runstate
+    rs = sched.runstate
+    # what changes the figures at once: a pause, resume, skip or stop, a new credits reading
+    key = (rs.phase, rs.reason, rs.paused, rs.done.is_set(), id(sched.spend.credits),
+           tuple((rt.control, rt.reason) for rt in rs.datasets.values()))
+    if cached is not None and now - cached[0] < LIVE_TTL_S and cached[1] == key:
+        row = dict(cached[2])
         live = dict(row["live"])
         live["in_flight"] = {name: rt.in_flight for name, rt in rs.datasets.items()}
         live["datasets"] = {name: stopping_state(rt.state(rs.paused), rs.phase, rt.in_flight)
@@ -98,7 +102,7 @@ def live_row(sched: "RunView") -> dict[str, Any]:
         row.update(state=rs.phase, state_reason=rs.reason, elapsed_s=run_elapsed_s(sched), live=live)
         return row
     row = _live_row(sched)
-    _LIVE[sched] = (now, row)
+    _LIVE[sched] = (now, key, row)
     return row
 
 
