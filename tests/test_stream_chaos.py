@@ -148,7 +148,8 @@ def test_kill9_of_the_process_group_at_full_load_loses_almost_nothing(tmp_path):
 @pytest.mark.timeout(900 if LONG else 400)
 def test_kill9_of_one_stream_worker_returns_its_streams_and_the_run_completes(tmp_path):
     data = write_prompts(tmp_path / "prompts.jsonl", PROMPTS, tag="worker ")
-    sim, log = _sim(tmp_path)
+    # the full load, as the process-group kill: 20 tokens/s per stream
+    sim, log = _sim(tmp_path, tokens_per_s=20)
     run_dir = tmp_path / "run"
     try:
         cfg = _config(tmp_path, sim.base_url, data, workers=2)
