@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -52,3 +53,25 @@ def completion(text: str = "hello world", completion_tokens: int = 10, cost: flo
         usage=Usage(prompt_tokens=5, completion_tokens=completion_tokens, reasoning_tokens=1, cost_usd=cost),
         provider=provider, model="m", generation_id="gen-1", latency_s=0.01, ttft_s=0.005,
     )
+
+
+def store_rows(run_dir: Path, sql: str) -> list[tuple]:
+    """The rows of ``sql`` on ``run_dir``'s store (a fresh read-only-minded connection, closed after)."""
+    db = sqlite3.connect(Path(run_dir) / "store.sqlite")
+    try:
+        return db.execute(sql).fetchall()
+    finally:
+        db.close()
+
+
+def tool_fragment(index: int | None = None, id: str | None = None, name: str | None = None,  # noqa: A002
+                  args: Any = None, type: str | None = None, **extra: Any) -> dict[str, Any]:  # noqa: A002
+    """One streamed ``delta.tool_calls`` entry; a parameter left None is left out of the entry."""
+    d: dict[str, Any] = dict(extra)
+    for k, v in (("index", index), ("id", id), ("type", type)):
+        if v is not None:
+            d[k] = v
+    fn = {k: v for k, v in (("name", name), ("arguments", args)) if v is not None}
+    if fn:
+        d["function"] = fn
+    return d

@@ -7,26 +7,12 @@ import json
 
 import pytest
 
+from helpers import tool_fragment as tc
+
 from engine.client.accumulate import StreamAccumulator, finish_value, parse_completion_body, usage_present
 from engine.client.errors import classify_error_object, classify_http_error, error_status
 from engine.client.toolcalls import ToolCallAssembler
 from engine.client.types import KNOWN_FINISH_REASONS, ErrorClass, RequestError
-
-
-def tc(index=None, id=None, name=None, args=None, **extra):
-    d: dict = dict(extra)
-    if index is not None:
-        d["index"] = index
-    if id is not None:
-        d["id"] = id
-    fn = {}
-    if name is not None:
-        fn["name"] = name
-    if args is not None:
-        fn["arguments"] = args
-    if fn:
-        d["function"] = fn
-    return d
 
 
 def assemble(*deltas) -> list[tuple[str, str, str]]:
@@ -164,10 +150,17 @@ def test_first_non_empty_finish_kept_later_empty_ones_ignored():
     assert acc.completion().finish_reason == "stop" and acc.empty_finishes == 2
 
 
-@pytest.mark.parametrize("fr", ["end_turn", "eos", "abort", "STOP", 7])
+@pytest.mark.parametrize("fr", ["abort", "eot_id", "paused", 7])
 def test_unknown_finish_reason_kept_verbatim_and_flagged(fr):
     c = feed_all(ch("a"), ch(None, fr)).completion()
-    assert c.finish_reason == str(fr) and not c.finish_known
+    assert c.finish_reason == str(fr) and not c.finish_known and "finish_alias" not in c.flags
+
+
+@pytest.mark.parametrize("fr,std", [("end_turn", "stop"), ("eos", "stop"), ("STOP", "stop"), ("end", "stop"),
+                                    ("MAX_TOKENS", "length"), ("tool_use", "tool_calls"), ("Length", "length")])
+def test_finish_alias_read_as_the_standard_one_and_noted(fr, std):
+    c = feed_all(ch("a"), ch(None, fr)).completion()
+    assert (c.finish_reason, c.native_finish_reason, c.finish_known, c.flags) == (std, fr, True, ("finish_alias",))
 
 
 @pytest.mark.parametrize("fr", sorted(KNOWN_FINISH_REASONS))

@@ -92,7 +92,7 @@ SCHEMAS = {
                       ("usage", pa.struct([("prompt_tokens", pa.int64()), ("completion_tokens", pa.int64()),
                                            ("reasoning_tokens", pa.int64())])),
                       ("usage_source", S), ("cost_usd", pa.float64()), ("provider", S), ("model", S),
-                      ("generation_id", S)]),
+                      ("generation_id", S), ("wire_flags", S)]),
     "specforge": pa.schema([("id", S), ("conversations", MESSAGE), ("tools", S)]),
     "openai": pa.schema([("id", S), ("messages", MESSAGE), ("tools", S)]),
 }

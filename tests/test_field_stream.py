@@ -146,7 +146,7 @@ def respond_09(req: dict, n: int) -> Reply:
     elif "metals" in u:  # first attempt: the finish chunk is left unterminated (no blank line) at the end
         r, c, fin = "Metals.", "Iron, gold.", ("unterminated" if n == 1 else "stop")
     else:  # "trees": a finish reason outside the known set, kept verbatim
-        r, c, fin = "Trees.", "Oak, elm.", "end_turn"
+        r, c, fin = "Trees.", "Oak, elm.", "halted"
     head = [sse(chunk({"role": "assistant", "reasoning_content": r}, finish="")), sse(chunk({"content": c}, finish=""))]
     if fin is None:
         return Reply(pieces=head + [0.05], drop=True)
@@ -179,7 +179,7 @@ def test_case09_empty_finish_reason_never_finishes(tmp_path):
     stored = by_prompt(run, "SELECT p.messages, r.finish_reason, r.content FROM results r JOIN prompts p "
                             "ON p.id = r.prompt_id")
     assert {q: v[0] for q, v in stored.items()} == {qs[0]: "stop", qs[1]: "length", qs[3]: "stop", qs[4]: "stop",
-                                                    qs[5]: "stop", qs[6]: "end_turn"}
+                                                    qs[5]: "stop", qs[6]: "halted"}
     assert stored[qs[3]][1] == "Mercury, Venus, Earth."
     checks = by_prompt(run, "SELECT p.messages, v.reasons FROM validations v JOIN prompts p ON p.id = v.prompt_id")
     assert {q: json.loads(v[0]) for q, v in checks.items()} == {

@@ -16,7 +16,13 @@ Wire facts (``docs/openrouter.md``):
 * a mid-stream error is a chunk with top-level ``error`` and ``choices[0].finish_reason == "error"``, or (older
   form) ``choices[0].error``; ``code`` is an int or a string. An error whose code stands for an HTTP status is
   classified like that HTTP error (:func:`~engine.client.errors.classify_error_object`: an in-stream 429 is a
-  ``RATE_LIMIT``); a code-less one is ``MIDSTREAM``.
+  ``RATE_LIMIT``); a code-less one is ``MIDSTREAM``;
+* generated token ids (vLLM >= 0.10.2 asked with ``return_token_ids: true``, see :class:`ChatClient`): a streamed
+  chunk carries the ids it generated in ``choices[0].token_ids`` (the first, role-only chunk carries none; chunks
+  whose delta is empty still carry theirs), a non-streamed body the whole list in ``choices[0].token_ids``; they are
+  concatenated in order into :attr:`Completion.token_ids` (None when no chunk carried any, or when one carried
+  something that is not a list of non-negative ints). The prompt's ids (top-level ``prompt_token_ids``, first
+  chunk only when streamed) are not read.
 
 ``tokens_received`` is an ESTIMATE of completion tokens streamed so far: characters of reasoning + content +
 tool-call arguments received, divided by 4 and rounded up. Use it as a lower-bound-style estimate of what an aborted
@@ -30,6 +36,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .conformance import DEFAULT_FINISH_ALIASES, read_usage, resolve_finish, usage_location
 from .errors import classify_error_object, get_header, truncate
 from .toolcalls import ToolCallAssembler
 from .types import Completion, ErrorClass, RequestError, ToolCall, Usage
@@ -136,22 +143,10 @@ def _int(v: Any) -> int:
 
 
 def parse_usage(u: Any) -> Usage:
-    """Build :class:`Usage` from a ``usage`` object (tolerates missing fields and numeric strings)."""
-    if not isinstance(u, dict):
-        return Usage()
-    details = u.get("completion_tokens_details")
-    reasoning = _int(details.get("reasoning_tokens")) if isinstance(details, dict) else 0
-    cost = u.get("cost")
-    try:
-        cost_usd = float(cost) if cost is not None else None
-    except (TypeError, ValueError):
-        cost_usd = None
-    return Usage(
-        prompt_tokens=_int(u.get("prompt_tokens")),
-        completion_tokens=_int(u.get("completion_tokens")),
-        reasoning_tokens=reasoning,
-        cost_usd=cost_usd,
-    )
+    """Build :class:`Usage` from a ``usage`` object (tolerates missing fields and numeric strings); the
+    billed figures as :func:`engine.client.conformance.read_usage` reads them (reasoning reported outside
+    ``completion_tokens`` added, BYOK upstream cost counted)."""
+    return read_usage(u)[0]
 
 
 def usage_present(u: Any) -> bool:
@@ -188,6 +183,8 @@ class StreamAccumulator:
         progress: a :class:`StreamProgress` to update live (one is created if omitted; see :attr:`progress`).
         clock: monotonic clock, injectable for tests.
         generation_id: generation id known from the ``X-Generation-Id`` header, if any (wins over chunk ``id``).
+        finish_aliases: lower-case aliases of the standard finish reasons
+            (:func:`engine.client.conformance.finish_aliases`); None: the defaults.
 
     Usage::
 
@@ -213,6 +210,12 @@ class StreamAccumulator:
         "generation_id",
         "ttft_s",
         "chunks",
+        "flags",
+        "_aliases",
+        "_usage_preview",
+        "_content_seen",
+        "_token_ids",
+        "_ids_bad",
     )
 
     def __init__(
@@ -222,6 +225,7 @@ class StreamAccumulator:
         progress: StreamProgress | None = None,
         clock: Callable[[], float] = time.monotonic,
         generation_id: str = "",
+        finish_aliases: Mapping[str, str] | None = None,
     ) -> None:
         self.progress = progress if progress is not None else StreamProgress()
         self._clock = clock
@@ -241,6 +245,13 @@ class StreamAccumulator:
             self.progress.generation_id = generation_id
         self.ttft_s: float | None = None
         self.chunks = 0
+        self.flags: list[str] = []
+        """Wire-conformance flags raised so far (:mod:`engine.client.conformance`), each once."""
+        self._aliases = finish_aliases if finish_aliases is not None else DEFAULT_FINISH_ALIASES
+        self._usage_preview = False
+        self._content_seen = False
+        self._token_ids: list[Any] = []
+        self._ids_bad = False
 
     # -- state ------------------------------------------------------------------------------------------------
 
@@ -279,24 +290,18 @@ class StreamAccumulator:
         err = chunk.get("error")
         if err is not None:
             raise self._midstream(err)
-        usage = chunk.get("usage")
-        if usage and usage_present(usage):
-            self.usage_raw = usage
-            cost = usage.get("cost") if isinstance(usage, dict) else None
-            if cost is not None:
-                try:
-                    self.progress.cost_usd = float(cost)
-                except (TypeError, ValueError):
-                    pass
         choices = chunk.get("choices")
-        if not choices:
-            return
-        choice = choices[0]
+        choice = choices[0] if choices and type(choices) is list else None
+        if type(choice) is dict:
+            delta = choice.get("delta")
+            if delta:
+                self._delta(delta)
+            tids = choice.get("token_ids")
+            if tids:
+                self._ids(tids)
+        self._usage(chunk)
         if type(choice) is not dict:
             return
-        delta = choice.get("delta")
-        if delta:
-            self._delta(delta)
         fr = choice.get("finish_reason")
         if fr == "error" or choice.get("error") is not None:
             raise self._midstream(choice.get("error") or {"message": "finish_reason=error with no error object"})
@@ -322,12 +327,34 @@ class StreamAccumulator:
         if prov and not self.provider:
             self.provider = self.progress.provider = str(prov)
 
+    def _flag(self, name: str) -> None:
+        if name not in self.flags:
+            self.flags.append(name)
+
+    def _usage(self, chunk: dict[str, Any]) -> None:
+        """Take a chunk's usage (wherever it is: :func:`~engine.client.conformance.usage_location`); the
+        latest wins (running totals end on the final figure). A usage before any generated text is a
+        preview: it stands only if no text follows (:meth:`completion`)."""
+        usage, where = usage_location(chunk)
+        if not (usage and usage_present(usage)):
+            return
+        self.usage_raw = usage
+        self._usage_preview = not (self.progress.chars_received or self._tools or self.finish_reason)
+        if where:
+            self._flag(where)
+        self.progress.cost_usd = read_usage(usage)[0].cost_usd
+
+    def feed_late(self, chunk: Any) -> None:
+        """Consume a chunk that arrived after ``[DONE]``: only its usage is read (flag ``usage_after_done``);
+        anything else in it is ignored."""
+        if type(chunk) is dict and usage_location(chunk)[0]:
+            before = self.usage_raw
+            self._usage(chunk)
+            if self.usage_raw is not before:
+                self._flag("usage_after_done")
+
     def _delta(self, delta: dict[str, Any]) -> None:
         got = 0
-        c = delta.get("content")
-        if c and type(c) is str:
-            self._content.append(c)
-            got += len(c)
         r = delta.get("reasoning")
         if not (r and type(r) is str):
             r = delta.get("reasoning_content")
@@ -335,8 +362,15 @@ class StreamAccumulator:
                 d = delta.get("reasoning_details")
                 r = _details_text(d) if d else ""
         if r:
+            if self._content_seen or self._tools:
+                self._flag("reasoning_after_content")
             self._reasoning.append(r)
             got += len(r)
+        c = delta.get("content")
+        if c and type(c) is str:
+            self._content.append(c)
+            self._content_seen = True
+            got += len(c)
         tcs = delta.get("tool_calls")
         if tcs:
             got += self._tool_deltas(tcs)
@@ -349,6 +383,21 @@ class StreamAccumulator:
 
     def _tool_deltas(self, tcs: Any) -> int:
         return self._tools.feed(tcs)
+
+    def _ids(self, tids: Any) -> None:
+        """Append a chunk's (or a body's) generated ``token_ids``; anything but a list spoils them all."""
+        if type(tids) is list:
+            self._token_ids.extend(tids)
+        else:
+            self._ids_bad = True
+
+    def token_ids(self) -> tuple[int, ...] | None:
+        """The generated token ids the server sent so far, in order; None when it sent none, or when any
+        it sent is not a non-negative int (a partial or garbled list could only fail the comparison)."""
+        ids = self._token_ids
+        if not ids or self._ids_bad or not all(type(x) is int and x >= 0 for x in ids):
+            return None
+        return tuple(ids)
 
     # -- results ----------------------------------------------------------------------------------------------
 
@@ -370,19 +419,34 @@ class StreamAccumulator:
             raise RuntimeError("completion() of an unfinished choice (no finish_reason arrived)")
         if latency_s is None:
             latency_s = self._clock() - self._t_start
+        flags = list(self.flags)
+        fin, aliased = resolve_finish(self.finish_reason, self._aliases)
+        native = self.native_finish_reason
+        if aliased:
+            flags.append("finish_alias")
+            native = native or self.finish_reason  # the provider's own spelling stays on record
+        usage_raw = self.usage_raw
+        if self._usage_preview and (self.progress.chars_received or self._tools):
+            usage_raw = None  # only a preview came, before the text: not this generation's usage
+            flags.append("usage_preview")
+        usage, usage_flags = read_usage(usage_raw)
+        flags += usage_flags
+        flags += self._tools.flags
         return Completion(
             reasoning="".join(self._reasoning),
             content="".join(self._content),
             tool_calls=self.tool_calls(),
-            finish_reason=self.finish_reason,
-            native_finish_reason=self.native_finish_reason,
-            usage=parse_usage(self.usage_raw),
+            finish_reason=fin,
+            native_finish_reason=native,
+            usage=usage,
             provider=self.provider,
             model=self.model,
             generation_id=self.generation_id,
             latency_s=latency_s,
             ttft_s=self.ttft_s,
-            usage_reported=usage_present(self.usage_raw),
+            usage_reported=usage_present(usage_raw),
+            flags=tuple(dict.fromkeys(flags)),
+            token_ids=self.token_ids(),
         )
 
     def error(self, error_class: ErrorClass, message: str, *, status: int = 0) -> RequestError:
@@ -416,6 +480,7 @@ def parse_completion_body(
     *,
     latency_s: float = 0.0,
     progress: StreamProgress | None = None,
+    finish_aliases: Mapping[str, str] | None = None,
 ) -> Completion:
     """Parse a NON-streaming 200 body into a :class:`Completion`.
 
@@ -431,6 +496,7 @@ def parse_completion_body(
         latency_s: seconds from send to the end of the body (also reported as ``ttft_s`` when anything was
             generated: a non-streaming body arrives at once).
         progress: optional :class:`StreamProgress` to update (generation id, chars received).
+        finish_aliases: as :class:`StreamAccumulator`'s.
     """
     gid = get_header(headers, "X-Generation-Id") or ""
     if isinstance(text, bytes):
@@ -450,11 +516,9 @@ def parse_completion_body(
         ) from None
     if not isinstance(body, dict):
         raise RequestError(ErrorClass.PROTOCOL, "response body is not a JSON object", status=200, generation_id=gid)
-    acc = StreamAccumulator(t_start=0.0, progress=progress, clock=lambda: latency_s, generation_id=gid)
+    acc = StreamAccumulator(t_start=0.0, progress=progress, clock=lambda: latency_s, generation_id=gid,
+                            finish_aliases=finish_aliases)
     acc._meta(body)
-    if usage_present(body.get("usage")):
-        acc.usage_raw = body["usage"]
-        acc.progress.cost_usd = parse_usage(body["usage"]).cost_usd
     choices = body.get("choices")
     choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
     message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
@@ -472,6 +536,7 @@ def parse_completion_body(
         fixed = [dict(tc, index=i) if isinstance(tc, dict) else tc for i, tc in enumerate(tcs)]
         chars += acc._tool_deltas(fixed)
     acc.progress.chars_received += chars
+    acc._usage(body)
     err = body.get("error")
     if err is not None:
         raise acc._midstream(err)
@@ -486,5 +551,8 @@ def parse_completion_body(
                         status=200)
     nfr = choice.get("native_finish_reason")
     acc.native_finish_reason = str(nfr) if nfr is not None else None
+    tids = choice.get("token_ids")
+    if tids:
+        acc._ids(tids)
     acc.ttft_s = latency_s if acc.progress.chars_received else None
     return acc.completion(latency_s=latency_s)

@@ -22,7 +22,9 @@ undecodable chunk / body                               ``PROTOCOL``
 A stream whose non-empty ``finish_reason`` arrived is returned as a :class:`Completion` even if the connection
 then breaks before ``[DONE]``: the text is complete (usage may then be missing: ``usage_reported`` False).
 Streamed requests ask for usage with ``stream_options: {"include_usage": true}`` unless ``stream_usage=False``
-(vLLM, SGLang and OpenAI send no usage in a stream without it; OpenRouter accepts it).
+(vLLM, SGLang and OpenAI send no usage in a stream without it; OpenRouter accepts it). With
+``return_token_ids=True`` every request also asks for the generated token ids (vLLM >= 0.10.2); they come back in
+:attr:`Completion.token_ids` (:mod:`engine.client.accumulate` reads them).
 
 The API key is never put into a message, repr or log: messages are built from response data and exception class
 names only, and every raised message is additionally scrubbed of the key.
@@ -40,6 +42,7 @@ import httpx
 from engine.loopback import is_loopback_host
 
 from .accumulate import StreamAccumulator, StreamProgress, parse_completion_body
+from .conformance import finalize, finish_aliases
 from .errors import classify_http_error, truncate
 from .pool import ShardedTransport, env_proxy_for
 from .sse import DONE, SSEDecodeError, SSEParser
@@ -139,6 +142,14 @@ class ChatClient:
         stream_usage: with ``stream``, send ``stream_options: {"include_usage": true}`` (merged into any
             ``stream_options`` the request body already has). Never sent on non-streamed requests (servers
             refuse ``stream_options`` without ``stream``).
+        finish_reasons: more aliases of the standard finish reasons (``{"eos": "stop"}``), on top of
+            :data:`~engine.client.conformance.DEFAULT_FINISH_ALIASES` (``[provider] finish_reasons``).
+        return_token_ids: add ``"return_token_ids": true`` to every request body (vLLM >= 0.10.2 then returns
+            the generated ids, read into :attr:`Completion.token_ids`; ``[provider] return_token_ids``). Off by
+            default: a server that does not know the field may refuse the request (400).
+
+    Raises:
+        ValueError: a bad ``base_url``, key or alias (named in the message, never the key).
     """
 
     def __init__(
@@ -158,6 +169,8 @@ class ChatClient:
         drain_timeout_s: float = 2.0,
         pool_shard_size: int = 32,
         stream_usage: bool = True,
+        finish_reasons: dict[str, str] | None = None,
+        return_token_ids: bool = False,
     ) -> None:
         try:
             url = httpx.URL(base_url)
@@ -180,6 +193,8 @@ class ChatClient:
         self._chat_url = self._base + "/chat/completions"
         self._stream = stream
         self._stream_usage = bool(stream_usage)
+        self._return_token_ids = bool(return_token_ids)
+        self._aliases = finish_aliases(finish_reasons)
         self._stall = float(stall_timeout_s)
         self._total = float(total_timeout_s)
         self._drain = float(drain_timeout_s)
@@ -256,11 +271,13 @@ class ChatClient:
         if self._stream and self._stream_usage:
             opts = fields.get("stream_options")
             fields["stream_options"] = {**(opts if isinstance(opts, dict) else {}), "include_usage": True}
+        if self._return_token_ids:
+            fields["return_token_ids"] = True
         body = json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode()
         t0 = time.monotonic()
         try:
             async with asyncio.timeout(self._total):
-                return await self._complete(body, progress, t0)
+                return finalize(req, await self._complete(body, progress, t0))
         except TimeoutError:
             raise self._scrub(
                 RequestError(
@@ -371,7 +388,8 @@ class ChatClient:
                 raw = await resp.aread()
             except (httpx.HTTPError, OSError) as e:
                 raise self._transport_error(e, progress, "reading the response body") from None
-            return parse_completion_body(raw, resp.headers, latency_s=time.monotonic() - t0, progress=progress)
+            return parse_completion_body(raw, resp.headers, latency_s=time.monotonic() - t0, progress=progress,
+                                         finish_aliases=self._aliases)
         finally:
             await resp.aclose()
 
@@ -395,7 +413,7 @@ class ChatClient:
         return classify_http_error(resp.status_code, resp.headers, body, generation_id=gid)
 
     async def _read_stream(self, resp: httpx.Response, progress: StreamProgress, t0: float, gid: str) -> Completion:
-        acc = StreamAccumulator(t_start=t0, progress=progress, generation_id=gid)
+        acc = StreamAccumulator(t_start=t0, progress=progress, generation_id=gid, finish_aliases=self._aliases)
         parser = SSEParser()
         it = resp.aiter_bytes()
         try:
@@ -411,10 +429,13 @@ class ChatClient:
         try:
             async for data in it:
                 for ev in parser.feed(data):
-                    if ev is DONE:
+                    if done:  # read in the same bytes as [DONE]: only a late usage counts
+                        if ev is not DONE:
+                            acc.feed_late(ev)
+                    elif ev is DONE:
                         done = True
-                        break
-                    feed(ev)
+                    else:
+                        feed(ev)
                 if done:
                     break
             else:
@@ -439,14 +460,15 @@ class ChatClient:
             end = "[DONE]" if done else "the end of the body"
             raise acc.error(ErrorClass.DISCONNECT,
                             f"stream ended ({end}) without a finish_reason after {', '.join(seen)}", status=200)
-        completion = acc.completion()
         if done:
             # Read to the end of the HTTP body (usually already buffered) so the connection goes back to the pool
-            # instead of being closed.
+            # instead of being closed; a usage chunk some servers send after [DONE] is still read.
             try:
                 async with asyncio.timeout(self._drain):
-                    async for _ in it:
-                        pass
-            except (TimeoutError, httpx.HTTPError, OSError):
+                    async for data in it:
+                        for ev in parser.feed(data):
+                            if ev is not DONE:
+                                acc.feed_late(ev)
+            except (TimeoutError, httpx.HTTPError, OSError, SSEDecodeError):
                 pass
-        return completion
+        return acc.completion()

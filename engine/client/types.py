@@ -70,6 +70,11 @@ class Completion:
         usage_reported: whether the response carried a ``usage`` object. False when the provider sent none
             (e.g. vLLM without ``stream_options.include_usage``) or the connection closed after the finish
             chunk: :attr:`usage` is then zeros and the caller must account the tokens another way.
+        flags: wire-conformance flags this response raised, each once (names and meaning:
+            :mod:`engine.client.conformance`, ``docs/wire-conformance.md``); ``()`` for a response that
+            kept to the standard shapes.
+        token_ids: the generated token ids as the server sent them (vLLM ``return_token_ids``), None when
+            the server sent none.
     """
 
     reasoning: str
@@ -84,6 +89,8 @@ class Completion:
     latency_s: float
     ttft_s: float | None
     usage_reported: bool = True
+    flags: tuple[str, ...] = ()
+    token_ids: tuple[int, ...] | None = None
 
     @property
     def finish_known(self) -> bool:

@@ -146,6 +146,16 @@ class ProviderSection(_Strict):
         stream_usage: with ``stream``, ask for usage in the stream (``stream_options: {"include_usage":
             true}``; default true). vLLM, SGLang and OpenAI send no usage in a stream without it; OpenRouter
             accepts it. Set false only for a server that refuses ``stream_options``.
+        finish_reasons: more aliases of the standard finish reasons, ``{"alias": "stop" | "length" |
+            "tool_calls" | "content_filter"}`` (compared lower-case), on top of the built-in ones
+            (``eos``, ``end``, ``end_turn`` ... see docs/wire-conformance.md). Any other finish fails
+            its record as ``unknown_finish``.
+        return_token_ids: ask the server for the generated token ids (``"return_token_ids": true`` in every
+            request; default false). A self-hosted vLLM >= 0.10.2 then returns them (``choices[0].token_ids``,
+            per chunk when streamed); they are stored with the result (``results.token_ids``) and validation
+            fails a record whose ids differ from the reconstruction's (``token_ids_disagree``). Opt-in: only
+            vLLM from that version accepts the field, and another server (or an older vLLM) may reject an
+            unknown field with 400; hosted APIs (OpenRouter, OpenAI) do not return ids.
         base_urls: several replicas of the model (kind ``openai`` only, instead of ``base_url``): each a
             URL string or an :class:`EndpointEntry` table; requests go to the healthy one with the fewest
             in flight (:mod:`engine.client.endpoints`).
@@ -163,6 +173,8 @@ class ProviderSection(_Strict):
     model: str = "moonshotai/kimi-k2.5"
     stream: bool = True
     stream_usage: bool = True
+    return_token_ids: bool = False
+    finish_reasons: dict[str, Literal["stop", "length", "tool_calls", "content_filter"]] = Field(default_factory=dict)
     timeouts: TimeoutsSection = Field(default_factory=TimeoutsSection)
     routing: RoutingSection = Field(default_factory=RoutingSection)
     sim: SimSection = Field(default_factory=SimSection)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 UNKNOWN_PROVIDER = "(unknown)"
 """Provider name used for results/errors that carry no provider."""
@@ -158,6 +158,8 @@ class ProviderSnapshot:
         cost_usd: everything the provider billed since start (USD): successes' reported cost plus
             failed and aborted attempts (``/generation`` true-ups included).
         excluded: whether the provider is on the exclusion list.
+        flags: wire-conformance flags its responses raised since start, ``{flag: responses}``
+            (names: ``engine.client.conformance``; a provider that sends odd shapes stands out).
     """
 
     name: str
@@ -172,10 +174,11 @@ class ProviderSnapshot:
     mean_completion_tokens: float | None
     cost_usd: float
     excluded: bool
+    flags: dict[str, int] = field(default_factory=dict)
 
 
 class _Provider:
-    __slots__ = ("successes", "errors", "latency", "ttft", "tps", "completion_tokens", "cost_usd")
+    __slots__ = ("successes", "errors", "latency", "ttft", "tps", "completion_tokens", "cost_usd", "flags")
 
     def __init__(self, window: int) -> None:
         self.successes = 0
@@ -185,6 +188,7 @@ class _Provider:
         self.tps = QuantileWindow(window)
         self.completion_tokens = 0
         self.cost_usd = 0.0
+        self.flags: dict[str, int] = {}
 
 
 class ProviderStats:
@@ -214,6 +218,7 @@ class ProviderStats:
         completion_tokens: int,
         cost_usd: float | None,
         stream_s: float | None = None,
+        flags: tuple[str, ...] = (),
     ) -> None:
         """Record one completed request.
 
@@ -226,6 +231,7 @@ class ProviderStats:
             stream_s: streaming duration (seconds) used for tokens/s; when None it is
                 ``latency_s - ttft_s`` (or ``latency_s`` without a TTFT). Requests whose
                 streaming duration is <= 0 add no tokens/s sample.
+            flags: the response's wire-conformance flags (each counted once for this response).
 
         Raises:
             ValueError: negative or non-finite latency/TTFT/tokens.
@@ -244,6 +250,8 @@ class ProviderStats:
         p.completion_tokens += completion_tokens
         if cost_usd is not None:
             p.cost_usd += cost_usd
+        for f in flags:
+            p.flags[f] = p.flags.get(f, 0) + 1
 
     def record_cost(self, provider: str | None, cost_usd: float) -> None:
         """Add ``cost_usd`` (USD) billed for an attempt without a result (failed, aborted, or a late
@@ -291,6 +299,7 @@ class ProviderStats:
                     ),
                     cost_usd=p.cost_usd,
                     excluded=name in self._excluded,
+                    flags=dict(p.flags),
                 )
             )
         out.sort(key=lambda s: (-s.requests, s.name))

@@ -8,7 +8,9 @@ in prompt-id order: ``dataset``, ``key``, ``messages``, ``tools``, ``response`` 
 ``content``, ``tool_calls``, ``finish_reason``), ``usage`` (``prompt_tokens``,
 ``completion_tokens``, ``reasoning_tokens``), ``usage_source`` (where those tokens and the cost come
 from: ``reported`` | ``generation`` | ``counted`` | ``estimated``, see :mod:`engine.money.usage`),
-``cost_usd``, ``provider``, ``model``, ``generation_id``. ``messages``, ``tools`` and
+``cost_usd``, ``provider``, ``model``, ``generation_id``, ``wire_flags`` (the response's
+wire-conformance flags, :mod:`engine.client.conformance`, comma-separated, "" for none: one string so
+every row infers the same schema; a record with a failing one is kept out of every training format). ``messages``, ``tools`` and
 ``response.tool_calls`` are the stored values as JSON text (``json.loads`` gives them back exactly):
 they have no one shape across rows, and every row must infer the same schema for
 ``datasets.load_dataset("json")`` (:mod:`engine.tokens.jsonrows`). Each file is written to a
@@ -28,6 +30,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from engine.client.conformance import decode_flags, encode_flags
 from engine.storage.atomic import write_lines, write_unless_empty
 from engine.errors import NothingToExport
 from engine.report.status import connect_ro
@@ -58,25 +61,27 @@ def export_raw(run_dir: Path, out_dir: Path, on_empty=None) -> dict[str, int]:
                                   f"({n_prompts} prompt(s) ingested); nothing written")
         names = [n for (n,) in conn.execute("SELECT name FROM datasets ORDER BY position")]
         written = {}
-        has_source = "usage_source" in table_columns(conn, ["results"])["results"]
-        source = "r.usage_source" if has_source else "'reported'"  # a store older than the column
+        cols = table_columns(conn, ["results"])["results"]
+        source = "r.usage_source" if "usage_source" in cols else "'reported'"  # a store older than the column
+        flags = "r.wire_flags" if "wire_flags" in cols else "''"
         for name in names:
             rows = conn.execute(
                 "SELECT r.dataset, r.key, p.messages, p.tools, r.reasoning, r.content, r.tool_calls, r.finish_reason, "
                 "r.prompt_tokens, r.completion_tokens, r.reasoning_tokens, r.cost_usd, r.provider, r.model, "
-                f"r.generation_id, {source} FROM results r JOIN prompts p ON p.id = r.prompt_id WHERE r.dataset=? "
+                f"r.generation_id, {source}, {flags} FROM results r JOIN prompts p ON p.id = r.prompt_id WHERE r.dataset=? "
                 "ORDER BY r.prompt_id",
                 (name,),
             )
 
             def lines(rows=rows):
-                for (ds, key, msgs, tools, reasoning, content, tcs, fin, pt, ct, rt, cost, prov, model, gid, src) in rows:
+                for (ds, key, msgs, tools, reasoning, content, tcs, fin, pt, ct, rt, cost, prov, model, gid, src, wf) in rows:
                     yield json.dumps({
                         "dataset": ds, "key": key, "messages": _text(msgs), "tools": _text(tools),
                         "response": {"reasoning": reasoning, "content": content, "tool_calls": _text(tcs),
                                      "finish_reason": fin},
                         "usage": {"prompt_tokens": pt, "completion_tokens": ct, "reasoning_tokens": rt},
                         "usage_source": src, "cost_usd": None if cost is None else float(cost), "provider": prov, "model": model, "generation_id": gid,
+                        "wire_flags": encode_flags(decode_flags(wf)),
                     }, ensure_ascii=False)
 
             n = write_unless_empty(Path(out_dir) / f"{name}.jsonl", lines(), write_lines)

@@ -43,7 +43,8 @@ DATASET_COLS = (("state", "state", "text"), ("prompts", "prompts", "int"), ("don
                 ("cost", "cost_usd", "usd"), ("errors", "errors", "errors"))
 PROVIDER_COLS = (("requests", "requests", "int"), ("error rate", "error_rate", "pct"),
                  ("latency p50", "latency_p50_s", "secs"), ("latency p95", "latency_p95_s", "secs"),
-                 ("tok/s/stream", "tok_per_s_per_stream", "num"), ("cost", "cost_usd", "usd"))
+                 ("tok/s/stream", "tok_per_s_per_stream", "num"), ("cost", "cost_usd", "usd"),
+                 ("wire flags", "flags", "errors"))
 #: Per-endpoint columns (several ``[provider] base_urls``; status ``endpoints``): (heading, key, format).
 ENDPOINT_COLS = (("state", "state", "text"), ("reason", "reason", "text"), ("in flight", "in_flight", "int"),
                  ("cap", "concurrency", "int"), ("requests", "requests", "int"), ("errors", "errors", "errors"),

@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from engine.client.conformance import decode_flags
 from engine.errors import DatagenError
 from engine.proc.runlock import holder
 from engine.report.liveness import STALE_S, engine_alive, spend_rate  # noqa: F401 - STALE_S re-exported
@@ -82,6 +83,13 @@ def providers_from_store(conn: sqlite3.Connection, excluded: list[str], window: 
         stream = latency - (ttft or 0.0)
         if stream > 0:
             tps.append(ctok / stream)
+    flags: dict[str, dict[str, int]] = {}
+    if "wire_flags" in table_columns(conn, ["results"])["results"]:
+        for prov, wf, n in conn.execute(
+                "SELECT provider, wire_flags, COUNT(*) FROM results WHERE wire_flags != '' GROUP BY 1, 2"):
+            per = flags.setdefault(prov or UNKNOWN_PROVIDER, {})
+            for f in decode_flags(wf):
+                per[f] = per.get(f, 0) + n
     out = []
     for name in set(ok) | set(errs) | set(billed):
         n_ok, ctok, _ = ok.get(name, (0, 0, 0.0))
@@ -94,7 +102,7 @@ def providers_from_store(conn: sqlite3.Connection, excluded: list[str], window: 
             "ttft_p50_s": nearest_rank(ts, 0.5), "ttft_p95_s": nearest_rank(ts, 0.95),
             "tok_per_s_per_stream": nearest_rank(tps, 0.5),
             "mean_completion_tokens": ctok / n_ok if n_ok else None, "cost_usd": round(billed.get(name, 0.0), 8),
-            "excluded": name in excluded,
+            "excluded": name in excluded, "flags": dict(sorted(flags.get(name, {}).items())),
         })
     out.sort(key=lambda p: (-p["requests"], p["name"]))
     return out

@@ -20,8 +20,10 @@ The slot is released in ONE place, the ``finally`` around the attempts, whatever
 task cancelled before it ever started is undone by the dispatcher's done-callback instead). Every
 failed attempt is written as an attempt row with its partial spend (tokens, USD: a lower bound,
 trued up later from ``/generation`` when its generation id is known), feeds the anomaly guard
-unless the error is the run's (:mod:`engine.run.runwide`) or an endpoint's (several
-``base_urls``: ``RequestError.endpoint_fault``), and retries follow ``policy``
+unless the error is the run's (:mod:`engine.run.runwide`), an endpoint's (several
+``base_urls``: ``RequestError.endpoint_fault``) or OpenRouter's ``weight_exceeds_budget`` 402
+(whose message is completed with the request's class and the ``max_tokens`` that would fit:
+:func:`engine.client.errors.for_request`), and retries follow ``policy``
 (:func:`engine.client.retry.call_with_retries`).
 """
 
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from engine.client.accumulate import StreamProgress
+from engine.client.errors import for_request as budget_error_for_request, is_weight_exceeds_budget
 from engine.client.retry import RetryPolicy, call_with_retries
 from engine.client.types import Completion, ErrorClass, RequestError
 from engine.errors import DatagenError
@@ -129,7 +132,7 @@ async def run_request(host: AttemptHost, rt: "DatasetRuntime", p: "PendingPrompt
     failure: RequestError | None = None
     try:
         try:
-            c = await call_with_retries(_one_attempt(host, rt, req, progress, at), host.policy,
+            c = await call_with_retries(_one_attempt(host, rt, req, progress, at, p.cls), host.policy,
                                         on_attempt=_on_attempt(host, rt, p, spent, at))
         except asyncio.CancelledError:
             host.telemetry.attempt_over(rt.name, at.seq)
@@ -160,7 +163,7 @@ async def run_request(host: AttemptHost, rt: "DatasetRuntime", p: "PendingPrompt
 
 
 def _one_attempt(host: AttemptHost, rt: "DatasetRuntime", req: "ChatRequest", progress: StreamProgress,
-                 at: AttemptClock) -> Callable[[], Any]:
+                 at: AttemptClock, cls: str) -> Callable[[], Any]:
     async def one_attempt() -> Completion:
         if at.attempts > at.first and not host.may_send(rt):
             raise _Requeue()  # a retry due while paused, skipped or stopping: nothing leaves
@@ -172,6 +175,9 @@ def _one_attempt(host: AttemptHost, rt: "DatasetRuntime", req: "ChatRequest", pr
             c = await host._complete(req, progress=progress)
         except StreamWorkerLost as e:
             raise _Requeue(e) from None
+        except RequestError as e:  # a request too expensive for the in-flight budget: name its class and fit
+            budget_error_for_request(e, req.max_tokens, cls)
+            raise
         host._anomaly(rt, host.telemetry.attempt_ok(rt.name, at.seq))
         return c
 
@@ -193,8 +199,9 @@ def _on_attempt(host: AttemptHost, rt: "DatasetRuntime", p: "PendingPrompt", spe
             p.id, rt.name, at.attempts, at.started, now, "error", err.error_class.value, err.status or None,
             err.message, err.provider or None, err.generation_id or None, err.tokens_received, usd or None,
         )
-        # an endpoint's fault (several base_urls: a replica unreachable or gone) says nothing about the dataset
-        guard = host.run_wide(err) is None and not err.endpoint_fault
+        # an endpoint's fault (several base_urls: a replica unreachable or gone) says nothing about the dataset,
+        # nor does a request too expensive for OpenRouter's in-flight budget (refused before any provider saw it)
+        guard = host.run_wide(err) is None and not err.endpoint_fault and not is_weight_exceeds_budget(err)
         host._anomaly(rt, host.telemetry.on_error(rt.name, err.provider, err.error_class.value, err.message,
                                                   guard=guard, seq=at.seq))
 

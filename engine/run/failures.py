@@ -11,7 +11,8 @@ rules that decide whether an error is the run's or the prompt's are pure and liv
   the reason; it never fails the prompt and never feeds a dataset's anomaly guard;
 - any other error fails the prompt with its reason (a 4xx of a prompt that could still be the
   start of a configuration mistake is written when that is ruled out: at the next success, a
-  different rejection, or the end of the run);
+  different rejection, or the end of the run); OpenRouter's ``weight_exceeds_budget`` 402 (one
+  request too expensive for the in-flight budget) is written at once, never held;
 - :meth:`Failures.retry_failed` returns failed prompts to ``pending`` (``datagen ctl RUN
   retry-failed``, the dashboard's ``f``).
 """
@@ -99,7 +100,7 @@ class Failures:
         rt.in_flight -= 1
         rt.failed += 1
         item = (rt, p, attempts, ec, str(e))
-        if is_rejection(ec, e.status):
+        if is_rejection(ec, e.status, e.message):
             # the same rejection from any replica (several base_urls: the message names the endpoint)
             found, release = self.config_check.on_rejection(p.id, signature(ec, e.bare_message), item)
             self.write_failures(release)

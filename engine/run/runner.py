@@ -180,6 +180,8 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
         total_conc = sum(c.concurrency for c in cfg.classes.values())
 
         client_kw = dict(stream=cfg.provider.stream, stream_usage=cfg.provider.stream_usage,
+                         finish_reasons=dict(cfg.provider.finish_reasons),
+                         return_token_ids=cfg.provider.return_token_ids,
                          connect_timeout_s=t.connect_s, stall_timeout_s=t.stall_s, total_timeout_s=t.total_s)
 
         def make_client(url: str, spare: int = 0) -> ChatClient:

@@ -8,7 +8,12 @@ error meanwhile. Such a failure never fails its prompt: the prompt returns to ``
 whole run pauses with the reason, and the error does not feed a dataset's anomaly guard (it says
 nothing about that dataset's prompts). The conditions:
 
-- ``credits``: HTTP 402 (or a 403 saying the key's limit is exceeded): out of credits.
+- ``credits``: HTTP 402 (or a 403 saying the key's limit is exceeded): out of credits. Not
+  OpenRouter's in-flight budget 402s (:mod:`engine.client.errors`): ``in_flight_budget_exhausted``
+  is a rate limit (retried after its ``Retry-After``, the prompt's own), and
+  ``weight_exceeds_budget`` (one request's estimated cost is larger than the whole in-flight
+  budget) fails only its prompt, never taken for a configuration mistake either (see
+  :func:`is_rejection`): the message names the ``max_tokens`` that would fit.
 - ``auth``: HTTP 401: the key is rejected.
 - ``route``: HTTP 404 on chat completions, or any error (a 4xx, an error chunk in a 200 stream)
   whose message says no endpoint or provider can serve the request (OpenRouter's "No endpoints
@@ -26,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from engine.client.errors import is_weight_exceeds_budget
 from engine.client.types import ErrorClass
 
 #: Distinct prompts that must meet the identical 4xx rejection (no success in between) before it
@@ -94,9 +100,13 @@ def condition_of(error_class: str, status: int, message: str) -> Condition | Non
     return Condition(kind, f"{_WHAT[kind]} ({_status_text(error_class, status)}): {message}")
 
 
-def is_rejection(error_class: str, status: int) -> bool:
+def is_rejection(error_class: str, status: int, message: str = "") -> bool:
     """True for a 4xx that fails one prompt unless it repeats (a candidate configuration mistake):
-    ``bad_request`` / ``forbidden`` of any status, ``other`` with a 4xx status."""
+    ``bad_request`` / ``forbidden`` of any status, ``other`` with a 4xx status. Never OpenRouter's
+    ``weight_exceeds_budget`` 402 (``message`` says it): that request is too expensive for the
+    account's in-flight budget, it fails its prompt alone and the run goes on."""
+    if is_weight_exceeds_budget(message):
+        return False
     if error_class in (ErrorClass.BAD_REQUEST.value, ErrorClass.FORBIDDEN.value):
         return True
     return error_class == ErrorClass.OTHER.value and 400 <= status < 500

@@ -118,7 +118,7 @@ class Telemetry:
         u = c.usage
         stream_s = (c.latency_s - c.ttft_s) if c.ttft_s is not None else None
         self.providers.record_success(c.provider or None, c.latency_s, c.ttft_s, u.completion_tokens, u.cost_usd,
-                                      stream_s)
+                                      stream_s, c.flags)
         reason = None
         if self.anomaly is not None:
             reason = (self.anomaly.record(dataset, False) if seq is None

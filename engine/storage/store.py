@@ -64,7 +64,7 @@ CREATE TABLE IF NOT EXISTS results(
   generation_id TEXT NOT NULL, prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL,
   reasoning_tokens INTEGER NOT NULL, cost_usd REAL, latency_s REAL NOT NULL, ttft_s REAL,
   attempts INTEGER NOT NULL, created_at REAL NOT NULL, usage_source TEXT NOT NULL DEFAULT 'reported',
-  UNIQUE(dataset, key));
+  wire_flags TEXT NOT NULL DEFAULT '', token_ids TEXT, UNIQUE(dataset, key));
 CREATE INDEX IF NOT EXISTS results_recent ON results(dataset, created_at, completion_tokens, prompt_id);
 CREATE INDEX IF NOT EXISTS results_usage ON results(dataset, prompt_tokens, completion_tokens, reasoning_tokens, cost_usd);
 CREATE TABLE IF NOT EXISTS attempts(
@@ -94,6 +94,8 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("prompts", "special_text", "TEXT"),
     ("datasets", "revision", "TEXT"),
     ("datasets", "ingest_error", "TEXT"),
+    ("results", "wire_flags", "TEXT NOT NULL DEFAULT ''"),
+    ("results", "token_ids", "TEXT"),
 )
 
 

@@ -19,6 +19,7 @@ import logging
 import time
 from typing import Any, Callable
 
+from engine.client.conformance import encode_flags
 from engine.client.types import Completion, Usage
 from engine.storage.store import Store
 
@@ -80,7 +81,8 @@ class StoreWriter:
                 json.dumps([t.to_openai() for t in c.tool_calls], ensure_ascii=False),
                 c.finish_reason, c.native_finish_reason, c.provider, c.model, c.generation_id,
                 u.prompt_tokens, u.completion_tokens, u.reasoning_tokens, u.cost_usd, c.latency_s, c.ttft_s,
-                attempts, now if now is not None else time.time(), usage_source,
+                attempts, now if now is not None else time.time(), usage_source, encode_flags(c.flags),
+                None if c.token_ids is None else json.dumps(list(c.token_ids), separators=(",", ":")),
             )
         )
         self._done.append((attempts, prompt_id))
@@ -159,8 +161,8 @@ class StoreWriter:
                     await conn.executemany(
                         "INSERT OR IGNORE INTO results(prompt_id, dataset, key, reasoning, content, tool_calls, "
                         "finish_reason, native_finish_reason, provider, model, generation_id, prompt_tokens, "
-                        "completion_tokens, reasoning_tokens, cost_usd, latency_s, ttft_s, attempts, created_at, usage_source) "
-                        "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                        "completion_tokens, reasoning_tokens, cost_usd, latency_s, ttft_s, attempts, created_at, usage_source, "
+                        "wire_flags, token_ids) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                         results,
                     )
                     await conn.executemany("UPDATE prompts SET state='done', attempts=? WHERE id=?", done)

@@ -47,7 +47,8 @@ def completion_to_dict(c: Completion) -> dict[str, Any]:
             "finish_reason": c.finish_reason, "native_finish_reason": c.native_finish_reason,
             "usage": [u.prompt_tokens, u.completion_tokens, u.reasoning_tokens, u.cost_usd],
             "provider": c.provider, "model": c.model, "generation_id": c.generation_id, "latency_s": c.latency_s,
-            "ttft_s": c.ttft_s, "usage_reported": c.usage_reported}
+            "ttft_s": c.ttft_s, "usage_reported": c.usage_reported, "flags": list(c.flags),
+            "token_ids": None if c.token_ids is None else list(c.token_ids)}
 
 
 def completion_from_dict(d: dict[str, Any]) -> Completion:
@@ -63,7 +64,8 @@ def completion_from_dict(d: dict[str, Any]) -> Completion:
         finish_reason=d["finish_reason"], native_finish_reason=d["native_finish_reason"],
         usage=Usage(int(p), int(c), int(r), cost), provider=d["provider"], model=d["model"],
         generation_id=d["generation_id"], latency_s=float(d["latency_s"]), ttft_s=d["ttft_s"],
-        usage_reported=bool(d["usage_reported"]),
+        usage_reported=bool(d["usage_reported"]), flags=tuple(d.get("flags") or ()),
+        token_ids=None if d.get("token_ids") is None else tuple(int(x) for x in d["token_ids"]),
     )
 
 

@@ -41,6 +41,8 @@ class Record:
         reasoning / content: the returned texts; tool_calls: OpenAI-shape calls as returned.
         finish_reason / provider: as returned.
         prompt_tokens / completion_tokens / reasoning_tokens: billed usage (tokens; 0 = not reported).
+        wire_flags: the response's wire-conformance flags (:mod:`engine.client.conformance`).
+        token_ids: the generated ids the server returned (vLLM ``return_token_ids``), None when none.
     """
 
     prompt_id: int
@@ -56,6 +58,8 @@ class Record:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     reasoning_tokens: int = 0
+    wire_flags: tuple[str, ...] = ()
+    token_ids: list[int] | None = None
 
 
 @dataclass
@@ -106,8 +110,23 @@ def count_tool_calls(messages: list[dict[str, Any]]) -> int:
     return n
 
 
+def _native_id(call_id: str, name: str, id_format: str) -> bool:
+    """Whether ``call_id`` has the native form ``id_format`` for the function ``name`` (any index)."""
+    head, sep, tail = id_format.partition("{index}")
+    if not sep or "{index}" in tail:
+        return False
+    pre, post = head.format(name=name), tail.format(name=name)
+    mid = call_id[len(pre):len(call_id) - len(post)] if len(call_id) > len(pre) + len(post) else ""
+    return call_id.startswith(pre) and call_id.endswith(post) and mid.isdigit() and mid.isascii()
+
+
 def native_tool_calls(tool_calls: list[dict[str, Any]], prior: int, id_format: str) -> tuple[list[dict[str, Any]], int]:
     """Rebuild the model's native call ids; keep names and ``arguments`` verbatim.
+
+    An id the provider passed through in the native form with the call's own name (Kimi's
+    ``functions.NAME:IDX``) is the model's own text and is kept verbatim, whatever its index (a model
+    may repeat or skip one); any other id (a provider's ``call_*``) is rebuilt as ``id_format`` with
+    the call's position (docs/wire-conformance.md, "Tool calls").
 
     Args:
         tool_calls: OpenAI-shape calls as the provider returned them.
@@ -126,7 +145,7 @@ def native_tool_calls(tool_calls: list[dict[str, Any]], prior: int, id_format: s
         if not isinstance(args, str):  # an object instead of the JSON string: serialise it compactly
             args = json.dumps(args, ensure_ascii=False)
         old = str(tc.get("id") or "")
-        new = id_format.format(name=name, index=prior + i) if id_format else old
+        new = old if not id_format or _native_id(old, name, id_format) else id_format.format(name=name, index=prior + i)
         rebuilt += new != old
         out.append({"id": new, "type": "function", "function": {"name": name, "arguments": args}})
     return out, rebuilt

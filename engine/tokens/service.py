@@ -86,7 +86,8 @@ def record_from_completion(prompt_id: int, dataset: str, key: str, messages: lis
                   reasoning=completion.reasoning, content=completion.content,
                   tool_calls=[t.to_openai() for t in completion.tool_calls], finish_reason=completion.finish_reason,
                   provider=completion.provider, prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
-                  reasoning_tokens=u.reasoning_tokens)
+                  reasoning_tokens=u.reasoning_tokens, wire_flags=tuple(completion.flags),
+                  token_ids=None if completion.token_ids is None else list(completion.token_ids))
 
 
 class ReconstructionService:

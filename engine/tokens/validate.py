@@ -24,6 +24,14 @@ are left out of exports unless asked. The checks (docs/eagle3-data.md, "checks t
 | ``method_disagree`` | method A ids != method B ids |
 | ``billing_diff`` | abs(rebuilt completion length - ``usage.completion_tokens``) > tolerance |
 | ``zero_supervised`` | no completion tokens at all |
+| ``replacement_char`` | U+FFFD in the generated text that the prompt does not contain (wire flag) |
+| ``reasoning_after_content`` | reasoning resumed after the answer started (wire flag) |
+| ``tool_call_ambiguous`` | tool-call fragments that cannot be assembled with certainty (wire flag) |
+| ``tool_args_object`` | tool-call arguments sent as a JSON object, not the model's string (wire flag) |
+| ``token_ids_disagree`` | the server returned its generated ids (vLLM ``return_token_ids``) and they differ from method A's |
+
+The wire flags are raised by the client (:mod:`engine.client.conformance`, docs/wire-conformance.md)
+and stored with the result; they fail the record here whatever the tokens say.
 
 Notes (kept, not failures): ``tool_id_rebuilt`` (the provider returned non-native call ids),
 ``no_usage`` (no billed completion tokens to compare with), ``history_rerendered`` (the prompt's
@@ -40,6 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.client.conformance import FAILING, failing
 from engine.client.types import KNOWN_FINISH_REASONS
 from engine.tokens.reconstruct import Reconstruction, Record
 
@@ -48,6 +57,7 @@ REASONS: tuple[str, ...] = (
     "render_error", "truncated", "unknown_finish", "empty", "think_end_count", "think_start", "end_of_turn",
     "roundtrip", "reasoning_leak", "reasoning_missing", "reasoning_unexpected", "special_text", "bad_tool_args",
     "unknown_tool", "tool_layout", "prefix_unstable", "method_disagree", "billing_diff", "zero_supervised",
+    *FAILING,
 )
 #: Reasons that are not about the token structure (the rest are "structural errors"): a cut or empty
 #: completion, and a rebuilt length that disagrees with the provider's billed count (``billing_diff``:
@@ -174,6 +184,9 @@ def check(rec: Reconstruction, r: Record, *, thinking: bool, ids: dict[str, int]
         notes.append("no_usage")
     if not c:
         failed.add("zero_supervised")
+    failed.update(failing(r.wire_flags))
+    if r.token_ids is not None and list(r.token_ids) != list(c):
+        failed.add("token_ids_disagree")
     prompt_diff = len(rec.prompt_ids) - r.prompt_tokens if r.prompt_tokens > 0 and rec.prompt_ids else None
     reasons = [x for x in REASONS if x in failed]
     return Verdict(ok=not reasons, reasons=reasons, notes=notes, prompt_len=len(rec.prompt_ids),

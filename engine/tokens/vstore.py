@@ -29,6 +29,7 @@ from typing import Any, Iterator
 
 from engine.errors import DatagenError
 from engine.storage.store import migrate
+from engine.client.conformance import decode_flags
 from engine.tokens.reconstruct import Reconstruction, Record
 from engine.tokens.validate import Verdict
 
@@ -124,7 +125,8 @@ def get_meta(conn: sqlite3.Connection, key: str) -> Any:
 _BILLED = "CASE WHEN r.usage_source IN ('counted', 'estimated') THEN 0 ELSE r.{} END"
 _SELECT = ("SELECT r.prompt_id, r.dataset, r.key, p.messages, p.tools, r.reasoning, r.content, r.tool_calls, "
            f"r.finish_reason, r.provider, {_BILLED.format('prompt_tokens')}, {_BILLED.format('completion_tokens')}, "
-           f"{_BILLED.format('reasoning_tokens')} FROM results r JOIN prompts p ON p.id = r.prompt_id")
+           f"{_BILLED.format('reasoning_tokens')}, r.wire_flags, r.token_ids FROM results r JOIN prompts p "
+           "ON p.id = r.prompt_id")
 
 
 def iter_records(conn: sqlite3.Connection, *, unvalidated_only: bool = False, batch: int = 256) -> Iterator[Record]:
@@ -136,10 +138,11 @@ def iter_records(conn: sqlite3.Connection, *, unvalidated_only: bool = False, ba
         rows = conn.execute(f"{_SELECT}{where}{sep} r.prompt_id > ? ORDER BY r.prompt_id LIMIT ?", (last, batch)).fetchall()
         if not rows:
             return
-        for (pid, ds, key, msgs, tools, reasoning, content, tcs, fin, prov, pt, ct, rt) in rows:
+        for (pid, ds, key, msgs, tools, reasoning, content, tcs, fin, prov, pt, ct, rt, wf, tids) in rows:
             yield Record(prompt_id=pid, dataset=ds, key=key, messages=json.loads(msgs), tools=json.loads(tools),
                          reasoning=reasoning, content=content, tool_calls=json.loads(tcs), finish_reason=fin,
-                         provider=prov, prompt_tokens=pt, completion_tokens=ct, reasoning_tokens=rt)
+                         provider=prov, prompt_tokens=pt, completion_tokens=ct, reasoning_tokens=rt,
+                         wire_flags=decode_flags(wf), token_ids=json.loads(tids) if tids else None)
         last = rows[-1][0]
 
 

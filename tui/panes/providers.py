@@ -1,4 +1,8 @@
-"""Providers: requests, error %, p50/p95 latency, TTFT, tok/s per stream, cost; excluded marked.
+"""Providers: requests, error %, p50/p95 latency, TTFT, tok/s per stream, cost, wire flags; excluded marked.
+
+``flags`` (shown once any provider has one): responses that raised a wire-conformance flag
+(``engine.client.conformance``), red with ``!`` when any of them keeps records out of training (e.g.
+``replacement_char``), else dim; none shows ``-``.
 
 With several endpoints (``[provider] base_urls``), one row per endpoint follows: state (healthy,
 draining, down), in flight (/ its cap), requests, error %, p50 latency and tok/s it returns.
@@ -11,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
+from engine.client.conformance import FAILING
 from engine.report.snapshot import EndpointSnapshot, RunSnapshot
 from engine.metrics.stats import ProviderSnapshot
 from tui.fmt import money, pct, secs
@@ -22,7 +27,8 @@ def providers_table(providers: tuple[ProviderSnapshot, ...]) -> Table | Text:
         return Text("no provider has answered yet", style="dim")
     t = Table(box=None, expand=True, show_edge=False, pad_edge=False, header_style="bold")
     t.add_column("provider", no_wrap=True, overflow="ellipsis", ratio=1, min_width=6)
-    for name in ("req", "err", "lat p50/95", "TTFT", "tok/s", "cost"):
+    show_flags = any(p.flags for p in providers)
+    for name in ("req", "err", "lat p50/95", "TTFT", "tok/s", "cost") + (("flags",) if show_flags else ()):
         t.add_column(name, justify="right", no_wrap=True)
     for p in providers:
         name = Text(p.name, style="strike dim" if p.excluded else "bold")
@@ -33,8 +39,18 @@ def providers_table(providers: tuple[ProviderSnapshot, ...]) -> Table | Text:
             name, f"{p.requests:,}", Text(pct(p.error_rate), style=err_style),
             f"{secs(p.latency_p50_s)}/{secs(p.latency_p95_s)}", secs(p.ttft_p50_s),
             "--" if p.tok_per_s_per_stream is None else f"{p.tok_per_s_per_stream:.0f}", money(p.cost_usd),
+            *((flags_text(p.flags),) if show_flags else ()),
         )
     return t
+
+
+def flags_text(flags: dict[str, int]) -> Text:
+    """A provider's wire-flag count: failing flags (records kept out of training) in red, notes dim."""
+    bad = sum(n for f, n in flags.items() if f in FAILING)
+    total = sum(flags.values())
+    if not total:
+        return Text("-", style="dim")
+    return Text(f"{bad:,}!" if bad else f"{total:,}", style="bold red" if bad else "dim")
 
 
 #: Style of each endpoint state in the endpoints table.
