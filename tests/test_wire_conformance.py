@@ -320,3 +320,35 @@ def test_providers_pane_shows_flags_once_a_provider_has_some():
     lines = {ln.split()[0]: ln.split()[-1] for ln in render(stats).splitlines() if ln.strip()}
     assert (lines["provider"], lines["Odd"], lines["Notes"], lines["Clean"]) == ("flags", "1!", "1", "-")
     assert {p.name: p.flags for p in stats.snapshot()}["Odd"] == {"finish_alias": 2, "replacement_char": 1}
+
+
+def test_non_streamed_body_with_invalid_utf8_is_stored_flagged_not_failed():
+    body = b'{"id":"g","choices":[{"index":0,"message":{"content":"Un caf\xc3 au lait."},"finish_reason":"stop"}],' \
+           b'"usage":{"prompt_tokens":3,"completion_tokens":6,"cost":0.0001}}'
+
+    async def go():
+        with CaseServer(lambda r, n: Reply(headers=[("Content-Type", "application/json")], pieces=[body],
+                                           chunked=False)) as srv:
+            async with ChatClient(srv.base_url, "k-123", stream=False) as client:
+                return await client.complete(req())
+    c = asyncio.run(go())
+    assert (c.content, c.usage.cost_usd, c.flags) == ("Un caf\ufffd au lait.", 0.0001, ("replacement_char",))
+
+
+@pytest.mark.parametrize("fin,calls,flag", [("content_filter", (), "content_filtered"),
+                                            ("tool_calls", (), "tool_calls_missing"),
+                                            ("halted", (), "unknown_finish"),
+                                            ("tool_calls", (ToolCall("functions.f:0", "f", "{}"),), None)])
+def test_finishes_that_leave_the_text_in_doubt_are_flagged(fin, calls, flag):
+    flags = finalize(req(), completion(finish=fin, calls=calls)).flags
+    assert flags == ((flag,) if flag else ())
+    assert flag is None or flag in REASONS
+
+
+def test_a_standard_finish_cannot_be_made_an_alias():
+    with pytest.raises(ValueError, match="finish_reasons.stop: 'stop' is a standard finish reason"):
+        finish_aliases({"stop": "length"})
+    from engine.config.provider import ProviderSection
+
+    with pytest.raises(ValueError, match="finish_reasons"):
+        ProviderSection(kind="openai", base_url="http://127.0.0.1:1/v1", finish_reasons={"Length": "stop"})

@@ -484,7 +484,9 @@ def parse_completion_body(
 ) -> Completion:
     """Parse a NON-streaming 200 body into a :class:`Completion`.
 
-    Leading whitespace padding (keep-alive newlines/spaces sent before the JSON) is stripped. A 200 body that
+    Leading whitespace padding (keep-alive newlines/spaces sent before the JSON) is stripped; invalid UTF-8
+    is decoded with U+FFFD (then flagged ``replacement_char``, :func:`engine.client.conformance.finalize`).
+    A 200 body that
     carries an error (top-level ``error`` with null content, or ``choices[0].finish_reason == "error"`` with
     ``choices[0].error``) raises the error its code stands for, like an HTTP error with that status
     (``MIDSTREAM`` when code-less; :func:`~engine.client.errors.classify_error_object`); an unparseable or
@@ -506,7 +508,10 @@ def parse_completion_body(
     if not raw:
         raise RequestError(ErrorClass.PROTOCOL, "empty response body", status=200, generation_id=gid)
     try:
-        body = json.loads(raw)
+        try:
+            body = json.loads(raw)
+        except UnicodeDecodeError:  # invalid UTF-8 inside the JSON: U+FFFD, as the SSE path (flagged later)
+            body = json.loads(raw.decode("utf-8", "replace"))
     except ValueError:
         raise RequestError(
             ErrorClass.PROTOCOL,

@@ -35,6 +35,10 @@ FAILING: dict[str, str] = {
     "tool_args_object": "tool-call arguments sent as a JSON object instead of the model's string "
                         "(re-serialising may change the tokens)",
     "token_ids_disagree": "the server's generated token ids differ from the reconstruction",
+    "unknown_finish": "a finish reason that is neither standard nor a known alias: whether the text is "
+                      "complete is unknown",
+    "content_filtered": "finish_reason content_filter: the provider's filter cut or altered the reply",
+    "tool_calls_missing": "finish_reason tool_calls (or function_call) but no tool call arrived",
 }
 #: Flags that are counted but leave the record valid.
 NOTES: dict[str, str] = {
@@ -67,12 +71,16 @@ def finish_aliases(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The alias table in force: :data:`DEFAULT_FINISH_ALIASES` updated with ``extra`` (keys lower-cased).
 
     Raises:
-        ValueError: an alias maps to something that is not a standard finish reason.
+        ValueError: an alias maps to something that is not a standard finish reason, or the alias is a
+            standard finish reason itself (``stop = "length"`` would change what every reply means).
     """
     table = dict(DEFAULT_FINISH_ALIASES)
     for k, v in (extra or {}).items():
         if v not in STANDARD_FINISHES:
             raise ValueError(f"finish_reasons.{k}: expected one of {sorted(STANDARD_FINISHES)}, got {v!r}")
+        if str(k).lower() in STANDARD_FINISHES:
+            raise ValueError(f"finish_reasons.{k}: {k!r} is a standard finish reason itself; only other "
+                             f"spellings can be aliases")
         table[str(k).lower()] = v
     return table
 
@@ -173,10 +181,18 @@ def finalize(req: ChatRequest, c: Completion) -> Completion:
     - a natural ``stop`` whose billed completion tokens reached ``req.max_tokens`` was cut by the limit:
       its finish becomes ``length`` (never closed with an end-of-turn token; flag ``stop_at_max_tokens``);
     - U+FFFD in any generated text while the prompt has none: flag ``replacement_char`` (the model does
-      not write U+FFFD unprompted; a provider that detokenises token by token does).
+      not write U+FFFD unprompted; a provider that detokenises token by token does);
+    - ``content_filter``: flag ``content_filtered``; ``tool_calls``/``function_call`` with no call:
+      flag ``tool_calls_missing``; any finish outside the standard set: flag ``unknown_finish``.
     """
     flags = list(c.flags)
     fin = c.finish_reason
+    if fin == "content_filter":
+        flags.append("content_filtered")
+    elif fin in ("tool_calls", "function_call") and not c.tool_calls:
+        flags.append("tool_calls_missing")
+    elif fin not in STANDARD_FINISHES:
+        flags.append("unknown_finish")
     if fin == "stop" and c.usage_reported and req.max_tokens and c.usage.completion_tokens >= req.max_tokens:
         fin = "length"
         flags.append("stop_at_max_tokens")

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
+from engine.client.conformance import finish_aliases
 from engine.config.base import DEFAULT_KEY_ENV, OPENROUTER_BASE_URL, _Strict
 from engine.simfaults import parse_faults
 
@@ -182,6 +183,12 @@ class ProviderSection(_Strict):
     endpoint_concurrency: int | None = Field(None, ge=1)
     endpoint_error_streak: int = Field(5, ge=1)
     endpoint_probe_s: float = Field(1.0, gt=0, le=60)
+
+    @field_validator("finish_reasons")
+    @classmethod
+    def _aliases(cls, v: dict[str, str]) -> dict[str, str]:
+        finish_aliases(v)  # raises ValueError naming the alias
+        return v
 
     @field_validator("base_url")
     @classmethod

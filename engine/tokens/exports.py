@@ -39,6 +39,7 @@ from engine.datasets.roles import specforge_problem
 from engine.errors import DatagenError, NothingToExport
 from engine.tokens import vstore
 from engine.tokens.jsonrows import assistant_message, export_message, json_text
+from engine.client.conformance import FAILING as WIRE_REASONS
 from engine.tokens.reconstruct import count_tool_calls, native_tool_calls
 from engine.tokens.records import TokenRecord, write_parquet
 
@@ -118,10 +119,12 @@ def _check_something_qualifies(conn, run_dir: Path, include_invalid: bool) -> No
         raise NothingToExport(f"nothing to export: {run_dir} stores no completed result yet; nothing written")
     invalid, unvalidated, reasons = left_out(conn)
     why = ", ".join(f"{k} {v}" for k, v in reasons.most_common())
+    hint = ("the provider sent these: docs/wire-conformance.md" if reasons and set(reasons) <= set(WIRE_REASONS)
+            else "re-run it after fixing the [tokenizer]")
     raise NothingToExport(
         f"nothing to export: none of the {stored} stored result(s) of {run_dir} is valid ({invalid} invalid"
         f"{': ' + why if why else ''}{f'; {unvalidated} not validated' if unvalidated else ''}); nothing written. "
-        f"`datagen validate {run_dir}` shows the report (re-run it after fixing the [tokenizer]); "
+        f"`datagen validate {run_dir}` shows the report ({hint}); "
         f"--include-invalid exports invalid records anyway")
 
 

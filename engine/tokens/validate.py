@@ -29,6 +29,8 @@ are left out of exports unless asked. The checks (docs/eagle3-data.md, "checks t
 | ``tool_call_ambiguous`` | tool-call fragments that cannot be assembled with certainty (wire flag) |
 | ``tool_args_object`` | tool-call arguments sent as a JSON object, not the model's string (wire flag) |
 | ``token_ids_disagree`` | the server returned its generated ids (vLLM ``return_token_ids``) and they differ from method A's |
+| ``content_filtered`` | ``finish_reason`` ``content_filter``: the provider's filter cut or altered the reply (wire flag) |
+| ``tool_calls_missing`` | ``finish_reason`` ``tool_calls`` but no tool call arrived (wire flag) |
 
 The wire flags are raised by the client (:mod:`engine.client.conformance`, docs/wire-conformance.md)
 and stored with the result; they fail the record here whatever the tokens say.
@@ -40,8 +42,9 @@ method B were checked on the pair rendered without the history's reasoning; the 
 prompt as served, see ``engine.tokens.reconstruct.Reconstruction``).
 
 Checks the cut explains (``think_end_count``, ``end_of_turn``, ``method_disagree``, ``billing_diff``)
-are skipped on truncated records. Every reason but ``truncated``, ``unknown_finish``, ``empty`` and
-``billing_diff`` is a "structural error" (:data:`NON_STRUCTURAL`, :func:`structural`).
+are skipped on truncated records. Every reason but ``truncated``, ``unknown_finish``, ``empty``,
+``billing_diff`` and the wire flags of what the provider sent is a "structural error"
+(:data:`NON_STRUCTURAL`, :func:`structural`).
 """
 
 from __future__ import annotations
@@ -57,12 +60,14 @@ REASONS: tuple[str, ...] = (
     "render_error", "truncated", "unknown_finish", "empty", "think_end_count", "think_start", "end_of_turn",
     "roundtrip", "reasoning_leak", "reasoning_missing", "reasoning_unexpected", "special_text", "bad_tool_args",
     "unknown_tool", "tool_layout", "prefix_unstable", "method_disagree", "billing_diff", "zero_supervised",
-    *FAILING,
+    *(f for f in FAILING if f != "unknown_finish"),
 )
 #: Reasons that are not about the token structure (the rest are "structural errors"): a cut or empty
 #: completion, and a rebuilt length that disagrees with the provider's billed count (``billing_diff``:
-#: the ids can be perfectly formed while the vocabulary or the provider's count differs).
-NON_STRUCTURAL: frozenset[str] = frozenset({"truncated", "unknown_finish", "empty", "billing_diff"})
+#: the ids can be perfectly formed while the vocabulary or the provider's count differs), and the wire
+#: flags of what the provider sent (all but ``token_ids_disagree``, which is about the ids).
+NON_STRUCTURAL: frozenset[str] = frozenset({"truncated", "unknown_finish", "empty", "billing_diff",
+                                            *(f for f in FAILING if f != "token_ids_disagree")})
 _THINK_MARKERS = ("think_start", "think_end")
 
 
@@ -194,6 +199,5 @@ def check(rec: Reconstruction, r: Record, *, thinking: bool, ids: dict[str, int]
 
 
 def structural(reasons: list[str]) -> list[str]:
-    """The reasons of ``reasons`` that are structural errors (all but truncated, unknown_finish, empty,
-    billing_diff)."""
+    """The reasons of ``reasons`` that are structural errors (all but :data:`NON_STRUCTURAL`)."""
     return [x for x in reasons if x not in NON_STRUCTURAL]
