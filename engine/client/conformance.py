@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from engine.finishes import DEFAULT_FINISH_ALIASES, STANDARD_FINISHES, finish_aliases  # noqa: F401 - re-exported
+
 from .types import ChatRequest, Completion, Usage
 
 #: Flags whose record is kept out of training (the text or ids may not be the model's), with the reason
@@ -54,36 +56,7 @@ NOTES: dict[str, str] = {
     "usage_after_done": "usage came after [DONE]",
 }
 ALL_FLAGS: tuple[str, ...] = (*FAILING, *NOTES)
-
-#: Finish reasons accepted by default as another spelling of a standard one (compared lower-case):
-#: Together ``eos``, gateways ``end``, Anthropic-style ``end_turn``/``stop_sequence``/``tool_use``/
-#: ``max_tokens``, Gemini ``STOP``/``MAX_TOKENS``. ``[provider] finish_reasons`` adds more.
-DEFAULT_FINISH_ALIASES: dict[str, str] = {
-    "eos": "stop", "eos_token": "stop", "end": "stop", "end_turn": "stop", "stop_sequence": "stop",
-    "max_tokens": "length", "max_output_tokens": "length", "tool_use": "tool_calls",
-}
-#: The standard finish reasons (OpenAI / OpenRouter's normalised set) an alias may map to.
-STANDARD_FINISHES: frozenset[str] = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
 _REPLACEMENT = "\ufffd"
-
-
-def finish_aliases(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The alias table in force: :data:`DEFAULT_FINISH_ALIASES` updated with ``extra`` (keys lower-cased).
-
-    Raises:
-        ValueError: an alias maps to something that is not a standard finish reason, or the alias is a
-            standard finish reason itself (``stop = "length"`` would change what every reply means).
-    """
-    table = dict(DEFAULT_FINISH_ALIASES)
-    for k, v in (extra or {}).items():
-        if v not in STANDARD_FINISHES:
-            raise ValueError(f"finish_reasons.{k}: expected one of {sorted(STANDARD_FINISHES)}, got {v!r}")
-        if str(k).lower() in STANDARD_FINISHES:
-            raise ValueError(f"finish_reasons.{k}: {k!r} is a standard finish reason itself; only other "
-                             f"spellings can be aliases")
-        table[str(k).lower()] = v
-    return table
-
 
 def resolve_finish(raw: str, aliases: Mapping[str, str]) -> tuple[str, bool]:
     """``(finish reason, aliased)``: a standard value as is; a known alias (case-insensitive) mapped;

@@ -8,8 +8,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
-from engine.client.conformance import finish_aliases
 from engine.config.base import DEFAULT_KEY_ENV, OPENROUTER_BASE_URL, _Strict
+from engine.finishes import finish_aliases
 from engine.simfaults import parse_faults
 
 
