@@ -21,13 +21,15 @@ Formats (``docs/datasets.md`` describes each dataset and the bundled samples):
 ``oss_instruct``    ``problem`` as the user turn (+ ``solution``): B3 Magicoder OSS-Instruct.
 ``opencodeinstruct`` ``input`` as the user turn (+ ``output``): B2 nvidia/OpenCodeInstruct.
 ``glaive``          ``system`` + ``chat`` flat strings: B1 glaive-function-calling-v2.
-``swe_agent``       ``history: [{role, content, tool_calls, tool_call_ids, ...}]``: B8 ``.traj``.
+``swe_agent``       ``history: [{role, content, tool_calls, tool_call_ids, ...}]``: B8 ``.traj``; the
+                    same messages as JSON text in ``messages`` (SWE-smith trajectories on the Hub);
+                    ``trajectory: [{role: system|user|ai, text, ...}]`` (nebius/SWE-agent-trajectories).
 ``ultrachat``       ``data: [str, ...]`` alternating user/assistant: B6 stingning/ultrachat.
 ``text``            ``prompt`` string as the user turn.
 =================== =============================================================================
 
 Message numbers in reasons (``"message N: ..."``) are 1-based positions in the row's own turn list
-(``messages``, ``conversations``, ``history``, ``data``, or the turns of a glaive ``chat``).
+(``messages``, ``conversations``, ``history``, ``trajectory``, ``data``, or the turns of a glaive ``chat``).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from engine.datasets.glaive import parse_glaive
 from engine.datasets.messages import base_message
 from engine.datasets.reasoning import REASONING_FIELDS
 from engine.datasets.sharegpt import sharegpt_messages
-from engine.datasets.swe_agent import parse_tool_calls, swe_agent_messages
+from engine.datasets.swe_agent import decode_messages, nebius_messages, parse_tool_calls, swe_agent_messages
 from engine.datasets.tool_calls import pair_openai_results
 from engine.errors import DatagenError
 from engine.datasets.kinds import kind_of
@@ -291,15 +293,26 @@ def adapt_glaive(row: Mapping[str, Any]) -> Conversation:
 
 
 def adapt_swe_agent(row: Mapping[str, Any]) -> Conversation:
-    """SWE-agent ``.traj`` ``{"history": [...], "trajectory", "info", ...}``; tools are not stored.
+    """SWE-agent trajectories in three forms (``docs/datasets.md``, B8), the first field present wins:
+
+    * ``history``: a ``.traj`` ``{"history": [...], "trajectory", "info", ...}``; tools are not stored;
+    * ``messages``: SWE-smith trajectories (the JSON text of the same messages) (+ ``tools``);
+    * ``trajectory``: nebius/SWE-agent-trajectories steps ``{role: system|user|ai, text, system_prompt}``.
 
     ``tool_calls``/``tool_call_ids`` read from JSON or their Python repr, checked, paired:
     :mod:`engine.datasets.swe_agent`, ``docs/dataset-rows.md``.
     """
     try:
-        return Conversation(swe_agent_messages(_list(row, "history")))
+        if "history" in row:
+            return Conversation(swe_agent_messages(_list(row, "history")))
+        if "messages" in row:
+            return Conversation(swe_agent_messages(decode_messages(row["messages"])), _tools(row))
+        if "trajectory" in row:
+            return Conversation(nebius_messages(_list(row, "trajectory")))
     except ValueError as e:
         raise AdapterError(str(e)) from None
+    raise AdapterError("missing field 'history' (a SWE-agent .traj), 'messages' (SWE-smith trajectories) or "
+                       "'trajectory' (nebius/SWE-agent-trajectories)")
 
 
 def adapt_ultrachat(row: Mapping[str, Any]) -> Conversation:
@@ -368,8 +381,20 @@ def wrong_signature_type(row: Mapping[str, Any]) -> str | None:
     (``"field 'chat' is an int, expected a string (glaive)"``); None when no such key is present."""
     for name, (key, _) in _SIGNATURES.items():
         if key in row and not (name == "swe_agent" and "instruction" in row):  # Alpaca's history
-            return f"field {key!r} is {kind_of(row[key])}, expected {_SIGNATURE_SHAPES[name]} ({name})"
+            hint = _SMITH_HINT if name == "openai" and isinstance(row[key], str) else ""
+            return f"field {key!r} is {kind_of(row[key])}, expected {_SIGNATURE_SHAPES[name]} ({name}){hint}"
     return None
+
+
+#: Said of a row whose ``messages`` is a string: SWE-smith trajectories store their messages as JSON text.
+_SMITH_HINT = "; messages as JSON text (SWE-smith trajectories) are read by format = \"swe_agent\""
+
+
+def _nebius_steps(value: Any) -> bool:
+    """A nebius/SWE-agent-trajectories ``trajectory``: a list of ``{role, text | system_prompt, ...}`` steps
+    (a ``.traj``'s own ``trajectory`` holds ``{action, observation, ...}`` steps without a role)."""
+    first = value[0] if isinstance(value, list) and value else None
+    return isinstance(first, dict) and "role" in first and ("text" in first or "system_prompt" in first)
 
 
 def detect_format(row: dict) -> str | None:
@@ -379,11 +404,13 @@ def detect_format(row: dict) -> str | None:
     -> glaive; ``messages`` list -> openai; ``conversations`` list -> sharegpt; ``data`` list of
     strings -> ultrachat;
     ``instruction`` string -> instruction; ``problem`` string -> oss_instruct; ``input`` string ->
-    opencodeinstruct; ``prompt`` string -> text.
+    opencodeinstruct; ``prompt`` string -> text; last, ``trajectory`` list of ``{role, text}`` steps ->
+    swe_agent (nebius/SWE-agent-trajectories). A ``messages`` string (SWE-smith trajectories) is not
+    detected: JSON-text messages of other datasets are OpenAI messages; set ``format = "swe_agent"``.
     """
     if not isinstance(row, dict):
         return None
     for name, (key, fits) in _SIGNATURES.items():
         if key in row and fits(row[key]):
             return name
-    return None
+    return "swe_agent" if _nebius_steps(row.get("trajectory")) else None

@@ -21,6 +21,16 @@ section "SWE-agent"):
 * Agent-internal keys (``agent``, ``message_type``, ``thought``, ``action``, ``is_demo``...) are
   dropped; demonstration messages are kept (they are part of the prompt the agent saw).
 
+The same trajectories as published on the Hugging Face Hub (``docs/datasets.md``, B8):
+
+* SWE-smith trajectories (``SWE-bench/SWE-smith-trajectories``): ``messages`` is the JSON text of the
+  message list (SWE-agent history entries in the ``tool`` split; plain ``{role, content}`` turns in the
+  ``xml`` and ``ticks`` splits): :func:`decode_messages`, then the rules above.
+* nebius/SWE-agent-trajectories: ``trajectory`` is a list of ``{role: system|user|ai, text,
+  system_prompt, mask, cutoff_date}`` steps: :func:`nebius_messages` (``ai`` is the assistant; a
+  ``system`` step's text is its ``system_prompt``). Actions are text (the thought, then the command in
+  a fenced block), observations ``user`` turns: no tool calls.
+
 Functions here are pure (no I/O); errors are ``ValueError`` with the row-relative reason.
 """
 
@@ -136,4 +146,60 @@ def swe_agent_messages(history: list[Any]) -> list[dict[str, Any]]:
         elif role == "user":
             queue.clear()
         messages.append(msg)
+    return messages
+
+
+def decode_messages(value: Any) -> list[Any]:
+    """SWE-smith trajectories' ``messages`` column -> the message list: JSON text is decoded, a list is
+    taken as it is.
+
+    Raises:
+        ValueError: ``"field 'messages' is a string but not JSON: ..."``, ``"field 'messages' holds a T,
+            expected a list of messages"`` or ``"field 'messages' is a T, expected a list of messages or
+            its JSON text"``.
+    """
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError) as e:
+            raise ValueError(f"field 'messages' is a string but not JSON: {e}") from None
+        if not isinstance(value, list):
+            raise ValueError(f"field 'messages' holds {kind_of(value)}, expected a list of messages")
+    elif not isinstance(value, list):
+        raise ValueError(f"field 'messages' is {kind_of(value)}, expected a list of messages or its JSON text")
+    return value
+
+
+#: nebius/SWE-agent-trajectories ``trajectory[].role`` -> the OpenAI role.
+NEBIUS_ROLES = {"system": "system", "user": "user", "ai": "assistant"}
+
+
+def nebius_messages(trajectory: list[Any]) -> list[dict[str, Any]]:
+    """nebius/SWE-agent-trajectories' ``trajectory`` -> OpenAI messages (one per step, in order).
+
+    A step is ``{role, text, system_prompt, mask, cutoff_date}``: ``text`` is the content (null on the
+    ``system`` step, whose content is ``system_prompt``); ``mask`` and ``cutoff_date`` are dropped. The
+    content's type is checked later, with every format's (``engine.datasets.rule.cut_prompt``): a null
+    one is ``"message N: null content"``.
+
+    Raises:
+        ValueError: ``"message N: a T, expected an object"``, ``"message N: missing field 'role'"``
+            (with a hint when the step is a ``.traj`` step, ``{action, observation, ...}``),
+            ``"message N: unknown role R (nebius roles: 'system', 'user', 'ai')"``.
+    """
+    messages = []
+    for n, step in enumerate(trajectory, 1):
+        if not isinstance(step, dict):
+            raise ValueError(f"message {n}: {kind_of(step)}, expected an object")
+        role = step.get("role", _MISSING)
+        if role is _MISSING:
+            traj = "action" in step or "observation" in step
+            hint = " (a .traj step, not a message: a .traj's messages are its 'history', which this row lacks)"
+            raise ValueError(f"message {n}: missing field 'role'" + (hint if traj else ""))
+        if role not in NEBIUS_ROLES:
+            raise ValueError(f"message {n}: unknown role {role!r} (nebius roles: 'system', 'user', 'ai')")
+        text = step.get("text")
+        if role == "system" and step.get("system_prompt") is not None:
+            text = step["system_prompt"]
+        messages.append({"role": NEBIUS_ROLES[role], "content": text})
     return messages
