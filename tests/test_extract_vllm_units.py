@@ -1,11 +1,12 @@
 """The parts of extraction on vLLM that need no vLLM: the capture channel, the final norm read from a
-checkpoint, the ``[extract.vllm]`` config and the ``vllm.LLM`` arguments (tests/test_extract_vllm.py runs
-vLLM itself, in ``make vllm-check``)."""
+checkpoint, the ``[extract.vllm]`` config, the ``vllm.LLM`` arguments and the vLLM version check (with a
+faked ``vllm`` package). tests/test_extract_vllm.py runs vLLM itself, in ``make vllm-check``."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import socket
 import struct
 from pathlib import Path
@@ -19,6 +20,7 @@ from engine.extract.job import ExtractError, resolve_job
 from engine.extract.onvllm.channel import CaptureClient, CaptureServer, ChannelError
 from engine.extract.onvllm.hidden import llm_kwargs, vllm_layer_ids
 from engine.extract.onvllm.norm import FinalNorm
+from engine.extract.onvllm.version import check_vllm_version, release
 from engine.extract.tiny import build_tiny_model
 
 
@@ -147,3 +149,85 @@ def test_vllm_engine_without_vllm_says_how_to_install(tmp_path: Path) -> None:
     job = resolve_job(cfg(tmp_path, str(model), engine="vllm"), data=tmp_path, device="cpu")
     with pytest.raises(ExtractError, match=r'engine = "vllm" needs vLLM: pip install -e "\.\[vllm\]"'):
         VllmHiddenStates(job)
+
+
+def test_llm_arguments_turn_off_the_cpu_rotary_kernel(tmp_path: Path) -> None:
+    """On CPU datagen sets ``compilation_config.custom_ops = ["-rotary_embedding"]``: vLLM's CPU rotary kernel
+    mis-rotates MLA's 3-D q/k_pe views (docs/vllm-extraction.md section 6), its PyTorch-native forward does not.
+    Not on CUDA, whose kernel takes the views' strides."""
+    model = build_tiny_model(tmp_path / "m", family="llama", layers=4)
+    job = resolve_job(cfg(tmp_path, str(model), engine="vllm"), data=tmp_path, device="cpu")
+    assert llm_kwargs(job, "/tmp/x.sock")["compilation_config"] == {"custom_ops": ["-rotary_embedding"]}
+    gpu = resolve_job(cfg(tmp_path, str(model), engine="vllm"), data=tmp_path, device="cuda", gpus=[0])
+    assert "compilation_config" not in llm_kwargs(gpu, "/tmp/x.sock")
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.32.1rc1.dev7+g1234", "0.33.0", "1.0.0"])
+def test_vllm_version_accepted(version: str) -> None:
+    check_vllm_version(version)
+
+
+@pytest.mark.parametrize("version, reason", [
+    ("0.24.0", r"vLLM 0\.24\.0 predates vLLM PR 46973 \(first in vLLM 0\.25\.0\).*final layer's output.*61 on Kimi"),
+    ("0.11.2+cpu", r"predates vLLM PR 46973"),
+    ("0.25.0", r"older than 0\.32\.0, the version datagen's KV connector is built and tested on"),
+    ("0.31.0", r"older than 0\.32\.0"),
+    ("dev", r"cannot read vLLM's version 'dev'"),
+])
+def test_vllm_version_refused_with_the_reason(version: str, reason: str) -> None:
+    with pytest.raises(ExtractError, match=reason):
+        check_vllm_version(version)
+    assert release("0.25.0rc1") == (0, 25, 0) and release("v0.32.0+cpu") == (0, 32, 0)
+
+
+def fake_vllm(where: Path, version: str) -> Path:
+    """A ``vllm`` package that only has a version and an ``LLM`` that must never be built."""
+    pkg = where / "vllm"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(
+        f"__version__ = {version!r}\n"
+        "class LLM:\n    def __init__(self, **kw):\n        raise AssertionError('vllm.LLM built despite the version')\n"
+        "class SamplingParams:\n    pass\n")
+    return where
+
+
+def test_vllm_engine_refuses_an_old_vllm_before_it_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine checks vLLM's version before building ``vllm.LLM`` (so before any weights load): vLLM 0.24.0
+    is refused with PR 46973 as the reason, and the capture socket is closed again."""
+    import importlib
+    import sys
+
+    from engine.extract.onvllm.hidden import VllmHiddenStates
+
+    for k in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE", "VLLM_LOGGING_LEVEL"):
+        monkeypatch.setenv(k, "1" if k == "VLLM_CPU_KVCACHE_SPACE" else ("0" if "MULTI" in k else "ERROR"))
+    monkeypatch.syspath_prepend(str(fake_vllm(tmp_path / "fake", "0.24.0")))
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, name)
+    importlib.invalidate_caches()
+    model = build_tiny_model(tmp_path / "m", family="llama", layers=4)
+    job = resolve_job(cfg(tmp_path, str(model), engine="vllm"), data=tmp_path, device="cpu")
+    closed = []
+    real_close = CaptureServer.close
+    monkeypatch.setattr(CaptureServer, "close", lambda self: (closed.append(self.path), real_close(self)))
+    with pytest.raises(ExtractError, match=r"refuses this vLLM: vLLM 0\.24\.0 predates vLLM PR 46973"):
+        VllmHiddenStates(job)
+    assert len(closed) == 1 and not Path(closed[0]).exists()
+
+
+def test_datagen_extract_refuses_an_old_vllm_without_restarts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``datagen extract`` with ``engine = "vllm"`` and vLLM 0.24.0 installed (faked): the job fails at once with
+    the reason (PR 46973, the final layer's capture) and the worker is not restarted."""
+    from test_extract_procs import extract, setup_job
+
+    fake = fake_vllm(tmp_path / "fake", "0.24.0")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(fake)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    model = build_tiny_model(tmp_path / "model", family="llama", layers=4)
+    setup_job(tmp_path, model, 6, 5, 30, 256)
+    with open(tmp_path / "config.toml", "a") as f:
+        f.write('engine = "vllm"\n')
+    p = extract(tmp_path, "--headless")
+    log = p.communicate(timeout=300)[0]
+    assert p.returncode == 1, log
+    assert "vLLM PR 46973" in log and "first in vLLM 0.25.0" in log and "not restarted" in log, log
+    assert "restarting it" not in log and "vllm.LLM built" not in log, log

@@ -26,12 +26,24 @@ import torch
 
 from engine.extract.job import ExtractError, ExtractJob
 from engine.extract.onvllm.channel import CaptureServer
+from engine.extract.onvllm.version import check_vllm_version
 
 log = logging.getLogger(__name__)
 
 #: what datagen sets on ``vllm.LLM`` itself; ``[extract.vllm]`` cannot override these
 FIXED_KEYS = ("model", "skip_tokenizer_init", "enable_prefix_caching", "speculative_config", "kv_transfer_config",
               "dtype")
+#: vLLM custom ops datagen turns off on vLLM's CPU backend (``compilation_config.custom_ops``), so that their
+#: PyTorch-native forward runs instead. ``rotary_embedding``: ``RotaryEmbedding.forward_cpu`` calls the CPU
+#: kernel ``torch.ops._C.rotary_embedding`` (csrc/cpu/pos_encoding.cpp), which assumes rows of
+#: ``[tokens, heads * head_size]`` (``num_heads = size(-1) / head_size``, token stride ``stride(-2)``); vLLM's MLA
+#: layer (``MultiHeadLatentAttentionWrapper.forward``, vllm/model_executor/layers/mla.py) hands it the 3-D views
+#: ``q[..., nope:]`` ``[T, heads, rope]`` and ``k_pe`` ``[T, 1, rope]``, so on DeepSeek-V2/V3-family models with
+#: plain rope the query heads get other tokens' positions and ``k_pe`` is rotated at the wrong addresses
+#: (layer 0 off by ~3e-3, the final state by 0.28 on the tiny MLA model; docs/vllm-extraction.md section 6).
+#: Off on CPU only: the CUDA kernel (csrc/pos_encoding_kernels.cu) reads the token stride at the positions' dim and
+#: the head stride at -2; bench/mla_check_gpu.py checks that on a GPU.
+CPU_CUSTOM_OPS = ("-rotary_embedding",)
 #: seconds without a new capture before a batch is declared lost
 CAPTURE_TIMEOUT_S = 120.0
 
@@ -69,6 +81,7 @@ def llm_kwargs(job: ExtractJob, socket_path: str) -> dict[str, Any]:
     if job.device == "cpu":
         kw["gpu_memory_utilization"] = 0.5  # on vLLM's CPU backend: of the CPU memory
         kw["enforce_eager"] = True
+        kw["compilation_config"] = {"custom_ops": list(CPU_CUSTOM_OPS)}
     kw.update(user)
     return kw
 
@@ -106,9 +119,11 @@ class VllmHiddenStates:
                 # vLLM logs, at WARNING, tracebacks about the tokenizer datagen deliberately does not load
                 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
                 try:
+                    import vllm
                     from vllm import LLM
                 except ImportError as e:
                     raise ExtractError(f'[extract] engine = "vllm" needs vLLM: pip install -e ".[vllm]" ({e})') from None
+                check_vllm_version(str(getattr(vllm, "__version__", "unknown")))  # before any model loads
                 try:
                     llm = LLM(**llm_kwargs(job, self.server.path))
                 except ExtractError:
