@@ -279,12 +279,12 @@ def cmd_extract(args: argparse.Namespace) -> int:
         from engine.extract.convert_cli import run_convert
 
         return run_convert(args.convert, args.to, out=args.convert_out, model=args.model,
-                           delete_source=args.delete_source)
+                           delete_source=args.delete_source, draft_config=args.draft_config)
     if not args.config:
         print("error: datagen extract needs CONFIG (or --convert OUT --to LAYOUT)", file=sys.stderr)
         return 1
-    if args.to or args.convert_out or args.delete_source:
-        print("error: --to, --convert-out and --delete-source go with --convert OUT (rewrite existing shards); "
+    if args.to or args.convert_out or args.delete_source or args.draft_config:
+        print("error: --to, --convert-out, --delete-source and --draft-config go with --convert OUT (rewrite existing shards); "
               "a run's layout is [extract] layout in CONFIG", file=sys.stderr)
         return 1
     from engine.extract.launch import ExtractRun, run_extract, torchrun_env

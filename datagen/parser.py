@@ -76,17 +76,20 @@ def build_parser() -> argparse.ArgumentParser:
     xt.add_argument("--free-bytes", type=int, help="assume this much free disk space (bytes) instead of asking the OS")
     xt.add_argument("--progress-s", type=float, default=5.0, help=argparse.SUPPRESS)
     xt.add_argument("--convert", metavar="OUT", help="rewrite the shards in OUT into another layout (no model run)")
-    xt.add_argument("--to", choices=["speculators", "specforge"], help="with --convert: the layout to write")
+    xt.add_argument("--to", choices=["speculators", "specforge", "modelopt"], help="with --convert: the layout to write")
     xt.add_argument("--convert-out", metavar="DIR", help="with --convert: destination (default OUT-<layout> beside OUT)")
     xt.add_argument("--model", help="with --convert --to speculators: model dir for the final norm (default: job.json's)")
     xt.add_argument("--delete-source", action="store_true", help="with --convert: delete each shard once converted")
+    xt.add_argument("--draft-config", metavar="FILE", help="with --convert: the drafter's config JSON; refused unless its "
+                    "eagle_aux_hidden_state_layer_ids are the output's aux layers")
     xt.set_defaults(func=cmd_extract)
 
     ex = sub.add_parser("export", help="export stored results (exit 0 exported, 1 nothing exported, 2 error)")
     ex.add_argument("run_dir")
-    ex.add_argument("--format", choices=["raw", "specforge", "openai", "tokens"], default="raw",
-                    help="raw JSONL (everything stored; the default), or validated records as specforge/openai JSONL "
-                    "or tokens Parquet")
+    ex.add_argument("--format", choices=["raw", "specforge", "openai", "tokens", "tokens-jsonl"], default="raw",
+                    help="raw JSONL (everything stored; the default), or validated records as specforge/openai JSONL, "
+                    "tokens Parquet or tokens-jsonl (input_ids + loss_mask rows: SpecForge prompts_path, speculators "
+                    "prepare-data)")
     ex.add_argument("--out", required=True, help="output directory")
     ex.add_argument("--config", help="config whose [tokenizer] validates results not validated yet (default: the run's)")
     ex.add_argument("--include-invalid", action="store_true", help="also export records that failed validation")

@@ -114,14 +114,14 @@ class CaseServer:
         credits_usd: total credits reported by ``/credits`` and ``/key``.
     """
 
-    def __init__(self, respond: Callable[[dict, int], Reply], *, credits_usd: float = 100.0) -> None:
+    def __init__(self, respond: Callable[[dict, int], Reply], *, credits_usd: float = 100.0, port: int = 0) -> None:
         self.respond = respond
         self.requests: list[dict] = []
         self.generations: dict[str, dict] = {}
         self.credits_usd = credits_usd
         self._seen: Counter[str] = Counter()
         self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), self._handler())  # port 0: any free one
         self._httpd.daemon_threads = True
         self.base_url = f"http://127.0.0.1:{self._httpd.server_address[1]}/api/v1"
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)

@@ -6,10 +6,12 @@ import pytest
 
 from engine.money.projection import (
     DatasetProjection,
+    EtaRow,
     calibration_gate,
     range_text,
     project_dataset,
     project_run,
+    schedule_eta,
     spend_rate_usd_per_h,
 )
 
@@ -67,30 +69,28 @@ def test_project_run_sums_remaining_cost_and_tokens():
     a = _proj()  # 50,000 to come, $1.00 so far -> $1.10
     b = _proj(prompts_left=20, in_flight=10, cost_so_far=0.5, mean_completion_tokens=1000.0)
     assert b.tokens_to_come == 30_000 and b.projected_cost_usd == pytest.approx(0.56)
-    run = project_run([a, b], 3.6, 2.0, recent_tok_per_s=160.0, cost_cap=2.1)
+    run = project_run([a, b], 3.6, 2.0, cost_cap=2.1)
     assert run.tokens_to_come == 80_000
-    assert run.projected_cost_usd == pytest.approx(2.16)  # 2.0 + 0.10 + 0.06
-    assert run.eta_s == 800.0  # each at its own rate, one after another: 50,000/100 + 30,000/100
+    # 2.0 + 0.10 + 0.06 = 2.16 would pass the $2.10 cap: spend cannot, the projection stops there
+    assert run.uncapped_cost_usd == pytest.approx(2.16)
+    assert run.projected_cost_usd == pytest.approx(2.1) and run.capped and run.cap_usd == pytest.approx(2.1)
     assert run.spend_rate_usd_per_h == 3.6
     assert run.over_cap and run.calibrated
-    assert not project_run([a, b], 3.6, 2.0, recent_tok_per_s=160.0).over_cap
+    free = project_run([a, b], 3.6, 2.0)
+    assert not free.over_cap and not free.capped and free.projected_cost_usd == pytest.approx(2.16)
 
 
 def test_project_run_none_paths():
     a = _proj()
     unpriced = _proj(cost_per_completion_token=None)
-    run = project_run([a, unpriced], 0.0, 2.0, recent_tok_per_s=0.0, cost_cap=1.0)
-    assert run.projected_cost_usd is None and not run.over_cap
-    assert run.eta_s == 1000.0  # each dataset at its own rate (the run's recent rate is 0)
-    stalled = _proj(recent_tok_per_s=0.0)
-    assert project_run([a, stalled], 0.0, 2.0, recent_tok_per_s=0.0).eta_s is None
+    run = project_run([a, unpriced], 0.0, 2.0, cost_cap=1.0)
+    assert run.projected_cost_usd is None and not run.over_cap and not run.capped
     finished_unpriced = _proj(cost_per_completion_token=None, prompts_left=0, in_flight=0)
-    run2 = project_run([a, finished_unpriced], 0.0, 2.0, recent_tok_per_s=100.0)
+    run2 = project_run([a, finished_unpriced], 0.0, 2.0)
     assert run2.projected_cost_usd == pytest.approx(2.1)
-    assert not project_run([_proj(mean_completion_tokens=None)], 0.0, 0.0,
-                           recent_tok_per_s=1.0).calibrated
-    empty = project_run([], 0.0, 5.0, recent_tok_per_s=0.0)
-    assert (empty.tokens_to_come, empty.projected_cost_usd, empty.eta_s) == (0, 5.0, 0.0)
+    assert not project_run([_proj(mean_completion_tokens=None)], 0.0, 0.0).calibrated
+    empty = project_run([], 0.0, 5.0)
+    assert (empty.tokens_to_come, empty.projected_cost_usd) == (0, 5.0)
 
 
 def test_calibration_gate():
@@ -136,12 +136,16 @@ def test_run_eta_equals_the_only_active_datasets_eta():
     """The header's ETA and the one unfinished dataset's ETA are the same figure, whatever the run rate."""
     done = _proj(prompts_left=0, in_flight=0)
     active = _proj(recent_tok_per_s=40.0)  # 50,000 tokens at 40 tok/s
-    run = project_run([done, active], 0.0, 1.0, recent_tok_per_s=333.0)
-    assert run.eta_s == active.eta_s_recent == 1250.0
-    # a dataset not started yet (no rate of its own) goes at the run's rate
+    rows = [EtaRow.of("done", "done", "short", done, 0.0), EtaRow.of("active", "running", "short", active, 40.0)]
+    run = schedule_eta(rows)
+    assert run.eta_s == active.eta_s_recent == run.rows["active"][0] == 1250.0
+    # a dataset not started yet in the same class goes after it, at the class's rate
     queued = _proj(recent_tok_per_s=0.0)
-    assert project_run([active, queued], 0.0, 1.0, recent_tok_per_s=100.0).eta_s == 1250.0 + 500.0
-    assert project_run([active, queued], 0.0, 1.0, recent_tok_per_s=0.0).eta_s is None
+    run = schedule_eta(rows + [EtaRow.of("queued", "pending", "short", queued, 0.0)])
+    assert run.rows["queued"][0] == 1250.0 + 50_000 / 40.0 and run.eta_s == run.rows["queued"][0]
+    # alone in a class nobody serves yet: no rate to go by
+    lone = schedule_eta([EtaRow.of("queued", "pending", "long", queued, 0.0)])
+    assert lone.eta_s is None and lone.reason == "measuring rate"
 
 
 def test_run_projection_range_and_calibration_label():
@@ -149,12 +153,15 @@ def test_run_projection_range_and_calibration_label():
     b = _proj(observed=12, calibrate_after=50, cost_so_far=0.0)  # $0.10 .. $0.80 still to come
     c = _proj(mean_completion_tokens=None, observed=0, calibrate_after=50, cost_so_far=0.0,
               fallback_mean_tokens=500.0)
-    run = project_run([a, b, c], 0.0, 1.0, recent_tok_per_s=100.0)
+    run = project_run([a, b, c], 0.0, 1.0)
     assert not run.calibrated and run.calibration == (12, 50)  # the first one not calibrated
     assert run.cost_low_usd == pytest.approx(1.0 + 0.1 + 0.1 + 0.1)
     assert run.cost_high_usd == pytest.approx(1.0 + 0.1 + 0.8 + 0.8)
-    assert (run.eta_s_low, run.eta_s_high) == (1500.0, 8500.0)
-    assert project_run([a], 0.0, 1.0, recent_tok_per_s=1.0).calibration is None
+    # one class, config order, its rate 100 tok/s: a, then b, then c
+    eta = schedule_eta([EtaRow.of("a", "running", "short", a, 100.0), EtaRow.of("b", "pending", "short", b, 0.0),
+                        EtaRow.of("c", "pending", "short", c, 0.0)])
+    assert (eta.eta_s_low, eta.eta_s_high) == (1500.0, 8500.0)  # 500 + 500 + 500; 500 + 4000 + 4000
+    assert project_run([a], 0.0, 1.0).calibration is None
 
 
 def test_range_text():

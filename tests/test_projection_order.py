@@ -8,7 +8,7 @@ import random
 import pytest
 
 from engine.money.budget import fmt_usd
-from engine.money.projection import project_dataset, project_run, range_text
+from engine.money.projection import EtaRow, project_dataset, project_run, range_text, schedule_eta
 
 
 def random_dataset(rng: random.Random):
@@ -41,9 +41,12 @@ def test_low_never_above_high(seed):
             assert ordered(d.cost_low_usd, d.cost_high_usd), d
             assert ordered(d.tokens_to_come_low, d.tokens_to_come_high), d
             assert ordered(d.eta_s_low, d.eta_s_high), d
-        r = project_run(ds, None, sum(d.cost_so_far for d in ds), recent_tok_per_s=rng.uniform(0, 100))
+        r = project_run(ds, None, sum(d.cost_so_far for d in ds), cost_cap=rng.choice([None, rng.uniform(0, 5)]))
         assert ordered(r.cost_low_usd, r.cost_high_usd), (r, ds)
-        assert ordered(r.eta_s_low, r.eta_s_high), (r, ds)
+        rows = [EtaRow.of(str(i), rng.choice(["running", "pending"]), rng.choice(["short", "long"]), d,
+                          rng.uniform(0, 100)) for i, d in enumerate(ds)]
+        e = schedule_eta(rows)
+        assert ordered(e.eta_s_low, e.eta_s_high), (e, ds)
         text = range_text(r.projected_cost_usd, r.cost_low_usd, r.cost_high_usd, (1, 50), fmt_usd)
         if "–" in text:
             lo, hi = text.split(" ")[0].split("–")

@@ -182,7 +182,7 @@ def test_ingest_counts_and_logs_what_each_row_became(tmp_path, caplog):
         finally:
             await store.close()
 
-    with caplog.at_level(logging.INFO, logger="engine.run.ingest"):
+    with caplog.at_level(logging.DEBUG, logger="engine.run.ingest"):  # the per-prompt lines are DEBUG
         (rep,) = asyncio.run(go())
     assert (rep.prompts, rep.rejected, rep.whole, rep.cut, rep.reasoning_moved) == (4, 1, 2, 2, 1)
     assert rep.became_summary() == ("2 prompt(s) whole (ended on a user or tool turn), 2 cut before the final "

@@ -143,7 +143,7 @@ def test_argparse_roundtrip() -> None:
     assert cfg.faults == {"429": 0.1} and cfg.providers == ("A", "B") and cfg.cancellable_providers == ("B",)
     assert cfg.log_path == "/tmp/x.jsonl" and cfg.tokenizer is None
     d = sim_config_from_args(p.parse_args([]))
-    assert d.credits_usd is None and d.faults == {} and d.providers == ("SimA", "SimB", "SimC")
+    assert d.credits_usd == 100.0 and d.faults == {} and d.providers == ("SimA", "SimB", "SimC")
 
 
 # -- plain responses -------------------------------------------------------------------------------

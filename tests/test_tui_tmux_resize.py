@@ -34,7 +34,7 @@ def fits(screen: str, width: int) -> str | None:
     header = rows[0]
     if len(header) != width or not header.endswith("│"):
         return f"header row {len(header)} wide: {header!r}"
-    want = {80: ("cost",), 100: ("fail", "reason"), 120: ("fail", "skip", "req/s", "reason"),
+    want = {80: ("cost",), 100: ("reason",), 120: ("fail", "tok/budget", "reason"),
             160: ("tok/budget (+rsv)", "avg now/all", "reason")}[width]
     missing = [label for label in want if label not in header]
     if missing:

@@ -213,6 +213,8 @@ class DashboardActions:
         def answered(yes: bool | None) -> None:
             if yes:
                 self.run_command(partial(ctl.skip, name))
+            else:  # Enter on the focused Cancel: say so, or the key seems to do nothing
+                self.app.notify(f"{name} not skipped", timeout=3)
 
         self.app.push_screen(ConfirmScreen(f"Skip {name}?", body, yes="Skip"), answered)
 
@@ -244,6 +246,8 @@ class DashboardActions:
         def answered(yes: bool | None) -> None:
             if yes:
                 self.run_command(ctl.abort)
+            else:
+                self.app.notify("nothing aborted: the requests in flight go on", timeout=3)
 
         self.app.push_screen(ConfirmScreen("Abort in-flight requests?", body, yes="Abort"), answered)
 

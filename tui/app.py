@@ -494,14 +494,11 @@ def run_dashboard(cfg: Config, *, exit_on_pause: bool = False, refresh_hz: float
     if host.exit_code is None:
         return 130  # the app ended without the engine finishing (should not happen)
     if app.chained is not None:
-        chain = app.chained.chain
-        if chain.runs or chain.left_out:
-            try:
-                print(f"extraction (after_run = \"{chain.mode}\"): exit code {chain.exit_code}, "
-                      f"{len(chain.runs)} extraction run(s)"
-                      + (f"; not extracted: {', '.join(chain.left_out)}" if chain.left_out else ""), flush=True)
-            except OSError:
-                pass
+        try:
+            for line in app.chained.chain.end_lines():  # with "extraction incomplete: N samples left" when so
+                print(line, flush=True)
+        except OSError:
+            pass
         code = app.chained.exit_code()
         return code if code is not None else 130
     return host.exit_code

@@ -23,6 +23,7 @@ from textual.widgets import Footer, Label, Static
 from engine.report.snapshot import DatasetSnapshot, RunSnapshot
 from tui.fmt import fmt_count, money
 from tui.panes.datasets import eta_cell
+from tui.panes.log import styled_line
 
 LOG_LINES = 12
 """Latest log lines of the dataset shown."""
@@ -31,6 +32,13 @@ RUN_LINES = 6
 """Latest run-wide warnings and errors shown (lines of no dataset)."""
 
 _RUN_PROBLEM = re.compile(r"^\S+ (WARNING|ERROR|CRITICAL)\s+(?!\[)")
+
+
+LIMIT_EXPLAINED = {
+    "budget-limited": " (in flight / class slots): its token budget holds dispatch below the class's concurrency, "
+                      "so the tokens reserved in flight never take it past the budget",
+}
+"""What a ``limit_reason`` (by its first word) means, after it in the detail view."""
 
 
 def _row(t: Text, label: str, *parts: tuple[str, str] | str) -> None:
@@ -77,6 +85,8 @@ def detail_text(d: DatasetSnapshot, snap: RunSnapshot, cls: str = "", log_lines:
     t.append(d.name, style="bold")
     t.append(f"  {d.state}", style="bold yellow" if d.state == "paused" else "")
     _row(t, "reason", (d.state_reason or "--", "yellow" if d.state_reason else "dim"))
+    if d.limit_reason:  # the table's reason cell shows it (cut) when the dataset has no state reason
+        _row(t, "limit", (d.limit_reason, "yellow"), (LIMIT_EXPLAINED.get(d.limit_reason.split(" ")[0], ""), "dim"))
     finished = d.done + d.failed
     pct = f"{finished / d.prompts:.0%}" if d.prompts else "--"
     _row(t, "prompts", f"{d.prompts:,} valid, {d.rejected:,} rejected at ingest")
@@ -116,12 +126,14 @@ def detail_text(d: DatasetSnapshot, snap: RunSnapshot, cls: str = "", log_lines:
     if not lines:
         t.append("\n  none yet", style="dim")
     for line in lines:
-        t.append(f"\n{line}", style="yellow" if " WARNING " in line else "red" if " ERROR " in line else "")
+        t.append("\n")
+        t.append_text(styled_line(line))
     run_lines = run_problem_lines([*log_lines, *snap.events])
     if run_lines:
         t.append("\n\nlatest run warnings and errors", style="bold underline")
         for line in run_lines:
-            t.append(f"\n{line}", style="yellow" if " WARNING " in line else "red")
+            t.append("\n")
+            t.append_text(styled_line(line))
     return t
 
 

@@ -7,6 +7,11 @@ order and clips what passes the right edge: one more key (``e Extraction`` with 
 CSS: compact ``key description`` plus a 1-cell margin; otherwise 1 cell of padding each side) and
 drops keys in ``drop_order`` first, then the others from the right, never those in ``keep``. A
 left-out key still works (it is only not drawn; ``?`` and the command palette list every key).
+
+Textual's footer also rebuilds all its keys whenever its screen's bindings may have changed (a view
+switch, a new selection), and shows nothing until the rebuild is done: with the engine busy on the
+same loop the footer read blank for a second or more after ``e``. :class:`PriorityFooter` composes
+its keys at once and rebuilds only when what it shows changed.
 """
 
 from __future__ import annotations
@@ -66,6 +71,8 @@ class PriorityFooter(Footer):
         self.drop_order = tuple(drop_order)
         self.keep = tuple(keep)
         self.hidden: frozenset[str] = frozenset()
+        self.composed: tuple | None = None
+        """What the footer showed at its last composition (see :meth:`shows`)."""
 
     def _width(self) -> int:
         return self.size.width or self.app.size.width
@@ -87,14 +94,38 @@ class PriorityFooter(Footer):
                 room -= key_width(self.app.get_key_display(b), b.description, self.compact) + (1 if self.compact else 2)
         return left_out(keys, room, self.keep, self.drop_order)
 
+    def shows(self) -> tuple:
+        """What the footer would show now: each shown binding (key, description, action, enabled),
+        the command-palette key, the style and the keys left out."""
+        keys = tuple((b.key, b.description, b.action, bool(enabled))
+                     for _, b, enabled, _ in self.screen.active_bindings.values() if b.show)
+        return keys, self.show_command_palette, self.compact, self._left_out()
+
     def compose(self) -> ComposeResult:
-        if not self._bindings_ready:
-            return
+        # At once, not after the screen first says its bindings are ready (Textual's footer waits,
+        # blank, for that): the bindings are the screen's, known when it mounts the footer.
+        self._bindings_ready = True
         self.hidden = self._left_out()
+        self.composed = self.shows()
         for widget in super().compose():  # lazily: binding groups' ``with`` blocks stay in step
             if isinstance(widget, FooterKey) and widget.action in self.hidden and not widget.has_class("-grouped"):
                 continue
             yield widget
+
+    def bindings_changed(self, screen) -> None:  # noqa: ANN001 - textual.screen.Screen
+        """Rebuild the keys only when what the footer shows changed (Textual's rebuilds each time)."""
+        self._bindings_ready = True
+        if not screen.app.app_focus:
+            return
+        if self.is_attached and screen is self.screen:
+            self.call_after_refresh(self._recompose_if_changed)
+
+    async def _recompose_if_changed(self) -> None:
+        # Only on the screen shown: a view under another one (the extraction view over the generation
+        # view) has its own keys turned off meanwhile; rebuilt for that, its footer read blank when
+        # it came back. Its screen says its bindings changed again when it is shown (the focus returns).
+        if self.is_attached and self.screen.is_active and self.shows() != self.composed:
+            await self.recompose()
 
     def _refit(self) -> None:
         if self.is_attached and self._bindings_ready and self._left_out() != self.hidden:

@@ -129,7 +129,9 @@ def check_quit_mode(mode: str) -> str:
 
 class _LogLines(io.TextIOBase):
     """A text stream that turns each written line into an INFO log record (for ``prepare``'s
-    progress lines, which would otherwise print behind the dashboard's back)."""
+    progress lines, which would otherwise print behind the dashboard's back). An indented line
+    details the one before it (the tokenizer's marker ids, a rejected row's example) and is logged
+    at DEBUG: the log pane keeps the summary lines."""
 
     def __init__(self, logger: logging.Logger) -> None:
         self._log = logger
@@ -143,7 +145,7 @@ class _LogLines(io.TextIOBase):
         *lines, self._buf = self._buf.split("\n")
         for line in lines:
             if line.strip():
-                self._log.info("%s", line)
+                self._log.log(logging.DEBUG if line[:1].isspace() else logging.INFO, "%s", line)
         return len(s)
 
 

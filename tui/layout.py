@@ -38,6 +38,10 @@ Screen.-w-medium #providers, Screen.-w-medium #gpus { display: none; }
 Screen.-w-small #middle, Screen.-h-small #middle { display: none; }
 Screen.-w-small #sample, Screen.-h-small #sample { display: none; }
 Screen.-w-small #gpus, Screen.-h-small #gpus { display: none; }
+/* toasts inside the bottom-right pane (the log): above its bottom border and the footer, clear of its
+   side borders (the right column is at least 60 cells wide) */
+ToastRack { margin: 0 2 2 0; }
+Toast { width: 56; max-width: 50%; }
 """
 
 

@@ -27,11 +27,15 @@ class PaneLogHandler(logging.Handler):
 
     Records that ``engine.run.scheduler`` logs from its ``event`` method are skipped (the same run
     events reach the pane through ``snapshot.events``), and so are per-request records below
-    WARNING of the HTTP and SQLite libraries (one line per request would bury everything else).
+    WARNING of the HTTP and SQLite libraries (one line per request would bury everything else) and
+    ingest's INFO summaries (``prepare`` prints the same lines, which reach the pane once).
     """
 
     QUIET = ("httpx", "httpcore", "aiosqlite", "asyncio")
     """Loggers whose records below WARNING are dropped."""
+
+    PRINTED = ("engine.run.ingest",)
+    """Loggers whose records below WARNING ``prepare`` also prints (the pane shows the printed copy)."""
 
     def __init__(self, maxlen: int = 1000, level: int = logging.INFO) -> None:
         super().__init__(level)
@@ -41,7 +45,8 @@ class PaneLogHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if record.name == "engine.run.scheduler" and record.funcName == "event":
             return
-        if record.levelno < logging.WARNING and record.name.split(".", 1)[0] in self.QUIET:
+        if record.levelno < logging.WARNING and (record.name.split(".", 1)[0] in self.QUIET
+                                                 or record.name in self.PRINTED):
             return
         try:
             msg = self.format(record)

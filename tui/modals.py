@@ -6,10 +6,13 @@ message handler ever awaits a screen (which would deadlock Textual's message loo
 
 from __future__ import annotations
 
+from rich.console import Group
+from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Footer, Label, OptionList, Static
 
@@ -31,8 +34,29 @@ ModalScreen > Vertical {
 ModalScreen .title { text-style: bold; margin-bottom: 1; }
 ModalScreen Horizontal { height: auto; margin-top: 1; align-horizontal: center; }
 ModalScreen Button { margin: 0 1; }
+ModalScreen Button:focus { text-style: bold reverse; border: tall $accent; }
 ModalScreen OptionList { height: auto; max-height: 20; }
 """
+
+
+class KeyButton(Button):
+    """A dialog button that names its key, ``Skip [y]``, and marks itself while it has the focus,
+    ``▸ Skip [y] ◂`` (Enter presses it), so the button Enter presses is plain in any terminal."""
+
+    def __init__(self, label: str, key: str, **kw) -> None:
+        self.key_label = f"{label} [{key}]"
+        """The label with its key, without the focus marks."""
+        super().__init__(self._label(False), **kw)
+
+    def _label(self, focused: bool) -> Content:
+        # Content, not a str: "[y]" would be read as markup and vanish
+        return Content(f"▸ {self.key_label} ◂" if focused else f"  {self.key_label}  ")
+
+    def on_focus(self) -> None:
+        self.label = self._label(True)
+
+    def on_blur(self) -> None:
+        self.label = self._label(False)
 
 
 ARROWS = [
@@ -84,8 +108,8 @@ class ConfirmScreen(ModalScreen[bool]):
             yield Label(self._title, classes="title")
             yield Static(self._body)
             with Horizontal():
-                yield Button(f"{self._yes} [y]", id="yes", variant="error")
-                yield Button(f"{self._no} [n]", id="no")
+                yield KeyButton(self._yes, "y", id="yes", variant="error")
+                yield KeyButton(self._no, "n", id="no")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -120,9 +144,9 @@ class QuitScreen(ModalScreen[str | None]):
             yield Label("Quit?", classes="title")
             yield Static(self._body)
             with Horizontal():
-                yield Button("Drain, then quit [d]", id="drain", variant="primary")
-                yield Button("Abort now [a]", id="abort", variant="error")
-                yield Button("Stay [esc]", id="stay")
+                yield KeyButton("Drain, then quit", "d", id="drain", variant="primary")
+                yield KeyButton("Abort now", "a", id="abort", variant="error")
+                yield KeyButton("Stay", "esc", id="stay")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -164,26 +188,43 @@ class PickScreen(ModalScreen[str | None]):
 
 
 class HelpScreen(ModalScreen[None]):
-    """The keys and what they do (any key closes)."""
+    """The keys and what they do, two columns (explanations wrap beside their key). Wide enough
+    that every line shows at 120x40; in a smaller terminal the keys scroll (Up/Down, Page Up/Down,
+    Home/End). Any other key closes it."""
 
-    DEFAULT_CSS = modal_css("HelpScreen")
+    DEFAULT_CSS = modal_css("HelpScreen") + """
+    HelpScreen > Vertical {
+        width: 110; max-width: 96%; max-height: 96%; padding: 0 1; border-title-style: bold; border-title-color: $text;
+    }
+    HelpScreen VerticalScroll { height: auto; max-height: 100%; }
+    """
+
+    SCROLL_KEYS = frozenset({"up", "down", "pageup", "pagedown", "home", "end"})
+    """Keys that scroll the help instead of closing it."""
 
     def __init__(self, lines: list[tuple[str, str]]) -> None:
         super().__init__()
         self._lines = lines
 
     def compose(self) -> ComposeResult:
-        t = Text()
+        keys = Table.grid(padding=(0, 2))
+        keys.add_column(justify="right", style="bold cyan", no_wrap=True)
+        keys.add_column()
         for key, what in self._lines:
-            t.append(f"{key:>8}  ", style="bold cyan")
-            t.append(f"{what}\n")
-        t.append("\nctrl+p opens the command palette with the same actions.\n", style="dim")
-        t.append("Keys can be remapped by binding id: DATAGEN_KEYS='dashboard.pause=f5;dashboard.quit=ctrl+x'.",
-                 style="dim")
-        with Vertical():
-            yield Label("eagle-datagen dashboard: keys", classes="title")
-            yield Static(t)
+            keys.add_row(Text(key), Text(what))  # Text: "[extract]" is no markup
+        notes = Text("ctrl+p opens the command palette with the same actions. Keys can be remapped by binding "
+                     "id: DATAGEN_KEYS='dashboard.pause=f5;dashboard.quit=ctrl+x'. Any other key closes this.",
+                     style="dim")
+        with Vertical() as box:  # the title in the border: the scroll is the box's only child, never cut
+            box.border_title = "eagle-datagen dashboard: keys"
+            with VerticalScroll():
+                yield Static(Group(keys, Text(""), notes))
+
+    def on_mount(self) -> None:
+        self.query_one(VerticalScroll).focus()
 
     def on_key(self, event) -> None:  # noqa: ANN001 - textual.events.Key
+        if event.key in self.SCROLL_KEYS:
+            return  # the scroll's own bindings move it
         event.stop()
         self.dismiss(None)

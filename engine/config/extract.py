@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from engine.config.base import _Strict
 
@@ -126,8 +126,16 @@ class ExtractSection(_Strict):
         layout: how the hidden states are written (README "Hidden-state layouts"): ``shards``
             (default: this project's shards, read by ``engine.extract.loader``), ``speculators``
             (vLLM speculators' offline EAGLE-3 data: ``hidden_states/hs_{i}.safetensors`` + its
-            preprocessed dataset) or ``specforge`` (SpecForge's offline EAGLE-3 files
-            ``rows_*/data_{i}.ckpt``).
+            preprocessed dataset), ``specforge`` (SpecForge's offline EAGLE-3 files
+            ``rows_*/data_{i}.ckpt`` + ``vocab_mapping/vocab_mapping.pt``) or ``modelopt`` (NVIDIA
+            Model-Optimizer's offline EAGLE-3 dumps, one ``{id}.pt`` per sample).
+        save_dtype: how the hidden states are stored: ``model`` (default: the model dtype, ``dtype``)
+            or ``fp8`` (``float8_e4m3fn`` with one float32 scale per token, speculators' fp8
+            convention: about half the bytes of bf16; layouts ``shards`` and ``speculators`` only).
+        draft_vocab_size: ``specforge`` only: the draft vocabulary size of the vocabulary mapping it
+            writes (default ``min(32000, the target's vocab_size)``).
+        compress / compression_level: ``specforge`` only: gzip each feature file
+            (``data_{i}.ckpt.gz``, SpecForge's own ``--compress``/``--compression-level``, level 1-9).
         after_run: chain extraction after generation in ``datagen run`` (README "Chaining"):
             ``never`` (default), ``run`` (once the whole run completed with exit 0) or ``dataset``
             (each dataset as soon as it is done and its token records are validated, while
@@ -150,7 +158,11 @@ class ExtractSection(_Strict):
     out_dir: Path | None = None
     disk_margin_gb: float = Field(10.0, ge=0)
     trust_remote_code: bool = False
-    layout: Literal["shards", "speculators", "specforge"] = "shards"
+    layout: Literal["shards", "speculators", "specforge", "modelopt"] = "shards"
+    save_dtype: Literal["model", "fp8"] = "model"
+    draft_vocab_size: int | None = Field(None, ge=1)
+    compress: bool = False
+    compression_level: int = Field(6, ge=1, le=9)
     after_run: Literal["never", "run", "dataset"] = "never"
     engine: Literal["transformers", "vllm"] = "transformers"
     vllm: VllmSection = Field(default_factory=VllmSection)
@@ -161,3 +173,15 @@ class ExtractSection(_Strict):
         if v is not None and any(i < 0 for i in v):
             raise ValueError(f"expected 0-based layer indices >= 0, got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _layout_options(self) -> "ExtractSection":
+        if self.save_dtype == "fp8" and self.layout not in ("shards", "speculators"):
+            hint = (" (SpecForge reads the model dtype; `compress = true` gzips its files instead)"
+                    if self.layout == "specforge" else " (its loader reads the model dtype)")
+            raise ValueError(f'save_dtype = "fp8" is for layout "shards" or "speculators", not "{self.layout}"{hint}')
+        if (self.compress or "compression_level" in self.model_fields_set) and self.layout != "specforge":
+            raise ValueError(f'compress / compression_level are for layout "specforge" (gzip .ckpt.gz), not "{self.layout}"')
+        if self.draft_vocab_size is not None and self.layout != "specforge":
+            raise ValueError(f'draft_vocab_size sizes the vocabulary mapping of layout "specforge", not "{self.layout}"')
+        return self

@@ -58,7 +58,7 @@ class SimSection(_Strict):
     latency_ms: float = Field(0.0, ge=0)
     tokens_per_s: float = Field(0.0, ge=0)
     mean_completion_tokens: int = Field(400, ge=1)
-    credits_usd: float | None = Field(None, ge=0)
+    credits_usd: float | None = Field(100.0, ge=0)  # engine.sim.config.DEFAULT_CREDITS_USD: $100, not unlimited
     price_in: float = Field(0.40, ge=0)
     price_out: float = Field(1.90, ge=0)
     tokenizer: Path | None = None

@@ -1,9 +1,23 @@
-"""Rewrite existing ``shards`` output into the ``speculators`` or ``specforge`` layout.
+"""Rewrite existing ``shards`` output into the ``speculators``, ``specforge`` or ``modelopt`` layout.
 
-No forward pass: ``specforge`` needs nothing but the shards; ``speculators`` also reads one tensor of
-the checkpoint, the final norm's weight (below), from the model named in ``job.json`` (or ``--model``).
+No forward pass: ``specforge`` and ``modelopt`` need nothing but the shards (``specforge``'s
+vocabulary mapping also the target's ``vocab_size``, from ``job.json`` or the model's config);
+``speculators`` also reads one tensor of the checkpoint, the final norm's weight (below), from the
+model named in ``job.json`` (or ``--model``).
 
-``datagen extract --convert OUT --to speculators|specforge`` calls :func:`convert`. It holds
+fp8 shards (``save_dtype = "fp8"``) are dequantized (:func:`engine.extract.shards.read_sample`):
+into the model dtype of ``job.json`` for ``specforge`` and ``modelopt`` (their trainers read it;
+float32 without a ``job.json``), into float32 for ``speculators``, whose output stays fp8 (quantized
+again per token after the final state is rebuilt, below: a second fp8 rounding).
+
+Aux layers: the source's ``job.json`` records them; the destination's ``job.json`` holds the same,
+with ``eagle_aux_hidden_state_layer_ids`` in the target trainer's numbering
+(:func:`engine.extract.job.trainer_layer_ids`). The shards' width must match them, a destination
+already holding another job's samples is refused (:func:`engine.extract.job.check_same_output`),
+and ``draft_config`` (``--draft-config FILE``, the drafter's config JSON) is refused before
+anything is written unless its layer ids (:func:`draft_config_layer_ids`) are the output's.
+
+``datagen extract --convert OUT --to speculators|specforge|modelopt`` calls :func:`convert`. It holds
 ``extract.lock`` (:mod:`engine.proc.runlock`) on the source AND on the destination for the whole
 conversion: a live ``datagen extract`` writing either directory, or another convert, refuses it
 (:class:`~engine.proc.runlock.DirectoryInUse`), and no extraction can start on them meanwhile. It
@@ -45,16 +59,19 @@ from typing import Any, Callable
 
 from engine.extract.control import read_plan
 from engine.extract.disk import fmt_bytes
-from engine.extract.job import ExtractError, ExtractJob
+from engine.extract.job import DTYPE_BYTES, FP8_BYTES, ExtractError, ExtractJob, _draft_vocab, read_model_shape, \
+    trainer_layer_ids
 from engine.extract.layouts import make_layout
 from engine.extract.plan import project
-from engine.extract.shards import MANIFEST, OutDir
+from engine.extract.shards import MANIFEST, OutDir, read_sample
 from engine.extract.status import read_workers
 from engine.proc import runlock
 
 log = logging.getLogger(__name__)
 
-TARGETS = ("speculators", "specforge")
+TARGETS = ("speculators", "specforge", "modelopt")
+#: The key every supported draft config names its aux layers with (top level, or in ``eagle_config``).
+LAYER_IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 
 
 @dataclass
@@ -71,6 +88,8 @@ class ConvertReport:
     complete: bool = False
     source_complete: bool = False
     source_reason: str = ""
+    #: the aux layers in the destination trainer's numbering (None: no job.json records them)
+    layer_ids: list[int] | None = None
 
 
 def final_norm_weight(model: str) -> tuple[Any, float]:
@@ -121,6 +140,64 @@ def unnormalize(y: Any, w: Any, eps: float) -> Any:
     m = (u * u).mean(-1, keepdim=True)
     scale = torch.sqrt(eps / torch.clamp(1.0 - m, min=1e-12))
     return (u * scale).to(y.dtype)
+
+
+def default_layer_ids(to: str, num_layers: int) -> list[int]:
+    """The aux layers ``to``'s trainer uses when the draft config names none, in its numbering:
+    speculators ``[2, L//2, L - 3]`` (``models/utils.py`` ``resolve_target_layer_ids``), SpecForge
+    ``[1, L//2 - 1, L - 4]`` (``algorithms/model_providers.py`` ``resolve_eagle_capture_layers``),
+    Model-Optimizer ``sorted({1, L//2 - 1, L - 4})`` (``hf_eagle.py`` ``default_eagle_aux_layer_ids``)."""
+    if to == "speculators":
+        return [2, num_layers // 2, num_layers - 3]
+    if to == "modelopt":
+        return sorted({1, max(0, num_layers // 2 - 1), max(0, num_layers - 4)})
+    return [1, num_layers // 2 - 1, num_layers - 4]
+
+
+def draft_config_layer_ids(path: str | Path, to: str, num_layers: int) -> tuple[list[int], str]:
+    """The aux layer ids a drafter config JSON makes ``to``'s trainer use, and where they come from:
+    ``eagle_config.eagle_aux_hidden_state_layer_ids`` (SpecForge / SGLang draft configs), else a
+    top-level ``eagle_aux_hidden_state_layer_ids`` (speculators' and Model-Optimizer's configs),
+    else the trainer's default (:func:`default_layer_ids`).
+
+    Raises:
+        ExtractError: unreadable file, not a JSON object, ids that are not a list of integers.
+    """
+    try:
+        d = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ExtractError(f"--draft-config {path}: cannot read it ({e})") from None
+    if not isinstance(d, dict):
+        raise ExtractError(f"--draft-config {path}: not a JSON object")
+    nested = d.get("eagle_config") if isinstance(d.get("eagle_config"), dict) else {}
+    for where, ids in ((f"eagle_config.{LAYER_IDS_KEY}", nested.get(LAYER_IDS_KEY)),
+                       (LAYER_IDS_KEY, d.get(LAYER_IDS_KEY))):
+        if ids is not None:
+            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+                raise ExtractError(f"--draft-config {path}: {where} = {ids!r} is not a list of integers")
+            return list(ids), where
+    return default_layer_ids(to, num_layers), f"{to}'s default (the config names no {LAYER_IDS_KEY})"
+
+
+def check_draft_config(path: str | Path, to: str, job: ExtractJob | None) -> list[int]:
+    """Refuse ``path`` unless the layer ids it makes ``to``'s trainer use are the output's aux layers
+    (:func:`engine.extract.job.trainer_layer_ids`); returns them.
+
+    Raises:
+        ExtractError: no ``job.json`` records the aux layers, or the ids differ (both listed).
+    """
+    if job is None:
+        raise ExtractError(f"--draft-config {path}: the source has no job.json recording its aux layers; "
+                           "nothing to check the draft config against")
+    want = trainer_layer_ids(to, job.aux_layers)
+    ids, where = draft_config_layer_ids(path, to, job.num_layers)
+    if ids != want:
+        raise ExtractError(
+            f"--draft-config {path}: {where} = {ids}, but these hidden states are of the 0-based layers "
+            f"{list(job.aux_layers)} ({to} numbers them {want}): a drafter trained on them would be served "
+            f"with other layers than it learned from. Set {LAYER_IDS_KEY} = {want} in the draft config, or "
+            "extract again with the config's layers")
+    return want
 
 
 def source_state(src: Path, listed: int) -> tuple[bool, str]:
@@ -189,12 +266,15 @@ def _lock(directory: Path) -> runlock.DirLock | None:
 
 def convert(src: str | Path, dst: str | Path, to: str, *, model: str | None = None, delete_source: bool = False,
             margin_bytes: int = 0, stop: threading.Event | None = None,
-            progress: Callable[[int, int], None] | None = None) -> ConvertReport:
+            progress: Callable[[int, int], None] | None = None, draft_config: str | Path | None = None) -> ConvertReport:
     """Convert the ``shards`` output in ``src`` into layout ``to`` in ``dst`` (module doc).
 
     Args:
-        to: ``speculators`` or ``specforge``.
-        model: checkpoint directory for the final norm weight (speculators; default: job.json's model).
+        to: ``speculators``, ``specforge`` or ``modelopt``.
+        model: checkpoint directory for the final norm weight (speculators; default: job.json's model)
+            and the vocabulary size (specforge, when job.json does not record it).
+        draft_config: the drafter's config JSON: refused unless its aux layer ids are the output's
+            (:func:`check_draft_config`).
         delete_source: remove each source shard once all its samples are committed in ``dst``.
         margin_bytes: bytes that must stay free on ``dst``'s file system (checked before starting).
         stop: set it to stop after the current shard; progress: called ``(done, total)`` samples.
@@ -218,7 +298,7 @@ def convert(src: str | Path, dst: str | Path, to: str, *, model: str | None = No
         dst.mkdir(parents=True, exist_ok=True)
         locks.append(_lock(dst))
         return _convert(src, dst, to, s_out, entries, job, model=model, delete_source=delete_source,
-                        margin_bytes=margin_bytes, stop=stop, progress=progress)
+                        margin_bytes=margin_bytes, stop=stop, progress=progress, draft_config=draft_config)
     finally:
         for lk in reversed(locks):
             if lk is not None:
@@ -227,7 +307,8 @@ def convert(src: str | Path, dst: str | Path, to: str, *, model: str | None = No
 
 def _convert(src: Path, dst: Path, to: str, s_out: OutDir, entries: list[dict[str, Any]], job: ExtractJob | None, *,
              model: str | None, delete_source: bool, margin_bytes: int, stop: threading.Event | None,
-             progress: Callable[[int, int], None] | None) -> ConvertReport:
+             progress: Callable[[int, int], None] | None, draft_config: str | Path | None = None) -> ConvertReport:
+    import torch
     from safetensors import safe_open
 
     by_id: "OrderedDict[str, dict[str, Any]]" = OrderedDict()
@@ -243,14 +324,40 @@ def _convert(src: Path, dst: Path, to: str, s_out: OutDir, entries: list[dict[st
     if probe is not None:
         with safe_open(src / probe, framework="pt") as st:
             sid = shards[probe][0]["id"]
-            hidden = st.get_slice(f"{sid}/last_hidden_state").get_shape()[-1]
-            n_aux = st.get_slice(f"{sid}/aux_hidden_states").get_shape()[-1] // hidden
-            dtype_bytes = st.get_tensor(f"{sid}/last_hidden_state").element_size()
+            fp8 = f"{sid}/hidden_states_scales" in st.keys()
+            if fp8:
+                shape = st.get_slice(f"{sid}/hidden_states").get_shape()
+                hidden, n_aux = shape[-1], shape[1] - 1
+            else:
+                hidden = st.get_slice(f"{sid}/last_hidden_state").get_shape()[-1]
+                n_aux = st.get_slice(f"{sid}/aux_hidden_states").get_shape()[-1] // hidden
+                model_bytes = st.get_tensor(f"{sid}/last_hidden_state").element_size()
     elif job is not None:
-        hidden, n_aux, dtype_bytes = job.hidden_size, len(job.aux_layers), job.dtype_bytes
+        hidden, n_aux, fp8 = job.hidden_size, len(job.aux_layers), job.save_dtype == "fp8"
+        model_bytes = DTYPE_BYTES[job.dtype]
     else:
         raise ExtractError(f"{src}: none of the shards its manifest lists is present, and no job.json gives the "
                            f"shapes; nothing to convert from")
+    if job is not None and (n_aux != len(job.aux_layers) or hidden != job.hidden_size):
+        raise ExtractError(f"{src}: the shards hold {n_aux} aux layers of width {hidden}, but job.json records aux "
+                           f"layers {list(job.aux_layers)} and hidden size {job.hidden_size}: not this job's shards")
+    layer_ids = check_draft_config(draft_config, to, job) if draft_config is not None else (
+        trainer_layer_ids(to, job.aux_layers) if job is not None else None)
+    # fp8 shards: dequantized; the speculators output stays fp8, the others get the model dtype
+    out_fp8 = fp8 and to == "speculators"
+    read_dtype = torch.float32 if (out_fp8 or job is None) else getattr(torch, job.dtype)
+    if fp8:
+        model_bytes = DTYPE_BYTES[job.dtype] if job is not None else 4
+    dtype_bytes = FP8_BYTES if out_fp8 else model_bytes
+    vocab = draft_vocab = None
+    if to == "specforge":
+        vocab = job.vocab_size if job is not None else None
+        if vocab is None and (model or job):
+            try:
+                vocab = read_model_shape(model or job.model, job.trust_remote_code if job else False).vocab_size
+            except ExtractError as e:
+                log.warning("convert: no vocab_size for SpecForge's vocab mapping: %s", e)
+        draft_vocab = _draft_vocab(job.draft_vocab_size if job is not None else None, vocab)
     norm_w = None
     if to == "speculators":
         if not (model or job):
@@ -258,15 +365,17 @@ def _convert(src: Path, dst: Path, to: str, s_out: OutDir, entries: list[dict[st
         norm_w = final_norm_weight(model or job.model)
         if norm_w[0].shape != (hidden,):
             raise ExtractError(f"final norm weight {tuple(norm_w[0].shape)} does not match hidden size {hidden}")
-    layout = make_layout(to, hidden, n_aux)
+    layout = make_layout(to, hidden, n_aux, save_dtype="fp8" if out_fp8 else "model", vocab_size=vocab,
+                         draft_vocab_size=draft_vocab)
     d_out = OutDir(dst, layout)
     rep0 = d_out.recover()
     if any(rep0.values()):
         log.warning("convert: recovered %s in %s", rep0, dst)
     if job is not None:
-        job.with_(layout=to, out_dir=str(dst)).save(dst / "job.json")
+        job.with_(layout=to, out_dir=str(dst), save_dtype="fp8" if out_fp8 else "model", vocab_size=vocab,
+                  draft_vocab_size=draft_vocab, compress=False).save(dst / "job.json")
     done = d_out.done_ids()
-    report = ConvertReport(already=len(done & by_id.keys()))
+    report = ConvertReport(already=len(done & by_id.keys()), layer_ids=layer_ids)
     left = [e["length"] for e in by_id.values() if e["id"] not in done]
     need = project(left, hidden, n_aux, dtype_bytes, to).total
     free = shutil.disk_usage(dst).free
@@ -285,8 +394,7 @@ def _convert(src: Path, dst: Path, to: str, s_out: OutDir, entries: list[dict[st
             with safe_open(src / name, framework="pt") as st:
                 for e in todo:
                     k = e["id"]
-                    for key in ("input_ids", "loss_mask", "aux_hidden_states", "last_hidden_state"):
-                        tensors[f"{k}/{key}"] = st.get_tensor(f"{k}/{key}")
+                    tensors.update({f"{k}/{key}": t for key, t in read_sample(st, k, read_dtype).items()})
                     if norm_w is not None:
                         tensors[f"{k}/last_hidden_state"] = unnormalize(tensors[f"{k}/last_hidden_state"], *norm_w)
             clean = [{x: v for x, v in e.items() if x != "shard"} for e in todo]

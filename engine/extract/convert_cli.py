@@ -16,12 +16,12 @@ from engine.proc.runlock import DirectoryInUse
 
 
 def run_convert(src: str, to: str | None, *, out: str | None = None, model: str | None = None,
-                delete_source: bool = False) -> int:
+                delete_source: bool = False, draft_config: str | None = None) -> int:
     """Convert, printing progress to stdout. Returns 0 complete, 1 error, refused (a live process holds
     the source's or the destination's ``extract.lock``), stopped (SIGINT/SIGTERM stop after the
     current shard; rerun to resume) or not complete because the source extraction is not."""
     if not to:
-        print("error: --convert needs --to speculators|specforge", file=sys.stderr)
+        print("error: --convert needs --to speculators|specforge|modelopt", file=sys.stderr)
         return 1
     try:
         require_extract_packages("datagen extract --convert", layout=to)
@@ -44,7 +44,8 @@ def run_convert(src: str, to: str | None, *, out: str | None = None, model: str 
 
     old = [signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)]
     try:
-        rep = convert(s, dst, to, model=model, delete_source=delete_source, stop=stop, progress=progress)
+        rep = convert(s, dst, to, model=model, delete_source=delete_source, stop=stop, progress=progress,
+                      draft_config=draft_config)
     except (ExtractError, DirectoryInUse) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -56,4 +57,8 @@ def run_convert(src: str, to: str | None, *, out: str | None = None, model: str 
           + ("; complete" if rep.complete else
              f"; NOT complete: {rep.source_reason}; convert again once it is" if not rep.source_complete else
              "; NOT complete: rerun to resume"), flush=True)
+    if rep.layer_ids is not None:
+        print(f"convert: aux layers as {to} numbers them: eagle_aux_hidden_state_layer_ids = {rep.layer_ids}"
+              + (" (the draft config's)" if draft_config else " (the draft config must say the same; "
+                 "--draft-config FILE checks it)"), flush=True)
     return 0 if rep.complete else 1

@@ -21,6 +21,10 @@ from engine.config.extract import hub_id_form, resolve_model
 from engine.errors import DatagenError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+#: ``[extract] save_dtype = "fp8"``: bytes per stored element (``float8_e4m3fn``; plus one float32 scale per token).
+FP8_BYTES = 1
+#: SpecForge's usual EAGLE-3 draft vocabulary (its configs' ``draft_vocab_size``), capped at the target's.
+DEFAULT_DRAFT_VOCAB = 32_000
 
 
 class ExtractError(DatagenError):
@@ -98,10 +102,12 @@ def check_aux_layers(aux: list[int], num_layers: int) -> list[int]:
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What planning needs from the model config: hidden size H and decoder layers L."""
+    """What planning needs from the model config: hidden size H, decoder layers L and (when the
+    config says) the vocabulary size (SpecForge's vocabulary mapping is sized by it)."""
 
     hidden_size: int
     num_layers: int
+    vocab_size: int | None = None
 
 
 #: How a name that is no model directory was looked up (the end of :func:`check_model`'s message).
@@ -162,7 +168,8 @@ def read_model_shape(model: str, trust_remote_code: bool = False) -> ModelShape:
             d = json.loads(local.read_text())
             text = d.get("text_config") or d
             if isinstance(text.get("hidden_size"), int) and isinstance(text.get("num_hidden_layers"), int):
-                return ModelShape(text["hidden_size"], text["num_hidden_layers"])
+                v = text.get("vocab_size")
+                return ModelShape(text["hidden_size"], text["num_hidden_layers"], v if isinstance(v, int) else None)
         except (OSError, ValueError, AttributeError):
             pass
     from transformers import AutoConfig
@@ -175,7 +182,8 @@ def read_model_shape(model: str, trust_remote_code: bool = False) -> ModelShape:
     h, n = getattr(text, "hidden_size", None), getattr(text, "num_hidden_layers", None)
     if not isinstance(h, int) or not isinstance(n, int):
         raise ExtractError(f"model {model!r}: config has no hidden_size/num_hidden_layers")
-    return ModelShape(h, n)
+    v = getattr(text, "vocab_size", None)
+    return ModelShape(h, n, v if isinstance(v, int) else None)
 
 
 @dataclass(frozen=True)
@@ -192,7 +200,12 @@ class ExtractJob:
         workers: number of worker processes (world size when not under torchrun).
         disk_margin_bytes: bytes always kept free; free_bytes: stated free space (tests) or None.
         trust_remote_code: passed to transformers.
-        layout: output layout, ``shards`` | ``speculators`` | ``specforge`` (:mod:`engine.extract.layouts`).
+        layout: output layout, ``shards`` | ``speculators`` | ``specforge`` | ``modelopt``
+            (:mod:`engine.extract.layouts`).
+        save_dtype: ``model`` (the states in ``dtype``) or ``fp8`` (``float8_e4m3fn`` + one float32
+            scale per token, :mod:`engine.extract.layouts.base`); vocab_size: the target's vocabulary
+            (from its config; None: unknown); draft_vocab_size / compress / compression_level: the
+            ``specforge`` layout's vocabulary mapping and gzip (``[extract]``).
         datasets: only these datasets' samples are extracted (None: all); chained extraction
             (:mod:`engine.run.chain`) passes the datasets whose generation is done and validated.
         engine: ``transformers`` or ``vllm`` (:mod:`engine.extract.vllm`); vllm: the ``vllm.LLM``
@@ -221,11 +234,27 @@ class ExtractJob:
     datasets: tuple[str, ...] | None = None
     engine: str = "transformers"
     vllm: dict[str, Any] = field(default_factory=dict)
+    save_dtype: str = "model"
+    vocab_size: int | None = None
+    draft_vocab_size: int | None = None
+    compress: bool = False
+    compression_level: int = 6
 
     @property
     def dtype_bytes(self) -> int:
-        """Bytes per saved hidden-state element."""
-        return DTYPE_BYTES[self.dtype]
+        """Bytes per saved hidden-state element (1 with ``save_dtype = "fp8"``, else the model dtype's)."""
+        return FP8_BYTES if self.save_dtype == "fp8" else DTYPE_BYTES[self.dtype]
+
+    @property
+    def draft_layer_ids(self) -> list[int]:
+        """The aux layers as the layout's trainer numbers them in a draft config's
+        ``eagle_aux_hidden_state_layer_ids`` (:func:`trainer_layer_ids`)."""
+        return trainer_layer_ids(self.layout, self.aux_layers)
+
+    def layout_options(self) -> dict[str, Any]:
+        """The keyword options of :func:`engine.extract.layouts.make_layout` for this job."""
+        return {"save_dtype": self.save_dtype, "vocab_size": self.vocab_size, "draft_vocab_size": self.draft_vocab_size,
+                "compress": self.compress, "compression_level": self.compression_level, "num_layers": self.num_layers}
 
     def gpu_group(self, local_rank: int) -> tuple[int, ...]:
         """Physical GPU ids of worker ``local_rank`` on this host (empty on CPU)."""
@@ -238,12 +267,15 @@ class ExtractJob:
         return group
 
     def to_json(self) -> str:
-        """The job as JSON (read back with :meth:`from_json`)."""
-        return json.dumps(asdict(self), indent=1)
+        """The job as JSON (read back with :meth:`from_json`), with ``eagle_aux_hidden_state_layer_ids``:
+        the aux layers as the layout's trainer numbers them (:attr:`draft_layer_ids`), the value a
+        draft config must hold (``datagen extract --convert --draft-config`` checks it)."""
+        return json.dumps({**asdict(self), "eagle_aux_hidden_state_layer_ids": self.draft_layer_ids}, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> "ExtractJob":
         d = json.loads(text)
+        d.pop("eagle_aux_hidden_state_layer_ids", None)  # derived (to_json)
         d["aux_layers"] = tuple(d["aux_layers"])
         d["gpus"] = tuple(d["gpus"])
         if d.get("datasets") is not None:
@@ -251,13 +283,59 @@ class ExtractJob:
         return cls(**d)
 
     def save(self, path: Path) -> None:
-        """Write the job atomically to ``path``."""
+        """Write the job atomically to ``path``.
+
+        Raises:
+            ExtractError: ``path`` already holds the job of samples saved beside it (a non-empty
+                manifest) with other aux layers, layout, hidden size or save dtype
+                (:func:`check_same_output`): the two jobs' files would be mixed.
+        """
+        check_same_output(Path(path), self)
         tmp = Path(f"{path}.{os.getpid()}.tmp")
         tmp.write_text(self.to_json())
         os.replace(tmp, path)
 
     def with_(self, **kw: Any) -> "ExtractJob":
         return replace(self, **kw)
+
+
+def trainer_layer_ids(layout: str, aux_layers: Any) -> list[int]:
+    """``aux_layers`` (0-based layer OUTPUT indices) as ``layout``'s trainer numbers them in its draft
+    config's ``eagle_aux_hidden_state_layer_ids``: speculators counts hidden states (id ``k`` = output
+    of layer ``k - 1``: ``aux + 1``); SpecForge (``eagle_config.eagle_aux_hidden_state_layer_ids``),
+    Model-Optimizer and this project's shards use the 0-based layer ids themselves."""
+    return [int(i) + 1 for i in aux_layers] if layout == "speculators" else [int(i) for i in aux_layers]
+
+
+#: What must agree between a ``job.json`` and a new job writing beside its samples.
+SAME_OUTPUT_FIELDS = ("layout", "aux_layers", "hidden_size", "save_dtype")
+
+
+def check_same_output(path: Path, job: "ExtractJob") -> None:
+    """Refuse to replace the job file ``path`` (``OUT/job.json``) when the samples already listed in
+    ``OUT/manifest.jsonl`` were saved by a job with other :data:`SAME_OUTPUT_FIELDS`.
+
+    Raises:
+        ExtractError: naming each field that differs.
+    """
+    try:
+        old = json.loads(Path(path).read_text())
+        listed = (Path(path).parent / "manifest.jsonl").stat().st_size > 0
+    except (OSError, ValueError):
+        return
+    if not listed or not isinstance(old, dict):
+        return
+    new = asdict(job)
+    diff = []
+    for k in SAME_OUTPUT_FIELDS:
+        a, b = old.get(k, {"save_dtype": "model", "layout": "shards"}.get(k)), new[k]  # defaults of older job files
+        if k == "aux_layers":
+            a, b = list(a or []), list(b)
+        if a != b:
+            diff.append(f"{k} {a!r} there, {b!r} now")
+    if diff:
+        raise ExtractError(f"{Path(path).parent}: its samples were saved with other settings ({'; '.join(diff)}): "
+                           "the files would mix two jobs' hidden states; use another out_dir (or remove that output)")
 
 
 def visible_gpus() -> list[int]:
@@ -349,5 +427,21 @@ def resolve_job(cfg: Any, *, data: Path | None = None, gpus: list[int] | None = 
         device=device, gpus=tuple(avail), gpus_per_worker=ex.gpus_per_worker, workers=n,
         disk_margin_bytes=int(ex.disk_margin_gb * 1e9), free_bytes=free_bytes, trust_remote_code=ex.trust_remote_code,
         layout=ex.layout, datasets=tuple(datasets) if datasets is not None else None,
-        engine=ex.engine, vllm=vllm_kw,
+        engine=ex.engine, vllm=vllm_kw, save_dtype=ex.save_dtype, vocab_size=shape.vocab_size,
+        draft_vocab_size=_draft_vocab(ex.draft_vocab_size, shape.vocab_size) if ex.layout == "specforge" else None,
+        compress=ex.compress, compression_level=ex.compression_level,
     )
+
+
+def _draft_vocab(configured: int | None, vocab: int | None) -> int | None:
+    """``[extract] draft_vocab_size`` checked against the target's vocabulary, or the default
+    ``min(DEFAULT_DRAFT_VOCAB, vocab)`` (None when the vocabulary is unknown).
+
+    Raises:
+        ExtractError: a draft vocabulary larger than the target's (SpecForge refuses it too).
+    """
+    if configured is None:
+        return min(DEFAULT_DRAFT_VOCAB, vocab) if vocab else None
+    if vocab is not None and configured > vocab:
+        raise ExtractError(f"[extract] draft_vocab_size = {configured} exceeds the target's vocab_size {vocab}")
+    return configured

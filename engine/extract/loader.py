@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from engine.extract.shards import OutDir
+from engine.extract.shards import OutDir, read_sample
 
 KEYS = ("input_ids", "loss_mask", "aux_hidden_states", "last_hidden_state")
 
@@ -27,7 +27,8 @@ class ExtractedDataset(Dataset):
         max_open: shards kept open per process.
 
     ``ds[i]`` is ``{"id", "dataset", "input_ids" [T] int64, "loss_mask" [T] int8,
-    "aux_hidden_states" [T, n_aux*H], "last_hidden_state" [T, H]}``; ``ds.index(sample_id)`` finds a
+    "aux_hidden_states" [T, n_aux*H], "last_hidden_state" [T, H]}`` (fp8 shards, ``save_dtype = "fp8"``:
+    dequantized into float32, :func:`engine.extract.shards.read_sample`); ``ds.index(sample_id)`` finds a
     sample's position. Entries whose shard is missing raise ``FileNotFoundError`` when read.
     """
 
@@ -68,8 +69,7 @@ class ExtractedDataset(Dataset):
         e = self.entries[i]
         h = self._handle(e["shard"])
         out: dict[str, Any] = {"id": e["id"], "dataset": e.get("dataset", "")}
-        for k in KEYS:
-            out[k] = h.get_tensor(f"{e['id']}/{k}")
+        out.update(read_sample(h, e["id"]))  # fp8 shards (save_dtype = "fp8"): dequantized to float32
         return out
 
     def __getstate__(self) -> dict[str, Any]:  # DataLoader workers: reopen shards in each process

@@ -99,8 +99,8 @@ class Projection:
     """Projected output bytes.
 
     Attributes:
-        hidden_bytes: sum of lengths x (n_aux + 1) x H x dtype bytes (the hidden states).
-        overhead_bytes: token ids and masks per token + headers per sample (:data:`LAYOUT_OVERHEAD`).
+        hidden_bytes: sum of lengths x (n_aux + 1) x H x dtype bytes (the hidden states; 1 byte for fp8).
+        overhead_bytes: token ids and masks per token (+ fp8 scales) + headers per sample (:data:`LAYOUT_OVERHEAD`).
         samples / tokens: what is projected.
     """
 
@@ -119,7 +119,11 @@ class Projection:
 #: input_ids and loss_mask int64 in its dataset; specforge: input_ids and loss_mask int64 and
 #: torch.save's zip framing per file (engine/extract/layouts/).
 LAYOUT_OVERHEAD = {"shards": (8 + 1, HEADER_BYTES_PER_SAMPLE), "speculators": (8 + 8 + 8, 2 * 110 + 16),
-                   "specforge": (8 + 8, 1_600)}
+                   "specforge": (8 + 8, 1_600), "modelopt": (8 + 8, 1_700)}
+#: ``save_dtype = "fp8"`` (1 byte per element): the float32 scale each token carries
+#: (``hidden_states_scales``), and the extra safetensors header entry per sample.
+FP8_SCALE_BYTES = 4
+FP8_HEADER_BYTES = 110
 
 
 def _overhead(layout: str) -> tuple[int, int]:
@@ -129,15 +133,28 @@ def _overhead(layout: str) -> tuple[int, int]:
         raise ValueError(f"unknown layout {layout!r}; expected one of {sorted(LAYOUT_OVERHEAD)}") from None
 
 
+def _overhead_for(layout: str, dtype_bytes: int) -> tuple[int, int]:
+    per_tok, per_sample = _overhead(layout)
+    if dtype_bytes == 1:  # fp8 (engine.extract.job.FP8_BYTES): + the per-token scale
+        per_tok, per_sample = per_tok + FP8_SCALE_BYTES, per_sample + (FP8_HEADER_BYTES if layout == "speculators" else 0)
+    return per_tok, per_sample
+
+
 def project(lengths: np.ndarray | Sequence[int], hidden_size: int, n_aux: int, dtype_bytes: int,
             layout: str = "shards") -> Projection:
-    """Bytes the output files of these samples will take in ``layout`` (see :class:`Projection`)."""
+    """Bytes the output files of these samples will take in ``layout`` (see :class:`Projection`).
+
+    ``dtype_bytes`` is the stored element size (:attr:`engine.extract.job.ExtractJob.dtype_bytes`):
+    1 means ``save_dtype = "fp8"``, whose per-token float32 scale is counted with the overhead. A
+    gzipped ``specforge`` output (``compress = true``) is projected uncompressed: an upper bound.
+    """
     tokens = int(np.sum(np.asarray(lengths, dtype=np.int64)))
     n = len(lengths)
-    per_tok, per_sample = _overhead(layout)
+    per_tok, per_sample = _overhead_for(layout, dtype_bytes)
     return Projection(tokens * (n_aux + 1) * hidden_size * dtype_bytes, tokens * per_tok + n * per_sample, n, tokens)
 
 
 def per_token_bytes(hidden_size: int, n_aux: int, dtype_bytes: int, layout: str = "shards") -> int:
-    """Output bytes per token in ``layout`` (hidden states + token ids + mask), without per-sample framing."""
-    return (n_aux + 1) * hidden_size * dtype_bytes + _overhead(layout)[0]
+    """Output bytes per token in ``layout`` (hidden states + token ids + mask, + the fp8 scale), without
+    per-sample framing."""
+    return (n_aux + 1) * hidden_size * dtype_bytes + _overhead_for(layout, dtype_bytes)[0]

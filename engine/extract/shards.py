@@ -4,7 +4,9 @@ Layout of ``out_dir``:
 
 - ``shard-NNNNN.safetensors``: several samples, keys ``{id}/input_ids`` ``[T]`` int64,
   ``{id}/loss_mask`` ``[T]`` int8, ``{id}/aux_hidden_states`` ``[T, n_aux*H]`` and
-  ``{id}/last_hidden_state`` ``[T, H]`` in the model dtype.
+  ``{id}/last_hidden_state`` ``[T, H]`` in the model dtype; with ``save_dtype = "fp8"``,
+  ``{id}/hidden_states`` ``[T, n_aux + 1, H]`` ``float8_e4m3fn`` and ``{id}/hidden_states_scales``
+  ``[T, 1, 1]`` float32 instead of the last two (:func:`read_sample` dequantizes).
 - ``manifest.jsonl``: one line per saved sample, ``{"id", "shard", "length", "dataset"}`` (plus
   ``"truncated_from"`` when ``max_seq_len`` truncated it).
 - ``.lock``: ``flock`` serialising commits and recovery (works across processes; across hosts on
@@ -47,6 +49,37 @@ TMP_PREFIX = ".tmp-shard@"
 SHARD_RE = re.compile(r"^shard-(\d+)\.safetensors$")
 #: Temp files of another host are removed at recovery once older than this (seconds).
 FOREIGN_TMP_MAX_AGE_S = 3600.0
+
+
+#: A sample's tensors as :func:`read_sample` returns them.
+SAMPLE_KEYS = ("input_ids", "loss_mask", "aux_hidden_states", "last_hidden_state")
+
+
+def read_sample(handle: Any, sid: str, dtype: Any = None) -> dict[str, Any]:
+    """The four :data:`SAMPLE_KEYS` tensors of sample ``sid`` from an open shard (``safe_open``,
+    framework ``pt``): fp8 states (``{id}/hidden_states_scales`` present) are dequantized
+    (``q * scale``, speculators' convention) into ``dtype`` (default float32, exact); model-dtype
+    states are returned as stored.
+
+    Raises:
+        KeyError / safetensors errors: the sample is not in the shard.
+    """
+    import torch
+
+    out = {k: handle.get_tensor(f"{sid}/{k}") for k in SAMPLE_KEYS[:2]}
+    try:
+        scales = handle.get_tensor(f"{sid}/hidden_states_scales")
+    except Exception:  # noqa: BLE001 - safetensors' missing-key error: a model-dtype sample
+        scales = None
+    if scales is not None:
+        dtype = dtype or torch.float32
+        hs = handle.get_tensor(f"{sid}/hidden_states").to(dtype) * scales.to(dtype)
+        out["aux_hidden_states"] = hs[:, :-1].reshape(hs.shape[0], -1)
+        out["last_hidden_state"] = hs[:, -1]
+    else:
+        for k in SAMPLE_KEYS[2:]:
+            out[k] = handle.get_tensor(f"{sid}/{k}")
+    return out
 
 
 def shard_name(n: int) -> str:

@@ -8,8 +8,14 @@ the workers' status files (:mod:`engine.extract.status`), the job's plan and NVM
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol, Sequence
+
+from engine.metrics.rates import fmt_count
+
+#: Seconds of history behind a worker's ``tokens_per_s`` (the last minute).
+RATE_WINDOW_S = 60.0
 
 #: Job states: before any extraction ran (``not_started``), workers importing (``loading``),
 #: working, every worker down and about to be started again (``restarting``), paused by the user,
@@ -45,7 +51,10 @@ class GpuRow:
 class WorkerView:
     """One worker process: its share of the job and what it is doing now.
 
-    ``tokens_per_s`` is over the last minute; ``batch_size`` (samples) and ``max_len`` (tokens) describe
+    ``tokens_per_s`` is over the last minute (also after a pause or the end, while its last shard is
+    under a minute old; 0.0 once nothing ran in the last minute); ``avg_tokens_per_s`` is its
+    process's average over its running time (tokens/s), shown, labelled ``avg``, when the last
+    minute's is 0; ``batch_size`` (samples) and ``max_len`` (tokens) describe
     the batch in hand (0 between batches); ``last_error`` is the last failure's message (kept after a
     restart); ``restarts`` counts how often the launcher started it again.
     """
@@ -66,6 +75,9 @@ class WorkerView:
     reason: str = ""
     last_error: str = ""
     restarts: int = 0
+    avg_tokens_per_s: float = 0.0
+    run_tokens: int = 0
+    run_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -89,6 +101,9 @@ class ExtractSnapshot:
     margin under which workers pause; ``eta_s`` None while unknown; ``gpu_reason`` says why ``gpus``
     is empty (no NVIDIA GPU, no driver); ``events`` are the latest log lines, oldest first;
     ``quit_mode`` is None, ``"drain"`` or ``"abort"`` once a quit was asked.
+    ``tokens_per_s`` is the workers' rate over the last minute (tokens/s), ``avg_tokens_per_s`` the
+    job's average over its running time (:func:`job_average_rate`); show
+    :meth:`rate_text`: the last minute's, or the average labelled ``avg`` when nothing ran in it.
     """
 
     state: str
@@ -112,6 +127,49 @@ class ExtractSnapshot:
     gpu_reason: str = ""
     events: tuple[str, ...] = ()
     quit_mode: str | None = None
+    avg_tokens_per_s: float = 0.0
+
+    def rate_text(self) -> str:
+        """``"12.3k tok/s"`` (last minute) or ``"avg 17.3k tok/s"`` (:func:`rate_text`)."""
+        return rate_text(self.tokens_per_s, self.avg_tokens_per_s)
+
+
+def recent_rate(w: dict[str, Any], now: float) -> float:
+    """A worker's rate over the last minute (tokens/s) at ``now`` (epoch s): its file's
+    ``tokens_per_s`` while it runs, or when it committed a shard within :data:`RATE_WINDOW_S`
+    (paused or done moments ago: what it did in the last minute); 0.0 when nothing ran in it."""
+    rate = float(w.get("tokens_per_s") or 0.0)
+    if w.get("state") == "running":
+        return rate
+    last = w.get("last_done_at")
+    return rate if last is not None and now - float(last) <= RATE_WINDOW_S else 0.0
+
+
+def job_average_rate(workers: list[dict[str, Any]] | tuple[Any, ...]) -> float:
+    """The job's average rate (tokens/s): the tokens its workers' processes extracted over the
+    running time of the longest-running one (workers run side by side); 0.0 before any."""
+    tokens = sum(int(_get(w, "run_tokens") or 0) for w in workers)
+    run_s = max([float(_get(w, "run_s") or 0.0) for w in workers] or [0.0])
+    return tokens / run_s if run_s > 0 else 0.0
+
+
+def _get(w: Any, key: str) -> Any:
+    return w.get(key) if isinstance(w, dict) else getattr(w, key, None)
+
+
+def rate_basis(recent: float, average: float) -> str:
+    """Which rate to show: ``"1m"`` (the last minute's, when anything ran in it), ``"avg"`` (the
+    job's average, when nothing did and something ran before), "" (nothing ran yet)."""
+    return "1m" if recent > 0 else "avg" if average > 0 else ""
+
+
+def rate_text(recent: float, average: float) -> str:
+    """The extraction rate as shown (tokens/s): ``"12.3k tok/s"`` from the last minute, or
+    ``"avg 17.3k tok/s"`` (labelled) when nothing ran in it: a paused or finished job never
+    reads ``0 tok/s`` after it worked; ``"0 tok/s"`` before anything ran."""
+    if rate_basis(recent, average) == "avg":
+        return f"avg {fmt_count(average)} tok/s"
+    return f"{fmt_count(recent)} tok/s"
 
 
 class ExtractCommands(Protocol):
@@ -167,13 +225,15 @@ def _i(d: Mapping[str, Any], k: str) -> int:
         return 0
 
 
-def worker_view(doc: Mapping[str, Any] | None, rank: int, launcher: LauncherWorker | None = None) -> WorkerView:
+def worker_view(doc: Mapping[str, Any] | None, rank: int, launcher: LauncherWorker | None = None,
+                now: float | None = None) -> WorkerView:
     """One :class:`WorkerView` from a worker's status file (``doc``, as
     :func:`engine.extract.status.read_workers` returns it; None: not written yet) and the launcher's
     record. State: ``restarting`` from the moment the launcher saw a dead worker it will start again
     (or a ``failed`` file of a process it would restart) until the new process has written its file;
     ``failed`` once no restart is left; ``stopped`` when a quit cancelled the restart; ``starting``
-    before any file. A restarting or failed worker's ``reason`` is why its process ended."""
+    before any file. A restarting or failed worker's ``reason`` is why its process ended.
+    ``now`` (epoch s): the rate's reference time (:func:`recent_rate`; None: the clock's)."""
     lw = launcher or LauncherWorker(rank)
     pending = lw.failed_at is not None
     if doc is None:
@@ -201,15 +261,21 @@ def worker_view(doc: Mapping[str, Any] | None, rank: int, launcher: LauncherWork
     elif lw.pid is not None and pid is not None and int(pid) != lw.pid:
         state, pid, reason = "restarting", lw.pid, ""  # the new process has not written its file yet
     running = state == "running"
+    rate = recent_rate({**doc, "state": state}, time.time() if now is None else now)
     return WorkerView(
         rank=rank, state=state, host=str(doc.get("host") or ""), pid=int(pid) if pid is not None else None,
         gpus=tuple(int(g) for g in doc.get("gpus") or ()), samples_done=_i(doc, "samples_done"),
         samples_total=_i(doc, "samples_total"), tokens_done=_i(doc, "tokens_done"),
         tokens_total=_i(doc, "tokens_total"),
-        tokens_per_s=float(doc.get("tokens_per_s") or 0.0) if running else 0.0,
+        tokens_per_s=rate, avg_tokens_per_s=float(doc.get("avg_tokens_per_s") or 0.0),
+        run_tokens=_i(doc, "run_tokens"), run_s=float(doc.get("run_s") or 0.0),
         batch_size=_i(doc, "batch_size") if running else 0, max_len=_i(doc, "max_len") if running else 0,
         bytes_written=_i(doc, "bytes_written"), reason=reason,
         last_error=last_error, restarts=max(_i(doc, "restarts"), lw.restarts))
+
+
+def _job_average(views: Sequence[WorkerView]) -> float:
+    return job_average_rate(tuple(views))
 
 
 def _job_state(views: Sequence[WorkerView], paused: bool, quit_mode: str | None, final: str | None) -> tuple[str, str]:
@@ -247,7 +313,7 @@ def build_snapshot(*, workers: Sequence[Mapping[str, Any]], world: int, plan: Ma
                    final_reason: str = "", gpu_reading: Any = None, host: str = "", out_dir: str = "",
                    model: str = "", elapsed_s: float = 0.0, bytes_projected: int = 0,
                    disk_free_bytes: int | None = None, disk_margin_bytes: int = 0,
-                   events: Sequence[str] = ()) -> ExtractSnapshot:
+                   events: Sequence[str] = (), now: float | None = None) -> ExtractSnapshot:
     """The whole job at one instant, from what the launcher read (pure: no I/O).
 
     Args:
@@ -262,6 +328,7 @@ def build_snapshot(*, workers: Sequence[Mapping[str, Any]], world: int, plan: Ma
         gpu_reading: an :class:`engine.extract.gpu.GpuReading` (None: not read).
         host: this host's name (GPUs join only this host's workers).
         bytes_projected: bytes the plan projects for what was left at start.
+        now: wall-clock time (epoch s) the last minute's rates are taken at (None: the clock's).
 
     Returns:
         An :class:`ExtractSnapshot`: samples/tokens totals are the plan's, less the pending part of
@@ -269,7 +336,8 @@ def build_snapshot(*, workers: Sequence[Mapping[str, Any]], world: int, plan: Ma
     """
     launcher = launcher or {}
     docs = {_i(d, "worker"): d for d in workers}
-    views = tuple(worker_view(docs.get(r), r, launcher.get(r)) for r in range(max(world, len(docs))))
+    now = time.time() if now is None else now
+    views = tuple(worker_view(docs.get(r), r, launcher.get(r), now) for r in range(max(world, len(docs))))
     skipped = set(skip)
     per_done: dict[str, list[int]] = {}
     for d in workers:
@@ -297,8 +365,9 @@ def build_snapshot(*, workers: Sequence[Mapping[str, Any]], world: int, plan: Ma
     state, reason = _job_state(views, paused, quit_mode, final_state)
     reason = final_reason or reason
     tps = round(sum(v.tokens_per_s for v in views), 1)
+    running_tps = sum(v.tokens_per_s for v in views if v.state == "running")  # what the ETA counts on
     left = max(0, tokens_total - tokens_done)
-    eta = 0.0 if left == 0 and state == "done" else (round(left / tps, 1) if tps > 0 else None)
+    eta = 0.0 if left == 0 and state == "done" else (round(left / running_tps, 1) if running_tps > 0 else None)
     owner: dict[int, int] = {}
     for v in sorted(views, key=lambda v: v.state not in ("loading", "running", "paused")):
         if v.host in ("", host):
@@ -316,6 +385,7 @@ def build_snapshot(*, workers: Sequence[Mapping[str, Any]], world: int, plan: Ma
         state=state, out_dir=out_dir, model=model, reason=reason, elapsed_s=round(elapsed_s, 1),
         samples_done=samples_done, samples_total=samples_total, tokens_done=tokens_done, tokens_total=tokens_total,
         tokens_per_s=tps, eta_s=eta, bytes_written=sum(v.bytes_written for v in views),
+        avg_tokens_per_s=round(_job_average(views), 1),
         bytes_projected=bytes_projected, disk_free_bytes=disk_free_bytes, disk_margin_bytes=disk_margin_bytes,
         workers=views, datasets=tuple(datasets), gpus=gpus, gpu_reason=gpu_reason, events=tuple(events),
         quit_mode=quit_mode)

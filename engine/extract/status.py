@@ -5,6 +5,9 @@ a second and at every state change: ``state`` (``loading running paused stopped 
 ``stopped``: it quit before the end of its share, on a user's quit), ``reason``, ``samples_done/total``
 and ``tokens_done/total`` (its share, less the pending samples of skipped datasets; done includes
 samples found done at start), ``tokens_per_s`` (over the last minute), ``bytes_written``, ``eta_s``,
+``run_tokens`` (tokens this process extracted), ``run_s`` (seconds it spent running, not loading
+or paused), ``avg_tokens_per_s`` (their ratio: the job's average rate), ``last_done_at`` (epoch s of
+its last committed shard, None before one),
 ``batch_size`` (samples) and ``max_len`` (tokens) of the batch in hand (0 between batches),
 ``last_error`` (the last failure's message, kept across the launcher's restarts), ``restarts``,
 ``datasets`` (``{name: {samples_total, samples_done, tokens_total, tokens_done, skipped}}``, its
@@ -25,14 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from engine.extract.shards import MANIFEST
+from engine.extract.snapshot import RATE_WINDOW_S, job_average_rate, rate_basis, rate_text, recent_rate  # noqa: F401
 from engine.proc.pids import pid_alive
 
 STATES = ("loading", "running", "paused", "stopped", "done", "failed")
 ACTIVE = ("loading", "running", "paused")
 #: A worker on another host that has not updated its file for this long is reported as failed.
 STALE_S = 120.0
-#: Seconds of history behind ``tokens_per_s``.
-RATE_WINDOW_S = 60.0
 
 
 def status_dir(out_dir: str | Path) -> Path:
@@ -62,7 +64,10 @@ class StatusWriter:
             "tokens_total": 0, "tokens_done": 0, "tokens_per_s": 0.0, "bytes_written": 0, "eta_s": None,
             "batch_size": 0, "max_len": 0, "last_error": last_error, "restarts": restarts, "datasets": {},
             "started_at": now, "updated_at": now,
+            "run_tokens": 0, "run_s": 0.0, "avg_tokens_per_s": 0.0, "last_done_at": None,
         }
+        self._run_s = 0.0  # seconds spent running before the current stretch
+        self._running_since: float | None = None  # monotonic start of the current running stretch
         if restarts:  # a restarted worker: the bytes its earlier processes wrote still count for the job
             try:
                 old = json.loads(self.path.read_text())
@@ -86,9 +91,23 @@ class StatusWriter:
                 self.doc["batch_size"] = self.doc["max_len"] = 0
             if state == "done":
                 self.doc["eta_s"] = 0.0
+            now = time.monotonic()
+            if self._running_since is not None and state != "running":  # a running stretch ends
+                self._run_s += now - self._running_since
+                self._running_since = None
             if state == "running":  # the rate counts from here (not model loading or a pause)
-                self._window = collections.deque([(time.monotonic(), self.doc["tokens_done"])])
+                self._window = collections.deque([(now, self.doc["tokens_done"])])
+                if self._running_since is None:
+                    self._running_since = now
+            self._average(now)
             self.write(force=True)
+
+    def _average(self, now: float) -> None:
+        """``run_s`` and ``avg_tokens_per_s``: this process's tokens over its running seconds."""
+        d = self.doc
+        run_s = self._run_s + (now - self._running_since if self._running_since is not None else 0.0)
+        d["run_s"] = round(run_s, 3)
+        d["avg_tokens_per_s"] = round(d["run_tokens"] / run_s, 1) if run_s > 0 else 0.0
 
     def set_totals(self, samples_total: int, tokens_total: int, samples_done: int, tokens_done: int,
                    datasets: dict[str, dict[str, Any]] | None = None) -> None:
@@ -128,6 +147,8 @@ class StatusWriter:
         d = self.doc
         d["samples_done"] += samples
         d["tokens_done"] += tokens
+        d["run_tokens"] += tokens
+        d["last_done_at"] = time.time()
         d["bytes_written"] += nbytes
         for name, (ns, nt) in per_dataset.items():
             ds = d["datasets"].setdefault(name, {"samples_total": 0, "samples_done": 0, "tokens_total": 0,
@@ -146,6 +167,7 @@ class StatusWriter:
             d["tokens_per_s"] = round((d["tokens_done"] - k0) / (now - t0), 1)
         left = d["tokens_total"] - d["tokens_done"]
         d["eta_s"] = round(left / d["tokens_per_s"], 1) if d["tokens_per_s"] > 0 else None
+        self._average(now)
         self.write()
 
     def write(self, force: bool = False) -> None:
@@ -196,12 +218,16 @@ def _holder(out_dir: str | Path) -> dict[str, Any] | None:
     return h.as_dict() if h is not None else None
 
 
-def collect(out_dir: str | Path) -> dict[str, Any]:
+def collect(out_dir: str | Path, now: float | None = None) -> dict[str, Any]:
     """The job-wide extraction status of ``out_dir`` (JSON-able), for ``datagen status --json``.
 
     Returns:
         ``{"out_dir", "state", "reason", "workers": [...], "samples_total", "samples_done",
-        "tokens_total", "tokens_done", "tokens_per_s", "bytes_written", "eta_s", "manifest_samples", "lock"}``
+        "tokens_total", "tokens_done", "tokens_per_s", "avg_tokens_per_s", "rate_basis",
+        "bytes_written", "eta_s", "manifest_samples", "lock"}``
+        (``tokens_per_s``: the last minute's rate at ``now``, :func:`recent_rate`, summed;
+        ``avg_tokens_per_s``: :func:`job_average_rate`; ``rate_basis``: which one to show,
+        :func:`rate_basis` and :func:`rate_text`)
         (``lock``: the live launcher holding ``out_dir/extract.lock``, :meth:`engine.proc.runlock.Holder.as_dict`, or null);
         ``state`` is ``not_started`` when no worker has reported, ``failed`` if any worker failed
         and none is active, ``stopped`` if one quit before its end and none is active, else ``loading``/``running``/``paused`` (any worker) or ``done`` (all).
@@ -223,7 +249,9 @@ def collect(out_dir: str | Path) -> dict[str, Any]:
     else:
         state = "done"
     reason = "; ".join(f"worker {w['worker']}: {w['reason']}" for w in ws if w.get("reason"))
-    tps = sum(float(w.get("tokens_per_s") or 0) for w in ws if w.get("state") == "running")
+    now = time.time() if now is None else now
+    tps = sum(recent_rate(w, now) for w in ws)
+    avg = job_average_rate(ws)
     left = sum(int(w.get("tokens_total", 0)) - int(w.get("tokens_done", 0)) for w in ws)
     etas = [w["eta_s"] for w in ws if w.get("state") in ACTIVE and w.get("eta_s") is not None]
     eta = 0.0 if left <= 0 else (max(etas) if etas else None)  # the slowest active worker
@@ -233,11 +261,21 @@ def collect(out_dir: str | Path) -> dict[str, Any]:
         "samples_done": sum(int(w.get("samples_done", 0)) for w in ws),
         "tokens_total": sum(int(w.get("tokens_total", 0)) for w in ws),
         "tokens_done": sum(int(w.get("tokens_done", 0)) for w in ws),
-        "tokens_per_s": round(tps, 1), "bytes_written": sum(int(w.get("bytes_written", 0)) for w in ws),
+        "tokens_per_s": round(tps, 1), "avg_tokens_per_s": round(avg, 1), "rate_basis": rate_basis(tps, avg),
+        "bytes_written": sum(int(w.get("bytes_written", 0)) for w in ws),
         "eta_s": eta,
         "manifest_samples": manifest_samples,
         "lock": _holder(out_dir),
+        "save_dtype": _job_field(out_dir, "save_dtype", "model"),  # "fp8": 1 byte per state element + a scale per token
     }
+
+
+def _job_field(out_dir: str | Path, key: str, default: Any) -> Any:
+    """``key`` of ``out_dir/job.json`` (``default`` when absent or unreadable)."""
+    try:
+        return json.loads((Path(out_dir) / "job.json").read_text()).get(key, default)
+    except (OSError, ValueError, AttributeError):
+        return default
 
 
 def gpus_json(reading: Any, extract: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -278,8 +316,10 @@ def format_line(doc: dict[str, Any]) -> str:
 
     eta = doc.get("eta_s")
     parts = [f"extract {doc['state']}", f"{doc['samples_done']}/{doc['samples_total']} samples",
-             f"{doc['tokens_done']}/{doc['tokens_total']} tokens", f"{doc['tokens_per_s']:.0f} tok/s",
-             fmt_bytes(doc["bytes_written"]), f"ETA {eta:.0f}s" if eta is not None else "ETA ?"]
+             f"{doc['tokens_done']}/{doc['tokens_total']} tokens",
+             rate_text(doc.get("tokens_per_s") or 0.0, doc.get("avg_tokens_per_s") or 0.0),
+             fmt_bytes(doc["bytes_written"]) + (" fp8" if doc.get("save_dtype") == "fp8" else ""),
+             f"ETA {eta:.0f}s" if eta is not None else "ETA ?"]
     ws = " ".join(f"w{w['worker']}:{w['state']}" for w in doc["workers"])
     return " | ".join(parts) + (f" | {ws}" if ws else "") + (f" | {doc['reason']}" if doc.get("reason") else "")
 

@@ -41,6 +41,7 @@ from engine.extract.gate import Gate
 from engine.extract.disk import DiskGuard
 from engine.extract.job import STARTUP_EXIT, ExtractError, ExtractJob, StartupError
 from engine.extract.layouts import finish_layout, layout_for
+from engine.extract.layouts.base import SCALES_KEY, quantize_rows
 from engine.extract.plan import Batch, make_batches, pending, per_token_bytes, split
 from engine.extract.shards import OutDir
 from engine.extract.source import TokenTable, load_table
@@ -319,7 +320,11 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
             _sync(hs.device)
             c = time.perf_counter()
             ready = None
-            aux_h, last_h = _to_host(aux), _to_host(last)
+            if job.save_dtype == "fp8":  # quantized where the states are (half the copy), per token
+                q, scales = quantize_rows(aux, last)
+                keys, host = ("hidden_states", SCALES_KEY), (_to_host(q), _to_host(scales))
+            else:
+                keys, host = ("aux_hidden_states", "last_hidden_state"), (_to_host(aux), _to_host(last))
             if aux.is_cuda:
                 import torch
 
@@ -328,8 +333,8 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
             for k, row in enumerate(batch.rows):
                 n = int(table.lengths[row])
                 sid = table.ids[row]
-                tensors[f"{sid}/aux_hidden_states"] = aux_h[k, :n]  # contiguous prefix of row k
-                tensors[f"{sid}/last_hidden_state"] = last_h[k, :n]
+                for key, h in zip(keys, host):
+                    tensors[f"{sid}/{key}"] = h[k, :n]  # contiguous prefix of row k
             d = time.perf_counter()
             if gate.aborting():  # the batch in hand is dropped; a rerun redoes it
                 quit_mode = "abort"

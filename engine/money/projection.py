@@ -8,12 +8,20 @@ length observed so far (the dataset's own, else the run's), the high end ``max_t
 :func:`range_text` renders it as ``"$0.31–$2.26 (calibrating 12/50)"`` or, with nothing observed
 yet, ``"calibrating (0/50)"``. Two ETAs are always kept apart and labelled: one from the recent
 rate, one from the since-start rate.
+
+Caps bind projections: spend cannot pass a dollar cap (nothing is dispatched beyond it), so a
+projected cost is clamped at the cap that binds it (the dataset's ``max_cost_usd``, what the run's
+``max_cost_usd`` leaves, never below what is spent already) and flagged ``capped``; a token budget
+binds the tokens (and so the cost) the same way. The unclamped figure is kept apart
+(``uncapped_cost_usd``) for the calibration gate, which asks whether the work fits its cap.
+
+The run's ETA (:func:`schedule_eta`) is what the datasets' rows add up to, see there.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from engine.money.budget import fmt_usd
@@ -48,6 +56,13 @@ class DatasetProjection:
             max_tokens * cost_per_completion_token)``: every remaining prompt completed once at
             ``max_tokens`` (retried attempts that fail part-way are not included).
         eta_s_low / eta_s_high: the range of ETAs at the recent rate (seconds); None where unknown.
+        capped_by: which cap bound the projection: ``"max_cost_usd"`` (the dataset's dollar cap),
+            ``"run max_cost_usd"`` (what the run's dollar cap leaves), ``"token_budget"`` (the token
+            budget bound the tokens to come); "" when none did. The cost figures above are clamped at
+            the binding dollar cap (never below ``cost_so_far``).
+        cap_usd: the dollar figure the cost was clamped at (USD), None when no dollar cap bound it.
+        uncapped_cost_usd: the projected cost before any dollar clamp (USD; None when unknown): what
+            the work would cost, compared with the cap by the calibration gate and ``over_cap``.
     """
 
     tokens_to_come: float
@@ -67,6 +82,30 @@ class DatasetProjection:
     cost_high_usd: float | None = None
     eta_s_low: float | None = None
     eta_s_high: float | None = None
+    capped_by: str = ""
+    cap_usd: float | None = None
+    uncapped_cost_usd: float | None = None
+
+    @property
+    def capped(self) -> bool:
+        """True when a cap bound the projection (see ``capped_by``)."""
+        return bool(self.capped_by)
+
+
+def clamp_cost(cost: float | None, cost_so_far: float, caps: "list[float | None]") -> tuple[float | None, float | None]:
+    """Clamp a projected cost at the tightest of ``caps`` (USD; None entries: no cap).
+
+    Spend cannot pass a cap, and what is spent is spent: the clamp is ``max(cost_so_far, min(caps))``.
+
+    Returns:
+        ``(clamped cost, the clamp)``: the clamp (USD) is None when no cap bound ``cost`` (no cap,
+        ``cost`` None, or ``cost`` within the tightest cap), and the cost is then returned as is.
+    """
+    limits = [c for c in caps if c is not None]
+    if cost is None or not limits:
+        return cost, None
+    clamp = max(cost_so_far, min(limits))
+    return (clamp, clamp) if cost > clamp else (cost, None)
 
 
 def project_dataset(
@@ -86,6 +125,7 @@ def project_dataset(
     calibrate_after: int = 0,
     fallback_mean_tokens: float | None = None,
     prompt_usd_per_request: float = 0.0,
+    run_room_usd: float | None = None,
 ) -> DatasetProjection:
     """Project one dataset's final tokens, cost and time to finish.
 
@@ -107,6 +147,9 @@ def project_dataset(
             while this dataset has no completion of its own; None when nothing completed yet.
         prompt_usd_per_request: the prompt's cost of one request (USD; mean prompt tokens x the
             prompt price), added once per request still to come.
+        run_room_usd: what the run's dollar cap leaves (USD: its ``max_cost_usd`` less the run's
+            spend so far, may be negative after an overshoot); None without a run cap. With
+            ``cost_cap``, it clamps the projected costs (:func:`clamp_cost`, ``capped_by``).
 
     Raises:
         ValueError: negative counts.
@@ -131,6 +174,7 @@ def project_dataset(
 
     to_come = tokens(mean)
     cost = cost_of(to_come, mean)
+    budget_bound = room is not None and left * mean > room
     if calibrated:
         low: float | None = to_come
         high = to_come
@@ -146,6 +190,17 @@ def project_dataset(
             # a token budget that binds caps both ends at the same tokens: the low end's shorter
             # completions then mean more requests, so more prompt cost. The range is [min, max].
             cost_low, cost_high = cost_high, cost_low
+    caps = [cost_cap, None if run_room_usd is None else cost_so_far + run_room_usd]
+    uncapped = cost
+    cost, clamp = clamp_cost(cost, cost_so_far, caps)
+    cost_low = clamp_cost(cost_low, cost_so_far, caps)[0]
+    cost_high, clamp_high = clamp_cost(cost_high, cost_so_far, caps)
+    clamp = clamp if clamp is not None else clamp_high  # while calibrating the high end may bind alone
+    capped_by = ""
+    if clamp is not None:
+        capped_by = "max_cost_usd" if cost_cap is not None and clamp == max(cost_so_far, cost_cap) else "run max_cost_usd"
+    elif budget_bound:
+        capped_by = "token_budget"
     return DatasetProjection(
         tokens_to_come=to_come,
         projected_final_tokens=used_tokens + to_come,
@@ -153,7 +208,7 @@ def project_dataset(
         cost_so_far=cost_so_far,
         eta_s_recent=eta_seconds(to_come, recent_tok_per_s),
         eta_s_since_start=eta_seconds(to_come, since_start_tok_per_s),
-        over_cap=cost is not None and cost_cap is not None and cost > cost_cap,
+        over_cap=uncapped is not None and cost_cap is not None and uncapped > cost_cap,
         calibrated=calibrated,
         mean_completion_tokens=mean,
         observed=n_obs,
@@ -164,57 +219,45 @@ def project_dataset(
         cost_high_usd=cost_high,
         eta_s_low=None if low is None else eta_seconds(low, recent_tok_per_s),
         eta_s_high=eta_seconds(high, recent_tok_per_s),
+        capped_by=capped_by,
+        cap_usd=clamp,
+        uncapped_cost_usd=uncapped,
     )
 
 
 @dataclass(frozen=True)
 class RunProjection:
-    """Projected end state of the whole run.
+    """Projected end state of the whole run (its ETA: :func:`schedule_eta`).
 
     Attributes:
         tokens_to_come: sum over datasets (tokens).
-        projected_cost_usd: run cost so far + every dataset's remaining cost (USD); None when a
-            dataset with tokens still to come has no known price.
-        eta_s: the sum of the unfinished datasets' ETAs (seconds): each at its own recent token
-            rate while it runs, else at the run's (datasets mostly run one after another, so their
-            ETAs add up rather than overlap; with one dataset left it equals that dataset's ETA);
-            None when a dataset with tokens to come has no rate to go by.
+        projected_cost_usd: run cost so far + every dataset's remaining cost (USD), clamped at the
+            run's ``max_cost_usd`` (never below the cost so far); None when a dataset with tokens
+            still to come has no known price.
         spend_rate_usd_per_h: current spend rate (USD per hour); None while not known yet.
-        over_cap: projected cost exceeds the run cost cap.
+        over_cap: the unclamped projected cost exceeds the run cost cap (the work does not fit it).
         calibrated: every unfinished dataset's projection is calibrated.
         cost_low_usd / cost_high_usd: projected cost range (USD; equal to ``projected_cost_usd``
-            when calibrated); None where unknown.
-        eta_s_low / eta_s_high: ETA range (seconds), like ``eta_s``; None where unknown.
+            when calibrated), clamped like it; None where unknown.
         calibration: ``(observed, needed)`` completions of the first unfinished dataset (config
             order) not yet calibrated; None when all are.
+        capped: the run's cost cap clamped the projection (or the range's high end), here or in a
+            dataset's projection (``capped_by == "run max_cost_usd"``): it reads "capped at $cap";
+            cap_usd: the figure it was clamped at (USD), None when not capped.
+        uncapped_cost_usd: the projected cost before the clamp (USD; None when unknown).
     """
 
     tokens_to_come: float
     projected_cost_usd: float | None
-    eta_s: float | None
     spend_rate_usd_per_h: float | None
     over_cap: bool
     calibrated: bool
     cost_low_usd: float | None = None
     cost_high_usd: float | None = None
-    eta_s_low: float | None = None
-    eta_s_high: float | None = None
     calibration: tuple[int, int] | None = None
-
-
-def _sum_eta(parts: list[tuple[float | None, float | None]], run_rate: float) -> float | None:
-    """Sum of ETAs given ``(tokens_to_come, own_eta)`` pairs; tokens None -> unknown."""
-    total = 0.0
-    for tokens, own in parts:
-        if tokens is None:
-            return None
-        if tokens <= 0:
-            continue
-        eta = own if own is not None else eta_seconds(tokens, run_rate)
-        if eta is None:
-            return None
-        total += eta
-    return total
+    capped: bool = False
+    cap_usd: float | None = None
+    uncapped_cost_usd: float | None = None
 
 
 def _sum_cost(cost_so_far: float, parts: list[tuple[float, float | None]]) -> float | None:
@@ -232,41 +275,161 @@ def project_run(
     spend_rate_usd_per_h: float | None,
     cost_so_far: float,
     *,
-    recent_tok_per_s: float,
     cost_cap: float | None = None,
 ) -> RunProjection:
-    """Combine dataset projections into the run's.
+    """Combine dataset projections into the run's costs (the ETA: :func:`schedule_eta`).
 
     Args:
         datasets: projections of the datasets not yet finished (config order).
         spend_rate_usd_per_h: recent spend rate (USD per hour), reported as is.
         cost_so_far: run spend so far (USD), including finished datasets.
-        recent_tok_per_s: the run's recent token rate (tokens per second), the rate of datasets
-            that have none of their own yet.
-        cost_cap: run-wide cost cap (USD) or None.
+        cost_cap: run-wide cost cap (USD) or None: the projections are clamped at it
+            (:func:`clamp_cost`).
     """
     live = [d for d in datasets if d.tokens_to_come_high > 0 or d.tokens_to_come > 0]
     to_come = sum(d.tokens_to_come for d in datasets)
-    cost = _sum_cost(cost_so_far, [(d.cost_so_far, d.projected_cost_usd) for d in live if d.tokens_to_come > 0])
+    uncapped = _sum_cost(cost_so_far, [(d.cost_so_far, d.projected_cost_usd) for d in live if d.tokens_to_come > 0])
     low = _sum_cost(cost_so_far, [(d.cost_so_far, d.cost_low_usd) for d in live])
     high = _sum_cost(cost_so_far, [(d.cost_so_far, d.cost_high_usd) for d in live])
-    eta = _sum_eta([(d.tokens_to_come, d.eta_s_recent) for d in live], recent_tok_per_s)
-    eta_low = _sum_eta([(d.tokens_to_come_low, d.eta_s_low) for d in live], recent_tok_per_s)
-    eta_high = _sum_eta([(d.tokens_to_come_high, d.eta_s_high) for d in live], recent_tok_per_s)
+    cost, clamp = clamp_cost(uncapped, cost_so_far, [cost_cap])
+    low = clamp_cost(low, cost_so_far, [cost_cap])[0]
+    high, clamp_high = clamp_cost(high, cost_so_far, [cost_cap])
+    clamp = clamp if clamp is not None else clamp_high
+    if clamp is None and any(d.capped_by == "run max_cost_usd" for d in live):
+        clamp = high if cost is None else cost  # a dataset took what the run's cap leaves: the run is at its cap
     first = next((d for d in live if not d.calibrated), None)
     return RunProjection(
         tokens_to_come=to_come,
         projected_cost_usd=cost,
-        eta_s=eta,
         spend_rate_usd_per_h=spend_rate_usd_per_h,
-        over_cap=cost is not None and cost_cap is not None and cost > cost_cap,
+        over_cap=uncapped is not None and cost_cap is not None and uncapped > cost_cap,
         calibrated=first is None,
         cost_low_usd=low,
         cost_high_usd=high,
-        eta_s_low=eta_low,
-        eta_s_high=eta_high,
         calibration=None if first is None else (first.observed, first.calibrate_after),
+        capped=clamp is not None,
+        cap_usd=clamp,
+        uncapped_cost_usd=uncapped,
     )
+
+
+#: Shown dataset states whose remaining work counts in the run's ETA: they run now, or will
+#: without anyone's action (a paused, skipped, budget-met or stopping dataset does not progress).
+ETA_STATES = ("running", "pending")
+
+
+@dataclass(frozen=True)
+class EtaRow:
+    """What the run's ETA needs of one dataset (one row of the datasets table).
+
+    Attributes:
+        name: dataset name.
+        state: its shown state (``DatasetSnapshot.state``).
+        lane: the request class most of its remaining prompts use (its class's dispatcher serves it).
+        tokens: tokens still to come (tokens; the projection's point figure).
+        tokens_low / tokens_high: the range while calibrating (tokens; ``tokens_low`` None: unknown).
+        tok_per_s: its own recent completion-token rate (tokens per second).
+    """
+
+    name: str
+    state: str
+    lane: str
+    tokens: float
+    tokens_low: float | None
+    tokens_high: float
+    tok_per_s: float
+
+    @classmethod
+    def of(cls, name: str, state: str, lane: str, proj: DatasetProjection, tok_per_s: float) -> "EtaRow":
+        """The row of a dataset from its :class:`DatasetProjection`."""
+        return cls(name, state, lane, proj.tokens_to_come, proj.tokens_to_come_low, proj.tokens_to_come_high,
+                   tok_per_s)
+
+
+@dataclass(frozen=True)
+class RunEta:
+    """The run's ETA and the rows' ETAs it is made of (seconds; None: unknown or not progressing).
+
+    Attributes:
+        eta_s / eta_s_low / eta_s_high: the run's ETA and its range while calibrating (seconds):
+            the latest finish among the rows that take part (see :func:`schedule_eta`).
+        reason: why ``eta_s`` is None (``"paused"``, ``"run cost cap met"``, ``"all datasets
+            paused"``, ``"measuring rate"`` ...); "" when it is known.
+        rows: ``{dataset: (eta_s, eta_s_low, eta_s_high)}`` (seconds) of every dataset that takes
+            part; the others (finished, paused, ...) have no ETA.
+    """
+
+    eta_s: float | None
+    eta_s_low: float | None
+    eta_s_high: float | None
+    reason: str = ""
+    rows: dict[str, tuple[float | None, float | None, float | None]] = field(default_factory=dict)
+
+
+def _finishes(rows: list[EtaRow], tokens: Callable[[EtaRow], float | None]) -> dict[str, float | None]:
+    """Each row's finish (seconds from now) by request class: the class's remaining work in config
+    order at the class's rate (the summed own rates of its running datasets); None where unknown."""
+    lanes: dict[str, list[EtaRow]] = {}
+    for r in rows:
+        lanes.setdefault(r.lane, []).append(r)
+    out: dict[str, float | None] = {}
+    for lane_rows in lanes.values():
+        rate = sum(r.tok_per_s for r in lane_rows if r.state == "running" and r.tok_per_s > 0)
+        cum: float | None = 0.0
+        for r in lane_rows:
+            t = tokens(r)
+            cum = None if cum is None or t is None else cum + max(0.0, t)
+            out[r.name] = None if cum is None else eta_seconds(cum, rate)
+    return out
+
+
+def _latest(values: list[float | None]) -> float | None:
+    return None if any(v is None for v in values) else max([0.0, *values])  # type: ignore[type-var]
+
+
+def schedule_eta(rows: list[EtaRow], *, blocked: str = "") -> RunEta:
+    """The run's ETA as what the datasets' rows add up to (pure: rates are passed in).
+
+    How the engine runs them: each request class has one dispatcher that fills the class's slots
+    from the first dataset (config order) with prompts of that class left, so datasets of one class
+    run one after another (the next takes the slots as the previous one's prompts run out) and
+    datasets of different classes at the same time. Hence, for the rows in :data:`ETA_STATES`
+    with tokens to come, grouped by ``lane`` (each dataset in the class most of its remaining
+    prompts use):
+
+    - a lane's rate is the sum of its running datasets' own recent token rates (tokens/s);
+    - a row finishes when its lane has done the tokens of the rows before it (config order) and its
+      own, at the lane's rate: ``(tokens before + own tokens) / lane rate`` seconds. A dataset
+      running alone in its class gets exactly its own ``tokens / own rate``;
+    - the run's ETA is the latest finish: the max of the rows' ETAs, so it is never below a row's
+      ETA and, with one dataset left, equals it. Paused, finished, skipped and budget-met datasets
+      take no part (they do not progress: a paused dataset's work is not in the ETA).
+
+    Args:
+        rows: every dataset, config order.
+        blocked: why nothing can progress now, whatever the rows say (``"paused"``,
+            ``"run cost cap met"``, ``"stopping"`` ...): every ETA is then None with this reason.
+
+    Returns:
+        A :class:`RunEta`. ``eta_s`` is None with a ``reason`` when ``blocked``; when no row can run
+        and some are paused (``"all datasets paused"``); or when a lane has no rate yet
+        (``"measuring rate"``: its datasets have no completion in the recent window). With nothing
+        left to do anywhere it is 0.0.
+    """
+    if blocked:
+        return RunEta(None, None, None, blocked)
+    active = [r for r in rows if r.state in ETA_STATES and (r.tokens > 0 or r.tokens_high > 0)]
+    if not active:
+        if any(r.state == "paused" for r in rows):
+            return RunEta(None, None, None, "all datasets paused")
+        return RunEta(0.0, 0.0, 0.0)
+    point = _finishes(active, lambda r: r.tokens)
+    low = _finishes(active, lambda r: r.tokens_low)
+    high = _finishes(active, lambda r: r.tokens_high)
+    eta = _latest(list(point.values()))
+    return RunEta(eta, _latest(list(low.values())), _latest(list(high.values())),
+                  "" if eta is not None else "measuring rate",
+                  {r.name: (point[r.name], low[r.name], high[r.name]) for r in active})
 
 
 def range_text(

@@ -343,7 +343,8 @@ class SpendControl:
     def project(self, dataset: str, *, prompts_left: int, in_flight: int, cost_so_far: float,
                 completion_tokens: int, recent_tok_per_s: float, since_start_tok_per_s: float,
                 fallback_mean_tokens: float | None = None, mean_prompt_tokens: float = 0.0,
-                pending_by_class: Mapping[str, int] | None = None) -> DatasetProjection:
+                pending_by_class: Mapping[str, int] | None = None,
+                run_room_usd: float | None = None) -> DatasetProjection:
         """Project the dataset's final tokens, cost and ETA (see :func:`engine.money.projection.project_dataset`;
         calibrated after ``spend.calibrate_after`` completions, a range before).
 
@@ -354,7 +355,9 @@ class SpendControl:
         ``pending_by_class`` (prompts per request class) sets the per-request cap of the range's
         high end to the classes' ``max_tokens`` weighted by what is left of each (in-flight requests
         taken in the same mix): a dataset of short prompts is never projected at the long class's
-        cap. Without it, or with nothing pending, the largest ``max_tokens`` of the classes."""
+        cap. Without it, or with nothing pending, the largest ``max_tokens`` of the classes.
+        ``run_room_usd``: what the run's dollar cap leaves (USD; None: no run cap): with the
+        dataset's own ``max_cost_usd`` it clamps the projected costs (``capped_by``)."""
         b = self.budgets[dataset]
         means = [e.mean() for e in b.estimators.values() if e.mean() is not None]
         mean = (sum(means) / len(means)) if means else None
@@ -369,6 +372,7 @@ class SpendControl:
             observed=sum(e.count for e in b.estimators.values()), calibrate_after=self.cfg.spend.calibrate_after,
             fallback_mean_tokens=fallback_mean_tokens,
             prompt_usd_per_request=(p.prompt_usd_per_token * mean_prompt_tokens) if p else 0.0,
+            run_room_usd=run_room_usd,
         )
 
 

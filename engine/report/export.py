@@ -97,7 +97,7 @@ def export_raw(run_dir: Path, out_dir: Path, on_empty=None) -> dict[str, int]:
 
 
 #: Every ``--format`` of ``datagen export``.
-FORMATS = ("raw", "specforge", "openai", "tokens")
+FORMATS = ("raw", "specforge", "openai", "tokens", "tokens-jsonl")
 
 
 def export(run_dir: Path, out_dir: Path, fmt: str = "raw", *, tokenizer=None, include_invalid: bool = False,

@@ -73,7 +73,10 @@ def run_families(snap: RunSnapshot) -> list[Metric]:
              snap.projected_total_cost_usd),
         _one(_gauge("datagen_max_cost_usd", "Run-wide dollar cap ([spend] max_cost_usd; absent: none)"),
              snap.max_cost_usd),
-        _one(_gauge("datagen_eta_seconds", "Seconds to finish the run (absent while paused or stopping)"), snap.eta_s),
+        _one(_gauge("datagen_eta_seconds", "Seconds to finish the run: the latest dataset ETA (absent while "
+                    "nothing can progress)"), snap.eta_s),
+        _one(_gauge("datagen_projection_capped", "1 when the run's projected cost is clamped at its max_cost_usd"),
+             int(snap.projection_capped)),
         _one(_gauge("datagen_loop_lag_seconds", "Event-loop lag of the engine"), snap.loop_lag_ms / 1000.0),
         _one(_gauge("datagen_writer_queue_rows", "Rows waiting for the next store commit"), snap.writer_queue),
     ]
@@ -92,7 +95,8 @@ def run_families(snap: RunSnapshot) -> list[Metric]:
     tok_s = _gauge("datagen_completion_tokens_per_second", "Completion tokens per second over the last 60 s", ds)
     budget = _gauge("datagen_token_budget", "Configured token budget (absent: none)", ds)
     cap = _gauge("datagen_dataset_max_cost_usd", "Configured dollar cap of the dataset (absent: none)", ds)
-    projected = _gauge("datagen_projected_cost_usd", "Projected final cost of the dataset", ds)
+    projected = _gauge("datagen_projected_cost_usd", "Projected final cost of the dataset (clamped at its cap)", ds)
+    capped = _gauge("datagen_dataset_projection_capped", "1 when the dataset's projection is clamped at a cap", ds)
     eta = _gauge("datagen_dataset_eta_seconds", "Seconds to finish the dataset (absent while unknown or paused)", ds)
     state = _gauge("datagen_dataset_info", "The dataset's state (always 1)", ("dataset", "state"))
     for d in snap.datasets:
@@ -113,10 +117,11 @@ def run_families(snap: RunSnapshot) -> list[Metric]:
         _one(budget, d.token_budget, d.name)
         _one(cap, d.max_cost_usd, d.name)
         _one(projected, d.projected_cost_usd, d.name)
+        capped.add_metric([d.name], int(d.projection_capped))
         _one(eta, d.eta_s, d.name)
         state.add_metric([d.name, d.state], 1)
     fams += [spend, prompt_tok, compl_tok, reason_tok, done, errors, prompts, rejected, in_flight, reserved_tok,
-             req_s, tok_s, budget, cap, projected, eta, state]
+             req_s, tok_s, budget, cap, projected, capped, eta, state]
     conc = _gauge("datagen_class_concurrency", "Concurrency limit of the request class now", ("class",))
     cls_fly = _gauge("datagen_class_in_flight", "Requests of the class in flight", ("class",))
     for c in snap.classes:

@@ -89,10 +89,32 @@ def fmt(value: Any, kind: str) -> str:
     return str(value) or "-"
 
 
-def _cell(path: list[str], value: Any, kind: str, tag: str = "td") -> str:
+def _cell(path: list[str], value: Any, kind: str, tag: str = "td", note: str = "") -> str:
     cls = ' class="n"' if kind not in ("text", "errors") else ""
     return (f'<{tag}{cls} data-path="{escape(json.dumps(path))}" data-value="{escape(json.dumps(value))}">'
-            f"{escape(fmt(value, kind))}</{tag}>")
+            f"{escape(fmt(value, kind) + note)}</{tag}>")
+
+
+def credits_age_note(st: dict[str, Any]) -> str:
+    """After the credits figure, how old the reading was when the report was written:
+    ``" (read 14s before this report)"``; empty without a reading or an age."""
+    age = st.get("credits_age_s")
+    if st.get("credits_usd") is None or age is None:
+        return ""
+    return f" (read {fmt_duration(age)} before this report)"
+
+
+def row_note(st: dict[str, Any], path: tuple[str, ...]) -> str:
+    """What follows a run figure of the status table: the credits reading's age, ``" (capped at the
+    run's max_cost_usd)"`` after a projection clamped at the cap (spend cannot pass it), ``" (why)"``
+    after an ETA that is not known (``run.eta_reason``)."""
+    if path == ("credits_usd",):
+        return credits_age_note(st)
+    if path == ("projected_total_cost_usd",) and st.get("projection_capped"):
+        return " (capped at the run's max_cost_usd)"
+    if path == ("eta_s",) and st.get("eta_s") is None and (st.get("run") or {}).get("eta_reason"):
+        return f" ({st['run']['eta_reason']})"
+    return ""
 
 
 def _get(doc: dict[str, Any], path: tuple[str, ...]) -> Any:
@@ -107,7 +129,9 @@ def status_tables(st: dict[str, Any]) -> str:
     out = ['<div class="grid">']
     for tid, rows in (("status-run", RUN_ROWS[:RUN_SPLIT]), ("status-counts", RUN_ROWS[RUN_SPLIT:])):
         out.append(f'<table id="{tid}">')
-        out += [f"<tr><th>{escape(label)}</th>{_cell(list(path), _get(st, path), kind)}</tr>" for label, path, kind in rows]
+        out += [f"<tr><th>{escape(label)}</th>"
+                f"{_cell(list(path), _get(st, path), kind, note=row_note(st, path))}"
+                "</tr>" for label, path, kind in rows]
         out.append("</table>")
     out.append("</div>")
     out.append('<table id="status-datasets"><tr><th>dataset</th>' + "".join(f"<th>{h}</th>" for h, _, _ in DATASET_COLS) + "</tr>")

@@ -43,6 +43,18 @@ class DatasetSnapshot:
         calibration: ``(observed, needed)`` completions while the projection is calibrating, else None.
         limit_reason: why the dataset runs below its class's concurrency, e.g. ``"budget-limited
             5/24"`` (in flight / slots) when its token budget holds dispatch back; "" otherwise.
+        projection_capped: a cap bound the projection: ``projected_cost_usd`` (and the range's high
+            end) is clamped at the dataset's ``max_cost_usd`` or at what the run's ``max_cost_usd``
+            leaves it (spend cannot pass a cap), or its token budget bound the tokens to come.
+            Show "capped at $X" (X: ``projected_cost_usd``, or ``projected_cost_high_usd`` while
+            calibrating) rather than a projection above the cap.
+        projected_cost_uncapped_usd: the projection before any dollar clamp (USD): what the work
+            would cost; the calibration gate compares it with ``max_cost_usd``.
+
+    The ETAs (``eta_s`` and its range) are the dataset's finish in the run's schedule
+    (:func:`engine.money.projection.schedule_eta`): its own ``tokens / recent rate`` while it runs
+    alone in its request class, behind the datasets before it in its class otherwise; None while it
+    does not progress (paused, finished, the run paused, stopping or at its cost cap).
     """
 
     name: str
@@ -78,6 +90,24 @@ class DatasetSnapshot:
     eta_s_high: float | None = None
     calibration: tuple[int, int] | None = None
     limit_reason: str = ""
+    projection_capped: bool = False
+    projected_cost_uncapped_usd: float | None = None
+
+    @property
+    def percent(self) -> int:
+        """The finished share (done or failed) as a whole percentage (:func:`progress_percent`)."""
+        return progress_percent(self.done + self.failed, self.prompts)
+
+
+def progress_percent(finished: int, total: int) -> int:
+    """``finished`` of ``total`` as a whole percentage, rounded down: 100 only once every one has
+    finished (``4975/5000`` with 25 in flight reads 99, never 100); 0 when ``total`` is 0.
+
+    Every percentage of a dataset printed (the dashboard's progress cell, ``datagen status``, the
+    extraction view) goes through this."""
+    if total <= 0:
+        return 0
+    return max(0, min(100, (max(0, finished) * 100) // total))
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +167,13 @@ class RunSnapshot:
             cost of the whole run; max_cost_usd: run-wide cap; cost_in_flight_usd: reserved dollars of
             in-flight requests (what an abort would save at most); abort_cost_usd: estimated bill of
             aborting them now (USD, :attr:`engine.money.inflight.InFlightCost.abort_usd`) and
-            abort_cost_basis: how it was estimated (observed billing or the prior); eta_s: run ETA (s; None while
-            the run is paused or stopping: it does not progress);
+            abort_cost_basis: how it was estimated (observed billing or the prior); eta_s: run ETA (s):
+            the latest of the datasets' ETAs (:func:`engine.money.projection.schedule_eta`), so
+            what the rows add up to; None when nothing can progress, and eta_reason says why
+            (``"paused"``: the whole run, ``"run cost cap met"``, ``"all datasets paused"``,
+            ``"measuring rate"``, ``"stopping"``, ``"completed"`` ...; "" while eta_s is known);
+        projection_capped: the run's ``max_cost_usd`` clamped ``projected_total_cost_usd`` (or the
+            range's high end): show "capped at $X" (X: the clamped figure) instead of a higher one;
         projected_cost_low_usd / projected_cost_high_usd, eta_s_low / eta_s_high, calibration: the
             run's projection range while a dataset is calibrating (see :class:`DatasetSnapshot`);
         tok_per_s: recent completion tokens per second; loop_lag_ms: event-loop lag (ms);
@@ -197,6 +232,8 @@ class RunSnapshot:
     stream_workers: int = 0
     stream_workers_alive: int = 0
     stream_worker_restarts: int = 0
+    eta_reason: str = ""
+    projection_capped: bool = False
 
     def dataset(self, name: str) -> DatasetSnapshot:
         """Return the snapshot of dataset ``name`` (KeyError if unknown)."""

@@ -1,6 +1,10 @@
-"""``datagen status``: the run's figures read from its store, from any shell, live or after the run.
+"""``datagen status``: the run's figures, from any shell, live or after the run.
 
-Committed rows give done/failed/tokens/cost/errors; the live engine's ``runtime`` row (refreshed
+While its engine is alive, ``status`` asks it (``RUN_DIR/engine.sock``,
+:mod:`engine.report.statusserver`) and reports the engine's own snapshot taken as it answers: the
+counts, states and reasons, elapsed, ETA and projections its dashboard shows at the same moment
+(``run.source`` is ``"engine"``). Only when no engine answers does it read the store
+(``run.source`` ``"store"``): committed rows give done/failed/tokens/cost/errors; the live engine's ``runtime`` row (refreshed
 in the same transaction as every commit) gives in-flight counts and the run state. A run whose
 engine is gone (no such pid, or no heartbeat for :data:`STALE_S` while another process or none
 holds the run directory's lock: :func:`engine.report.liveness.engine_alive`) has nothing in flight.
@@ -14,7 +18,17 @@ and cost come from: ``reported`` | ``generation`` | ``counted`` | ``estimated`` 
 
 Ages and durations are computed when the document is read: ``credits_age_s`` from the wall-clock
 time of the credits reading, ``elapsed_s`` from the last heartbeat while the engine runs (never past
-the figure the engine stored once its run has ended, so it does not go backwards at exit).
+the figure the engine stored once its run has ended, so it does not go backwards at exit); once the
+engine is gone, from the later of its last commit and its elapsed file (rewritten every 0.5 s, so a
+killed run's elapsed is never below what its screen last showed).
+
+The run's ETA (``eta_s``) is the latest of the datasets' ETAs
+(:func:`engine.money.projection.schedule_eta`); when it is null, ``run.eta_reason`` says why
+(``"paused"``, ``"run cost cap met"``, ``"all datasets paused"``, ``"measuring rate"``,
+``"engine not running"`` ...). A projection never exceeds the cap that binds it: ``projection_capped``
+(run-wide, and per dataset) is true when ``projected_total_cost_usd`` (a dataset's
+``projected_cost_usd``) was clamped at a cap, and the text then reads ``projected capped at $X``.
+Each dataset's ``percent`` is its finished share rounded down (99 until the last prompt ends).
 Each dataset entry also names its ``path`` (as configured) and ``revision``: the commit sha an
 ``hf://`` dataset was last ingested at (null for a local path).
 ``providers`` come from the live engine, or from the stored results and attempts when it is gone.
@@ -37,6 +51,8 @@ from engine.client.conformance import decode_flags
 from engine.errors import DatagenError
 from engine.proc.runlock import holder
 from engine.report.liveness import STALE_S, engine_alive, spend_rate  # noqa: F401 - STALE_S re-exported
+from engine.report.snapshot import progress_percent
+from engine.report.statusserver import ask_engine, persisted_elapsed
 from engine.money.projection import range_text
 from engine.metrics.rates import fmt_count, fmt_duration
 from engine.metrics.stats import UNKNOWN_PROVIDER, nearest_rank
@@ -140,6 +156,13 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         live = json.loads(live_json) if live_json else {}
         lock = holder(Path(run_dir))  # who holds RUN_DIR/run.lock (the live `datagen run` or `validate`), or None
         alive = engine_alive(pid, hb, lock, now)
+        # a live engine answers with its own figures (engine.report.statusserver): the dashboard's, now
+        served = ask_engine(Path(run_dir)) if alive else None
+        if served is not None:
+            live = served.get("live") or {}
+            rstate, reason, elapsed = served.get("state"), served.get("state_reason", ""), served.get("elapsed_s")
+        engine_counts: dict[str, dict[str, Any]] = live.get("counts", {}) if served is not None else {}
+        reasons: dict[str, str] = live.get("state_reason", {}) if alive else {}
         counts: dict[str, dict[str, int]] = {}
         for d, s, n in conn.execute("SELECT dataset, state, COUNT(*) FROM prompts GROUP BY 1, 2"):
             counts.setdefault(d, {})[s] = n
@@ -176,6 +199,16 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             in_flight = min(int(live.get("in_flight", {}).get(dname, 0)), pend) if alive else 0
             skipped = pend - in_flight if control in ("skipped", "budget_met") else 0
             pending = pend - in_flight - skipped
+            p, ct, r, cost = usage.get(dname, (0, 0, 0, 0.0))
+            lost_d = lost.get(dname, 0.0)
+            cost += lost_d
+            ec = engine_counts.get(dname)
+            if ec is not None:  # the engine's counters: ahead of the committed rows, as on its dashboard
+                prompts, done, failed, skipped, pending, in_flight = (
+                    int(ec[k]) for k in ("prompts", "done", "failed", "skipped", "pending", "in_flight"))
+                p, ct, r, cost = ec["prompt_tokens"], ec["completion_tokens"], ec["reasoning_tokens"], ec["cost_usd"]
+            if alive and dname in reasons:  # the engine's reason: it re-decided states at its start
+                reason_d = reasons[dname]
             if alive and dname in live.get("datasets", {}):
                 state = live["datasets"][dname]
             elif ingest_error is not None:  # its last ingest failed: nothing of that read was stored
@@ -190,25 +223,27 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
                 state = "stopped"
             else:
                 state = "pending"
-            p, ct, r, cost = usage.get(dname, (0, 0, 0, 0.0))
-            lost_d = lost.get(dname, 0.0)
             datasets.append({
                 "name": dname, "path": dpath, "revision": revision,
                 "state": state, "state_reason": reason_d, "prompts": prompts, "rejected": rejected,
                 "done": done, "failed": failed, "skipped": skipped, "pending": pending, "in_flight": in_flight,
+                "percent": progress_percent(done + failed, prompts),
                 "prompt_tokens": p, "completion_tokens": ct, "reasoning_tokens": r,
-                "cost_usd": round(cost + lost_d, 8), "lost_cost_usd": round(lost_d, 8),
+                "cost_usd": round(cost, 8), "lost_cost_usd": round(lost_d, 8),
                 "token_budget": budget, "errors": errors.get(dname, {}),
                 "usage_sources": _sources(sources.get(dname, {})),
                 "special_text_in_prompt": special.get(dname, 0),
                 "reserved_tokens": int(live.get("reserved_tokens", {}).get(dname, 0)) if alive else 0,
                 "cost_in_flight_usd": float(live.get("cost_in_flight", {}).get(dname, 0.0)) if alive and in_flight else 0.0,
                 "projected_cost_usd": live.get("projected_cost_usd", {}).get(dname) if live else None,
+                "projection_capped": bool(live.get("projection_capped", {}).get(dname, False)),
                 "eta_s": live.get("eta_s", {}).get(dname) if alive else None,
                 **_projection(live.get("projection", {}).get(dname), alive),
                 "limit_reason": live.get("limit_reason", {}).get(dname, "") if alive else "",
             })
-        if alive:
+        if served is not None:  # the engine's own figure, taken as it answered
+            run_state, elapsed_s = rstate, float(elapsed or 0.0)
+        elif alive:
             run_state = rstate
             # extrapolate from the heartbeat while the run goes on; once it has ended the engine's own
             # figure is final (extrapolating past it would go backwards when the process exits)
@@ -217,8 +252,14 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         else:
             finished = all(d["state"] in ("done", "skipped", "budget_met") for d in datasets)
             run_state = "completed" if finished else "stopped" if rt else "not started"
-            elapsed_s = elapsed or 0.0
+            # never below what the engine's screen last showed: its elapsed file, kept every 0.5 s, may
+            # be later than its last commit (engine.report.statusserver)
+            elapsed_s = persisted_elapsed(Path(run_dir), started_at, hb, float(elapsed or 0.0))
             reason = reason if rstate not in ("running",) else "engine not running"
+        if alive:
+            eta_reason = live.get("eta_reason", "") if live.get("eta_s_run") is None else ""
+        else:
+            eta_reason = "" if run_state == "completed" else "engine not running"
         totals: dict[str, Any] = {}
         for k in ("prompts", "rejected", "done", "failed", "skipped", "pending", "in_flight",
                   "prompt_tokens", "completion_tokens", "reasoning_tokens", "special_text_in_prompt"):
@@ -250,15 +291,19 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         run_proj = _projection(live.get("run_projection"), alive)
         doc = {
             "run": {"name": name, "state": run_state, "state_reason": reason or "", "elapsed_s": round(elapsed_s, 3),
-                    "pid": pid if alive else None, "alive": alive},
+                    "pid": pid if alive else None, "alive": alive, "eta_reason": eta_reason,
+                    "source": "engine" if served is not None else "store"},
             "datasets": datasets,
             "totals": totals,
             "credits_usd": live.get("credits_usd"),
             "credits_age_s": None if credits_age is None else round(credits_age, 3),
             "credits_drift_usd": live.get("credits_drift_usd"),
             **({"credits_endpoints": live["credits_endpoints"]} if live.get("credits_endpoints") else {}),
-            "spend_rate_usd_per_h": (spend_rate(conn, live, now, totals["in_flight"]) if alive else 0.0),
+            "spend_rate_usd_per_h": (live.get("spend_rate_usd_per_h") if served is not None
+                                     else spend_rate(conn, live, now, totals["in_flight"]) if alive else 0.0),
             "projected_total_cost_usd": live.get("projected_total_cost_usd"),
+            "projection_capped": bool(live.get("projection_capped_run", False)),
+            "max_cost_usd": live.get("max_cost_usd"),
             "cost_in_flight_usd": live.get("cost_in_flight_usd", 0.0) if alive else 0.0,
             "abort_cost_usd": live.get("abort_cost_usd", 0.0) if alive else 0.0,  # an estimate; basis below
             "abort_cost_basis": live.get("abort_cost_basis", "") if alive else "",
@@ -326,7 +371,8 @@ def _cal(d: dict[str, Any]) -> tuple[int, int] | None:
 
 def format_status(doc: dict[str, Any]) -> str:
     """Human-readable rendering of :func:`collect_status`'s document: the run line, money and time
-    (spent, spend rate, projection, ETA, credits), class limits, then one row per dataset."""
+    (spent, spend rate, projection or ``capped at $X``, ETA or ``-- (why)``, credits), class limits,
+    then one row per dataset (its percentage rounded down), and the extraction's line when one ran."""
     r = doc["run"]
     lines = [f"run {r['name']}: {r['state']}" + (f" ({r['state_reason']})" if r["state_reason"] else "")
              + f", elapsed {fmt_duration(r['elapsed_s'])}"]
@@ -337,11 +383,13 @@ def format_status(doc: dict[str, Any]) -> str:
     cal = _cal(doc)
     proj = range_text(doc.get("projected_total_cost_usd"), doc.get("projected_total_cost_low_usd"),
                       doc.get("projected_total_cost_high_usd"), cal, _usd)
-    if not r["alive"]:
-        eta = "--" if r["state"] != "completed" else "0s"
-        eta += " (engine not running)" if r["state"] != "completed" else ""
-    elif r["state"] not in ("running", "starting"):
-        eta = f"-- ({r['state']})"
+    if doc.get("projection_capped"):  # spend cannot pass the cap: never a projection above it
+        at = doc.get("projected_total_cost_usd") if cal is None else doc.get("projected_total_cost_high_usd")
+        proj = f"capped at {_usd(at if at is not None else doc.get('max_cost_usd'))}"
+    if not r["alive"] and r["state"] == "completed":
+        eta = "0s"
+    elif doc.get("eta_s") is None:
+        eta = f"-- ({r.get('eta_reason') or r['state']})"
     else:
         eta = range_text(doc.get("eta_s"), doc.get("eta_s_low"), doc.get("eta_s_high"), cal, fmt_duration, short=True)
     credits = "--"
@@ -370,25 +418,31 @@ def format_status(doc: dict[str, Any]) -> str:
     if other:
         lines.append(f"usage: {sum(other.values())} result(s) without the provider's usage in the response: "
                      + ", ".join(f"{n} {k}" for k, n in other.items()) + " (usage_source)")
-    hdr = (f"{'dataset':<24} {'state':<9} {'done':>7} {'failed':>6} {'skip':>6} {'pend':>7} {'infl':>5} {'rej':>4} "
-           f"{'compl tok':>10} {'cost $':>9} {'ETA':>11}  errors")
+    hdr = (f"{'dataset':<24} {'state':<9} {'%':>4} {'done':>7} {'failed':>6} {'skip':>6} {'pend':>7} {'infl':>5} "
+           f"{'rej':>4} {'compl tok':>10} {'cost $':>9} {'ETA':>11}  errors")
     lines.append(hdr)
     for d in doc["datasets"] + [dict(doc["totals"], name="TOTAL", state="")]:
         errs = ", ".join(f"{k} {v}" for k, v in sorted(d["errors"].items()))
         note = d.get("limit_reason") or ""
         if d["name"] == "TOTAL" or d["state"] in ("done", "skipped", "budget_met"):
             eta_d = ""
-        elif d["state"] != "running" or not r["alive"]:
+        elif d["state"] not in ("running", "pending") or not r["alive"] or d.get("eta_s") is None and not _cal(d):
             eta_d = "--"
         else:
             eta_d = range_text(d.get("eta_s"), d.get("eta_s_low"), d.get("eta_s_high"), _cal(d), fmt_duration, short=True)
             if eta_d.startswith("calibrating"):
                 eta_d = "cal {observed}/{needed}".format(**d["calibration"])
+        pct = f"{progress_percent(d['done'] + d['failed'], d['prompts'])}%"  # 99% until the last one ends
         lines.append(
-            f"{d['name'][:24]:<24} {d['state']:<9} {d['done']:>7} {d['failed']:>6} {d['skipped']:>6} {d['pending']:>7} "
-            f"{d['in_flight']:>5} {d['rejected']:>4} {fmt_count(d['completion_tokens']):>10} {d['cost_usd']:>9.4f} "
+            f"{d['name'][:24]:<24} {d['state']:<9} {pct:>4} {d['done']:>7} {d['failed']:>6} {d['skipped']:>6} "
+            f"{d['pending']:>7} {d['in_flight']:>5} {d['rejected']:>4} {fmt_count(d['completion_tokens']):>10} {d['cost_usd']:>9.4f} "
             f"{eta_d:>11}  {errs}" + (f"  [{note}]" if note else "")
         )
+    ex = doc.get("extract") or {}
+    if ex.get("state") not in (None, "not_started"):  # its rate: the last minute's, else "avg ... tok/s"
+        from engine.extract.status import format_line
+
+        lines.append(format_line(ex))
     flagged = [(d["name"], d["special_text_in_prompt"]) for d in doc["datasets"] if d.get("special_text_in_prompt")]
     if flagged:
         lines.append("special_text_in_prompt: " + ", ".join(f"{name} {n}" for name, n in flagged)

@@ -16,7 +16,8 @@ drains the extraction in hand and starts no other). :func:`run_headless_chained`
 --headless`` with the chain (extraction lines prefixed ``extract:``).
 
 Exit code of the whole command: :func:`combined_exit_code` (generation's when it is not 0, else
-extraction's).
+extraction's). A chain that ended with samples left (a quit's drain exits 0, as ``datagen extract``
+does) says so in its last line: :meth:`ExtractChain.incomplete_line`.
 """
 
 from __future__ import annotations
@@ -299,6 +300,43 @@ class ExtractChain:
         finally:
             self.current = None
 
+    def incomplete_line(self) -> str | None:
+        """Once the chain ended: ``extraction incomplete: 4,004 samples left (rerun to resume)`` when
+        its last extraction stopped with samples left (a quit's drain, an interrupt, a failure), also
+        naming the datasets a quit kept from any extraction; None when nothing is left to extract.
+        A rerun (``datagen run`` or ``datagen extract``) extracts exactly the samples left."""
+        left = 0
+        run = self.runs[-1] if self.runs else None
+        if run is not None:
+            try:
+                snap = run.snapshot()
+                left = max(0, snap.samples_total - snap.samples_done)
+            except Exception:  # noqa: BLE001 - its status file unreadable: the datasets below still say it
+                left = 0
+        waiting = self.waiting_for() if self.quit_mode else []
+        if not left and not waiting:
+            return None
+        what = [f"{left:,} sample{'s' if left != 1 else ''} left"] if left else []
+        if waiting:
+            what.append(f"{', '.join(waiting)} not extracted yet")
+        return f"extraction incomplete: {'; '.join(what)} (rerun to resume)"
+
+    def end_lines(self) -> list[str]:
+        """The lines the command prints about the chain once it ended (after generation's report):
+        its exit code, the number of extraction runs and the datasets left out, then
+        :meth:`incomplete_line` when samples are left. Empty when the chain did nothing."""
+        if not (self.runs or self.left_out or self.quit_mode):
+            return []
+        lines = []
+        if self.runs or self.left_out:
+            lines.append(f"extraction (after_run = \"{self.mode}\"): exit code {self.exit_code}, "
+                         f"{len(self.runs)} extraction run(s)"
+                         + (f"; not extracted: {', '.join(self.left_out)}" if self.left_out else ""))
+        incomplete = self.incomplete_line()
+        if incomplete:
+            lines.append(incomplete)
+        return lines
+
     # ------------------------------------------------------------------ the view
     def waiting_for(self) -> list[str]:
         """Datasets neither handed to an extraction nor left out (in config order)."""
@@ -433,6 +471,9 @@ async def _chained(cfg: Config, out: TextIO, chain: ExtractChain, jobs: list[Any
     if chain.runs or chain.left_out:
         say(f"chained extraction ended: exit code {xcode}"
             + (f"; not extracted: {', '.join(chain.left_out)}" if chain.left_out else ""))
+    incomplete = chain.incomplete_line()
+    if incomplete:
+        say(incomplete)
     return combined_exit_code(code, xcode)
 
 

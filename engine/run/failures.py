@@ -7,7 +7,8 @@ rules that decide whether an error is the run's or the prompt's are pure and liv
 :mod:`engine.run.runwide`; the pause it decides goes through :mod:`engine.run.guards`.
 
 - an error of the account, the route or the configuration (401, 402, 404 / "No endpoints found",
-  the same 4xx on the first few prompts) returns the prompt to ``pending`` and pauses the RUN with
+  the same 4xx on the first few prompts), or a server that cannot be reached (``connect`` after the
+  retries, no endpoint left to try) returns the prompt to ``pending`` and pauses the RUN with
   the reason; it never fails the prompt and never feeds a dataset's anomaly guard;
 - any other error fails the prompt with its reason (a 4xx of a prompt that could still be the
   start of a configuration mistake is written when that is ruled out: at the next success, a
@@ -45,6 +46,8 @@ class Failures:
         store: the run's store (``retry-failed`` reads it).
         telemetry: the run's telemetry (anomaly windows reset on retry).
         api_key_env: ``provider.api_key_env``, named in a rejected key's pause reason.
+        reach: what an unreachable server's pause reason names (``cannot reach REACH``): the base URL,
+            or "any of the 3 endpoints".
         pausable: where pauses are applied (:func:`engine.run.guards.apply`).
         return_to_pending: ``(dataset runtime, prompt, attempts)``: the prompt is pending again.
         notify: wakes the dispatchers. check_finished: ends the run when nothing is left.
@@ -57,7 +60,7 @@ class Failures:
     """
 
     def __init__(self, run: "RunState", writer: "StoreWriter", store: "Store", telemetry: "Telemetry", *,
-                 api_key_env: str, pausable: guards.Pausable,
+                 api_key_env: str, pausable: guards.Pausable, reach: str = "the server",
                  return_to_pending: Callable[["DatasetRuntime", PendingPrompt, int], None],
                  notify: Callable[[], None], check_finished: Callable[[], None],
                  event: Callable[[str, str, "str | None", str], None]) -> None:
@@ -66,6 +69,7 @@ class Failures:
         self.store = store
         self.telemetry = telemetry
         self.api_key_env = api_key_env
+        self.reach = reach
         self.pausable = pausable
         self._return_to_pending = return_to_pending
         self._notify = notify
@@ -78,7 +82,8 @@ class Failures:
     def run_wide(self, e: RequestError) -> Condition | None:
         """The run-wide condition ``e`` shows (by itself, or as the rejection the run is paused for
         while that pause lasts), or None when ``e`` is the prompt's own."""
-        cond = condition_of(e.error_class.value, e.status, e.message)
+        cond = condition_of(e.error_class.value, e.status, e.message, endpoint_fault=e.endpoint_fault,
+                            where=self.reach)
         if cond is not None:
             return cond
         rc = self.run_condition

@@ -41,7 +41,7 @@ RUN = None
 class Pause:
     """A guard's decision: pause ``dataset`` (None: the whole run) with ``reason``.
 
-    ``kind``: for a run pause, which guard (``credits``, ``price``, ``auth``, ``route``, ``config``,
+    ``kind``: for a run pause, which guard (``credits``, ``price``, ``auth``, ``route``, ``connect``, ``config``,
     ``store``...; ``pause`` is the user's); unused for a dataset pause (always a guard's).
     """
 
@@ -116,6 +116,9 @@ def run_wide(cond: "Condition", api_key_env: str) -> Pause:
         reason += f". Check the key in ${api_key_env}."
     elif cond.kind == "route":
         reason += ". Check [provider] model and [provider.routing]; resume when the provider serves it again."
+    elif cond.kind == "connect":
+        reason += (". Nothing failed: start the server (or fix the URL in [provider]); on resume the pending "
+                   "prompts are sent again")
     elif cond.kind == "config":
         reason += ". Fix the config and run again (nothing failed), or resume to fail such prompts one by one."
     return Pause(RUN, reason, kind=cond.kind)

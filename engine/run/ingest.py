@@ -13,6 +13,10 @@ With a ``[tokenizer]``, each prompt is also rendered and encoded there, through 
 uses (:mod:`engine.tokens.promptcheck`): an unrenderable prompt is rejected before any request, the
 special-token texts typed in its messages are stored with it (``special_text_in_prompt``; rejected
 under ``prompt_special_text = "reject"``), and its class is picked by its real token count.
+
+A dataset whose every row is rejected (a wrong ``format`` or ``fields``, most likely) stops the run
+before any request: :func:`all_rejected` (``dataset NAME: all N rows rejected (first: FILE:LINE:
+reason)``). Nothing of that read is stored, so every later run reads it again and says so again.
 """
 
 from __future__ import annotations
@@ -149,6 +153,16 @@ def fingerprint(d: DatasetSection, rev: hubs.HubRevision | None = None) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
+def all_rejected(name: str, rows: int, rejects: list[tuple[str, str]]) -> DatasetError | None:
+    """The error of a dataset read that yielded no prompt but rejected rows (None otherwise): it
+    names how many and the first reject, ``dataset NAME: all N rows rejected (first: FILE:LINE: reason)``."""
+    if rows or not rejects:
+        return None
+    src, why = rejects[0]
+    return DatasetError(f"dataset {name}: all {len(rejects):,} rows rejected (first: {src}: {why}); "
+                        f"check the dataset's format and fields")
+
+
 def _read(d: DatasetSection, cfg: Config, checker: "PromptChecker | None" = None, rev: hubs.HubRevision | None = None,
           notes: list[str] | None = None,
           ) -> tuple[list[tuple], list[tuple[str, str]], list[tuple[str, str]], list[tuple[str, Became]]]:
@@ -224,7 +238,8 @@ async def _ingest_one(cfg: Config, store: Store, checker: "PromptChecker | None"
     rev = await asyncio.to_thread(hubs.resolve, ref) if ref is not None else None
     fp = await asyncio.to_thread(fingerprint, d, rev)
     hub_info: dict = {} if rev is None else {"revision": rev.sha, "hub_files": len(rev.files), "hub_pattern": rev.pattern}
-    if prev is not None and prev["fingerprint"] == fp:
+    if prev is not None and prev["fingerprint"] == fp and (prev["prompts"] or not prev["rejected"]):
+        # (a store whose dataset was stored with every row rejected, before that stopped the run, is re-read)
         await store.reclassify(d.name, lambda est, _n=d.name: cfg.class_for(_n, est))
         return IngestReport(d.name, True, prev["prompts"], rejected=prev["rejected"], **hub_info)
     old_sha = prev.get("revision") if prev is not None else None
@@ -236,6 +251,9 @@ async def _ingest_one(cfg: Config, store: Store, checker: "PromptChecker | None"
     new_rows, rejects, normalised, became = await asyncio.to_thread(_read, d, cfg, checker, rev, notes)
     for note in notes:
         log.warning("[%s] %s", d.name, note)
+    err = all_rejected(d.name, len(new_rows), rejects)
+    if err is not None:  # nothing stored: the next run reads it again and stops again
+        raise err
     inserted = 0
     for i in range(0, len(new_rows), _BATCH):
         inserted += await store.ingest_batch(d.name, new_rows[i : i + _BATCH])
@@ -260,8 +278,8 @@ async def _ingest_one(cfg: Config, store: Store, checker: "PromptChecker | None"
         log.info("[%s] %d prompt(s) brought into SpecForge's role order at ingest (docs/specforge-roles.md)",
                  d.name, len(normalised))
     for s, r in normalised[:20]:
-        log.info("[%s] normalised %s: %s", d.name, s, r)
+        log.debug("[%s] normalised %s: %s", d.name, s, r)
     log.info("[%s] %s", d.name, rep.became_summary())
     for s, b in became[:20]:
-        log.info("[%s] prompt %s: %s", d.name, s, b.describe())
+        log.debug("[%s] prompt %s: %s", d.name, s, b.describe())
     return rep

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from engine.money.inflight import InFlightCost, abort_basis
 from engine.run.limiter import concurrency_cap
-from engine.money.projection import project_run
+from engine.money.projection import EtaRow, project_run, schedule_eta
 from engine.run.runstate import TERMINAL_CONTROLS, Control, DatasetState, RunPhase, RunState
 from engine.report.snapshot import ClassSnapshot, DatasetSnapshot, RunSnapshot
 
@@ -106,8 +106,25 @@ def live_row(sched: "RunView") -> dict[str, Any]:
     return row
 
 
-def _live_row(sched: "RunView") -> dict[str, Any]:
+def engine_status(sched: "RunView") -> dict[str, Any]:
+    """What the live engine answers ``datagen status`` with (:mod:`engine.report.statusserver`): the
+    fields of :func:`live_row`, built afresh from one snapshot taken now (never the cached figures),
+    plus ``live["counts"]``: per dataset the snapshot's ``done``, ``failed``, ``skipped``,
+    ``pending``, ``in_flight`` (they sum to its prompts), its tokens and ``cost_usd`` (USD): the
+    figures the dashboard shows at the same moment, ahead of the committed rows."""
     snap = build_snapshot(sched)
+    row = _live_row(sched, snap)
+    row["live"]["counts"] = {
+        d.name: {"prompts": d.prompts, "done": d.done, "failed": d.failed, "skipped": d.skipped, "pending": d.pending,
+                 "in_flight": d.in_flight, "prompt_tokens": d.prompt_tokens, "completion_tokens": d.completion_tokens,
+                 "reasoning_tokens": d.reasoning_tokens, "cost_usd": d.cost_usd}
+        for d in snap.datasets}
+    row["live"]["in_flight_total"] = snap.in_flight
+    return row
+
+
+def _live_row(sched: "RunView", snap: RunSnapshot | None = None) -> dict[str, Any]:
+    snap = snap if snap is not None else build_snapshot(sched)
     cr = sched.spend.credits
     routing = sched.cfg.provider.routing
     return {
@@ -120,8 +137,10 @@ def _live_row(sched: "RunView") -> dict[str, Any]:
             "in_flight": {d.name: d.in_flight for d in snap.datasets},
             "cost_in_flight": {d.name: sched.cost_in_flight_usd(d.name) for d in snap.datasets if d.in_flight},
             "datasets": {d.name: d.state for d in snap.datasets},
+            "state_reason": {d.name: d.state_reason for d in snap.datasets},
             "reserved_tokens": {d.name: d.reserved_tokens for d in snap.datasets},
             "projected_cost_usd": {d.name: d.projected_cost_usd for d in snap.datasets},
+            "projection_capped": {d.name: d.projection_capped for d in snap.datasets},
             "eta_s": {d.name: d.eta_s for d in snap.datasets},
             "projection": {d.name: {"cost_low_usd": d.projected_cost_low_usd, "cost_high_usd": d.projected_cost_high_usd,
                                     "eta_s_low": d.eta_s_low, "eta_s_high": d.eta_s_high,
@@ -144,10 +163,13 @@ def _live_row(sched: "RunView") -> dict[str, Any]:
             "spend_rate_since": (None if (t0 := sched.telemetry.usd_rate.started) is None
                                  else time.time() - (sched.clock() - t0)),
             "projected_total_cost_usd": snap.projected_total_cost_usd,
+            "max_cost_usd": snap.max_cost_usd,
             "cost_in_flight_usd": snap.cost_in_flight_usd,
             "abort_cost_usd": snap.abort_cost_usd,
             "abort_cost_basis": snap.abort_cost_basis,
             "eta_s_run": snap.eta_s,
+            "eta_reason": snap.eta_reason,
+            "projection_capped_run": snap.projection_capped,
             "run_projection": {"cost_low_usd": snap.projected_cost_low_usd, "cost_high_usd": snap.projected_cost_high_usd,
                                "eta_s_low": snap.eta_s_low, "eta_s_high": snap.eta_s_high,
                                "calibration": list(snap.calibration) if snap.calibration else None},
@@ -176,26 +198,35 @@ def build_snapshot(sched: "RunView") -> RunSnapshot:
     dss = []
     projections = []
     errors: collections.Counter = collections.Counter()
-    progressing = run.phase in PROGRESSING and not run.paused
     n_done = sum(rt.done for rt in run.datasets.values())
     run_mean = sum(rt.completion_tokens for rt in run.datasets.values()) / n_done if n_done else None
     run_prompt = sum(rt.prompt_tokens for rt in run.datasets.values()) / n_done if n_done else 0.0
+    rc = sched.spend.run_cost
+    run_room = None if rc.limit is None else rc.limit - rc.used  # what the run's dollar cap leaves (USD)
+    parts = []
     for rt in run.datasets.values():
         terminal = rt.control in TERMINAL_CONTROLS
-        skipped = rt.pending_total if terminal else 0
         pending = 0 if terminal else rt.pending_total
         proj = sched.spend.project(
             rt.name, prompts_left=pending, in_flight=rt.in_flight, cost_so_far=sched.spend.dataset_usd[rt.name],
             completion_tokens=rt.completion_tokens, recent_tok_per_s=rt.tok_rate.rate(now),
             since_start_tok_per_s=rt.tok_rate.rate_since_start(now), fallback_mean_tokens=run_mean,
             mean_prompt_tokens=(rt.prompt_tokens / rt.done) if rt.done else run_prompt,
-            pending_by_class=rt.pending,
+            pending_by_class=rt.pending, run_room_usd=run_room,
         )
         projections.append(proj)
+        state = stopping_state(rt.state(run.paused), run.phase, rt.in_flight)
+        parts.append((rt, proj, state))
+    # the rows' ETAs and the run's: one schedule (engine.money.projection.schedule_eta), so they agree
+    sched_eta = schedule_eta([EtaRow.of(rt.name, state, lane_of(sched, rt), proj, rt.tok_rate.rate(now))
+                              for rt, proj, state in parts], blocked=eta_blocked(sched))
+    for rt, proj, state in parts:
+        terminal = rt.control in TERMINAL_CONTROLS
+        skipped = rt.pending_total if terminal else 0
+        pending = 0 if terminal else rt.pending_total
         b = sched.spend.budgets[rt.name]
         recent = [e.mean() for e in b.estimators.values() if e.count]
-        state = stopping_state(rt.state(run.paused), run.phase, rt.in_flight)
-        moving = progressing and state in (DatasetState.RUNNING, DatasetState.PENDING)  # a paused dataset's ETA does not count down
+        eta, eta_low, eta_high = sched_eta.rows.get(rt.name, (None, None, None))  # none: it does not progress
         calibration = None if proj.calibrated or proj.tokens_to_come_high <= 0 else (proj.observed, proj.calibrate_after)
         dss.append(
             DatasetSnapshot(
@@ -206,14 +237,15 @@ def build_snapshot(sched: "RunView") -> RunSnapshot:
                 errors=dict(rt.errors), req_per_s=rt.rate.rate(now), req_per_s_since_start=rt.rate.rate_since_start(now),
                 tok_per_s=rt.tok_rate.rate(now),
                 avg_completion_tokens=(rt.completion_tokens / rt.done) if rt.done else 0.0,
-                eta_s=proj.eta_s_recent if moving else None,
-                eta_s_since_start=proj.eta_s_since_start if moving else None,
+                eta_s=eta,
+                eta_s_since_start=proj.eta_s_since_start if rt.name in sched_eta.rows else None,
                 avg_completion_tokens_recent=(sum(recent) / len(recent)) if recent else 0.0,
                 reserved_tokens=sched.spend.reserved_tokens(rt.name), max_cost_usd=b.cost.limit,
                 projected_cost_usd=proj.projected_cost_usd, latest_sample=tel.sample(rt.name),
                 projected_cost_low_usd=proj.cost_low_usd, projected_cost_high_usd=proj.cost_high_usd,
-                eta_s_low=proj.eta_s_low if moving else None, eta_s_high=proj.eta_s_high if moving else None,
+                eta_s_low=eta_low, eta_s_high=eta_high,
                 calibration=calibration, limit_reason=_limit_reason(sched, rt, state, now),
+                projection_capped=proj.capped, projected_cost_uncapped_usd=proj.uncapped_cost_usd,
             )
         )
         errors.update(rt.errors)
@@ -224,8 +256,7 @@ def build_snapshot(sched: "RunView") -> RunSnapshot:
     )
     spend_rate = tel.spend_rate_usd_per_h(now, sum(d.in_flight for d in dss))
     cost = sum(d.cost_usd for d in dss)
-    run_proj = project_run(projections, spend_rate, cost, recent_tok_per_s=tel.tok_rate.rate(now),
-                           cost_cap=sched.spend.run_cost.limit)
+    run_proj = project_run(projections, spend_rate, cost, cost_cap=rc.limit)
     cr = sched.spend.credits
     fly = sched.in_flight_cost()
     return RunSnapshot(
@@ -236,15 +267,49 @@ def build_snapshot(sched: "RunView") -> RunSnapshot:
         spend_rate_usd_per_h=spend_rate, projected_total_cost_usd=run_proj.projected_cost_usd,
         max_cost_usd=sched.spend.run_cost.limit, cost_in_flight_usd=fly.expected_usd,
         abort_cost_usd=fly.abort_usd, abort_cost_basis=abort_basis(fly, sched.spend.aborts),
-        eta_s=run_proj.eta_s if progressing else None, tok_per_s=tel.tok_rate.rate(now), loop_lag_ms=tel.loop_lag_ms,
+        eta_s=sched_eta.eta_s, eta_reason=sched_eta.reason, projection_capped=run_proj.capped,
+        tok_per_s=tel.tok_rate.rate(now), loop_lag_ms=tel.loop_lag_ms,
         providers=tel.providers.snapshot(), latest_errors=dict(tel.latest_errors), history=tuple(tel.history),
         events=tuple(list(tel.events)[-50:]), notices=tuple(tel.notices), drain_left_s=sched.drain_left_s(),
         events_total=tel.events_total,
         projected_cost_low_usd=run_proj.cost_low_usd, projected_cost_high_usd=run_proj.cost_high_usd,
-        eta_s_low=run_proj.eta_s_low if progressing else None, eta_s_high=run_proj.eta_s_high if progressing else None,
+        eta_s_low=sched_eta.eta_s_low, eta_s_high=sched_eta.eta_s_high,
         calibration=run_proj.calibration, endpoints=sched.endpoints() if sched.endpoints is not None else (),
         **_worker_fields(sched),
     )
+
+
+def lane_of(sched: "RunView", rt: Any) -> str:
+    """The request class whose dispatcher serves dataset ``rt`` in the run's ETA
+    (:class:`engine.money.projection.EtaRow`): the class most of its pending prompts use, else the
+    class most of its in-flight requests use, else the config's first class."""
+    if rt.pending and max(rt.pending.values()) > 0:
+        return max(rt.pending, key=lambda c: rt.pending[c])
+    flying = collections.Counter(cls for cls, _p, _e in rt.streams.values())
+    if flying:
+        return flying.most_common(1)[0][0]
+    return next(iter(sched.cfg.classes), "")
+
+
+def eta_blocked(sched: "RunView") -> str:
+    """Why nothing in the run can progress now, whatever the datasets say ("" when something can):
+    ``"paused"`` (the whole run), ``"stopping"`` / ``"stopped"`` / ``"completed"`` (the run's phase),
+    or ``"run cost cap met"`` (its ``max_cost_usd`` spent, or a dataset refused by it with none
+    running: in-flight requests may end, nothing more is sent)."""
+    run = sched.runstate
+    if run.phase in (RunPhase.STOPPING, RunPhase.STOPPED, RunPhase.COMPLETED):
+        return str(run.phase)
+    if run.paused or run.phase == RunPhase.PAUSED:
+        return "paused"
+    rc = sched.spend.run_cost
+    if rc.limit is not None:
+        if rc.used >= rc.limit:
+            return "run cost cap met"
+        by_cap = any(rt.control == Control.BUDGET_MET and rt.reason.startswith("run cost cap")
+                     for rt in run.datasets.values())
+        if by_cap and not any(rt.state(run.paused) == DatasetState.RUNNING for rt in run.datasets.values()):
+            return "run cost cap met"
+    return ""
 
 
 def _worker_fields(sched: "RunView") -> dict[str, int]:

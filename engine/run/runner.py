@@ -251,6 +251,7 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
             sched.spend.seed_baseline(float(base))
         sup = Supervisor(sched, ctl, reader)
         await sup.poll_credits()  # credits known before the first dispatch: the floor is checked at each one
+        await sup.gate_before_dispatch()  # a restarted run: the calibration gate decided on the stored results
         if recon is not None:
             print(format_startup_line(await recon.start()), file=out)
         # Long-lived start-up objects (config, tokenizer, imports) leave the GC's young generations,

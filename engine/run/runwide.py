@@ -19,6 +19,12 @@ nothing about that dataset's prompts). The conditions:
   whose message says no endpoint or provider can serve the request (OpenRouter's "No endpoints
   found", "No endpoints found matching your data policy", "No allowed providers are available"):
   a routing outage, or a routing or model setting.
+- ``connect``: a request's final error is ``connect`` (its retries spent) and no endpoint can be
+  reached: the one server refuses connections or cannot be resolved or reached within
+  ``timeouts.connect_s``, or, with several ``base_urls``, every replica is out of rotation (the
+  fleet's ``no healthy endpoint``). A replica's own ``connect`` (``endpoint_fault``: others may be up)
+  is not: the fleet takes that replica out of rotation and the request goes elsewhere. Nor is a
+  ``PoolTimeout`` (this process's connection pool was full; the server was never asked).
 - ``config``: the same 4xx rejection (same error class, same message) of the first
   :data:`CONFIG_STREAK` distinct prompts of this engine process, with no success in between: a
   setting every request carries is refused (e.g. a ``reasoning`` setting the endpoint does not
@@ -53,6 +59,7 @@ _WHAT = {
     "auth": "API key rejected",
     "route": "no provider endpoint can serve the requests",
     "config": "the provider refuses every request the same way (a setting in the config?)",
+    "connect": "cannot reach",
 }
 
 
@@ -61,7 +68,7 @@ class Condition:
     """A run-wide condition.
 
     Attributes:
-        kind: ``credits`` | ``auth`` | ``route`` | ``config`` (the run's ``pause_kind``).
+        kind: ``credits`` | ``auth`` | ``route`` | ``connect`` | ``config`` (the run's ``pause_kind``).
         reason: one line for the run's state reason, the event log and the notice.
         signature: ``(error class, message)`` of the rejection (``config`` only; else None).
     """
@@ -75,15 +82,22 @@ def _status_text(error_class: str, status: int) -> str:
     return f"HTTP {status}" if 400 <= status < 600 else error_class  # an error chunk in a 200: its class
 
 
-def condition_of(error_class: str, status: int, message: str) -> Condition | None:
+def condition_of(error_class: str, status: int, message: str, *, endpoint_fault: bool = False,
+                 where: str = "the server") -> Condition | None:
     """The run-wide condition a request's final error shows by itself, or None.
 
     Args:
         error_class: the :class:`~engine.client.types.ErrorClass` value (``"credits"``...).
         status: HTTP status (or the code of an error chunk; 0 when none).
         message: the provider's message (never holds the key).
+        endpoint_fault: the error is one replica's (several ``base_urls``): never ``connect``.
+        where: what could not be reached, for a ``connect`` reason (the base URL, or "any of the 3 endpoints").
     """
     low = message.lower()
+    if error_class == ErrorClass.CONNECT.value:
+        if endpoint_fault or "pooltimeout" in low:
+            return None
+        return Condition("connect", f"{_WHAT['connect']} {where} ({error_class}): {message}")
     kind = None
     if error_class == ErrorClass.CREDITS.value:
         kind = "credits"

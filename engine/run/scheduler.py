@@ -29,6 +29,7 @@ import collections
 import dataclasses
 import json
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -43,7 +44,8 @@ from engine.run import guards
 from engine.run.failures import Failures
 from engine.money.inflight import InFlightCost
 from engine.run.limiter import AdjustableLimiter
-from engine.run.observe import build_snapshot, live_row
+from engine.run.observe import build_snapshot, engine_status, live_row, run_elapsed_s
+from engine.report.statusserver import StatusServer, persisted_elapsed
 from engine.report.snapshot import RunSnapshot
 from engine.run.runstate import PERSISTED_CONTROLS, TERMINAL_CONTROLS, Control, DatasetRuntime, RunPhase, RunState
 from engine.run.seams import CompleteFn, EndpointsFn, GetJsonFn, Reconstructor, WorkersFn
@@ -141,8 +143,10 @@ class Scheduler:
         #: ``get_json(path, params)`` of the provider, for late costs of failed attempts (None: estimate).
         self.get_json: GetJsonFn | None = get_json
         #: what happens to prompts whose request failed, and retry-failed (engine.run.failures).
+        urls = cfg.provider.all_base_urls()
         self.failures = Failures(self.runstate, writer, store, self.telemetry, api_key_env=cfg.provider.api_key_env,
-                                 pausable=self, return_to_pending=self._return_to_pending, notify=self.notify,
+                                 reach=urls[0] if len(urls) == 1 else f"any of the {len(urls)} endpoints"
+                                 if urls else "the simulator", pausable=self, return_to_pending=self._return_to_pending, notify=self.notify,
                                  check_finished=self._check_finished, event=self.event)
         self._begun: set[int] = set()
         #: token reconstruction service (``submit(prompt_id, dataset, key, messages, tools, completion)``) or None.
@@ -188,7 +192,7 @@ class Scheduler:
         lost = await self.store.lost_costs()
         for name, row in (await self.store.latest_results()).items():
             self.telemetry.restore_sample(name, row)
-        self.runstate.prior_elapsed_s = await self.store.prior_elapsed_s()
+        self.runstate.prior_elapsed_s = await self._prior_elapsed_s()
         for pos, d in enumerate(self.cfg.datasets):
             row = rows[d.name]
             rt = DatasetRuntime(d.name, pos, row["prompts"], row["rejected"], d.token_budget)
@@ -207,16 +211,35 @@ class Scheduler:
             self.datasets[d.name] = rt
             self.spend.seed(d.name, p, c, cost + lost.get(d.name, 0.0), await self.store.recent_completion_tokens(d.name))
             self.spend.lost_usd[d.name] = lost.get(d.name, 0.0)
+        # Re-decide budget-met datasets once every dataset's spend is counted (the run cost cap is
+        # shared): a cap raised since makes them active again, in the store too, so `datagen status`
+        # agrees with the engine (not "run cost cap met" and every prompt skipped while it runs).
+        for rt in self.datasets.values():
             if rt.control == Control.BUDGET_MET and not any(
-                self.spend.budget_met(d.name, cls) for cls in self.cfg.classes if rt.pending.get(cls)
+                self.spend.budget_met(rt.name, cls) for cls in self.cfg.classes if rt.pending.get(cls)
             ):
                 rt.control, rt.reason = Control.ACTIVE, ""  # the budget was raised since
+                await self.store.set_dataset_state(rt.name, Control.ACTIVE, "", time.time())
         excl = await self.store.get_meta("excluded_providers")
         if excl:
             self.excluded_providers = json.loads(excl)
             for name in self.excluded_providers:
                 self.telemetry.providers.exclude(name)
             self._apply_exclusions()
+
+    async def _prior_elapsed_s(self) -> float:
+        """Run seconds of earlier processes: the store's runtime row, or the elapsed file a killed
+        engine kept more recently (:func:`engine.report.statusserver.persisted_elapsed`), so the
+        elapsed time never goes back at a restart."""
+        stored = await self.store.prior_elapsed_s()
+        try:
+            cur = await self.store.conn.execute("SELECT started_at, heartbeat_at FROM runtime WHERE id=1")
+            row = await cur.fetchone()
+        except Exception:  # noqa: BLE001 - a store without the row (or a test's store): the stored figure
+            return stored
+        if not row:
+            return stored
+        return persisted_elapsed(self.cfg.run.dir, row[0], row[1], stored)
 
     # ---- events -----------------------------------------------------------------------------
     def event(self, level: str, kind: str, dataset: str | None, message: str) -> None:
@@ -608,10 +631,23 @@ class Scheduler:
             await self.load()
         self.state = RunPhase.PAUSED if self.run_paused else RunPhase.RUNNING
         self._check_finished()
+        # `datagen status` asks this engine for its own figures while it runs (engine.report.statusserver)
+        status = StatusServer(self.cfg.run.dir, lambda: engine_status(self), self._runtime_fields)
+        await status.start()
         dispatchers = []
         for cls in self.cfg.classes:
             self._changed[cls] = asyncio.Event()
             dispatchers.append(asyncio.create_task(self._dispatch_class(cls), name=f"dispatch-{cls}"))
+        try:
+            await self._run_until_done(dispatchers)
+        finally:
+            await status.close()
+        if self.state == RunPhase.STOPPING:
+            self.state = RunPhase.STOPPED
+        return self.exit_code
+
+    async def _run_until_done(self, dispatchers: list[asyncio.Task]) -> None:
+        """Wait for the run's end, then stop the dispatchers, the requests left and the true-ups."""
         try:
             await self._done.wait()
         finally:
@@ -630,14 +666,17 @@ class Scheduler:
             self.release_held_failures()
             if self.accounting.trueups:  # late costs of failed/aborted attempts (/generation), bounded wait
                 await asyncio.wait(list(self.accounting.trueups), timeout=15)
-        if self.state == RunPhase.STOPPING:
-            self.state = RunPhase.STOPPED
-        return self.exit_code
 
     # ---- snapshot ---------------------------------------------------------------------------
     def elapsed_s(self) -> float:
         """Run seconds: this process's time plus what earlier processes of the run accumulated."""
         return self.runstate.elapsed_s(self.clock())
+
+    def _runtime_fields(self) -> dict[str, Any]:
+        """The elapsed file's fields (:class:`engine.report.statusserver.StatusServer`): pid,
+        ``started_at`` (epoch s, as the runtime row's), ``elapsed_s`` (s) and state."""
+        return {"pid": os.getpid(), "started_at": self.runstate.started_wall, "elapsed_s": run_elapsed_s(self),
+                "state": str(self.state)}
 
     def live(self) -> dict[str, Any]:
         """Fields of the store's ``runtime`` row (see :func:`engine.run.observe.live_row`)."""

@@ -134,17 +134,34 @@ class Supervisor:
     def guards(self) -> None:
         """Calibration gate per dataset and the credits floor (see module docstring)."""
         snap = self.s.snapshot()
-        for d in snap.datasets:
-            rt = self.s.runstate.datasets[d.name]
-            if rt.gate_fired or rt.control != Control.ACTIVE:
-                continue
-            guards.apply(self.s, guards.calibration(
-                rt, calibration_gate(d.done, d.prompts, d.projected_cost_usd, d.max_cost_usd)))
+        self.calibration(snap)
         cr = self.s.spend.credits
         pause = guards.credits_floor(cr, self.s.cfg.spend.credits_floor_usd, snap.cost_in_flight_usd, self.s.runstate)
         if pause is not None and cr is not None and self._floor_paused_at != cr.at:  # once per credits reading
             self._floor_paused_at = cr.at
             guards.apply(self.s, pause)
+
+    def calibration(self, snap=None) -> list[asyncio.Task]:
+        """The calibration gate of every active dataset not gated yet in this process (``snap``: the
+        snapshot to judge, default now); returns the tasks of the dataset pauses it started."""
+        snap = snap if snap is not None else self.s.snapshot()
+        tasks = []
+        for d in snap.datasets:
+            rt = self.s.runstate.datasets[d.name]
+            if rt.gate_fired or rt.control != Control.ACTIVE:
+                continue
+            t = guards.apply(self.s, guards.calibration(
+                rt, calibration_gate(d.done, d.prompts, d.projected_cost_uncapped_usd, d.max_cost_usd)))
+            if t is not None:
+                tasks.append(t)
+        return tasks
+
+    async def gate_before_dispatch(self) -> None:
+        """Decide the calibration gate from the stored results, before the first dispatch of a
+        restarted run (a dataset past its first completions that projects over its cap is paused,
+        and the pause stored, before any request leaves)."""
+        for t in self.calibration():
+            await t
 
     async def run(self) -> None:
         """Tick until cancelled."""

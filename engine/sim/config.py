@@ -12,7 +12,13 @@ from typing import Any
 
 from engine.simfaults import FAULT_KINDS, parse_faults, validate_faults
 
-__all__ = ["FAULT_KINDS", "SimConfig", "add_sim_arguments", "parse_faults", "sim_config_from_args", "validate_faults"]
+__all__ = ["DEFAULT_CREDITS_USD", "FAULT_KINDS", "SimConfig", "add_sim_arguments", "parse_faults",
+           "sim_config_from_args", "validate_faults"]
+
+DEFAULT_CREDITS_USD = 100.0
+"""The account credits (USD) of ``datagen sim`` and of the built-in simulator (``[provider.sim]
+credits_usd``) when not set: a plausible balance that falls as the run spends, where unlimited
+credits read $1,000,000,000.00 in the dashboard."""
 
 @dataclass
 class SimConfig:
@@ -28,7 +34,8 @@ class SimConfig:
         mean_completion_tokens: mean of the completion-length distribution (tokens, reasoning
             included); lengths are 8 + exponential, so the minimum is 8 tokens.
         reasoning_fraction: share (0..1) of the completion tokens that are reasoning.
-        credits_usd: account credits in USD; ``None`` = unlimited. When set, a chat request gets
+        credits_usd: account credits in USD; ``None`` = unlimited (``datagen sim`` and ``[provider.sim]``
+            default to :data:`DEFAULT_CREDITS_USD`). When set, a chat request gets
             HTTP 402 once the billed total reaches it, or (``credit_precheck``) when the remaining
             credits cannot pay for ``max_tokens`` (OpenRouter's pre-check, docs/openrouter.md).
         price_in: USD per million prompt tokens (Kimi K2.5 headline price, docs/openrouter.md).
@@ -97,29 +104,36 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("simulator")
     g.add_argument("--host", default=d.host, help="interface to bind (default %(default)s)")
     g.add_argument("--port", type=int, default=d.port, help="TCP port, 0 = ephemeral (default %(default)s)")
-    g.add_argument("--seed", type=int, default=d.seed, help="seed for text, lengths and fault draws")
-    g.add_argument("--latency-ms", type=float, default=d.latency_ms, help="milliseconds before the first token")
-    g.add_argument(
-        "--tokens-per-s", type=float, default=d.tokens_per_s, help="tokens per second per stream, 0 = unlimited"
-    )
-    g.add_argument(
-        "--mean-completion-tokens", type=int, default=d.mean_completion_tokens, help="mean completion length (tokens)"
-    )
-    g.add_argument("--credits", type=float, default=None, help="account credits in USD (default unlimited)")
-    g.add_argument("--price-in", type=float, default=d.price_in, help="USD per million prompt tokens")
-    g.add_argument("--price-out", type=float, default=d.price_out, help="USD per million completion tokens")
-    g.add_argument("--tokenizer", default=None, help="tokenizer directory to count usage with (default: estimate)")
+    g.add_argument("--seed", type=int, default=d.seed, help="seed for text, lengths and fault draws (default %(default)s)")
+    g.add_argument("--latency-ms", type=float, default=d.latency_ms,
+                   help="milliseconds before the first token (default %(default)s)")
+    g.add_argument("--tokens-per-s", type=float, default=d.tokens_per_s,
+                   help="tokens per second per stream, 0 = unlimited (default %(default)s)")
+    g.add_argument("--mean-completion-tokens", type=int, default=d.mean_completion_tokens,
+                   help="mean completion length in tokens (default %(default)s)")
+    g.add_argument("--credits", type=float, default=DEFAULT_CREDITS_USD,
+                   help="account credits in USD, read from /key and /credits; HTTP 402 once spent "
+                        "(default %(default)s)")
+    g.add_argument("--price-in", type=float, default=d.price_in,
+                   help="USD per million prompt tokens (default %(default)s)")
+    g.add_argument("--price-out", type=float, default=d.price_out,
+                   help="USD per million completion tokens (default %(default)s)")
+    g.add_argument("--tokenizer", default=None,
+                   help="tokenizer directory to count usage with (default: none, usage is estimated)")
     g.add_argument("--faults", default="", help='fault probabilities, e.g. "429:0.05,502:0.03,midstream:0.01"; '
-                   'data faults toolid, leak, split, badargs alter a completed response')
-    g.add_argument("--providers", default=",".join(d.providers), help="comma-separated provider names")
+                   'data faults toolid, leak, split, badargs alter a completed response (default: none)')
+    g.add_argument("--providers", default=",".join(d.providers),
+                   help="comma-separated provider names (default %(default)s)")
     g.add_argument(
         "--cancellable",
         default=",".join(d.cancellable_providers),
-        help="comma-separated providers whose dropped streams stop billing",
+        help="comma-separated providers whose dropped streams stop billing (default %(default)s)",
     )
-    g.add_argument("--log", default=None, help="append one JSON line per finished chat request to this file")
+    g.add_argument("--log", default=None,
+                   help="append one JSON line per finished chat request to this file (default: no log)")
     g.add_argument("--usage-on-request", action="store_true",
-                   help="vLLM-like: usage in a stream only when stream_options.include_usage is true")
+                   help="vLLM-like: usage in a stream only when stream_options.include_usage is true "
+                        "(default: usage in every stream, as OpenRouter)")
 
 
 def sim_config_from_args(args: Any) -> SimConfig:
@@ -132,7 +146,7 @@ def sim_config_from_args(args: Any) -> SimConfig:
         latency_ms=getattr(args, "latency_ms", d.latency_ms),
         tokens_per_s=getattr(args, "tokens_per_s", d.tokens_per_s),
         mean_completion_tokens=getattr(args, "mean_completion_tokens", d.mean_completion_tokens),
-        credits_usd=getattr(args, "credits", None),
+        credits_usd=getattr(args, "credits", DEFAULT_CREDITS_USD),
         price_in=getattr(args, "price_in", d.price_in),
         price_out=getattr(args, "price_out", d.price_out),
         tokenizer=getattr(args, "tokenizer", None),

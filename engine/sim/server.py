@@ -4,10 +4,13 @@ thread) and :func:`serve_forever` (``datagen sim``)."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
 import threading
 from typing import Any
+
+from engine.errors import DatagenError
 
 from .app import PREFIX, SimApp
 from .config import SimConfig
@@ -16,6 +19,26 @@ from .http import serve_connection
 from .ledger import Ledger
 
 log = logging.getLogger(__name__)
+
+
+class SimBindError(DatagenError, OSError):
+    """The simulator cannot listen on its host and port (in use, not allowed, not an address of this
+    machine). ``datagen sim`` prints it as one ``error:`` line and exits 1."""
+
+
+def bind_error(host: str, port: int, e: OSError) -> SimBindError:
+    """The one-line :class:`SimBindError` for a failed bind of ``host:port``."""
+    shown = host or "0.0.0.0"
+    if e.errno == errno.EADDRINUSE:
+        why = f"port {port} on {shown} is in use (another process listens there)"
+    elif e.errno == errno.EACCES:
+        why = f"port {port} on {shown}: permission denied" + (" (ports below 1024 need privileges)"
+                                                               if 0 < port < 1024 else "")
+    else:
+        why = f"cannot listen on {shown} port {port} ({e.strerror or e})"
+    err = SimBindError(f"{why}; pick another --port, or --port 0 for any free port")
+    err.errno = e.errno  # one line: no "[Errno N]" in the message
+    return err
 
 
 class SimServer:
@@ -48,12 +71,19 @@ class SimServer:
         self.connections = 0
 
     async def start(self) -> None:
-        """Load the tokenizer (if any) and start listening on ``cfg.host:cfg.port``."""
+        """Load the tokenizer (if any) and start listening on ``cfg.host:cfg.port``.
+
+        Raises:
+            SimBindError: the port is in use, or the host/port cannot be bound.
+        """
         counter = TokenCounter(self.cfg.tokenizer)
         self._app = SimApp(self.cfg, self.ledger, counter)
-        self._server = await asyncio.start_server(
-            self._on_connection, self.cfg.host, self.cfg.port, backlog=4096, limit=1 << 20
-        )
+        try:
+            self._server = await asyncio.start_server(
+                self._on_connection, self.cfg.host, self.cfg.port, backlog=4096, limit=1 << 20
+            )
+        except OSError as e:
+            raise bind_error(self.cfg.host, self.cfg.port, e) from None
         self._port = self._server.sockets[0].getsockname()[1]
 
     async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

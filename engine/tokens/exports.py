@@ -14,6 +14,11 @@ temporary name in the same directory and renamed (atomic).
   the assistant turn in OpenAI shape (``content`` null when the turn is only tool calls).
 - ``tokens`` (``DIR/<dataset>.parquet``): the :mod:`engine.tokens.records` format (``input_ids``
   int32, ``loss_mask`` int8 = 1 exactly on the completion ids, not shifted).
+- ``tokens-jsonl`` (``DIR/<dataset>.jsonl``): the same records, one JSON object per line,
+  ``{"input_ids": [...], "loss_mask": [...], "id"}`` (:func:`engine.tokens.records.write_jsonl`):
+  what the pre-tokenized paths of SpecForge (``data.prompts_path``,
+  ``specforge/data/prompt_builder.py`` ``prepare_prompt_tasks``) and speculators (``prepare-data``,
+  ``data_generation/preprocessing.py`` ``_passthrough_pretokenized``) read; neither reads Parquet.
 
 In ``specforge`` and ``openai`` every message has the keys of :data:`engine.tokens.jsonrows.MESSAGE_KEYS`, and ``tools`` and
 each message's ``tool_calls`` are JSON text (``"[]"`` when none), so that every row has one schema
@@ -41,9 +46,9 @@ from engine.tokens import vstore
 from engine.tokens.jsonrows import assistant_message, export_message, json_text
 from engine.client.conformance import FAILING as WIRE_REASONS
 from engine.tokens.reconstruct import count_tool_calls, native_tool_calls
-from engine.tokens.records import TokenRecord, write_parquet
+from engine.tokens.records import TokenRecord, write_jsonl, write_parquet
 
-FORMATS = ("specforge", "openai", "tokens")
+FORMATS = ("specforge", "openai", "tokens", "tokens-jsonl")
 
 
 class ExportError(DatagenError):
@@ -181,7 +186,7 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
 
     Args:
         run_dir / out_dir: the run directory and the output directory (created).
-        fmt: ``specforge`` | ``openai`` | ``tokens``.
+        fmt: ``specforge`` | ``openai`` | ``tokens`` | ``tokens-jsonl``.
         tokenizer: settings to validate unvalidated results with (default: the run's stored ones).
         include_invalid: export invalid records too.
         validate: validate unvalidated results first (False: leave them out, write nothing to the store).
@@ -220,6 +225,9 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
             if fmt == "tokens":
                 n = write_unless_empty(Path(out_dir) / f"{name}.parquet", _token_records(conn, name, include_invalid),
                                        write_parquet)
+            elif fmt == "tokens-jsonl":
+                n = write_unless_empty(Path(out_dir) / f"{name}.jsonl", _token_records(conn, name, include_invalid),
+                                       write_jsonl)
             else:
                 n = write_unless_empty(Path(out_dir) / f"{name}.jsonl",
                                        _json_lines(conn, name, fmt, include_invalid, id_format, left), write_lines)

@@ -9,6 +9,12 @@ columns ``id`` (string, ``"<dataset>:<key>"``), ``dataset`` (string), ``input_id
 ``loss_mask`` (list<int8>), ``prompt_len`` (int32), ``completion_len`` (int32), ``provider``
 (string), ``finish_reason`` (string); rows in prompt order. Loadable with pyarrow and
 ``datasets.load_dataset("parquet", data_files=...)``.
+
+JSONL layout (``datagen export --format tokens-jsonl``, :func:`write_jsonl`): one file per dataset,
+``DIR/<dataset>.jsonl``, one compact JSON object per record in the same order,
+``{"input_ids": [int, ...], "loss_mask": [0|1, ...], "id": "<dataset>:<key>"}``: the same ids and
+mask as the Parquet rows, for trainers that read pre-tokenized JSONL (SpecForge ``data.prompts_path``,
+speculators ``prepare-data``).
 """
 
 from __future__ import annotations
@@ -75,6 +81,17 @@ def write_parquet(path: Path, records: Iterable[TokenRecord], batch_rows: int = 
             w.write_table(_table(batch))
             n += len(batch)
     return n
+
+
+def write_jsonl(path: Path, records: Iterable[TokenRecord]) -> int:
+    """Write records to ``path`` as JSONL (module doc) atomically (temp file + rename); returns the count."""
+    import json
+
+    from engine.storage.atomic import write_lines
+
+    return write_lines(Path(path), (json.dumps({"input_ids": [int(i) for i in r.input_ids],
+                                                "loss_mask": [int(m) for m in r.loss_mask], "id": r.id},
+                                               ensure_ascii=False, separators=(",", ":")) for r in records))
 
 
 def _table(batch: list[TokenRecord]) -> pa.Table:

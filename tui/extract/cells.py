@@ -14,6 +14,7 @@ from rich.text import Text
 
 from engine.extract.disk import fmt_bytes
 from engine.extract.snapshot import DatasetExtractView, ExtractSnapshot, GpuRow, WorkerView
+from engine.report.snapshot import progress_percent
 from tui.fmt import GIB, bar_parts, fmt_count, fmt_duration, trim
 from tui.panes.gpus import level_style
 from tui.panes.header import fit
@@ -60,8 +61,30 @@ def done_total(done: int, total: int) -> str:
 
 
 def share(done: int, total: int) -> str:
-    """``done / total`` as ``" (27%)"``; empty when ``total`` is 0."""
-    return f" ({done / total:.0%})" if total > 0 else ""
+    """``done / total`` as ``" (27%)"``, rounded down (``" (99%)"`` until the last one is done);
+    empty when ``total`` is 0."""
+    return f" ({progress_percent(done, total)}%)" if total > 0 else ""
+
+
+def short_count(n: float) -> str:
+    """At most 4 characters: ``950``, ``9.9k``, ``17k``, ``156k``, ``1.2M``."""
+    a = abs(n)
+    if a < 1000:
+        return f"{n:.0f}"
+    for div, suf in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if a >= div:
+            v = n / div
+            return f"{v:.1f}{suf}" if abs(v) < 9.95 else f"{v:.0f}{suf}"
+    return f"{n:.0f}"
+
+
+def worker_rate(w: WorkerView) -> Text:
+    """A worker's rate cell (8 cells): its last minute's tokens/s, or, when nothing ran in the last
+    minute, its process's average labelled ``avg`` (dim): a paused or finished worker never reads 0
+    after it worked."""
+    if w.tokens_per_s <= 0 and w.avg_tokens_per_s > 0:
+        return Text(f"avg {short_count(w.avg_tokens_per_s)}", style="dim")
+    return Text(fmt_count(w.tokens_per_s))
 
 
 def header_lines(s: ExtractSnapshot | None, note: str = "", width: int = 160) -> list[Text]:
@@ -88,7 +111,7 @@ def header_lines(s: ExtractSnapshot | None, note: str = "", width: int = 160) ->
         (0, _t("samples ", (done_total(s.samples_done, s.samples_total), "bold"),
                share(s.samples_done, s.samples_total))),
         (0, _t("tokens ", (done_total(s.tokens_done, s.tokens_total), "bold"))),
-        (0, _t((f"{fmt_count(s.tokens_per_s)} tok/s", "bold"))),
+        (0, _t((s.rate_text(), "bold"))),  # the last minute's, else "avg 17.3k tok/s"
         (0, _t(("ETA ", "bold"), (eta, "bold"))),
     ], width)
     over = s.bytes_projected > 0 and s.bytes_written > s.bytes_projected
@@ -203,7 +226,7 @@ def worker_cells(w: WorkerView | None, first: bool = True) -> dict[str, Text]:
     cells.update({
         "samples": Text(done_total(w.samples_done, w.samples_total)),
         "tokens": Text(done_total(w.tokens_done, w.tokens_total)),
-        "tps": Text(fmt_count(w.tokens_per_s)),
+        "tps": worker_rate(w),
         "batch": Text(f"{w.batch_size}×{fmt_count(w.max_len)}" if w.batch_size else "--",
                       style="" if w.batch_size else "dim"),
         "written": Text(fmt_bytes(w.bytes_written)),
@@ -275,7 +298,7 @@ def dataset_cells(d: DatasetExtractView, job_state: str = "running") -> dict[str
     skipped = d.samples_total - d.samples_done if d.skipped else 0
     done_s, _, skip_s, left_s = bar_parts(d.samples_done, skipped, d.samples_total, 8)
     bar = _t((done_s, "green"), (skip_s, "magenta"), (left_s, "dim"))
-    bar.append(f" {d.samples_done / d.samples_total:4.0%}" if d.samples_total else "   --")
+    bar.append(f" {progress_percent(d.samples_done, d.samples_total):3d}%" if d.samples_total else "   --")
     return {
         "name": Text(trim(d.name, 18), style="bold"),
         "state": Text(state, style=DS_STYLE[state]),

@@ -107,6 +107,10 @@ class ExtractScreen(Screen[None]):
         self._done_sent = False
 
     def compose(self) -> ComposeResult:
+        try:  # the footer's keys depend on the state (pause, skip): composed right the first time
+            self.snapshot = self.host.snapshot()
+        except Exception:  # noqa: BLE001 - on_mount's poll logs it
+            pass
         yield ExtractHeader(id="x-header")
         yield GpuWorkerTable(id="x-gpus")
         yield ExtractDatasetsTable(id="x-datasets", classes="x-pane")
@@ -175,7 +179,12 @@ class ExtractScreen(Screen[None]):
             return True if state == "paused" else False
         if action == "skip":
             live = state is not None and state not in ("draining", *FINAL_STATES)
-            return True if live and self.query_one(ExtractDatasetsTable).selected else None
+            try:
+                selected = self.query_one(ExtractDatasetsTable).selected
+            except NoMatches:  # composing: the table selects its first row once it is drawn
+                selected = None
+            rows = selected or (self.snapshot is not None and bool(self.snapshot.datasets))
+            return True if live and rows else None
         return True
 
     def action_pause(self) -> None:

@@ -53,9 +53,10 @@ COLUMNS: tuple[Column, ...] = (
 )
 """Every column in display order."""
 
-PRIORITY: tuple[str, ...] = ("name", "state", "progress", "done", "eta", "cost", "note", "failed", "rate",
-                             "skipped", "tokens", "avg")
-"""Column keys from most to least important: a narrow terminal drops the last ones first."""
+PRIORITY: tuple[str, ...] = ("name", "state", "progress", "done", "eta", "cost", "note", "tokens", "failed", "rate",
+                             "skipped", "avg")
+"""Column keys from most to least important: a narrow terminal drops the last ones first (tokens vs
+budget is shown from 120 columns; below, the header sums it)."""
 
 ALWAYS = ("name", "state", "progress", "done")
 """Columns shown at any width (below ~60 cells the table scrolls sideways, the name stays)."""
@@ -69,6 +70,9 @@ WIDE_FROM = 116
 NOTE_MIN = 12
 """Narrowest reason column (cells)."""
 
+RESERVED_FROM = 150
+"""Table widths (cells) from which the tokens column also shows the tokens reserved in flight."""
+
 NAME_MAX = 28
 """Widest name column (longer names end with an ellipsis; the detail view shows them whole)."""
 
@@ -80,14 +84,20 @@ def table_width(terminal_width: int) -> int:
     return max(terminal_width - 4, 0)
 
 
-def choose_columns(available: int, needs: Mapping[str, int]) -> tuple[tuple[str, str, int], ...]:
+def choose_columns(available: int, needs: Mapping[str, int],
+                   reserved: bool = True) -> tuple[tuple[str, str, int], ...]:
     """The columns that fit ``available`` cells, in display order, as ``(key, label, width)``.
 
     Each column is as wide as its label, its ``min_width`` and ``needs[key]`` (the widest cell it
     must show). Columns are taken in :data:`PRIORITY` order while they fit (:data:`ALWAYS` ones in
     any case); the reason column then takes whatever is left, so the row fills the table.
+    ``reserved`` False: the tokens column leaves out the reserved tokens (label ``tok/budget``).
     """
-    widths = {c.key: max(c.min_width, len(c.label), needs.get(c.key, 0)) for c in COLUMNS}
+    labels = {c.key: c.label for c in COLUMNS}
+    if not reserved:
+        labels["tokens"] = "tok/budget"
+    widths = {c.key: max(c.min_width if c.key != "tokens" or reserved else 0, len(labels[c.key]),
+                         needs.get(c.key, 0)) for c in COLUMNS}
     widths["name"] = min(widths["name"], NAME_MAX)
     widths["note"] = NOTE_MIN  # the reason column only takes what is left (the detail view has it whole)
     picked: set[str] = set()
@@ -99,25 +109,25 @@ def choose_columns(available: int, needs: Mapping[str, int]) -> tuple[tuple[str,
             used += w
     if "note" in picked and used < available:
         widths["note"] += available - used
-    return tuple((c.key, c.label, widths[c.key]) for c in COLUMNS if c.key in picked)
+    return tuple((c.key, labels[c.key], widths[c.key]) for c in COLUMNS if c.key in picked)
 
 
-def dataset_cells(d: DatasetSnapshot, wide: bool = True) -> dict[str, Cell]:
-    """``{column key: cell}`` for one dataset row (``wide``: 9-cell bar, cost with its cap).
+def dataset_cells(d: DatasetSnapshot, wide: bool = True, reserved: bool = True) -> dict[str, Cell]:
+    """``{column key: cell}`` for one dataset row (``wide``: 9-cell bar, cost with its cap;
+    ``reserved``: the tokens cell ends with the tokens reserved in flight, ``(+81k)``).
 
     The progress bar shows done vs failed (red) vs skipped (``░``) vs left (``·``), and the
-    percentage is the finished share (done or failed), so a skipped or budget-met dataset never
-    reads 100 %.
+    percentage is the finished share (done or failed), rounded down
+    (:func:`engine.report.snapshot.progress_percent`): a skipped or budget-met dataset never reads
+    100 %, nor one with prompts pending or in flight (``4975/5000`` reads 99 %).
     """
-    finished = d.done + d.failed
-    frac = finished / d.prompts if d.prompts else 0.0
     tokens = fmt_count(d.completion_tokens)
     tok_style = ""
     if d.token_budget:
         tokens += f"/{fmt_count(d.token_budget)}"
         used = (d.completion_tokens + d.reserved_tokens) / d.token_budget
         tok_style = "bold red" if used >= 1 else "yellow" if used >= 0.9 else ""
-    if d.reserved_tokens:
+    if d.reserved_tokens and reserved:
         tokens += f" (+{fmt_count(d.reserved_tokens)})"
     cost = money(d.cost_usd)
     cost_style = ""
@@ -126,7 +136,7 @@ def dataset_cells(d: DatasetSnapshot, wide: bool = True) -> dict[str, Cell]:
         if wide:
             cost += f" / {money(d.max_cost_usd, 2)}"
     done_bar, fail_bar, skip_bar, left_bar = bar_parts(d.done, d.skipped, d.prompts, 9 if wide else 7, d.failed)
-    pct = f" {frac * 100:3.0f}%"
+    pct = f" {d.percent:3d}%"
     progress: Cell = (
         (done_bar, "green" if d.state == "running" else ""), (fail_bar, "red"), (skip_bar, "magenta"),
         (left_bar, "dim"), (pct, ""),
@@ -243,8 +253,9 @@ class DatasetsTable(DataTable):
 
     def update_from(self, snapshot: RunSnapshot) -> None:
         """Show ``snapshot.datasets``, touching only changed cells."""
-        rows = {d.name: dataset_cells(d, self.wide) for d in snapshot.datasets}
-        columns = choose_columns(self.available, _needs(rows))
+        reserved = self.available >= RESERVED_FROM
+        rows = {d.name: dataset_cells(d, self.wide, reserved) for d in snapshot.datasets}
+        columns = choose_columns(self.available, _needs(rows), reserved)
         if self.wide and any(d.max_cost_usd is not None for d in snapshot.datasets):
             columns = tuple((k, "cost / cap" if k == "cost" else label, w) for k, label, w in columns)
         if columns != self._columns:

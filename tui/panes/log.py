@@ -2,14 +2,60 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
+from rich.highlighter import Highlighter
+from rich.text import Text
 from textual.widgets import Log
 
 from engine.report.snapshot import RunSnapshot
 
 MAX_LINES = 2000
 """Lines kept in the pane (older ones are dropped)."""
+
+_LEVEL = re.compile(r"^(\S+) +(DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
+
+GUARD = re.compile(r"guard|credits floor|calibration gate|cannot reserve|budget met|cost cap|cap met|exit on pause|"
+                   r"out of credits|store commits fail", re.I)
+"""What a guard's decision says (a pause, a stop, a budget met): such lines are shown bold."""
+
+
+def line_spans(line: str) -> list[tuple[int, int, str]]:
+    """The styles of one log line (``"12:14:09 WARNING [b1] dataset paused: anomaly guard: ..."``) as
+    ``(start, end, rich style)``: the time dim; WARNING yellow and ERROR/CRITICAL red (the level word
+    bold); a guard's decision (:data:`GUARD`) bold, its level word reversed; DEBUG dim."""
+    m = _LEVEL.match(line)
+    if m is None:
+        return []
+    level = m.group(2)
+    spans = [(0, m.end(1), "dim")]
+    colour = {"WARNING": "yellow", "ERROR": "red", "CRITICAL": "red"}.get(level, "")
+    guard = GUARD.search(line, m.end()) is not None
+    if guard:
+        spans += [(m.start(2), m.end(2), f"bold reverse {colour or 'yellow'}"),
+                  (m.end(2), len(line), f"bold {colour}".strip())]
+    elif colour:
+        spans += [(m.start(2), m.end(2), f"bold {colour}"), (m.end(2), len(line), colour)]
+    elif level == "DEBUG":
+        spans.append((m.start(2), len(line), "dim"))
+    return spans
+
+
+def styled_line(line: str) -> Text:
+    """``line`` as Rich text with :func:`line_spans` applied (the detail view's log lines)."""
+    t = Text(line)
+    for start, end, style in line_spans(line):
+        t.stylize(style, start, end)
+    return t
+
+
+class LevelHighlighter(Highlighter):
+    """Styles each log pane line by its level and whether it is a guard's decision (:func:`line_spans`)."""
+
+    def highlight(self, text: Text) -> None:
+        for start, end, style in line_spans(text.plain):
+            text.stylize(style, start, end)
 
 
 def new_events(prev: tuple[str, ...], cur: tuple[str, ...], prev_total: int = 0, total: int = 0) -> tuple[str, ...]:
@@ -51,7 +97,8 @@ class LogPane(Log):
     DEFAULT_CSS = "LogPane { scrollbar-size-horizontal: 0; }"
 
     def __init__(self, max_lines: int = MAX_LINES, **kw) -> None:
-        super().__init__(max_lines=max_lines, auto_scroll=False, **kw)
+        super().__init__(max_lines=max_lines, auto_scroll=False, highlight=True, **kw)
+        self.highlighter = LevelHighlighter()
         self._events: tuple[str, ...] = ()
         self._events_total = 0
         self.following = True

@@ -22,6 +22,11 @@ Sources (the speculators 0.9.0 wheel and its dependency hs-connectors 0.9.0):
   to ``aux_layers + 1`` (``aux_layers`` is in ``job.json`` beside the data);
 - ``token_freq.pt`` beside the dataset: ``torch.save({token_id: count})`` over the loss-masked
   tokens (``train/vocab_mapping.py``: ``save_token_frequency_distribution``), for the draft vocabulary.
+- ``save_dtype = "fp8"``: ``hidden_states`` ``[T, n_aux + 1, H]`` ``float8_e4m3fn`` plus
+  ``hidden_states_scales`` ``[T, 1, 1]`` float32 (one scale per token), what hs-connectors 0.9.0's
+  fp8 backend writes (``fp8_hidden_states_connector.py`` ``FP8HiddenStatesConnector._write_tensors``,
+  vllm-project/speculators PR 1028) and its ``FP8Transfer`` dequantizes on read: train with
+  ``--hidden-states-backend fp8`` (or pass ``transfer=FP8Transfer(out_dir / "hidden_states")``).
 
 Row ``i`` of the dataset is the sample of ``hs_{i}``; rows are written once every sample is saved
 (:meth:`SpeculatorsLayout.finish`), so the dataset never lists a sample without its file.
@@ -38,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.extract.job import ExtractError
-from engine.extract.layouts.base import Lookup, PerSampleLayout
+from engine.extract.layouts.base import SCALES_KEY, Lookup, PerSampleLayout, fp8_states
 
 HS_DIR = "hidden_states"
 _FILE_RE = re.compile(r"^hs_(\d+)\.safetensors$")
@@ -101,14 +106,15 @@ class SpeculatorsLayout(PerSampleLayout):
 
     name = "speculators"
     prenorm_last = True
+    fp8_ok = True
 
-    def __init__(self, hidden_size: int, n_aux: int) -> None:
+    def __init__(self, hidden_size: int, n_aux: int, save_dtype: str = "model", **opts: Any) -> None:
         import importlib.util
 
         if importlib.util.find_spec("datasets") is None:
             raise ExtractError("[extract] layout = 'speculators' writes the dataset speculators loads with the "
                                "`datasets` library, which is not installed (pip install datasets)")
-        super().__init__(hidden_size, n_aux)
+        super().__init__(hidden_size, n_aux, save_dtype, **opts)
 
     def wrap(self, hidden_states: Any) -> Any:
         return PreNormLast(hidden_states)
@@ -119,6 +125,10 @@ class SpeculatorsLayout(PerSampleLayout):
     def record(self, tensors: dict[str, Any], sid: str) -> dict[str, Any]:
         import torch
 
+        if self.save_dtype == "fp8":
+            q, sc = fp8_states(tensors, sid, self.hidden_size)
+            return {"hidden_states": q.contiguous(), SCALES_KEY: sc.contiguous(),
+                    "token_ids": tensors[f"{sid}/input_ids"].to(torch.int64)}
         aux = tensors[f"{sid}/aux_hidden_states"]
         last = tensors[f"{sid}/last_hidden_state"]
         t = aux.shape[0]
