@@ -460,7 +460,7 @@ async def test_credits_partial_when_an_endpoint_does_not_answer(tmp_path):
     # every endpoint silent about credits (a plain vLLM): nothing to track
     assert await read_credits_each([("u", _no_credits), ("v", _no_credits)]) is None
     doc = {"run": {"name": "r", "state": "running", "state_reason": "", "elapsed_s": 1.0, "alive": True},
-           "totals": {"cost_usd": 0.0, "errors": {}, "usage_sources": {}, "done": 0, "failed": 0, "skipped": 0,
+           "totals": {"cost_usd": 0.0, "errors": {}, "usage_sources": {}, "prompts": 0, "done": 0, "failed": 0, "skipped": 0,
                       "pending": 0, "in_flight": 0, "rejected": 0, "completion_tokens": 0},
            "datasets": [], "credits_usd": 9.5,
            "credits_endpoints": {"read": 1, "of": 3, "missing": [dead, silent]}}
