@@ -21,10 +21,11 @@ import torch
 
 from engine.config import parse_config
 from engine.extract.convert import convert
-from engine.extract.job import resolve_job
+from engine.extract.job import ExtractError, ModelShape, resolve_job
 from engine.extract.layouts.base import quantize_fp8, quantize_rows
 from engine.extract.loader import ExtractedDataset
 from engine.extract.plan import per_token_bytes, project
+from engine.extract.prepare import prepare
 from engine.extract.shards import OutDir
 from engine.extract.status import collect, format_line
 from engine.extract.tiny import build_tiny_model, synth_records
@@ -226,6 +227,113 @@ def test_projection_guard_and_status_follow_the_dtype(work, layout: str) -> None
     assert " fp8 |" in format_line(doc) and collect(jobs[f"{layout}-bfloat16-model"].out_dir)["save_dtype"] == "model"
 
 
+# --- the projection, the disk guard, `status` and `make train-check` follow the dtype (no model run) ---------
+
+
+def test_projection_counts_one_byte_per_element_and_a_float32_scale_per_token() -> None:
+    """Hand-computed: 157 tokens, 4 state layers (3 aux + the final), H = 64. fp8: 1 byte per element and
+    4 per token (``hidden_states_scales``), plus speculators' extra header entry per ``hs_i`` file."""
+    lengths, H = [100, 50, 7], 64
+    for layout, tok, sample, fp8_header in (("shards", 8 + 1, 4 * 110, 0), ("speculators", 24, 2 * 110 + 16, 110)):
+        bf16, fp8 = project(lengths, H, 3, 2, layout), project(lengths, H, 3, 1, layout)
+        assert (bf16.hidden_bytes, fp8.hidden_bytes) == (157 * 4 * 64 * 2, 157 * 4 * 64)
+        assert bf16.overhead_bytes == 157 * tok + 3 * sample
+        assert fp8.overhead_bytes == 157 * (tok + 4) + 3 * (sample + fp8_header)
+        assert (bf16.samples, bf16.tokens) == (fp8.samples, fp8.tokens) == (3, 157)
+        assert per_token_bytes(H, 3, 2, layout) == 4 * 64 * 2 + tok
+        assert per_token_bytes(H, 3, 1, layout) == 4 * 64 + tok + 4  # the worker's free-space wait per token
+    # Kimi-K2.5's shape: fp8 is half of bf16 to within the scale and the ids
+    big = [project([4096] * 1000, 7168, 3, b, "speculators").total for b in (2, 1)]
+    assert 0.5 < big[1] / big[0] < 0.501
+
+
+def _shaped_job(tmp: Path, layout: str, save_dtype: str, free_bytes: int | None = None):
+    """A bf16 job of an H = 64, 6-layer model (its shape given: no model is read), on ``tmp/data``."""
+    data = {"run": {"dir": str(tmp / "run")}, "datasets": [{"name": "a", "path": "a.jsonl"}],
+            "extract": {"model": "org/tiny", "aux_layers": AUX, "dtype": "bfloat16", "disk_margin_gb": 0,
+                        "layout": layout, "save_dtype": save_dtype, "out_dir": str(tmp / f"{layout}-{save_dtype}")}}
+    return resolve_job(parse_config(data, tmp / "config.toml", check_files=False), data=tmp / "data",
+                       shape=ModelShape(64, LAYERS), device="cpu", free_bytes=free_bytes)
+
+
+@pytest.mark.parametrize("layout", ["shards", "speculators"])
+def test_the_disk_guard_takes_the_fp8_projection(tmp_path: Path, layout: str) -> None:
+    """``prepare`` (what ``datagen extract`` runs before any worker) projects the fp8 bytes and the guard
+    checks those: a disk with room for the fp8 files but not the bf16 ones starts the fp8 job only."""
+    recs = synth_records(N, 20, 160, seed=7)
+    write_parquet(tmp_path / "data" / "a.parquet", recs)
+    tokens = sum(len(r.input_ids) for r in recs)
+    info, said = {}, {}
+    for sd in ("model", "fp8"):
+        said[sd] = []
+        info[sd] = prepare(_shaped_job(tmp_path, layout, sd), said[sd].append, check_disk=False)
+        assert info[sd]["projected_bytes"] == project([len(r.input_ids) for r in recs], 64, 3, 1 if sd == "fp8" else 2,
+                                                      layout).total
+    assert info["fp8"]["projected_hidden_bytes"] == tokens * 4 * 64 == info["model"]["projected_hidden_bytes"] // 2
+    assert "states saved as fp8 (float8_e4m3fn); per token 4 x 64 x 1 B + a 4 B scale" in said["fp8"][1]
+    assert "bfloat16; per token 4 x 64 x 2 B; engine" in said["model"][1]
+    room = (info["fp8"]["projected_bytes"] + info["model"]["projected_bytes"]) // 2
+    lines: list[str] = []
+    prepare(_shaped_job(tmp_path, layout, "fp8", free_bytes=room), lines.append)
+    assert "ids/masks/scales/headers" in lines[-1]
+    with pytest.raises(ExtractError, match="not enough disk space"):
+        prepare(_shaped_job(tmp_path, layout, "model", free_bytes=room), lines.append)
+    prepare(_shaped_job(tmp_path, layout, "fp8", free_bytes=info["fp8"]["projected_bytes"]), lines.append)
+    with pytest.raises(ExtractError, match="not enough disk space"):
+        prepare(_shaped_job(tmp_path, layout, "fp8", free_bytes=info["fp8"]["projected_bytes"] - 1), lines.append)
+
+
+def test_the_extraction_view_is_told_the_save_dtype_of_the_job(tmp_path: Path) -> None:
+    """``ExtractRun.snapshot`` (what the extraction view and the chained run's view draw) carries the
+    job's stored dtype: ``fp8``, or the model dtype's short name."""
+    from engine.extract.run import ExtractRun
+
+    write_parquet(tmp_path / "data" / "a.parquet", synth_records(4, 20, 40, seed=1))
+    for sd, shown in (("fp8", "fp8"), ("model", "bf16")):
+        job = _shaped_job(tmp_path, "speculators", sd)
+        run = ExtractRun(None, job=job, say=lambda _line: None, progress_s=None, poller=object())  # not started
+        assert run.snapshot().states_dtype == shown
+
+
+def test_status_text_and_json_show_the_save_dtype(tmp_path: Path) -> None:
+    """``datagen status``: the extraction line says how the states are saved after the bytes written
+    (``fp8``, or the model dtype: ``bf16``, ``fp32``); ``--json``'s ``extract`` has ``save_dtype``,
+    ``dtype`` and ``states_dtype``."""
+    from engine.extract.status import status_fields
+    from engine.report.status import format_status
+
+    worker = {"worker": 0, "state": "done", "host": "h", "pid": 1, "samples_total": 20, "samples_done": 20,
+              "tokens_total": 2000, "tokens_done": 2000, "bytes_written": 123_000_000, "updated_at": 0.0}
+    for sd, dtype, shown in (("fp8", "bfloat16", "fp8"), ("model", "bfloat16", "bf16"), ("model", "float32", "fp32")):
+        run = tmp_path / f"{sd}-{dtype}"
+        out = run / "extract"
+        (out / "status").mkdir(parents=True)
+        (out / "job.json").write_text(json.dumps({"dtype": dtype, "save_dtype": sd, "layout": "speculators"}))
+        (out / "status" / "worker-0.json").write_text(json.dumps(worker))
+        doc = json.loads(json.dumps(status_fields(run)))["extract"]  # as `datagen status --json` prints it
+        assert (doc["save_dtype"], doc["dtype"], doc["states_dtype"]) == (sd, dtype, shown)
+        assert f"| 123.00 MB {shown} |" in format_line(doc)
+        text = format_status({
+            "run": {"name": "r", "state": "completed", "state_reason": "", "elapsed_s": 1.0, "alive": False},
+            "totals": {"cost_usd": 0.0, "errors": {}, "usage_sources": {}, "prompts": 0, "done": 0, "failed": 0,
+                       "skipped": 0, "pending": 0, "in_flight": 0, "rejected": 0, "completion_tokens": 0},
+            "datasets": [], "extract": doc})
+        assert f"extract done | 20/20 samples | 2000/2000 tokens | 0 tok/s | 123.00 MB {shown} |" in text
+    none = collect(tmp_path / "nothing")  # no job.json yet: nothing to show
+    assert (none["save_dtype"], none["dtype"], none["states_dtype"]) == ("model", "", "")
+    assert "MB  " not in format_line({**none, "bytes_written": 10**6})
+
+
+def test_make_train_check_runs_the_fp8_training_comparison() -> None:
+    """``make train-check`` runs this file in ``.venv-train`` too (speculators' ``FP8Transfer`` and the
+    fp8-vs-bf16 training run below), with ``-s`` so the two loss curves print side by side."""
+    make = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    recipe = make[make.index("\ntrain-check: train-venv") + 1:].split("\n\n")[0]
+    runs = [line for line in recipe.splitlines()[1:] if "pytest" in line]
+    assert any("tests/test_fp8_states.py" in line and " -s" in line for line in runs), recipe
+    assert any("tests/test_train_check_speculators.py" in line for line in runs), recipe
+
+
 def test_convert_fp8_shards(work, models, tiny: Path, tmp_path: Path) -> None:
     """To specforge: dequantized into the model dtype (what SpecForge reads); to speculators: fp8 again,
     and speculators' targets ``lm_head(norm(final))`` stay the verifier's logits to fp8 precision."""
@@ -287,9 +395,10 @@ def test_speculators_trains_on_fp8_files_like_on_bf16(work, tiny: Path) -> None:
             preprocess=shift_batch, train_data_ratio=0.8, seed=0, transfer=transfer)
         torch.manual_seed(0)
         curves[sd] = tc._train(train, tc._drafter(tiny), 24)
-    print("\nstep  loss(bf16 files)  loss(fp8 files)")
+    print("\nspeculators 0.9.0 EAGLE-3 drafter, same samples and seed: loss per AdamW step")
+    print(f"{'step':>4}  {'bf16 files':>10}  {'fp8 files':>10}  {'fp8 - bf16':>10}")
     for i, (a, b) in enumerate(zip(curves["model"], curves["fp8"])):
-        print(f"{i:4d}  {a:.5f}  {b:.5f}")
+        print(f"{i:4d}  {a:10.5f}  {b:10.5f}  {b - a:+10.5f}")
     for c in curves.values():
         assert all(math.isfinite(x) for x in c) and sum(c[-4:]) / 4 < 0.8 * sum(c[:4]) / 4
     assert abs(sum(curves["fp8"][-4:]) - sum(curves["model"][-4:])) / sum(curves["model"][-4:]) < 0.05

@@ -262,6 +262,30 @@ def test_header_warns_under_the_disk_margin():
     assert any("red" in str(sp.style) for sp in line3.spans)
 
 
+def test_header_shows_how_the_states_are_saved_from_120_columns():
+    """``[extract] save_dtype``: ``saved as fp8`` or the model dtype (``saved as bf16``) on the header's
+    second line, a low-priority segment: at 80 columns the essentials stay and it goes first; from
+    120 columns (118 cells inside the header's padding) it shows, whatever the state."""
+    from engine.extract.snapshot import build_snapshot, states_dtype
+
+    assert [states_dtype("fp8", "bfloat16"), states_dtype("model", "bfloat16"), states_dtype("model", "float16"),
+            states_dtype("model", "float32"), states_dtype("model", None)] == ["fp8", "bf16", "fp16", "fp32", ""]
+    s = fixed_extract_snapshot()
+    for dtype, style in (("fp8", "magenta"), ("bf16", "bold")):
+        for st in ("running", "paused", "restarting", "done"):
+            snap = with_state(s, st, states_dtype=dtype)
+            for width in (118, 158):
+                line2 = header_lines(snap, width=width)[1]
+                assert line2.plain.endswith(f"saved as {dtype}"), (width, line2.plain)
+                assert style in str([sp.style for sp in line2.spans if line2.plain[sp.start:sp.end] == dtype])
+            small = [line.plain for line in header_lines(snap, width=78)]
+            assert "saved as" not in "\n".join(small)  # 80 columns: dropped before any essential
+            assert small[1].startswith("samples ") and "tokens " in small[1] and "ETA " in small[1]
+            assert "written " in small[2] and "disk free " in small[2]
+    assert "saved as" not in header_lines(dataclasses.replace(s, states_dtype=""), width=158)[1].plain  # unknown
+    assert build_snapshot(workers=[], world=0, plan={}, states_dtype="fp8").states_dtype == "fp8"
+
+
 def test_demo_job_obeys_its_commands():
     now = [0.0]
     demo = DemoExtraction(clock=lambda: now[0], tokens_per_s=1_000_000, fail_at_s=2.0, drain_s=1.0)

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from engine.extract.disk import check_job_fits, fmt_bytes
 from engine.extract.job import ExtractJob
-from engine.extract.plan import project
+from engine.extract.plan import FP8_SCALE_BYTES, project
 from engine.extract.shards import OutDir
 from engine.extract.source import load_table
 
@@ -50,12 +50,15 @@ def prepare(job: ExtractJob, say: Callable[[str], None], check_disk: bool = True
         + (f"; skipped datasets: {', '.join(skip)}" if skip else "")
         + (f"; left out: {table.dropped}" if any(table.dropped.values()) else ""))
     say(f"model {job.model}: H={job.hidden_size}, L={job.num_layers}, aux layers {list(job.aux_layers)} "
-        f"(0-based layer outputs), {job.dtype}; per token {(len(job.aux_layers) + 1)} x {job.hidden_size} x "
-        f"{job.dtype_bytes} B; engine {job.engine}"
+        f"(0-based layer outputs), {job.dtype}"
+        + (", states saved as fp8 (float8_e4m3fn)" if job.save_dtype == "fp8" else "")
+        + f"; per token {(len(job.aux_layers) + 1)} x {job.hidden_size} x {job.dtype_bytes} B"
+        + (f" + a {FP8_SCALE_BYTES} B scale" if job.save_dtype == "fp8" else "") + f"; engine {job.engine}"
         + (f" ({', '.join(f'{k}={v}' for k, v in job.vllm.items())})" if job.engine == "vllm" else ""))
     if check_disk:
+        other = "ids/masks/scales/headers" if job.save_dtype == "fp8" else "ids/masks/headers"
         say(check_job_fits(job.out_dir, proj.total, job.disk_margin_bytes, job.free_bytes)
-            + f" [hidden states {fmt_bytes(proj.hidden_bytes)} + ids/masks/headers {fmt_bytes(proj.overhead_bytes)}]")
+            + f" [hidden states {fmt_bytes(proj.hidden_bytes)} + {other} {fmt_bytes(proj.overhead_bytes)}]")
     return {"samples": proj.samples, "tokens": proj.tokens, "projected_bytes": proj.total,
             "projected_hidden_bytes": proj.hidden_bytes, "plan": plan, "done": already}
 

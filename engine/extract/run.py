@@ -34,7 +34,7 @@ from engine.extract.control import (Control, ControlError, ExtractControl, read_
                                     update_control, write_plan)
 from engine.extract.job import STARTUP_EXIT, ExtractJob, resolve_job
 from engine.extract.prepare import prepare
-from engine.extract.snapshot import ExtractSnapshot, LauncherWorker, build_snapshot
+from engine.extract.snapshot import ExtractSnapshot, LauncherWorker, build_snapshot, states_dtype
 from engine.extract.status import collect, format_line, gpu_line, read_workers, status_dir
 from engine.proc import runlock
 
@@ -444,7 +444,8 @@ class ExtractRun:
             final_state=self.final_state if self.exit_code is not None else None, final_reason=self.final_reason,
             gpu_reading=reading, host=socket.gethostname(), out_dir=job.out_dir, model=job.model,
             elapsed_s=elapsed, bytes_projected=int(info.get("projected_bytes", 0)), disk_free_bytes=free,
-            disk_margin_bytes=job.disk_margin_bytes, events=tuple(self.events))
+            disk_margin_bytes=job.disk_margin_bytes, events=tuple(self.events),
+            states_dtype=states_dtype(job.save_dtype, job.dtype))
 
 
 __all__ = ["ExtractRun", "prepare"]

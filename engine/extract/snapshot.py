@@ -30,6 +30,18 @@ JOB_STATES = ("not_started", "loading", "running", "restarting", "paused", "drai
 #: restart; a rerun resumes it).
 WORKER_STATES = ("starting", "loading", "running", "paused", "draining", "done", "failed", "restarting", "stopped")
 
+#: Short names of the model dtypes (``[extract] dtype``) as the extraction view and ``datagen status`` show them.
+DTYPE_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def states_dtype(save_dtype: str | None, dtype: str | None) -> str:
+    """How the hidden states are stored, as shown: ``"fp8"`` with ``[extract] save_dtype = "fp8"``
+    (``float8_e4m3fn`` + a float32 scale per token), else the model dtype's short name (``bf16``,
+    ``fp16``, ``fp32``: ``save_dtype = "model"``); "" when neither is known (no job file yet)."""
+    if save_dtype == "fp8":
+        return "fp8"
+    return DTYPE_SHORT.get(dtype or "", dtype or "")
+
 
 @dataclass(frozen=True)
 class GpuRow:
@@ -100,7 +112,9 @@ class ExtractSnapshot:
     ``disk_free_bytes`` the output file system's free space (None: unknown), ``disk_margin_bytes`` the
     margin under which workers pause; ``eta_s`` None while unknown; ``gpu_reason`` says why ``gpus``
     is empty (no NVIDIA GPU, no driver); ``events`` are the latest log lines, oldest first;
-    ``quit_mode`` is None, ``"drain"`` or ``"abort"`` once a quit was asked.
+    ``quit_mode`` is None, ``"drain"`` or ``"abort"`` once a quit was asked. ``states_dtype`` is how
+    the hidden states are written (:func:`states_dtype`: ``fp8``, or the model dtype ``bf16``/``fp16``/
+    ``fp32``; "" unknown), the dtype ``bytes_projected`` counts.
     ``tokens_per_s`` is the workers' rate over the last minute (tokens/s), ``avg_tokens_per_s`` the
     job's average over its running time (:func:`job_average_rate`); show
     :meth:`rate_text`: the last minute's, or the average labelled ``avg`` when nothing ran in it.
@@ -128,6 +142,7 @@ class ExtractSnapshot:
     events: tuple[str, ...] = ()
     quit_mode: str | None = None
     avg_tokens_per_s: float = 0.0
+    states_dtype: str = ""
 
     def rate_text(self) -> str:
         """``"12.3k tok/s"`` (last minute) or ``"avg 17.3k tok/s"`` (:func:`rate_text`)."""
@@ -313,7 +328,7 @@ def build_snapshot(*, workers: Sequence[Mapping[str, Any]], world: int, plan: Ma
                    final_reason: str = "", gpu_reading: Any = None, host: str = "", out_dir: str = "",
                    model: str = "", elapsed_s: float = 0.0, bytes_projected: int = 0,
                    disk_free_bytes: int | None = None, disk_margin_bytes: int = 0,
-                   events: Sequence[str] = (), now: float | None = None) -> ExtractSnapshot:
+                   events: Sequence[str] = (), now: float | None = None, states_dtype: str = "") -> ExtractSnapshot:
     """The whole job at one instant, from what the launcher read (pure: no I/O).
 
     Args:
@@ -329,6 +344,7 @@ def build_snapshot(*, workers: Sequence[Mapping[str, Any]], world: int, plan: Ma
         host: this host's name (GPUs join only this host's workers).
         bytes_projected: bytes the plan projects for what was left at start.
         now: wall-clock time (epoch s) the last minute's rates are taken at (None: the clock's).
+        states_dtype: how the hidden states are stored (:func:`states_dtype` of the job).
 
     Returns:
         An :class:`ExtractSnapshot`: samples/tokens totals are the plan's, less the pending part of
@@ -388,4 +404,4 @@ def build_snapshot(*, workers: Sequence[Mapping[str, Any]], world: int, plan: Ma
         avg_tokens_per_s=round(_job_average(views), 1),
         bytes_projected=bytes_projected, disk_free_bytes=disk_free_bytes, disk_margin_bytes=disk_margin_bytes,
         workers=views, datasets=tuple(datasets), gpus=gpus, gpu_reason=gpu_reason, events=tuple(events),
-        quit_mode=quit_mode)
+        quit_mode=quit_mode, states_dtype=states_dtype)

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.extract.shards import MANIFEST
-from engine.extract.snapshot import RATE_WINDOW_S, job_average_rate, rate_basis, rate_text, recent_rate  # noqa: F401
+from engine.extract.snapshot import (RATE_WINDOW_S, job_average_rate, rate_basis, rate_text, recent_rate,  # noqa: F401
+                                     states_dtype)
 from engine.proc.pids import pid_alive
 
 STATES = ("loading", "running", "paused", "stopped", "done", "failed")
@@ -224,11 +225,14 @@ def collect(out_dir: str | Path, now: float | None = None) -> dict[str, Any]:
     Returns:
         ``{"out_dir", "state", "reason", "workers": [...], "samples_total", "samples_done",
         "tokens_total", "tokens_done", "tokens_per_s", "avg_tokens_per_s", "rate_basis",
-        "bytes_written", "eta_s", "manifest_samples", "lock"}``
+        "bytes_written", "eta_s", "manifest_samples", "lock", "save_dtype", "dtype", "states_dtype"}``
         (``tokens_per_s``: the last minute's rate at ``now``, :func:`recent_rate`, summed;
         ``avg_tokens_per_s``: :func:`job_average_rate`; ``rate_basis``: which one to show,
         :func:`rate_basis` and :func:`rate_text`)
-        (``lock``: the live launcher holding ``out_dir/extract.lock``, :meth:`engine.proc.runlock.Holder.as_dict`, or null);
+        (``lock``: the live launcher holding ``out_dir/extract.lock``, :meth:`engine.proc.runlock.Holder.as_dict`, or null;
+        ``save_dtype``: the job's ``[extract] save_dtype``, ``model`` or ``fp8``; ``dtype``: the model dtype
+        (``bfloat16``...; "" before ``job.json`` is written); ``states_dtype``: how the states are stored, as
+        shown: ``fp8``, ``bf16``, ``fp16``, ``fp32`` or "", :func:`engine.extract.snapshot.states_dtype`);
         ``state`` is ``not_started`` when no worker has reported, ``failed`` if any worker failed
         and none is active, ``stopped`` if one quit before its end and none is active, else ``loading``/``running``/``paused`` (any worker) or ``done`` (all).
     """
@@ -266,16 +270,20 @@ def collect(out_dir: str | Path, now: float | None = None) -> dict[str, Any]:
         "eta_s": eta,
         "manifest_samples": manifest_samples,
         "lock": _holder(out_dir),
-        "save_dtype": _job_field(out_dir, "save_dtype", "model"),  # "fp8": 1 byte per state element + a scale per token
+        **_dtypes(out_dir),
     }
 
 
-def _job_field(out_dir: str | Path, key: str, default: Any) -> Any:
-    """``key`` of ``out_dir/job.json`` (``default`` when absent or unreadable)."""
+def _dtypes(out_dir: str | Path) -> dict[str, str]:
+    """``save_dtype`` (``fp8``: 1 byte per state element + a scale per token), ``dtype`` (the model's)
+    and ``states_dtype`` (as shown) of ``out_dir/job.json`` (``model``, "", "" when it is absent)."""
     try:
-        return json.loads((Path(out_dir) / "job.json").read_text()).get(key, default)
-    except (OSError, ValueError, AttributeError):
-        return default
+        job = json.loads((Path(out_dir) / "job.json").read_text())
+    except (OSError, ValueError):
+        job = {}
+    job = job if isinstance(job, dict) else {}
+    save, dtype = str(job.get("save_dtype") or "model"), str(job.get("dtype") or "")
+    return {"save_dtype": save, "dtype": dtype, "states_dtype": states_dtype(save, dtype)}
 
 
 def gpus_json(reading: Any, extract: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -318,10 +326,17 @@ def format_line(doc: dict[str, Any]) -> str:
     parts = [f"extract {doc['state']}", f"{doc['samples_done']}/{doc['samples_total']} samples",
              f"{doc['tokens_done']}/{doc['tokens_total']} tokens",
              rate_text(doc.get("tokens_per_s") or 0.0, doc.get("avg_tokens_per_s") or 0.0),
-             fmt_bytes(doc["bytes_written"]) + (" fp8" if doc.get("save_dtype") == "fp8" else ""),
+             fmt_bytes(doc["bytes_written"]) + _dtype_suffix(doc),
              f"ETA {eta:.0f}s" if eta is not None else "ETA ?"]
     ws = " ".join(f"w{w['worker']}:{w['state']}" for w in doc["workers"])
     return " | ".join(parts) + (f" | {ws}" if ws else "") + (f" | {doc['reason']}" if doc.get("reason") else "")
+
+
+def _dtype_suffix(doc: dict[str, Any]) -> str:
+    """`` fp8`` / `` bf16`` after the bytes written: how the states are stored (:func:`collect`'s
+    ``states_dtype``; "" when unknown)."""
+    shown = doc.get("states_dtype") or ("fp8" if doc.get("save_dtype") == "fp8" else "")
+    return f" {shown}" if shown else ""
 
 
 def status_fields(run_dir: str | Path) -> dict[str, Any]:

@@ -39,7 +39,7 @@ FINAL_STATES = ("done", "failed", "stopped")
 def exit_code(snap: ExtractSnapshot, interrupted: bool = False) -> int:
     """The extraction view's exit code for a job in a final state: 0 done, or stopped by a drain
     of ``q`` (the batches in hand were written, the rest resumes later); 130 stopped by an abort,
-    or by any stop after an interrupt (Ctrl-C, like SIGINT: README "exit codes": interrupted with
+    or by any stop after an interrupt (Ctrl-C, like SIGINT: docs/commands.md "Exit codes": interrupted with
     samples left); 1 failed."""
     if snap.state == "failed":
         return 1
@@ -90,7 +90,7 @@ def worker_rate(w: WorkerView) -> Text:
 def header_lines(s: ExtractSnapshot | None, note: str = "", width: int = 160) -> list[Text]:
     """The header's three lines (``s`` None: extraction is starting), each fitted to ``width``
     cells by dropping the least important segments first (state, samples, tokens, ETA, bytes and
-    disk stay at 80 columns)."""
+    disk stay at 80 columns; how the states are saved, ``saved as fp8`` or ``saved as bf16``, from 120)."""
     if s is None:
         return [fit([(0, _t(("extract", "bold"), "  ", ("STARTING", JOB_STYLE["loading"]))),
                      (1, Text("planning the job and starting workers…"))], width), Text(), Text()]
@@ -113,6 +113,9 @@ def header_lines(s: ExtractSnapshot | None, note: str = "", width: int = 160) ->
         (0, _t("tokens ", (done_total(s.tokens_done, s.tokens_total), "bold"))),
         (0, _t((s.rate_text(), "bold"))),  # the last minute's, else "avg 17.3k tok/s"
         (0, _t(("ETA ", "bold"), (eta, "bold"))),
+        # the dtype the states are written in (``save_dtype``: fp8, or the model's), the one the projection counts
+        (2, _t("saved as ", (s.states_dtype, "bold magenta" if s.states_dtype == "fp8" else "bold"))
+         if s.states_dtype else Text()),
     ], width)
     over = s.bytes_projected > 0 and s.bytes_written > s.bytes_projected
     written = _t("written ", (fmt_bytes(s.bytes_written), "bold"), " / projected ",

@@ -1,4 +1,4 @@
-"""Extraction states without an engine: a fixed snapshot (snapshot tests, README screenshot) and a
+"""Extraction states without an engine: a fixed snapshot (snapshot tests, docs/extraction.md screenshot) and a
 scripted job that moves with the clock and obeys the keys (``python -m tui.extract --demo``).
 
 Figures are Kimi-K2.5-like: hidden size 7168, three auxiliary layers plus the last, bf16, so one
@@ -53,7 +53,7 @@ def fixed_extract_snapshot() -> ExtractSnapshot:
         tokens_total=17_730_000, tokens_per_s=82_900.0, eta_s=2.3,
         bytes_written=done * BYTES_PER_TOKEN, bytes_projected=17_730_000 * BYTES_PER_TOKEN,
         disk_free_bytes=6_400_000_000_000, disk_margin_bytes=200_000_000_000, workers=tuple(workers),
-        datasets=datasets, gpus=gpus,
+        datasets=datasets, gpus=gpus, states_dtype="bf16",
         events=(
             "12:00:02 INFO    extraction started: 8 workers on gpu-node-1, 10,375 samples, 18.2M tokens",
             "12:00:41 INFO    [b3_oss_instruct] done: 75 samples, 90k tokens",
@@ -225,7 +225,7 @@ class DemoExtraction:
             bytes_written=done_tok * BYTES_PER_TOKEN, bytes_projected=total_tok * BYTES_PER_TOKEN,
             disk_free_bytes=3_000_000_000_000 - done_tok * BYTES_PER_TOKEN, disk_margin_bytes=100_000_000_000,
             workers=tuple(workers), datasets=ds, gpus=tuple(gpus), events=tuple(self.events[-200:]),
-            quit_mode=self.quit_mode)
+            quit_mode=self.quit_mode, states_dtype="bf16")
 
 
 def with_state(snap: ExtractSnapshot, state: str, **kw) -> ExtractSnapshot:
