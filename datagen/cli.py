@@ -2,7 +2,7 @@
 
 The layer above the engine and the dashboard (``tui``). Every error the project defines derives from
 :class:`engine.errors.DatagenError`; :func:`main` catches it once and prints ``error: <message>`` with the
-command's error exit status (1, or 2 for ``export``, ``validate`` and ``report``: README "Commands"). The commands
+command's error exit status (1, or 2 for ``export``, ``validate`` and ``report``: docs/commands.md). The commands
 catch only what they turn into something else: ``export``'s "nothing to export" (exit 1), an unwritable
 ``--out`` or run directory (an ``OSError``, reworded), a refused start's clean-up (``run``).
 """

@@ -46,7 +46,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-#: Exit codes of ``datagen export`` and ``datagen validate`` (README "Commands").
+#: Exit codes of ``datagen export`` and ``datagen validate`` (docs/commands.md).
 EXIT_OK, EXIT_INVALID, EXIT_ERROR = 0, 1, 2
 
 

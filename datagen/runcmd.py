@@ -69,7 +69,7 @@ def _run_locked(cfg, args: argparse.Namespace, lock: runlock.DirLock, fresh: tup
             from tui.app import run_dashboard
 
             return run_dashboard(cfg, exit_on_pause=args.exit_on_pause)
-        if cfg.extract.after_run != "never":  # generation, then extraction (README "Chaining")
+        if cfg.extract.after_run != "never":  # generation, then extraction (docs/extraction.md, "Chaining")
             from engine.run.chain import run_headless_chained
 
             return asyncio.run(run_headless_chained(cfg, exit_on_pause=args.exit_on_pause))

@@ -1,8 +1,8 @@
 """The one base of the project's exceptions, and the errors more than one module raises.
 
 :class:`DatagenError` is the root of every exception class defined in ``engine/``: the ``datagen`` CLI
-catches it once and prints ``error: <message>`` with the command's error exit status (README
-"Commands"). A subclass keeps its other bases (``ValueError`` for the bad-value errors), so existing
+catches it once and prints ``error: <message>`` with the command's error exit status (docs/commands.md,
+"Every command"). A subclass keeps its other bases (``ValueError`` for the bad-value errors), so existing
 ``except ValueError`` clauses keep catching it. Messages name the file, row or config key and what was
 expected; they never carry an API key or another secret (the CLI prints them as they are).
 

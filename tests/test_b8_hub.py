@@ -10,7 +10,8 @@
 
 Schemas and sources: docs/datasets.md, "B8 on the Hub". Rows are built here in those shapes (no data file
 of either dataset is bundled), read through the real adapters (a local file), then as Hub datasets served by
-the loopback fake Hub (:mod:`fakehub`) end to end, and the README's B8 Hub block is ingested as written.
+the loopback fake Hub (:mod:`fakehub`) end to end, and the B8 Hub block of docs/datasets.md is ingested as
+written.
 """
 
 from __future__ import annotations
@@ -332,16 +333,16 @@ def test_nebius_from_the_hub(hub):
              (f"{base}/train-00001-of-00002.parquet:1", NEBIUS_NULL_TEXT_REASON)])
 
 
-def readme_b8_hub_block() -> list[dict]:
-    text = (REPO / "README.md").read_text()
+def docs_b8_hub_block() -> list[dict]:
+    text = (REPO / "docs" / "datasets.md").read_text()
     block = text.split("B8 from the Hub, without local `.traj` files", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
     return tomllib.loads(block)["datasets"]
 
 
-async def test_the_readme_b8_hub_block_ingests_end_to_end(tmp_path, hub):
-    """The README's B8 Hub entries, as written, against the fake Hub: resolved, downloaded, read, stored; bad rows
+async def test_the_docs_b8_hub_block_ingests_end_to_end(tmp_path, hub):
+    """The B8 Hub entries of docs/datasets.md, as written, against the fake Hub: resolved, downloaded, read, stored; bad rows
     stored as rejects with their file:row and reason."""
-    entries = readme_b8_hub_block()
+    entries = docs_b8_hub_block()
     cfg = parse_config({"run": {"dir": str(tmp_path / "run")}, "datasets": entries}, tmp_path / "config.toml")
     assert {d.name: (d.hub(), d.format) for d in cfg.datasets} == {
         "b8_swe_agent": (HubRef(SMITH, split="tool"), "swe_agent"),

@@ -202,8 +202,8 @@ path = "{tmp}/d.jsonl"
 #: id -> (edit of BASE as (old, new) or an appended text, exact error lines after "CONFIG: ").
 CONFIG_CASES = {
     "unknown_key": (("[run]\n", "[run]\nnmae = 'x'\n"),
-                    "invalid configuration:\n  run.nmae: unknown key (check the spelling; see README 'Configuration')"),
-    "unknown_section": ("[bogus]\nx = 1\n", "invalid configuration:\n  bogus: unknown key (check the spelling; see README 'Configuration')"),
+                    "invalid configuration:\n  run.nmae: unknown key (check the spelling; see docs/configuration.md)"),
+    "unknown_section": ("[bogus]\nx = 1\n", "invalid configuration:\n  bogus: unknown key (check the spelling; see docs/configuration.md)"),
     "wrong_type": (("concurrency = 4", 'concurrency = "four"'),
                    "invalid configuration:\n  classes.short.concurrency: Input should be a valid integer, unable to parse "
                    "string as an integer (got 'four')"),

@@ -7,7 +7,8 @@
 - The rehearsal recipe (kind ``openai`` against a ``datagen sim --credits 5`` subprocess) reads credits.
 - ``make demo`` ends with a validated ``tokens`` export: the demo tokenizer builds offline, the real
   ``config.toml`` runs, validates and exports with exit 0.
-- README facts (key length, sample files, ``file:N`` sources, optional ``--format``) and
+- documentation facts (README.md and docs/*.md: key length, sample files, ``file:N`` sources, optional
+  ``--format``) and
   ``stacks.txt`` written 0600.
 """
 
@@ -34,7 +35,8 @@ from e2e import PY, SimProcess, run_cmd, status_json, write_prompts
 from fixtures_tokens import kimi_dir
 from helpers import REPO, SAMPLES
 
-README = (REPO / "README.md").read_text(encoding="utf-8")
+#: README.md and every docs/*.md page, where the facts below are documented.
+DOCS = "\n".join(p.read_text(encoding="utf-8") for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))])
 
 
 def _env(**set_: str) -> dict[str, str]:
@@ -314,17 +316,17 @@ def test_demo_config_ends_with_a_validated_tokens_export(tmp_path):
     assert rows == 110
 
 
-# ---------------------------------------------------------------------------- README facts, modes
+# ---------------------------------------------------------------------- documented facts, modes
 
-def test_readme_facts_match_the_code():
+def test_documented_facts_match_the_code():
     key = prompt_key([{"role": "user", "content": "hi"}])
     assert len(key) == 32 and re.fullmatch(r"[0-9a-f]{32}", key)
-    assert "32 hex characters" in README and "SHA-256 of its canonical JSON (messages" not in README
+    assert "32 hex characters" in DOCS and "SHA-256 of its canonical JSON (messages" not in DOCS
     n = len([p for p in SAMPLES.iterdir() if p.suffix in (".json", ".jsonl")])
-    assert n == 5 and "five prompt sample files" in README and "eight sample datasets" not in README
-    assert "the 1-based element number of a JSON array" in README
-    assert "`datagen export RUN_DIR [--format raw] --out DIR`" in README
-    assert "`datagen export RUN_DIR --format raw --out DIR`" not in README
+    assert n == 5 and "five prompt sample files" in DOCS and "eight sample datasets" not in DOCS
+    assert "the 1-based element number of a JSON array" in DOCS
+    assert "`datagen export RUN_DIR [--format raw] --out DIR`" in DOCS
+    assert "`datagen export RUN_DIR --format raw --out DIR`" not in DOCS
 
 
 def test_export_without_format_is_raw_bad_out_is_an_error_and_a_closed_pipe_is_quiet(tmp_path, capsys):

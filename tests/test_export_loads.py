@@ -207,7 +207,7 @@ def test_jsonl_formats_load_with_datasets_and_pandas(exported, fmt):
 
 
 def decode_message(m: dict) -> dict:
-    """An exported message back to the stored one: the README's one-liners (``json.loads`` of
+    """An exported message back to the stored one: docs/export-loading.md's one-liners (``json.loads`` of
     ``tool_calls``; ``""``/null/``"[]"`` mean the key is absent)."""
     out = {"role": m["role"]}
     if m["content"] is not None or m["role"] == "assistant":

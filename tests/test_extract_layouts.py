@@ -343,7 +343,7 @@ def test_convert_to_speculators_resumes_and_keeps_targets(work, hf, tiny: Path, 
         with torch.no_grad():
             torch.testing.assert_close(hf.model.norm(hs[:, -1]), normed, rtol=1e-5, atol=1e-5)
         assert ds[e["index"]]["loss_mask"].tolist() == rec.loss_mask
-    # against a direct speculators extraction (README "Hidden states"): the aux layers are the same
+    # against a direct speculators extraction (docs/extraction.md): the aux layers are the same
     # bits; the final state is rebuilt from the normed one, so it differs by the rounding that its scale
     # recovery amplifies (measured 2.0e-5 here, states up to 0.17), and its norm matches to 1e-6
     direct_dir = Path(jobs["speculators"].out_dir)

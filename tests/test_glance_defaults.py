@@ -1,6 +1,6 @@
 """A new user's first minutes: the built-in simulator has a plausible $100 account (not
 $1,000,000,000.00), ``datagen sim --help`` shows every default, the report says how old its credits
-reading is, and README's tiny-extract config names a dataset file that exists."""
+reading is, and the tiny-extract config of docs/extraction.md names a dataset file that exists."""
 
 from __future__ import annotations
 
@@ -48,9 +48,9 @@ def test_the_report_says_how_old_the_credits_reading_is():
     assert "read" not in status_tables({"run": {}, "totals": {}, "datasets": [], "credits_usd": None})
 
 
-def test_readme_tiny_extract_config_names_an_existing_dataset_file():
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    block = readme[readme.index("cat > runs/tiny-extract.toml"):]
+def test_docs_tiny_extract_config_names_an_existing_dataset_file():
+    page = (REPO / "docs" / "extraction.md").read_text(encoding="utf-8")
+    block = page[page.index("cat > runs/tiny-extract.toml"):]
     block = block[:block.index("\nTOML\n")]
     path = re.search(r'^path = "([^"]+)"', block, re.M).group(1)
     assert (REPO / "runs" / path).resolve().is_file(), path

@@ -327,10 +327,10 @@ def test_prompts_read_from_hub_shards_are_prompts(hub):
     assert all(isinstance(p, Prompt) for p in items) and [p.messages[0]["content"] for p in items] == ["test q"]
 
 
-def test_the_readme_blocks_of_the_eight_datasets_are_valid_config_and_touch_no_network(tmp_path, hub):
+def test_the_docs_blocks_of_the_eight_datasets_are_valid_config_and_touch_no_network(tmp_path, hub):
     from helpers import REPO
 
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "datasets.md").read_text()
     block = text.split("The eight datasets of the reference run", 1)[1].split("```toml\n", 1)[1].split("```", 1)[0]
     (tmp_path / "trajectories").mkdir()
     (tmp_path / "trajectories" / "run1.traj").write_text("{}")

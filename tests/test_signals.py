@@ -132,7 +132,7 @@ def test_first_signal_drains_in_flight_and_exits_130(tmp_path, sig):
             p.kill()
         sim.stop()
     out = (tmp_path / "run.out").read_text()
-    assert rc == 130, out  # interrupted (README: exit codes)
+    assert rc == 130, out  # interrupted (docs/commands.md: exit codes)
     assert re.search(rf"{sig.name}: draining [78] in-flight request\(s\) \(est\. \$[0-9.]+, up to 30s\); again to abort", out)
     assert re.search(r"draining: \d+ in flight \(est\. \$[0-9.]+\); aborting them in \d+s", out)
     entries = read_log(log)

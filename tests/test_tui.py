@@ -180,7 +180,7 @@ async def test_sigterm_drains_like_quit_and_exits_130(cfg):
         assert signal.SIGTERM in app.terminal.signals, "SIGTERM handler not installed"
         os.kill(os.getpid(), signal.SIGTERM)
         await until(pilot, lambda: not app.is_running, 20, 0.05, "app exit")
-    assert app.host.exit_code == 130 and app.return_code == 130  # interrupted (README: exit codes)
+    assert app.host.exit_code == 130 and app.return_code == 130  # interrupted (docs/commands.md: exit codes)
     doc = collect_status(cfg.run.dir)
     assert doc["totals"]["in_flight"] == 0 and doc["run"]["state"] in ("stopped", "completed")
 

@@ -1,5 +1,5 @@
 """Exit codes of a quit from the dashboard (issue 16, h9): prompts left -> 130 (interrupted by the
-user, as README's exit codes say); a drain that stores the last prompts -> 0 (completed). Real
+user, as docs/commands.md's exit codes say); a drain that stores the last prompts -> 0 (completed). Real
 engine on the built-in simulator, Textual's pilot."""
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ Every Python process of these commands (reconstruction workers included) starts 
 ``sitecustomize`` that puts ``None`` in ``sys.modules`` for torch, safetensors, accelerate, datasets
 and matplotlib: ``import torch`` then raises ImportError and ``importlib.util.find_spec("torch")`` is
 None, as on a machine where they were never installed (transformers then reports torch unavailable).
-A fresh venv without the extras (``pip install eagle-datagen``) is the real-world case; README
-"Install" says how that was checked.
+A fresh venv without the extras (``pip install eagle-datagen``) is the real-world case; docs/commands.md
+"Installing" says how that was checked.
 """
 
 from __future__ import annotations
@@ -128,8 +128,8 @@ format = "glaive"
     assert not (tmp_path / "run" / "extract").exists()
 
 
-def test_readme_quotes_the_base_installs_extract_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A base install lacks torch alone (transformers brings safetensors): README quotes the message
+def test_docs_quote_the_base_installs_extract_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A base install lacks torch alone (transformers brings safetensors): docs/commands.md quotes the message
     the code gives there, word for word."""
     import importlib.util
 
@@ -140,7 +140,7 @@ def test_readme_quotes_the_base_installs_extract_refusal(monkeypatch: pytest.Mon
     with pytest.raises(ExtractError) as e:
         require_extract_packages()
     assert str(e.value).startswith("datagen extract needs torch, not installed here")
-    assert f"`error: {e.value}`" in (REPO / "README.md").read_text()
+    assert f"`error: {e.value}`" in (REPO / "docs" / "commands.md").read_text()
 
 
 def test_chained_extraction_without_torch_is_refused_before_anything_is_bought(tmp_path: Path,

@@ -82,7 +82,7 @@ class DashboardHost(Protocol):
     Attributes:
         controller: the command target; None while the engine is being prepared.
         quit_mode: ``"drain"`` or ``"abort"`` once a quit was requested, else None.
-        exit_code: the run's exit code once it ended (README "exit codes"), else None.
+        exit_code: the run's exit code once it ended (docs/commands.md, "Every command"), else None.
         finished: True once the run ended (normally or not); a quit then exits at once.
     """
 
@@ -248,7 +248,7 @@ class EngineHost:
         aborted) or ``"abort"`` (cancel them now; their prompts return to pending). Safe to call
         before the job is prepared and more than once (a later ``"abort"`` upgrades a drain).
 
-        A quit before the run completed exits 130 (interrupted by the user; README "exit codes"),
+        A quit before the run completed exits 130 (interrupted by the user; docs/commands.md, "Every command"),
         like a signal, unless the drain stored the last prompts (then 0, completed); a quit after
         the run ended keeps the run's own code.
 

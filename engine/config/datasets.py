@@ -21,37 +21,40 @@ class HubPath(_Strict):
 
 
 class DatasetSection(_Strict):
-    """``[[datasets]]``: one prompt dataset.
+    """``[[datasets]]``: one prompt dataset (a path may be an ``hf://`` Hub dataset, :class:`HubPath`).
+    Each field's ``description`` says what it does (docs/configuration.md is generated from them:
+    ``make docs``)."""
 
-    Attributes:
-        name: unique name (letters, digits, ``_ - .``).
-        path: a JSONL, JSON array or Parquet file (JSON ones optionally ``.gz``/``.zst``-compressed);
-            a directory or glob of such files (read in sorted order); or ``hf://datasets/ORG/NAME``,
-            a Hub dataset (:class:`HubPath`).
-        revision: (``hf://`` only) branch, tag or commit sha; default ``main``. Resolved to a commit
-            sha at ingest and stored with the run: a moved revision is re-read like a changed file.
-        split: (``hf://`` only) the split whose files are read by the Hub's conventional layouts
-            (``data/train-*``, ``train.jsonl``, ``*/train/*``, ...); default ``train``.
-        files: (``hf://`` only) a glob over the repository's file paths, instead of ``split``.
-        format: row format (``auto`` or one of ``engine.datasets.FORMATS``).
-        max_prompts: take at most this many valid prompts, in file order.
-        token_budget: token budget (tokens): completion tokens, or prompt + completion tokens
-            when ``budget_counts = "total"``; never overshot by more than the in-flight tail.
-        max_cost_usd: dollar cap of this dataset (USD).
-        fields: optional column renames, e.g. ``{messages = "dialog"}``.
-    """
-
-    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$", max_length=64)
-    path: Path | HubPath
-    revision: str | None = Field(None, min_length=1)
-    split: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]+$")
-    files: str | None = Field(None, min_length=1)
-    format: str = "auto"
-    max_prompts: int | None = Field(None, ge=1)
-    token_budget: int | None = Field(None, ge=1)
-    budget_counts: Literal["completion", "total"] = "completion"
-    max_cost_usd: float | None = Field(None, gt=0)
-    fields: dict[str, str] = Field(default_factory=dict)
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]+$", max_length=64,
+                      description="unique name (letters, digits, `_ - .`)")
+    path: Path | HubPath = Field(json_schema_extra={"doc_type": "path or `hf://` URL"}, description=(
+        "a JSONL, JSON array (also a truncated one: complete elements are kept) or Parquet file; a JSON one may be "
+        "gzip- or zstd-compressed (`.jsonl.gz`, `.jsonl.zst`, `.json.gz`, ...: by suffix, decompressed as it is read); "
+        "a directory (every such file below it) or a glob (`data/train-*.parquet`, `**` spans directories) of "
+        "shards, read in sorted order; or `hf://datasets/ORG/NAME`, a Hugging Face Hub dataset "
+        "([datasets.md](datasets.md#where-the-rows-come-from))"))
+    revision: str | None = Field(None, min_length=1, json_schema_extra={"doc_default": '`"main"`'}, description=(
+        "`hf://` only: branch, tag or commit sha; resolved to a commit sha at ingest and stored with the run (a "
+        "moved revision is re-read like a changed file)"))
+    split: str | None = Field(None, pattern=r"^[A-Za-z0-9_.\-]+$", json_schema_extra={"doc_default": '`"train"`'},
+                              description=(
+        "`hf://` only: the split whose files are read, by the Hub's conventional layouts (`data/train-*`, "
+        "`train.jsonl`, `train/*`, `*/train/*`, `*/train-*`); not with `files`"))
+    files: str | None = Field(None, min_length=1, description=(
+        "`hf://` only: a glob over the repository's file paths that picks the files instead of `split` (`*` also "
+        "matches `/`, as huggingface_hub's `allow_patterns`)"))
+    format: str = Field("auto", description=(
+        "`auto` (per row) or one of `openai`, `sharegpt`, `instruction`, `oss_instruct`, `opencodeinstruct`, "
+        "`glaive`, `swe_agent`, `ultrachat`, `text` ([datasets.md](datasets.md#rows-into-prompts))"))
+    max_prompts: int | None = Field(None, ge=1, description="take at most this many valid prompts, in file order")
+    token_budget: int | None = Field(None, ge=1, description=(
+        "token budget (completion tokens; with `budget_counts = \"total\"`, prompt + completion), reserved at "
+        "dispatch ([spend-control.md](spend-control.md))"))
+    budget_counts: Literal["completion", "total"] = Field("completion", description="what `token_budget` counts")
+    max_cost_usd: float | None = Field(None, gt=0, description="dollar cap of this dataset (USD)")
+    fields: dict[str, str] = Field(default_factory=dict, description=(
+        "column renames, e.g. `fields = { prompt = \"question\" }` (keys: `messages`, `conversations`, `system`, "
+        "`prompt`, `instruction`, `input`, `tools`)"))
 
     @field_validator("path", mode="before")
     @classmethod

@@ -45,47 +45,52 @@ def resolve_model(model: str, bases: list[Path]) -> str:
     return str((holder or bases[0]) / mp)
 
 
+_VLLM = {"doc_default": "vLLM's"}
+
+
 class VllmSection(_Strict):
     """``[extract.vllm]``: keyword arguments passed to ``vllm.LLM(...)`` when ``[extract] engine = "vllm"``
-    (README "Extraction on vLLM", docs/vllm-extraction.md). Unknown keys are errors; a key left out
-    keeps vLLM's default, except those datagen fixes (prefill only, our token ids, prefix caching
-    off, the ``extract_hidden_states`` method and datagen's KV connector).
+    (docs/extraction.md "Extraction on vLLM", docs/vllm-extraction.md). Unknown keys are errors; a key
+    left out keeps vLLM's default, except those datagen fixes (prefill only, our token ids, prefix caching
+    off, the ``extract_hidden_states`` method and datagen's KV connector). Each field's ``description``
+    says what it does (docs/configuration.md is generated from them: ``make docs``)."""
 
-    Attributes:
-        tensor_parallel_size / pipeline_parallel_size: one replica over ``tp x pp`` GPUs; must equal
-            ``[extract] gpus_per_worker`` on a GPU host.
-        data_parallel_size: vLLM's own data parallelism inside one replica's ``LLM`` (multi-node with
-            ``distributed_executor_backend = "ray"``); on one host datagen's workers are the data
-            parallelism (one ``LLM`` per GPU group), so leave it at 1 there.
-        quantization: vLLM's quantization method (``None``: from the checkpoint).
-        max_model_len: longest sequence (tokens); default ``[extract] max_seq_len`` or the model's.
-        gpu_memory_utilization: fraction of GPU memory vLLM may use (on vLLM's CPU backend: of the
-            CPU memory it may use; set ``VLLM_CPU_KVCACHE_SPACE`` (GiB) for the KV cache there).
-        max_num_batched_tokens / max_num_seqs: the scheduler's per-step token and sequence caps.
-        distributed_executor_backend: ``mp``, ``ray``, ``uni`` or ``external_launcher``.
-        trust_remote_code: models with custom code (Kimi-K2.5); default ``[extract] trust_remote_code``.
-        enforce_eager: no CUDA graphs / torch.compile (slower, starts faster).
-        kv_cache_dtype / block_size / seed / swap_space / cpu_offload_gb / enable_expert_parallel:
-            as in vLLM's engine arguments.
-    """
-
-    tensor_parallel_size: int = Field(1, ge=1)
-    pipeline_parallel_size: int = Field(1, ge=1)
-    data_parallel_size: int = Field(1, ge=1)
-    quantization: str | None = None
-    max_model_len: int | None = Field(None, ge=1)
-    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
-    max_num_batched_tokens: int | None = Field(None, ge=1)
-    max_num_seqs: int | None = Field(None, ge=1)
-    distributed_executor_backend: Literal["mp", "ray", "uni", "external_launcher"] | None = None
-    trust_remote_code: bool | None = None
-    enforce_eager: bool | None = None
-    kv_cache_dtype: str | None = None
-    block_size: int | None = Field(None, ge=1)
-    seed: int | None = None
-    swap_space: float | None = Field(None, ge=0)
-    cpu_offload_gb: float | None = Field(None, ge=0)
-    enable_expert_parallel: bool | None = None
+    tensor_parallel_size: int = Field(1, ge=1, description=(
+        "one replica over `tensor_parallel_size x pipeline_parallel_size` GPUs, which must equal `[extract] "
+        "gpus_per_worker` on a GPU host"))
+    pipeline_parallel_size: int = Field(1, ge=1, description="see `tensor_parallel_size`")
+    data_parallel_size: int = Field(1, ge=1, description=(
+        "vLLM's own data parallelism inside one replica's `LLM` (multi-node with `distributed_executor_backend = "
+        "\"ray\"`); on one host datagen's workers are the data parallelism (one `LLM` per GPU group), so leave it "
+        "at 1 there"))
+    quantization: str | None = Field(None, json_schema_extra={"doc_default": "from the checkpoint"},
+                                     description="vLLM's quantization method")
+    max_model_len: int | None = Field(None, ge=1, json_schema_extra={
+        "doc_default": "`[extract] max_seq_len` + 1, else the model's"}, description="longest sequence (tokens)")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, json_schema_extra={
+        "doc_default": "vLLM's (0.5 on vLLM's CPU backend)"}, description=(
+        "fraction of GPU memory vLLM may use (on vLLM's CPU backend: of the CPU memory it may use; set "
+        "`VLLM_CPU_KVCACHE_SPACE` (GiB) for the KV cache there)"))
+    max_num_batched_tokens: int | None = Field(None, ge=1, json_schema_extra=_VLLM,
+                                               description="the scheduler's per-step token cap")
+    max_num_seqs: int | None = Field(None, ge=1, json_schema_extra=_VLLM,
+                                     description="the scheduler's per-step sequence cap")
+    distributed_executor_backend: Literal["mp", "ray", "uni", "external_launcher"] | None = Field(
+        None, json_schema_extra=_VLLM, description="how vLLM starts its workers")
+    trust_remote_code: bool | None = Field(None, json_schema_extra={"doc_default": "`[extract] trust_remote_code`"},
+                                           description="models with custom code (Kimi-K2.5)")
+    enforce_eager: bool | None = Field(None, json_schema_extra={"doc_default": "vLLM's (`true` on its CPU backend)"},
+                                       description=(
+        "no CUDA graphs / torch.compile (slower, starts faster)"))
+    kv_cache_dtype: str | None = Field(None, json_schema_extra=_VLLM, description=(
+        "as in vLLM's engine arguments; the capture layer accepts only `auto`/`bfloat16`/`float16` (not `fp8`)"))
+    block_size: int | None = Field(None, ge=1, json_schema_extra=_VLLM, description="as in vLLM's engine arguments")
+    seed: int | None = Field(None, json_schema_extra=_VLLM, description="as in vLLM's engine arguments")
+    swap_space: float | None = Field(None, ge=0, json_schema_extra=_VLLM, description="as in vLLM's engine arguments")
+    cpu_offload_gb: float | None = Field(None, ge=0, json_schema_extra=_VLLM,
+                                         description="as in vLLM's engine arguments")
+    enable_expert_parallel: bool | None = Field(None, json_schema_extra=_VLLM, description=(
+        "as in vLLM's engine arguments (whole experts per GPU instead of slices of all of them)"))
 
     def llm_kwargs(self) -> dict[str, Any]:
         """The keys set in the config (None values left out), as ``vllm.LLM`` keyword arguments."""
@@ -93,79 +98,63 @@ class VllmSection(_Strict):
 
 
 class ExtractSection(_Strict):
-    """``[extract]``: hidden-state extraction for EAGLE-3 (``datagen extract CONFIG``). All optional.
+    """``[extract]``: hidden-state extraction for EAGLE-3 (``datagen extract CONFIG``). All optional. Each
+    field's ``description`` says what it does (docs/configuration.md is generated from them: ``make docs``);
+    ``model`` is resolved by :func:`resolve_model`, a ``shards`` output is read by ``engine.extract.loader``."""
 
-    Attributes:
-        model: target model, a local directory (relative to the config file's directory, or the
-            working directory when it exists only there) or a Hugging Face hub id ``ORG/NAME``
-            (:func:`resolve_model`: a name that is neither is refused at once, before any network);
-            loaded with ``AutoModelForCausalLM``. Required to extract.
-        dtype: torch dtype of the model and of the saved hidden states: ``auto`` (``bfloat16`` on
-            GPU, ``float32`` on CPU), ``bfloat16``, ``float16`` or ``float32``.
-        aux_layers: the layers whose OUTPUTS are concatenated into ``aux_hidden_states``, as
-            0-BASED DECODER-LAYER indices (the SpecForge / Model-Optimizer convention; with Hugging
-            Face ``output_hidden_states`` layer i is ``hidden_states[i + 1]``; vLLM speculators'
-            ids are these + 1). Default ``[1, L//2 - 1, L - 4]`` for L layers (Kimi-K2.5, L = 61:
-            ``[1, 29, 57]``). Each must be in ``0 .. L-2``: the last layer's output is saved
-            (after the final norm) as ``last_hidden_state``.
-        gpus_per_worker: GPUs per model replica (1 when the model fits one GPU; more spreads one
-            replica over several GPUs with ``device_map="auto"``).
-        workers: worker processes (replicas); default every GPU group (GPUs // gpus_per_worker),
-            or 1 on a machine without a GPU.
-        max_tokens_per_batch: cap of one forward batch in PADDED tokens (batch size x longest
-            sample); a single longer sample forms a batch of its own.
-        max_seq_len: longest sample (tokens) to extract; longer ones follow ``over_length``.
-        over_length: ``skip`` (default: not extracted, counted as skipped) or ``truncate`` (the
-            first ``max_seq_len`` tokens are extracted; the manifest records ``truncated_from``).
-        out_dir: output directory (shards, ``manifest.jsonl``, ``status/``); default
-            ``<run.dir>/extract``.
-        disk_margin_gb: free space (GB, 1e9 bytes) always left on the output file system: the
-            job refuses to start when the projected bytes exceed free space minus this margin, and
-            workers pause while free space is under it.
-        trust_remote_code: passed to transformers (models with custom code, e.g. Kimi-K2.5).
-        layout: how the hidden states are written (README "Hidden-state layouts"): ``shards``
-            (default: this project's shards, read by ``engine.extract.loader``), ``speculators``
-            (vLLM speculators' offline EAGLE-3 data: ``hidden_states/hs_{i}.safetensors`` + its
-            preprocessed dataset), ``specforge`` (SpecForge's offline EAGLE-3 files
-            ``rows_*/data_{i}.ckpt`` + ``vocab_mapping/vocab_mapping.pt``) or ``modelopt`` (NVIDIA
-            Model-Optimizer's offline EAGLE-3 dumps, one ``{id}.pt`` per sample).
-        save_dtype: how the hidden states are stored: ``model`` (default: the model dtype, ``dtype``)
-            or ``fp8`` (``float8_e4m3fn`` with one float32 scale per token, speculators' fp8
-            convention: about half the bytes of bf16; layouts ``shards`` and ``speculators`` only).
-        draft_vocab_size: ``specforge`` only: the draft vocabulary size of the vocabulary mapping it
-            writes (default ``min(32000, the target's vocab_size)``).
-        compress / compression_level: ``specforge`` only: gzip each feature file
-            (``data_{i}.ckpt.gz``, SpecForge's own ``--compress``/``--compression-level``, level 1-9).
-        after_run: chain extraction after generation in ``datagen run`` (README "Chaining"):
-            ``never`` (default), ``run`` (once the whole run completed with exit 0) or ``dataset``
-            (each dataset as soon as it is done and its token records are validated, while
-            generation goes on). Needs ``model`` and a ``[tokenizer]`` section.
-        engine: what runs the target model: ``transformers`` (default: ``AutoModelForCausalLM``,
-            right for small targets and for proving correctness) or ``vllm`` (vLLM's
-            ``extract_hidden_states`` method and datagen's KV connector: its kernels and
-            tensor/pipeline parallelism, for targets like Kimi-K2.5; needs the ``vllm`` extra).
-        vllm: ``[extract.vllm]``, the ``vllm.LLM`` arguments (:class:`VllmSection`).
-    """
-
-    model: str | None = None
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
-    aux_layers: list[int] | None = Field(None, min_length=1)
-    gpus_per_worker: int = Field(1, ge=1)
-    workers: int | None = Field(None, ge=1)
-    max_tokens_per_batch: int = Field(16_384, ge=1)
-    max_seq_len: int | None = Field(None, ge=1)
-    over_length: Literal["skip", "truncate"] = "skip"
-    out_dir: Path | None = None
-    disk_margin_gb: float = Field(10.0, ge=0)
-    trust_remote_code: bool = False
-    layout: Literal["shards", "speculators", "specforge", "modelopt"] = "shards"
-    save_dtype: Literal["model", "fp8"] = "model"
-    draft_vocab_size: int | None = Field(None, ge=1)
-    compress: bool = False
-    compression_level: int = Field(6, ge=1, le=9)
-    after_run: Literal["never", "run", "dataset"] = "never"
-    engine: Literal["transformers", "vllm"] = "transformers"
-    vllm: VllmSection = Field(default_factory=VllmSection)
+    model: str | None = Field(None, json_schema_extra={"doc_default": "unset (required to extract)"}, description=(
+        "the target model: a local directory, relative to the config file's directory (or the working directory), or "
+        "a hub id `ORG/NAME`, loaded with `AutoModelForCausalLM` (or vLLM). A name is a hub id only with exactly one "
+        "`/`, no leading `./`, `/` or `~`, and no directory `ORG` beside the config. Anything else that does not exist "
+        "is refused at once, before any network: `no such model directory: PATH (...)`. With `HF_HUB_OFFLINE=1`, a "
+        "hub id missing from the Hugging Face cache is refused at once too"))
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description=(
+        "torch dtype of the model and of the saved hidden states: `auto` = `bfloat16` on GPU, `float32` on CPU"))
+    aux_layers: list[int] | None = Field(None, min_length=1, json_schema_extra={"doc_default": "`[1, L//2-1, L-4]`"},
+                                         description=(
+        "0-based layer OUTPUT indices (the SpecForge / Model-Optimizer convention), each in 0..L-2, concatenated into "
+        "`aux_hidden_states`; Hugging Face `hidden_states[i + 1]`, vLLM speculators' ids are these + 1; Kimi-K2.5 "
+        "(L = 61): `[1, 29, 57]` ([extraction.md](extraction.md#hidden-states))"))
+    gpus_per_worker: int = Field(1, ge=1, description=(
+        "GPUs per model replica (> 1 spreads one replica with `accelerate`, `device_map=\"auto\"`; with vLLM: "
+        "`tensor_parallel_size x pipeline_parallel_size`)"))
+    workers: int | None = Field(None, ge=1, json_schema_extra={"doc_default": "GPUs // gpus_per_worker, else 1"},
+                                description="worker processes (model replicas)")
+    max_tokens_per_batch: int = Field(16_384, ge=1, description=(
+        "padded tokens per forward (batch size x longest sample); a single longer sample forms a batch of its own"))
+    max_seq_len: int | None = Field(None, ge=1, description="longest sample (tokens); longer ones follow `over_length`")
+    over_length: Literal["skip", "truncate"] = Field("skip", description=(
+        "`skip` (not extracted, counted as skipped) or `truncate` (the first `max_seq_len` tokens are extracted; the "
+        "manifest records `truncated_from`)"))
+    out_dir: Path | None = Field(None, json_schema_extra={"doc_default": "`RUN_DIR/extract`"},
+                                 description="shards, manifest, per-worker status")
+    disk_margin_gb: float = Field(10.0, ge=0, description=(
+        "GB (1e9 bytes) always kept free: the job refuses to start when the projected bytes do not fit above it, and "
+        "workers pause while free space is under it"))
+    trust_remote_code: bool = Field(False, description=(
+        "passed to transformers (models with custom code, e.g. Kimi-K2.5)"))
+    layout: Literal["shards", "speculators", "specforge", "modelopt"] = Field("shards", description=(
+        "which trainer reads the output as written: `shards` (this project's `ExtractedDataset`), `speculators`, "
+        "`specforge` or `modelopt` ([extraction.md](extraction.md#layouts-which-trainer-reads-what))"))
+    save_dtype: Literal["model", "fp8"] = Field("model", description=(
+        "`model` (the states in `dtype`) or `fp8` (`float8_e4m3fn` + a float32 scale per token, speculators' fp8 "
+        "convention: about half the bytes of bf16; `shards` and `speculators` only)"))
+    draft_vocab_size: int | None = Field(None, ge=1, json_schema_extra={"doc_default": "`min(32000, vocab)`"},
+                                         description=(
+        "`specforge` only: the draft vocabulary of `vocab_mapping/vocab_mapping.pt`"))
+    compress: bool = Field(False, description=(
+        "`specforge` only: gzip each feature file (`data_{i}.ckpt.gz`, SpecForge's `--compress`)"))
+    compression_level: int = Field(6, ge=1, le=9, description="`specforge` only: the gzip level of `compress`")
+    after_run: Literal["never", "run", "dataset"] = Field("never", description=(
+        "chain extraction to `datagen run`: `run` (after the whole run completed, exit 0) or `dataset` (each dataset "
+        "as soon as it is done and validated, while generation goes on); needs `model` and `[tokenizer]` "
+        "([extraction.md](extraction.md#chaining-extraction-after-generation-in-one-datagen-run))"))
+    engine: Literal["transformers", "vllm"] = Field("transformers", description=(
+        "what runs the target model: `transformers` (`AutoModelForCausalLM`, right for small targets and for proving "
+        "correctness) or `vllm` (vLLM's `extract_hidden_states` method and datagen's KV connector: its kernels and "
+        "tensor/pipeline parallelism, for targets like Kimi-K2.5; needs the `vllm` extra; "
+        "[extraction.md](extraction.md#extraction-on-vllm-engine--vllm))"))
+    vllm: VllmSection = Field(default_factory=VllmSection, description="`vllm.LLM` arguments for `engine = \"vllm\"`.")
 
     @field_validator("aux_layers")
     @classmethod

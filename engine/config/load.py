@@ -33,7 +33,7 @@ def _format_errors(path: Path, err: ValidationError, data: dict[str, Any]) -> st
         key = _loc(e["loc"], data)
         kind = e["type"]
         if kind == "extra_forbidden":
-            msg = "unknown key (check the spelling; see README 'Configuration')"
+            msg = "unknown key (check the spelling; see docs/configuration.md)"
         elif kind == "missing":
             msg = "required key is missing"
         else:

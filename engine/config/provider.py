@@ -16,16 +16,19 @@ from engine.simfaults import parse_faults
 class TimeoutsSection(_Strict):
     """``[provider.timeouts]`` in seconds: connect, stall (no bytes for N s), total per request."""
 
-    connect_s: float = Field(10.0, gt=0)
-    stall_s: float = Field(120.0, gt=0)
-    total_s: float = Field(1800.0, gt=0)
+    connect_s: float = Field(10.0, gt=0, description=(
+        "seconds to connect: a server (or replica) not reached within it counts as unreachable (class `connect`); "
+        "each replica's credits read is bounded by it too"))
+    stall_s: float = Field(120.0, gt=0, description="no bytes for this long = stalled (class `stall`), retried")
+    total_s: float = Field(1800.0, gt=0, description=(
+        "seconds per attempt (class `timeout` past it); also `run.drain_timeout_s`'s `\"auto\"`"))
 
 
 class MaxPrice(_Strict):
     """OpenRouter ``provider.max_price`` in USD per million tokens."""
 
-    prompt: float | None = Field(None, ge=0)
-    completion: float | None = Field(None, ge=0)
+    prompt: float | None = Field(None, ge=0, description="highest prompt price, USD per million tokens")
+    completion: float | None = Field(None, ge=0, description="highest completion price, USD per million tokens")
 
 
 class RoutingSection(_Strict):
@@ -34,17 +37,23 @@ class RoutingSection(_Strict):
     Field meanings follow OpenRouter's provider-routing docs (see docs/openrouter.md).
     """
 
-    order: list[str] | None = None
-    only: list[str] | None = None
-    ignore: list[str] | None = None
+    order: list[str] | None = Field(None, description="provider slugs to try first, in order")
+    only: list[str] | None = Field(None, description=(
+        "allow-list of provider slugs (a base slug such as `deepinfra` covers all of that provider's variants)"))
+    ignore: list[str] | None = Field(None, description=(
+        "deny-list of provider slugs; `datagen ctl RUN_DIR exclude-provider NAME` and the dashboard's `x` add to it "
+        "for new requests"))
     quantizations: list[
         Literal["int4", "int8", "fp4", "mxfp4", "nvfp4", "fp6", "fp8", "mxfp8", "fp16", "bf16", "fp32", "unknown"]
-    ] | None = None
-    allow_fallbacks: bool | None = None
-    require_parameters: bool | None = None
-    data_collection: Literal["allow", "deny"] | None = None
-    sort: Literal["price", "throughput", "latency"] | None = None
-    max_price: MaxPrice | None = None
+    ] | None = Field(None, description="allow-list of quantizations (`fp4` also admits `mxfp4` and `nvfp4`)")
+    allow_fallbacks: bool | None = Field(None, description=(
+        "let OpenRouter fall back to other providers (its default: true)"))
+    require_parameters: bool | None = Field(None, description=(
+        "only providers that support every parameter sent (OpenRouter's default: false)"))
+    data_collection: Literal["allow", "deny"] | None = Field(None, description=(
+        "`deny`: only providers that do not store or train on prompts"))
+    sort: Literal["price", "throughput", "latency"] | None = Field(None, description="order providers by this")
+    max_price: MaxPrice | None = Field(None, description="`{ prompt, completion }` USD per million tokens.")
 
     def to_provider_object(self) -> dict[str, Any]:
         """Return the ``provider`` request object, or ``{}`` when nothing is set."""
@@ -54,18 +63,27 @@ class RoutingSection(_Strict):
 class SimSection(_Strict):
     """``[provider.sim]``: the built-in simulator (see ``datagen sim --help`` for each option)."""
 
-    seed: int = 0
-    latency_ms: float = Field(0.0, ge=0)
-    tokens_per_s: float = Field(0.0, ge=0)
-    mean_completion_tokens: int = Field(400, ge=1)
-    credits_usd: float | None = Field(100.0, ge=0)  # engine.sim.config.DEFAULT_CREDITS_USD: $100, not unlimited
-    price_in: float = Field(0.40, ge=0)
-    price_out: float = Field(1.90, ge=0)
-    tokenizer: Path | None = None
-    faults: str = ""
-    providers: list[str] = Field(default_factory=lambda: ["SimA", "SimB", "SimC"], min_length=1)
-    cancellable: list[str] = Field(default_factory=lambda: ["SimA", "SimB"])
-    log: Path | None = None
+    seed: int = Field(0, description="seed for text, lengths and fault draws")
+    latency_ms: float = Field(0.0, ge=0, description="milliseconds before the first token")
+    tokens_per_s: float = Field(0.0, ge=0, description="tokens per second per stream, 0 = unlimited")
+    mean_completion_tokens: int = Field(400, ge=1, description="mean completion length in tokens")
+    # engine.sim.config.DEFAULT_CREDITS_USD: $100, not unlimited
+    credits_usd: float | None = Field(100.0, ge=0, description=(
+        "the account's credits in USD, read like OpenRouter's (`/key`, `/credits`) and falling as the run spends, "
+        "402 once spent; raise it for a long rehearsal"))
+    price_in: float = Field(0.40, ge=0, description="USD per million prompt tokens")
+    price_out: float = Field(1.90, ge=0, description="USD per million completion tokens")
+    tokenizer: Path | None = Field(None, description=(
+        "count usage with a real tokenizer directory (the same tokenizer and chat template as `[tokenizer]`: "
+        "billing then matches exactly); unset: usage is estimated"))
+    faults: str = Field("", description=(
+        "fault probabilities, a comma list of `kind:probability`, e.g. `\"429:0.05,502:0.03,midstream:0.01\"` "
+        "(the kinds: [providers.md](providers.md#the-simulator)); empty: none"))
+    providers: list[str] = Field(default_factory=lambda: ["SimA", "SimB", "SimC"], min_length=1,
+                                 description="provider names the simulator reports")
+    cancellable: list[str] = Field(default_factory=lambda: ["SimA", "SimB"], description=(
+        "providers that stop billing when a stream is dropped (the others bill a dropped stream in full)"))
+    log: Path | None = Field(None, description="JSONL file with one line per finished request; unset: no log")
 
     @field_validator("faults")
     @classmethod
@@ -110,16 +128,12 @@ def _entry_without_credentials(e: "EndpointEntry", info: ValidationInfo) -> "End
 
 class EndpointEntry(_Strict):
     """One entry of ``[provider] base_urls`` written as a table: ``{ url = "...", concurrency = N }``
-    (a plain string is ``{ url = STRING }``).
+    (a plain string is ``{ url = STRING }``); ``concurrency`` None: ``endpoint_concurrency``, else only
+    the class limits."""
 
-    Attributes:
-        url: the replica's API root ending in ``/v1``.
-        concurrency: requests in flight on this replica at most (overrides ``endpoint_concurrency``;
-            None: that, else only the class limits).
-    """
-
-    url: str
-    concurrency: int | None = Field(None, ge=1)
+    url: str = Field(description="the replica's API root ending in `/v1`")
+    concurrency: int | None = Field(None, ge=1, json_schema_extra={"doc_default": "`endpoint_concurrency`"},
+                                    description="requests in flight on this replica at most")
 
     @field_validator("url")
     @classmethod
@@ -128,61 +142,62 @@ class EndpointEntry(_Strict):
 
 
 class ProviderSection(_Strict):
-    """``[provider]``: where completions are bought.
+    """``[provider]``: where completions are bought. Each field's ``description`` says what it does
+    (docs/configuration.md is generated from them: ``make docs``); :data:`DEFAULT_KEY_ENV` gives
+    ``api_key_env`` by kind, and left unset it is not "named in the config"
+    (:func:`engine.run.apikey.key_required`)."""
 
-    Attributes:
-        kind: ``openrouter`` | ``openai`` (any OpenAI-compatible server, e.g. vLLM/SGLang) |
-            ``simulated`` (the built-in simulator on an ephemeral loopback port; no key, no network).
-        base_url: API root ending in ``/v1`` (e.g. ``https://openrouter.ai/api/v1``); ignored for
-            ``simulated``. Must be http(s); a key is never sent over plain http except to loopback.
-            Credentials in a URL (``user:password@``, here or in ``base_urls``) are refused: the key
-            goes in ``api_key_env``.
-        model: model id sent in every request.
-        api_key_env: NAME of the environment variable holding the key (never the key itself);
-            default by kind (:data:`DEFAULT_KEY_ENV`): ``OPENAI_API_KEY`` for ``openai``,
-            ``OPENROUTER_API_KEY`` otherwise. Left unset it is not "named in the config"
-            (:func:`engine.run.apikey.key_required`).
-        api_key_file: optional path of a file holding the key (used when the variable is unset).
-        stream: stream responses with SSE (default) or not.
-        stream_usage: with ``stream``, ask for usage in the stream (``stream_options: {"include_usage":
-            true}``; default true). vLLM, SGLang and OpenAI send no usage in a stream without it; OpenRouter
-            accepts it. Set false only for a server that refuses ``stream_options``.
-        finish_reasons: more aliases of the standard finish reasons, ``{"alias": "stop" | "length" |
-            "tool_calls" | "content_filter"}`` (compared lower-case), on top of the built-in ones
-            (``eos``, ``end``, ``end_turn`` ... see docs/wire-conformance.md). Any other finish fails
-            its record as ``unknown_finish``.
-        return_token_ids: ask the server for the generated token ids (``"return_token_ids": true`` in every
-            request; default false). A self-hosted vLLM >= 0.10.2 then returns them (``choices[0].token_ids``,
-            per chunk when streamed); they are stored with the result (``results.token_ids``) and validation
-            fails a record whose ids differ from the reconstruction's (``token_ids_disagree``). Opt-in: only
-            vLLM from that version accepts the field, and another server (or an older vLLM) may reject an
-            unknown field with 400; hosted APIs (OpenRouter, OpenAI) do not return ids.
-        base_urls: several replicas of the model (kind ``openai`` only, instead of ``base_url``): each a
-            URL string or an :class:`EndpointEntry` table; requests go to the healthy one with the fewest
-            in flight (:mod:`engine.client.endpoints`).
-        endpoint_concurrency: requests in flight per replica at most (None: only the class limits).
-        endpoint_error_streak: errors in a row (5xx, timeouts, ...) that drain a replica.
-        endpoint_probe_s: seconds before a replica taken out of rotation is probed again (doubling
-            after each failed probe, up to 60 s).
-    """
-
-    kind: Literal["openrouter", "openai", "simulated"] = "simulated"
+    kind: Literal["openrouter", "openai", "simulated"] = Field("simulated", description=(
+        "`openrouter`, `openai` (any OpenAI-compatible server: vLLM, SGLang, OpenAI itself) or `simulated` (the "
+        "built-in simulator on an ephemeral 127.0.0.1 port; no key, no network)"))
     # api_key_env before the URLs: their check names it (fields are validated in this order)
-    api_key_env: str = Field(default_factory=lambda data: DEFAULT_KEY_ENV.get(data.get("kind"), "OPENROUTER_API_KEY"))
-    api_key_file: Path | None = None
-    base_url: str | None = None
-    model: str = "moonshotai/kimi-k2.5"
-    stream: bool = True
-    stream_usage: bool = True
-    return_token_ids: bool = False
-    finish_reasons: dict[str, Literal["stop", "length", "tool_calls", "content_filter"]] = Field(default_factory=dict)
+    api_key_env: str = Field(
+        default_factory=lambda data: DEFAULT_KEY_ENV.get(data.get("kind"), "OPENROUTER_API_KEY"),
+        json_schema_extra={"doc_default": '`"OPENROUTER_API_KEY"` (kind `openai`: `"OPENAI_API_KEY"`)'},
+        description=(
+            "the NAME of the environment variable holding the key (never the key itself); refused at start when unset "
+            "for `openrouter`, and for `openai` when this key (or `api_key_file`) is in the config (else a server "
+            "answering 401 to `GET /key` is refused at start)"))
+    api_key_file: Path | None = Field(None, description=(
+        "file holding the key, used when the variable is unset (should be mode 600: a warning says otherwise)"))
+    base_url: str | None = Field(None, json_schema_extra={"doc_default": "OpenRouter's for `openrouter`"}, description=(
+        "API root ending in `/v1` (e.g. `https://openrouter.ai/api/v1`); ignored for `simulated`; http(s) only, and a "
+        "key is never sent over plain http except to loopback; without credentials (`user:password@` is refused: "
+        "the key goes in `api_key_env`); required for `openai` (or `base_urls`)"))
+    model: str = Field("moonshotai/kimi-k2.5", description="model id sent with every request")
+    stream: bool = Field(True, description="SSE streaming; `false` for plain JSON responses")
+    stream_usage: bool = Field(True, description=(
+        'streamed requests ask for usage with `stream_options: {"include_usage": true}` (vLLM, SGLang and OpenAI send '
+        "none in a stream otherwise; OpenRouter accepts it); `false` only for a server that refuses `stream_options`"))
+    return_token_ids: bool = Field(False, description=(
+        "self-hosted vLLM (>= 0.10.2): ask for the generated token ids (`\"return_token_ids\": true` in every "
+        "request; `choices[0].token_ids`, per chunk when streamed), store them (`results.token_ids`) and fail a "
+        "record whose ids differ from the reconstruction (`token_ids_disagree`); opt-in because other servers (or "
+        "an older vLLM) may refuse the unknown field with 400; hosted APIs (OpenRouter, OpenAI) return no ids"))
+    finish_reasons: dict[str, Literal["stop", "length", "tool_calls", "content_filter"]] = Field(
+        default_factory=dict, description=(
+            "more aliases of the standard finish reasons, e.g. `{ completed = \"stop\" }` (compared lower-case; "
+            "targets `stop`, `length`, `tool_calls`, `content_filter`), on top of the built-in ones (`eos`, `end`, "
+            "`end_turn`, ...: [wire-conformance.md](wire-conformance.md)); any other finish fails its record as "
+            "`unknown_finish`"))
     timeouts: TimeoutsSection = Field(default_factory=TimeoutsSection)
     routing: RoutingSection = Field(default_factory=RoutingSection)
     sim: SimSection = Field(default_factory=SimSection)
-    base_urls: list[Annotated[EndpointEntry, AfterValidator(_entry_without_credentials)]] | None = Field(None, min_length=1)
-    endpoint_concurrency: int | None = Field(None, ge=1)
-    endpoint_error_streak: int = Field(5, ge=1)
-    endpoint_probe_s: float = Field(1.0, gt=0, le=60)
+    base_urls: list[Annotated[EndpointEntry, AfterValidator(_entry_without_credentials)]] | None = Field(
+        None, min_length=1, json_schema_extra={"doc_type": "list of URL strings or tables (length >= 1)"},
+        description=(
+            "several replicas of the model (kind `openai` only; not with `base_url`): a list of API roots, each a "
+            "string or `{ url = \"...\", concurrency = N }`; each request goes to the healthy one with the fewest in "
+            "flight"))
+    endpoint_concurrency: int | None = Field(None, ge=1, description=(
+        "requests in flight per replica at most (an entry's own `concurrency` wins); unset: only the class "
+        "concurrencies bound them; only with `base_urls`"))
+    endpoint_error_streak: int = Field(5, ge=1, description=(
+        "errors in a row (5xx, timeout, stall, protocol, a disconnect it survived) that drain a replica; only with "
+        "`base_urls`"))
+    endpoint_probe_s: float = Field(1.0, gt=0, le=60, description=(
+        "seconds before a replica out of rotation is probed again (`GET {base}/models`), doubling after each failed "
+        "probe up to 60 s; only with `base_urls`"))
 
     @field_validator("finish_reasons")
     @classmethod

@@ -11,51 +11,45 @@ from engine.config.base import _Strict
 
 
 class RunSection(_Strict):
-    """``[run]``: identity and bookkeeping of one run.
+    """``[run]``: identity and bookkeeping of one run. Each field's ``description`` says what it does
+    (docs/configuration.md is generated from them: ``make docs``)."""
 
-    Attributes:
-        name: run name shown in status and the dashboard.
-        dir: run directory holding ``store.sqlite``, logs and exports (created owner-only).
-        progress_interval_s: seconds between headless progress lines.
-        commit_interval_s: upper bound on seconds between store commits (results are never lost
-            to a crash older than this window).
-        max_attempts: attempts per prompt (first try + retries) before it is failed.
-        drain_timeout_s: on quit/SIGTERM/SIGINT/SIGHUP, seconds to let in-flight requests finish
-            before aborting them; ``"auto"`` (default): ``provider.timeouts.total_s``, the requests'
-            own bound, so a drain never cuts a stream that could still finish.
-        metrics_port: TCP port of the Prometheus endpoint (``GET /metrics``, README "Metrics
-            (Prometheus)") served by ``datagen run`` and ``datagen extract``; None (default): none;
-            0: an ephemeral port (printed at start).
-        metrics_host: address the endpoint listens on (default ``127.0.0.1``: this host only).
-        stream_workers: processes that hold the HTTP streams (connections, SSE parsing, assembly;
-            :mod:`engine.stream`), each on its own core; None (default): one per core beyond the
-            first, at least 1 (:func:`engine.stream.pool.default_stream_workers`). The first core
-            runs the control plane and the dashboard.
-    """
-
-    name: str = "run"
-    dir: Path = Path("runs/run")
-    progress_interval_s: float = Field(5.0, gt=0)
-    commit_interval_s: float = Field(1.0, gt=0, le=10)
-    max_attempts: int = Field(6, ge=1, le=100)
-    drain_timeout_s: Annotated[float, Field(ge=0)] | Literal["auto"] = "auto"
-    metrics_port: int | None = Field(None, ge=0, le=65535)
-    metrics_host: str = Field("127.0.0.1", min_length=1)
-    stream_workers: int | None = Field(None, ge=1, le=256)
+    name: str = Field("run", description="run name shown in status and the dashboard")
+    dir: Path = Field(Path("runs/run"), description=(
+        "run directory: `store.sqlite` (SQLite, WAL), `datagen.log`, the stream workers' journals; created "
+        "owner-only (0700, its database files 0600)"))
+    progress_interval_s: float = Field(5.0, gt=0, description="seconds between headless progress lines")
+    commit_interval_s: float = Field(1.0, gt=0, le=10, description=(
+        "max seconds between store commits (results are never lost to a crash older than this window)"))
+    max_attempts: int = Field(6, ge=1, le=100, description="attempts per prompt (first try + retries) before it fails")
+    drain_timeout_s: Annotated[float, Field(ge=0)] | Literal["auto"] = Field("auto", description=(
+        'on Ctrl-C/SIGTERM/SIGHUP or "Drain, then quit", seconds to let in-flight requests finish before aborting '
+        'the rest (a second signal aborts at once); `"auto"` = `provider.timeouts.total_s`, the requests\' own '
+        "bound, so no stream that could still finish is cut"))
+    metrics_port: int | None = Field(None, ge=0, le=65535, description=(
+        "TCP port of the Prometheus endpoint (`GET /metrics`) of `datagen run` and `datagen extract` "
+        "([metrics.md](metrics.md)); unset: none; 0: a free port, printed at start"))
+    metrics_host: str = Field("127.0.0.1", min_length=1, description=(
+        'address the endpoint listens on (this host only by default; `"0.0.0.0"` for every interface)'))
+    stream_workers: int | None = Field(None, ge=1, le=256, json_schema_extra={
+        "doc_default": "one per core beyond the first, at least 1"}, description=(
+        "processes that hold the HTTP streams (connections, SSE parsing, stream assembly; `engine/stream/`), each "
+        "with its own event loop, each on its own core; the first core keeps the control plane and the dashboard. "
+        "Shown in the header (`workers N`) and `datagen status --json` (`stream_workers`: configured, alive, "
+        "restarts, requests returned by a worker's death, completions recovered from its journal, per-worker pid "
+        "and in flight)"))
 
 
 class GenerationSection(_Strict):
-    """``[generation]``: sampling fields sent with every request.
+    """``[generation]``: sampling fields sent with every request."""
 
-    ``reasoning`` is OpenRouter's reasoning object (``{effort = "high"}`` or ``{max_tokens = N}``,
-    ``exclude``, ``enabled``); ``extra_body`` is merged into the request body last.
-    """
-
-    temperature: float | None = Field(1.0, ge=0, le=2)
-    top_p: float | None = Field(0.95, gt=0, le=1)
-    seed: int | None = None
-    reasoning: dict[str, Any] | None = None
-    extra_body: dict[str, Any] = Field(default_factory=dict)
+    temperature: float | None = Field(1.0, ge=0, le=2, description="sampling temperature")
+    top_p: float | None = Field(0.95, gt=0, le=1, description="nucleus sampling")
+    seed: int | None = Field(None, description="sampling seed, sent when set")
+    reasoning: dict[str, Any] | None = Field(None, description=(
+        "OpenRouter's reasoning object, e.g. `{ effort = \"high\" }` or `{ max_tokens = 8000 }` (also `exclude`, "
+        "`enabled`)"))
+    extra_body: dict[str, Any] = Field(default_factory=dict, description="merged into every request body, last")
 
 
 class ClassSection(_Strict):
@@ -63,15 +57,13 @@ class ClassSection(_Strict):
 
     A prompt belongs to the class that lists its dataset in ``datasets``; otherwise to the class
     with the largest ``min_prompt_tokens`` not above the prompt's estimated tokens.
-
-    Attributes:
-        max_tokens: completion cap per request (tokens), always sent.
-        concurrency: requests of this class in flight at once.
-        min_prompt_tokens: smallest estimated prompt length (tokens) of this class.
-        datasets: dataset names that always belong to this class.
     """
 
-    max_tokens: int = Field(ge=1)
-    concurrency: int = Field(ge=1, le=100_000)
-    min_prompt_tokens: int = Field(0, ge=0)
-    datasets: list[str] = Field(default_factory=list)
+    max_tokens: int = Field(ge=1, description="completion cap per request (tokens), always sent")
+    concurrency: int = Field(ge=1, le=100_000, description=(
+        "requests of this class in flight at once (changed live with `datagen ctl RUN_DIR concurrency CLASS N` or "
+        "the dashboard's `+`/`-`)"))
+    min_prompt_tokens: int = Field(0, ge=0, description=(
+        "smallest estimated prompt length (tokens) of this class: a prompt goes to the class with the largest "
+        "`min_prompt_tokens` not above its estimated length, characters / 4 + 4 per message"))
+    datasets: list[str] = Field(default_factory=list, description="dataset names that always use this class")

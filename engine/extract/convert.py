@@ -42,7 +42,7 @@ norm's output is insensitive to the scale in proportion to ``1 - m``. Either way
 scale, and it carries the rounding of the stored (normed) state, which the scale recovery amplifies
 (``1 - m = eps / (mean(x^2) + eps)`` is small), so it is not the pre-norm state a fresh extraction
 with ``layout = "speculators"`` saves (``x`` itself): on the tiny test model in fp32, ``max |z - x|``
-is 2.0e-5 for states up to 0.17, the aux layers being bit-identical (README "Hidden states").
+is 2.0e-5 for states up to 0.17, the aux layers being bit-identical (docs/extraction.md).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ class StartupError(ExtractError):
 STARTUP_EXIT = 3
 
 
-#: How to install what extraction imports (torch, safetensors, accelerate, datasets): README "Install".
+#: How to install what extraction imports (torch, safetensors, accelerate, datasets): docs/commands.md "Installing".
 EXTRACT_EXTRA = "pip install 'eagle-datagen[extract]'"
 
 

@@ -11,7 +11,7 @@ the same functions the dashboard polls (``Scheduler.snapshot``, ``ExtractRun.sna
 
 Names follow Prometheus conventions: base units (seconds, bytes, USD, ratios), ``_total`` on
 counters, labels ``dataset``, ``class``, ``provider``, ``endpoint``, ``quantile``, ``state``, ``worker``, ``gpu``.
-README "Metrics (Prometheus)" lists every metric. A figure that is unknown (credits before the first
+docs/metrics.md lists every metric. A figure that is unknown (credits before the first
 reading, an ETA while paused) is left out of the scrape rather than exported as 0.
 """
 
@@ -52,7 +52,7 @@ def run_families(snap: RunSnapshot) -> list[Metric]:
         snap: the engine's snapshot (``Scheduler.snapshot()``).
 
     Returns:
-        Families in README order: run-wide figures, then per dataset, per request class, per
+        Families in docs/metrics.md order: run-wide figures, then per dataset, per request class, per
         provider and per endpoint (several ``base_urls`` only). USD in dollars, durations in seconds, rates per second (``req_per_s`` is the
         completions per second of the last 60 s, as the dashboard shows).
     """

@@ -137,7 +137,7 @@ def provider_costs(conn: sqlite3.Connection) -> dict[str, float]:
 
 
 def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
-    """Return the status document (see module docstring and README 'datagen status').
+    """Return the status document (see module docstring and docs/commands.md, `datagen status`).
 
     Raises:
         StatusError: no store in ``run_dir``.
