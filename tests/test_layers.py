@@ -238,7 +238,8 @@ def test_docs_the_code_cites_are_in_the_repository():
             text = f.read_text(encoding="utf-8")
             for m in re.finditer(r"docs/([\w.-]+\.md)", text):
                 cited.setdefault(m.group(1), []).append(str(f.relative_to(REPO)))
-            if re.search(r"shared/reference|(?<!docs/)\b(openrouter|eagle3-data)\.md|SOURCES\.md", text):
+            # a markdown link of a generated docs page, ](openrouter.md), is relative to docs/ itself
+            if re.search(r"shared/reference|(?<!docs/)(?<!\]\()\b(openrouter|eagle3-data)\.md|SOURCES\.md", text):
                 outside.append(str(f.relative_to(REPO)))
     assert not outside, outside
     missing = {doc: files for doc, files in cited.items() if not (REPO / "docs" / doc).is_file()}

@@ -56,7 +56,7 @@ NOTES: dict[str, tuple[str, str]] = {
     "provider.timeouts": ("Seconds, per attempt.", ""),
     "provider.routing": (
         "Sent as OpenRouter's `provider` object; unset keys are not sent. Field meanings follow OpenRouter's "
-        "provider-routing documentation ([openrouter.md](openrouter.md)).",
+        "provider-routing documentation ([OpenRouter notes](openrouter.md)).",
         "",
     ),
     "provider.routing.max_price": ("`max_price = { prompt = X, completion = Y }`: OpenRouter's price ceiling.", ""),
