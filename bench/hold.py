@@ -123,7 +123,7 @@ async def worker(a: argparse.Namespace) -> dict[str, Any]:
         job = await orig_prepare(cfg_, out)
         sched = job.scheduler
         sched.pause_all("bench: idle phase")
-        orig = sched._complete
+        orig = sched.complete
 
         async def tracked(req, progress=None):
             live.add(progress)
@@ -132,7 +132,7 @@ async def worker(a: argparse.Namespace) -> dict[str, Any]:
             finally:
                 live.discard(progress)
 
-        sched._complete = tracked
+        sched.complete = tracked
         global WORKERS
         WORKERS = StreamWorkers(job.pool, worker_cpus).start()  # off the engine's CPU (bench.common.stream_cpus)
         holder["job"] = job

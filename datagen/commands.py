@@ -218,6 +218,7 @@ def cmd_ctl_extract(args: argparse.Namespace) -> int:
 
 def cmd_ctl(args: argparse.Namespace) -> int:
     """``datagen ctl``: send a command to a live run, or save it for the next start. Returns 0 applied or saved, 1 refused or not applied."""
+    from engine.run.commands import RunCommand
     from engine.run.ctl import send
     from engine.report.status import collect_status
 
@@ -265,7 +266,7 @@ def cmd_ctl(args: argparse.Namespace) -> int:
                 if input("abort them? [y/N] ").strip().lower() not in ("y", "yes"):
                     print("not aborted")
                     return 1
-        result = send(Path(args.run_dir), args.verb, dataset, arg, force=args.force)
+        result = send(Path(args.run_dir), RunCommand.from_row(args.verb, dataset, arg), force=args.force)
     except ValueError as e:  # an unknown verb, dataset, class or provider (StatusError: main)
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -66,7 +66,7 @@ def _run_locked(cfg, args: argparse.Namespace, lock: runlock.DirLock, fresh: tup
             require_extract_packages(f'[extract] after_run = "{cfg.extract.after_run}"', cfg.extract.layout)
             read_model_shape(cfg.extract.model or "", cfg.extract.trust_remote_code)
         if not headless:
-            from tui.app import run_dashboard
+            from tui.launch import run_dashboard
 
             return run_dashboard(cfg, exit_on_pause=args.exit_on_pause)
         if cfg.extract.after_run != "never":  # generation, then extraction (docs/extraction.md, "Chaining")

@@ -118,7 +118,7 @@ async def test_abort_estimate_follows_each_providers_observed_billing(tmp_path, 
             s = job.scheduler
             while not s.datasets or s.snapshot().dataset("a").done < 40:
                 await asyncio.sleep(0.05)
-            n = s.abort()  # teach: these streams' bills land through /generation
+            n = s.ending.abort()  # teach: these streams' bills land through /generation
             for _ in range(400):
                 if sum(k for k, _s in s.spend.aborts.observations().values()) >= 0.8 * n:
                     break
@@ -127,7 +127,7 @@ async def test_abort_estimate_follows_each_providers_observed_billing(tmp_path, 
             holder["obs"] = s.spend.aborts.observations()
             holder["status"] = collect_status(tmp_path / "run")  # `datagen status --json`'s document, live
             snap = s.snapshot()
-            holder["cost"] = s.in_flight_cost()
+            holder["cost"] = s.ending.in_flight_cost()
             holder["basis"] = snap.abort_cost_basis
             holder["snap_abort"] = snap.abort_cost_usd
             db = sqlite3.connect(tmp_path / "run" / "store.sqlite")
@@ -135,7 +135,7 @@ async def test_abort_estimate_follows_each_providers_observed_billing(tmp_path, 
             db.close()
             holder["billed0"] = job.sim.ledger.billed_usd  # no await since the estimate: nothing moved
             holder["job"] = job
-            s.stop("test abort", abort=True)
+            s.ending.stop("test abort", abort=True)
 
         holder["t"] = asyncio.get_running_loop().create_task(go())
 
@@ -177,8 +177,8 @@ async def test_abort_estimate_after_a_restart_uses_the_earlier_processes_bills(t
             s = job.scheduler
             while not s.datasets or s.snapshot().dataset("a").done < 40:
                 await asyncio.sleep(0.05)
-            first["n"] = s.in_flight_cost().streams
-            s.stop("teach", abort=True)  # the run waits for the true-ups before it exits
+            first["n"] = s.ending.in_flight_cost().streams
+            s.ending.stop("teach", abort=True)  # the run waits for the true-ups before it exits
 
         first["t"] = asyncio.get_running_loop().create_task(go())
 
@@ -196,12 +196,12 @@ async def test_abort_estimate_after_a_restart_uses_the_earlier_processes_bills(t
             while not s.datasets or s.snapshot().dataset("a").in_flight < 40:
                 await asyncio.sleep(0.05)
             await asyncio.sleep(1.5)
-            second["cost"] = s.in_flight_cost()
+            second["cost"] = s.ending.in_flight_cost()
             second["basis"] = s.snapshot().abort_cost_basis
             second["obs"] = s.spend.aborts.observations()
             second["billed0"] = job.sim.ledger.billed_usd
             second["job"] = job
-            s.stop("measure", abort=True)
+            s.ending.stop("measure", abort=True)
 
         second["t"] = asyncio.get_running_loop().create_task(go())
 

@@ -556,3 +556,20 @@ def test_spend_hard_cap_config_reaches_the_budgets_and_bad_values_name_the_key(t
         make_config(tmp_path, spend={"hard_cap": "maybe"})
     with pytest.raises(ConfigError, match=r'spend: hard_cap = true needs reservation = "expected"'):
         make_config(tmp_path, spend={"hard_cap": True, "reservation": "none"})
+
+
+def test_a_recovered_cut_stream_counts_once_in_lost_and_in_the_datasets_dollars(tmp_path):
+    """A stream an earlier process lost (recovered at start) adds its dollars once everywhere (before:
+    twice to ``lost_usd``, once to ``dataset_usd``: the snapshot's lost figure disagreed with the store)."""
+    from engine.money.spend import SpendControl
+    from helpers import make_config
+
+    cfg = make_config(tmp_path)
+    spend = SpendControl(cfg)
+    name = cfg.datasets[0].name
+    spend.count_lost(name, 120, 0.25)
+    spend.count_lost(name, 80, 0.5)
+    assert spend.lost_usd[name] == pytest.approx(0.75)
+    assert spend.dataset_usd[name] == pytest.approx(0.75) and spend.run_cost.used == pytest.approx(0.75)
+    spend.count_lost("not-a-dataset", 10, 1.0)  # a ledger entry of a dataset no longer configured
+    assert spend.run_cost.used == pytest.approx(0.75)

@@ -52,11 +52,11 @@ async def test_include_provider_undoes_exclude_and_rejects_names_not_excluded(tm
     cfg, store, writer, sched = await build(tmp_path, {"a": 1}, fake, provider={"routing": {"ignore": ["Cfg"]}})
     ctl = Controller(sched)
     await ctl.exclude_provider("SimB")
-    assert sched.base_body["provider"]["ignore"] == ["Cfg", "SimB"]
+    assert sched.routing.body["provider"]["ignore"] == ["Cfg", "SimB"]
     with pytest.raises(ValueError, match=r"unknown excluded provider 'SimA'; known: SimB"):
         await ctl.include_provider("SimA")
     assert await ctl.include_provider("simb") == "provider SimB included again"  # spelling matched
-    assert sched.base_body["provider"]["ignore"] == ["Cfg"]  # the config's own ignore stays
+    assert sched.routing.body["provider"]["ignore"] == ["Cfg"]  # the config's own ignore stays
     assert sched.excluded_providers == [] and await store.get_meta("excluded_providers") == "[]"
     with pytest.raises(ValueError, match="no provider is excluded"):
         await ctl.include_provider("SimB")
@@ -84,7 +84,7 @@ async def test_budget_limited_dataset_shows_why_it_runs_below_its_concurrency(tm
         await writer.flush()  # the writer's live row (wired by build) carries the note
         assert collect_status(cfg.run.dir)["datasets"][0]["limit_reason"] == "budget-limited 2/4"
     finally:
-        sched.stop("test over")
+        sched.ending.stop("test over")
         fake.gate.set()
         await asyncio.wait_for(run, 10)
     await store.close()
@@ -113,11 +113,11 @@ async def test_eta_does_not_count_while_paused_or_stopping(tmp_path):
         assert eta_text(snap) == "-- (paused)"
         sched.resume_all()
         assert sched.snapshot().eta_s is not None
-        sched.stop("drain requested", abort=False)
+        sched.ending.stop("drain requested", abort=False)
         snap = sched.snapshot()
         assert snap.eta_s is None and eta_text(snap) == "-- (stopping)"
     finally:
-        sched.stop("test over")
+        sched.ending.stop("test over")
         fake.gate.set()
         await asyncio.wait_for(run, 10)
     await store.close()

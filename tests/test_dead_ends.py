@@ -105,6 +105,20 @@ def test_unreachable_endpoint_pauses_the_run_exits_3_and_fails_nothing(tmp_path)
     assert (d["failed"], d["pending"], d["state"]) == (0, 12, "pending")
 
 
+def test_unreachable_endpoint_with_a_cap_and_no_pricing_names_the_server_not_the_price(tmp_path):
+    """A dollar cap with prices to be read from /models: before, a dead server read as `no price is known
+    for model ... (not in the provider's /models)`."""
+    url = f"http://127.0.0.1:{closed_port()}/v1"
+    cfg = case_config(tmp_path, url, prompts(12), dataset_extra="max_cost_usd = 1.0")
+    cfg.write_text(cfg.read_text().replace("[pricing]\nprompt_usd_per_m = 0.6\ncompletion_usd_per_m = 2.5\n", ""))
+    assert "[pricing]" not in cfg.read_text()
+    r = run_case(cfg, "--exit-on-pause", timeout=60)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, out
+    assert f"cannot reach {url} (connect): its /models did not answer" in out
+    assert "not in the provider's /models" not in out
+
+
 def test_unreachable_endpoint_headless_stays_paused_and_completes_after_resume(tmp_path):
     """Without ``--exit-on-pause`` the headless run waits, paused, like the other run-wide pauses
     (only a rejected key ends it); once the server is up, ``ctl resume`` sends the pending prompts."""
@@ -176,6 +190,8 @@ def test_every_row_rejected_stops_before_any_request_on_every_run(tmp_path):
         assert srv.requests == []
         doc = status(tmp_path / "run")
         assert doc["run"]["state"] == "stopped" and "all 5 rows rejected" in doc["run"]["state_reason"]
+        d = doc["datasets"][0]
+        assert (d["prompts"], d["rejected"]) == (0, 5), d  # before: rej 0 on the status line
 
 
 def test_a_store_ingested_with_every_row_rejected_before_the_fix_stops_too(tmp_path, monkeypatch):
@@ -250,6 +266,28 @@ def test_a_restarted_run_decides_the_calibration_gate_before_any_request(tmp_pat
     assert r.returncode == 3, r.stdout + r.stderr
     assert f"calibration gate: projected cost" in r.stdout and f"after {done} completions" in r.stdout
     assert states(run_dir)["done"] == done and attempts(run_dir) == sent  # not one request left (before: dozens)
+
+
+def test_a_gate_pause_is_judged_again_with_the_new_config_at_a_restart(tmp_path):
+    """Paused by the gate at a $0.10 cap: rerun as is, it stays paused, no request sent; rerun with the cap
+    removed from the config, the gate no longer holds it (before: `calibration gate: ... max_cost_usd $0.10`
+    was kept in the store and on the screen, quoting a cap the config no longer had)."""
+    cfg = gate_config(tmp_path)
+    run_dir = tmp_path / "run"
+    r = run_case(cfg, "--exit-on-pause", timeout=90)
+    assert r.returncode == 3 and "calibration gate: projected cost" in r.stdout, r.stdout + r.stderr
+    sent = attempts(run_dir)
+    r = run_case(cfg, "--exit-on-pause", timeout=90)
+    assert r.returncode == 3 and attempts(run_dir) == sent, r.stdout + r.stderr
+    doc = json.loads(cli("status", str(run_dir), "--json").stdout)
+    assert doc["datasets"][0]["state"] == "paused"
+    assert doc["datasets"][0]["state_reason"].startswith("calibration gate: projected cost")
+    cfg.write_text(cfg.read_text().replace("max_cost_usd = 0.1\n", ""))
+    r = run_case(cfg, "--exit-on-pause", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(cli("status", str(run_dir), "--json").stdout)
+    d = doc["datasets"][0]
+    assert (d["state"], d["done"], d["state_reason"]) == ("done", 400, ""), d
 
 
 # ---- a chained extraction quit while paused ---------------------------------------------------

@@ -530,7 +530,7 @@ async def test_an_abort_while_counting_keeps_the_paid_result(tmp_path):
 
     async def abort_while_counting():
         await asyncio.to_thread(tok.started.wait, 10)
-        assert sched.abort() == 1
+        assert sched.ending.abort() == 1
 
     await _run(sched, writer, abort_while_counting)
     cur = await store.conn.execute("SELECT completion_tokens, usage_source FROM results")

@@ -9,7 +9,7 @@ from engine.run import guards
 from engine.client.retry import RetryPolicy
 from engine.money.spend import CreditsReading
 from engine.money.creditsfloor import CreditsFloorReached
-from engine.run.runstate import Control, DatasetRuntime, RunState
+from engine.run.runstate import Control, DatasetRuntime, PauseKind, RunState
 from engine.run.runwide import Condition
 from engine.run.scheduler import Scheduler
 from engine.report.snapshot import DatasetSnapshot, RunSnapshot
@@ -37,7 +37,7 @@ def test_dataset_rules_pause_only_an_active_dataset_with_the_guard_in_the_reason
 
 def test_run_rules_name_their_kind_and_what_to_do():
     cr = CreditsReading(remaining_usd=5.0, usage_usd=1.0, source="key", at=3.0)
-    running, paused = RunState(), RunState(paused=True, pause_kind="pause")
+    running, paused = RunState(), RunState(pause=PauseKind("pause"))
     p = guards.credits_floor(cr, 4.0, 1.5, running)
     assert p == guards.Pause(None, "credits floor: $5.00 left minus $1.50 in flight is below credits_floor_usd $4.00",
                              kind="credits")
@@ -54,7 +54,7 @@ def test_run_rules_name_their_kind_and_what_to_do():
     e = OSError(28, "No space left on device")
     p = guards.store_failing(e, running)
     assert p is not None and p.kind == "store" and p.reason.startswith("store commits fail (OSError: ")
-    store_paused = RunState(paused=True, pause_kind="store")
+    store_paused = RunState(pause=PauseKind("store"))
     assert guards.store_failing(e, store_paused) is None
     assert guards.store_recovered(store_paused) and not guards.store_recovered(paused)
     assert not guards.store_recovered(running)
@@ -74,13 +74,13 @@ def _ds(name, state, reason=""):
 
 def test_exit_on_pause_decides_who_ends_the_run_and_with_which_code():
     snap = _snap("credits floor: ...", [_ds("a", "paused")])
-    credits = RunState(paused=True, pause_kind="credits")
+    credits = RunState(pause=PauseKind("credits"))
     end = guards.exit_on_pause(snap, credits, exit_on_pause=True, stop_on_auth=False)
     assert end == guards.Stop("exit on pause: credits floor: ...", 3, "--exit-on-pause", "credits floor: ...")
     assert guards.exit_on_pause(snap, credits, exit_on_pause=False, stop_on_auth=True) is None
-    user = RunState(paused=True, pause_kind="pause")
+    user = RunState(pause=PauseKind("pause"))
     assert guards.exit_on_pause(snap, user, exit_on_pause=True, stop_on_auth=True) is None  # the user's
-    auth = guards.exit_on_pause(_snap("key rejected", []), RunState(paused=True, pause_kind="auth"),
+    auth = guards.exit_on_pause(_snap("key rejected", []), RunState(pause=PauseKind("auth")),
                                 exit_on_pause=False, stop_on_auth=True)
     assert auth == guards.Stop("key rejected", 2, "the key comes from this process's environment", "key rejected")
     busy = _snap("credits", [], in_flight=2)

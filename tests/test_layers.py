@@ -42,7 +42,10 @@ def test_lint_imports_keeps_every_contract():
     lint = Path(PY).with_name("lint-imports")
     r = subprocess.run([str(lint), "--no-cache"], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    assert re.search(r"Contracts: 4 kept, 0 broken\.", r.stdout), r.stdout[-2000:]
+    import tomllib
+
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    assert re.search(rf"Contracts: {len(contracts)} kept, 0 broken\.", r.stdout), r.stdout[-2000:]
     make = (REPO / "Makefile").read_text()
     test_target = make[make.index("\ntest: venv") + 1:].split("\n\n")[0]
     assert "$(BIN)/lint-imports" in test_target.splitlines()[1]  # before pytest
@@ -61,6 +64,58 @@ def test_every_engine_folder_and_module_has_a_place_in_the_layers():
     assert len(named) == len(set(named))
     flat = [p.name for p in (REPO / "engine").glob("*.py") if p.name != "__init__.py"]
     assert len(flat) <= 8, flat  # the root holds the foundations only; the rest lives in folders
+
+
+def test_only_storage_imports_sqlite_and_the_contract_names_every_other_package():
+    """engine.storage owns the database (issue 27): the storage-owns-sqlite contract forbids sqlite3 and
+    aiosqlite to the CLI, the dashboard and every engine package and root module but storage, so a new one
+    cannot import them unnoticed; and no module outside storage holds SQL."""
+    import tomllib
+
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (c,) = [c for c in contracts if c["id"] == "storage-owns-sqlite"]
+    assert c["type"] == "forbidden" and sorted(c["forbidden_modules"]) == ["aiosqlite", "sqlite3"]
+    present = {f"engine.{m.name}" for m in pkgutil.iter_modules([str(REPO / "engine")]) if m.name != "__main__"}
+    assert sorted(c["source_modules"]) == sorted(present - {"engine.storage"} | {"datagen", "tui"})
+    sql = re.compile(r"\b(SELECT .+ FROM|INSERT (OR \w+ )?INTO|UPDATE \w+ SET|DELETE FROM|CREATE TABLE|PRAGMA \w+)")
+    outside = [str(p.relative_to(REPO)) for d in ("engine", "tui", "datagen") for p in sorted((REPO / d).rglob("*.py"))
+               if not p.is_relative_to(REPO / "engine" / "storage")
+               and (sql.search(p.read_text()) or re.search(r"\.execute(many|script)?\(", p.read_text()))]
+    assert outside == [], outside
+
+
+def test_the_dashboard_sees_the_engine_through_engine_api_only():
+    """The engine's public face (issue 27): the tui-uses-api contract forbids every engine package and root module
+    but api to the dashboard (so a new one is covered too), every name engine.api exports resolves, and what tui
+    imports of the engine, statement by statement, is engine.api; no import cycle in tui or datagen either."""
+    import ast
+    import tomllib
+
+    import engine.api as api
+
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    (c,) = [c for c in contracts if c["id"] == "tui-uses-api"]
+    assert c["type"] == "forbidden" and c["source_modules"] == ["tui"] and c["allow_indirect_imports"] is True
+    present = {f"engine.{m.name}" for m in pkgutil.iter_modules([str(REPO / "engine")]) if m.name != "__main__"}
+    assert sorted(c["forbidden_modules"]) == sorted(present - {"engine.api"})
+    assert [n for n in api.__all__ if not hasattr(api, n)] == []
+    named = set()
+    for p in sorted((REPO / "tui").rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "engine":
+                named.add(node.module)
+            elif isinstance(node, ast.Import):
+                named |= {a.name for a in node.names if a.name.split(".")[0] == "engine"}
+    assert named == {"engine.api"}, named
+    (acyclic,) = [c for c in contracts if c["id"] == "acyclic-ui"]
+    assert acyclic["type"] == "acyclic_siblings" and sorted(acyclic["ancestors"]) == ["datagen", "tui"]
+
+
+def test_no_module_of_the_dashboard_or_the_client_is_over_500_lines():
+    """Modules are split along their concepts (issue 27) before they grow past 500 lines."""
+    big = {str(p.relative_to(REPO)): n for d in ("tui", "engine/client") for p in sorted((REPO / d).rglob("*.py"))
+           if (n := len(p.read_text().splitlines())) > 500}
+    assert big == {}, big
 
 
 def test_a_fault_spec_in_the_config_loads_no_simulator(tmp_path):

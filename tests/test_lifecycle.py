@@ -294,9 +294,9 @@ def test_drain_limit_defaults_to_the_requests_own_timeout(tmp_path):
             "datasets": [{"name": "g", "path": str(REPO / "engine/samples/b1_glaive.jsonl"), "format": "glaive"}]}
     cfg = parse_config(base, tmp_path / "c.toml")
     assert cfg.run.drain_timeout_s == "auto"
-    assert Scheduler(cfg, None, None, None).drain_limit_s() == 1234.0
+    assert Scheduler(cfg, None, None, None).ending.drain_limit_s() == 1234.0
     cfg = parse_config({**base, "run": {"dir": str(tmp_path / "r"), "drain_timeout_s": 7}}, tmp_path / "c.toml")
-    assert Scheduler(cfg, None, None, None).drain_limit_s() == 7.0
+    assert Scheduler(cfg, None, None, None).ending.drain_limit_s() == 7.0
 
 
 def test_headless_drain_shows_countdown_in_flight_and_dollars(tmp_path):

@@ -121,7 +121,7 @@ def _abort_when(holder, done_at: int, dataset: str | None = None):
             holder["n"] = snap.in_flight
             holder["billed0"] = job.sim.ledger.billed_usd
             holder["spent0"] = snap.cost_usd
-            s.stop("test abort", abort=True)
+            s.ending.stop("test abort", abort=True)
 
         holder["t"] = asyncio.get_running_loop().create_task(stopper())
     return ready
@@ -196,12 +196,12 @@ async def test_ctl_skip_abort_shows_only_that_datasets_streams_and_dollars(tmp_p
             while not s.datasets or s.datasets["a"].in_flight < 5 or s.datasets["b"].in_flight < 5:
                 await asyncio.sleep(0.05)
             await asyncio.sleep(1.0)  # streams under way, the live row committed
-            holder["run_usd"], holder["a_usd"] = s.cost_in_flight_usd(), s.cost_in_flight_usd("a")
+            holder["run_usd"], holder["a_usd"] = s.ending.cost_in_flight_usd(), s.ending.cost_in_flight_usd("a")
             seen = holder["a_seen"] = [holder["a_usd"]]  # a's in-flight dollars until the skip lands
 
             async def sample():
                 while True:
-                    seen.append(s.cost_in_flight_usd("a"))
+                    seen.append(s.ending.cost_in_flight_usd("a"))
                     await asyncio.sleep(0.02)
 
             sampler = asyncio.get_running_loop().create_task(sample())
@@ -211,12 +211,12 @@ async def test_ctl_skip_abort_shows_only_that_datasets_streams_and_dollars(tmp_p
             out, err = await p.communicate()
             sampler.cancel()
             holder["out"], holder["rc"] = out.decode() + err.decode(), p.returncode
-            holder["abort_usd"] = s.in_flight_cost().abort_usd
+            holder["abort_usd"] = s.ending.in_flight_cost().abort_usd
             bills = holder["abort_seen"] = [holder["abort_usd"]]  # the estimate while the second ctl starts
 
             async def sample_bill():
                 while True:
-                    bills.append(s.in_flight_cost().abort_usd)
+                    bills.append(s.ending.in_flight_cost().abort_usd)
                     await asyncio.sleep(0.02)
 
             sampler = asyncio.get_running_loop().create_task(sample_bill())
@@ -226,7 +226,7 @@ async def test_ctl_skip_abort_shows_only_that_datasets_streams_and_dollars(tmp_p
             out, err = await p.communicate()
             sampler.cancel()
             holder["out_all"] = out.decode() + err.decode()
-            s.stop("test done", abort=True)
+            s.ending.stop("test done", abort=True)
 
         holder["t"] = asyncio.get_running_loop().create_task(go())
 

@@ -236,7 +236,7 @@ async def test_snapshot_eta_agrees_with_its_rows_and_says_why_when_none(tmp_path
         assert doc["run"]["source"] == "engine" and doc["run"]["eta_reason"] == "all datasets paused"
         assert doc["eta_s"] is None and "ETA -- (all datasets paused)" in format_status(doc)
     finally:
-        sched.stop("test over")
+        sched.ending.stop("test over")
         fake.gate.set()
         await asyncio.wait_for(run, 10)
     await store.close()
@@ -275,7 +275,7 @@ async def test_run_cap_met_no_eta_anywhere_and_projection_capped(tmp_path):
         html = status_tables(doc)  # the report's status table says so too
         assert "(capped at the run&#x27;s max_cost_usd)" in html and "-- (run cost cap met)" in html
     finally:
-        sched.stop("test over")
+        sched.ending.stop("test over")
         fake.gate.set()
         await asyncio.wait_for(run, 10)
     await store.close()
@@ -321,3 +321,20 @@ async def test_a_killed_runs_elapsed_is_what_the_screen_last_showed_at_least(tmp
     await store.close()
     # a file of another store's run (started before this row's last commit) is not taken
     assert persisted_elapsed(cfg.run.dir, started + 100, started + 150, 24.0) == 24.0
+
+
+def test_status_of_a_paused_extraction_has_no_eta_and_says_why(tmp_path):
+    """`datagen status` printed `ETA 162s` for a paused extraction while the view said `ETA -- (paused)`."""
+    w = StatusWriter(tmp_path, 0, 1)
+    w.set_totals(20, 2000, 0, 0)
+    w.set_state("running")
+    w.add_done(5, 500, 2048)
+    time.sleep(0.2)
+    w.add_done(5, 500, 2048)
+    w.set_state("running")  # written now
+    running = collect(tmp_path)
+    assert running["state"] == "running" and running["eta_s"] is not None and running["eta_s"] > 0
+    w.set_state("paused")
+    paused = collect(tmp_path)
+    assert paused["state"] == "paused" and paused["eta_s"] is None
+    assert "| ETA -- (paused)" in format_line(paused)

@@ -139,3 +139,17 @@ async def test_details_follow_the_real_engine(tmp_path):
         assert max(shown) <= app.snapshot.dataset("sharegpt").done
         await pilot.press("escape")
         app.begin_quit("abort")
+
+
+def test_detail_progress_is_rounded_down_and_a_capped_projection_says_so():
+    """The view agrees with the row: 199 of 200 finished with one in flight reads 99% (before: 100%,
+    rounded), and a projection clamped at a cap reads "capped at"."""
+    snap = fixed_snapshot()
+    d = dataclasses.replace(snap.datasets[0], prompts=200, done=199, failed=0, skipped=0, pending=0, in_flight=1,
+                            max_cost_usd=0.16, projected_cost_usd=0.16, projection_capped=True)
+    plain = detail_text(d, snap).plain
+    assert "1 in flight (99% finished)" in plain
+    assert "of cap $0.16, projected capped at $0.16" in plain
+    d = dataclasses.replace(d, done=77, pending=122, projection_capped=False, projected_cost_usd=0.12)
+    plain = detail_text(d, snap).plain
+    assert "(38% finished)" in plain and "projected capped" not in plain  # 77/200 = 38.5%: 38, not 39

@@ -1,21 +1,22 @@
 """The dashboard's key actions and command-palette commands.
 
 :class:`DashboardActions` is a manager object (the app's ``action_*`` methods call it): it gets the
-app, its host (:class:`tui.host.DashboardHost`) and its toasts through its constructor. Every action
-returns at once: controller calls run in a Textual worker (group ``commands``) and
+app, its host (:class:`tui.host.DashboardHost`) and its toasts through its constructor. Each key
+builds a :class:`~engine.run.commands.RunCommand` and sends it through the host's command target
+(:meth:`tui.host.Commands.apply`: the engine's one command path). Every action
+returns at once: commands run in a Textual worker (group ``commands``) and
 confirmations use ``push_screen(screen, callback)``, so a key never waits on the store or on a
 modal, and the scheduler's state changes within one loop iteration of the key press.
 """
 
 from __future__ import annotations
 
-import inspect
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from engine.report.snapshot import DatasetSnapshot, RunSnapshot
+from engine.api import DatasetSnapshot, RunCommand, RunSnapshot
 from tui.detail import DetailScreen, detail_text
 from tui.host import Commands, DashboardHost
 from tui.modals import ConfirmScreen, HelpScreen, PickScreen, QuitScreen, abort_body, quit_body
@@ -24,7 +25,7 @@ from tui.retry import retry_failed
 from tui.toasts import Toasts
 
 if TYPE_CHECKING:
-    from tui.app import DashboardApp
+    from tui.surface import DashboardSurface
 
 HELP = [
     ("p", "pause / resume the selected dataset (pause drains: in-flight requests finish; un-skipping asks first)"),
@@ -65,7 +66,7 @@ def concurrency_step(current: int, direction: int, cap: int | None = None) -> in
 
 
 class DashboardActions:
-    """The key actions of :class:`tui.app.DashboardApp`.
+    """The key actions of :class:`tui.app.DashboardApp` (a :class:`tui.surface.DashboardSurface`).
 
     Args:
         app: the dashboard (its latest snapshot, selection, modals, workers and polls).
@@ -84,7 +85,7 @@ class DashboardActions:
     }
     """Why ``s`` does nothing, by dataset state."""
 
-    def __init__(self, app: DashboardApp, host: DashboardHost, toasts: Toasts) -> None:
+    def __init__(self, app: DashboardSurface, host: DashboardHost, toasts: Toasts) -> None:
         self.app = app
         self.host = host
         self.toasts = toasts
@@ -120,19 +121,21 @@ class DashboardActions:
             if self.conc_target.get(c.name) == c.concurrency:
                 del self.conc_target[c.name]
 
-    def run_command(self, call: Callable[[], Any], done: str | None = None, key: str | None = None) -> None:
-        """Run ``call()`` (sync or async controller method) in a worker; toast its result (replacing
-        the previous toast of the same ``key``, see :meth:`tui.toasts.Toasts.toast`)."""
+    def run_command(self, ctl: Commands, cmd: RunCommand, done: str | None = None, key: str | None = None) -> None:
+        """Apply ``cmd`` through ``ctl`` (:meth:`tui.host.Commands.apply`) in a worker; toast its result
+        (replacing the previous toast of the same ``key``, see :meth:`tui.toasts.Toasts.toast`): an error
+        toast when it was refused (or the store failed)."""
 
         async def job() -> None:
             try:
-                res = call()
-                if inspect.isawaitable(res):
-                    res = await res
-            except Exception as e:  # noqa: BLE001 - ValueError from the controller, store errors
+                res = await ctl.apply(cmd)
+            except Exception as e:  # noqa: BLE001 - store errors
                 self.toasts.toast(str(e), key=key, severity="error", timeout=6)
                 return
-            self.toasts.toast(done or str(res), key=key, timeout=3)
+            if not res.ok:
+                self.toasts.toast(res.message, key=key, severity="error", timeout=6)
+                return
+            self.toasts.toast(done or res.message, key=key, timeout=3)
             self.app.request_poll()
 
         self.app.run_worker(job(), group="commands", exit_on_error=False)
@@ -175,7 +178,7 @@ class DashboardActions:
             self.app.notify(f"{name} is done: nothing left to pause", severity="warning")
             return
         if name and (ctl := self.commands()) is not None:
-            self.run_command(partial(ctl.pause, name))
+            self.run_command(ctl, RunCommand.pause(name))
 
     def resume_selected(self, name: str | None = None) -> None:
         """Resume the selected (or named) dataset: a paused one at once; a skipped one only after a
@@ -185,14 +188,14 @@ class DashboardActions:
             return
         d = self.dataset(name)
         if d is None or d.state != "skipped":
-            self.run_command(partial(ctl.resume, name))
+            self.run_command(ctl, RunCommand.resume(name))
             return
         body = (f"{d.skipped:,} prompts counted as skipped return to pending and are requested (and billed) "
                 f"again.{' Reason it was skipped: ' + d.state_reason if d.state_reason else ''}")
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.run_command(partial(ctl.resume, name))
+                self.run_command(ctl, RunCommand.resume(name))
             else:
                 self.app.notify(f"{name} stays skipped", timeout=3)
 
@@ -212,7 +215,7 @@ class DashboardActions:
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.run_command(partial(ctl.skip, name))
+                self.run_command(ctl, RunCommand.skip(name))
             else:  # Enter on the focused Cancel: say so, or the key seems to do nothing
                 self.app.notify(f"{name} not skipped", timeout=3)
 
@@ -226,12 +229,12 @@ class DashboardActions:
     def pause_all(self) -> None:
         """Pause the whole run (drain: in-flight requests finish)."""
         if (ctl := self.commands()) is not None:
-            self.run_command(partial(ctl.pause, None))
+            self.run_command(ctl, RunCommand.pause())
 
     def resume_all(self) -> None:
         """Resume the whole run."""
         if (ctl := self.commands()) is not None:
-            self.run_command(partial(ctl.resume, None))
+            self.run_command(ctl, RunCommand.resume())
 
     def abort(self) -> None:
         """Ask, showing the dollars and the count in flight, then cancel every in-flight request."""
@@ -245,7 +248,7 @@ class DashboardActions:
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.run_command(ctl.abort)
+                self.run_command(ctl, RunCommand.abort())
             else:
                 self.app.notify("nothing aborted: the requests in flight go on", timeout=3)
 
@@ -271,7 +274,7 @@ class DashboardActions:
             self.toasts.toast(f"class {cls} concurrency is {why}", key="concurrency", severity="warning", timeout=5)
             return
         self.conc_target[cls] = new
-        self.run_command(partial(ctl.set_concurrency, cls, new), key="concurrency")
+        self.run_command(ctl, RunCommand.concurrency(cls, new), key="concurrency")
 
     def exclude_provider(self) -> None:
         """Pick a provider and exclude it, or an excluded one and include it again."""
@@ -288,7 +291,8 @@ class DashboardActions:
 
         def picked(name: str | None) -> None:
             if name:
-                self.run_command(partial(ctl.include_provider if name in excluded else ctl.exclude_provider, name))
+                self.run_command(ctl, RunCommand.include_provider(name) if name in excluded
+                                 else RunCommand.exclude_provider(name))
 
         self.app.push_screen(PickScreen("Exclude which provider?", options), picked)
 

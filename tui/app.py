@@ -13,7 +13,9 @@ snapshot source instead (host :class:`tui.host.StaticHost`).
 The keys' actions, the toasts, the drawing and the terminal watch are manager objects
 (:class:`tui.actions.DashboardActions`, :class:`tui.toasts.Toasts`, :class:`tui.view.DashboardView`,
 :class:`tui.terminal.TerminalWatch`) that get the app and its host through their constructors; the
-app's ``action_*`` methods and event handlers call them.
+app's ``action_*`` methods and event handlers call them (they see it as a :class:`tui.surface.DashboardSurface`
+or :class:`tui.surface.WatchedApp`, and import nothing of this module). The engine is reached only through
+:mod:`engine.api`; :func:`tui.launch.run_dashboard` runs the app on a terminal (``datagen run``).
 """
 
 from __future__ import annotations
@@ -31,16 +33,14 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import DataTable
 
-from engine.config import Config
-from engine.extract.gpu import GpuPoller, GpuReading
-from engine.report.metricsserver import MetricsServer, open_metrics, start_metrics
-from engine.report.progress import final_report
-from engine.report.snapshot import RunSnapshot
+from engine.api import (
+    Config, GpuPoller, GpuReading, MetricsServer, RunSnapshot, open_metrics, start_metrics,
+)
 from tui.actions import DashboardActions, DashboardCommands
 from tui.host import Commands, DashboardHost, EngineHost, InjectedCommands, StaticHost
 from tui.layout import CSS, HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS, parse_keymap
-from tui.logbridge import PaneLogHandler, quiet_terminal_logging
-from tui.terminal import TerminalWatch, use_real_terminal_size
+from tui.logbridge import PaneLogHandler
+from tui.terminal import TerminalWatch
 from tui.toasts import Toasts
 from tui.view import DashboardView
 from tui.extract.chain import ChainedExtraction
@@ -463,42 +463,3 @@ class DashboardApp(App[int]):
         self.view.resize(event.size.width)
         self.call_after_refresh(self.request_poll)  # panes shown by the new size get drawn now
 
-
-def run_dashboard(cfg: Config, *, exit_on_pause: bool = False, refresh_hz: float = 2.0) -> int:
-    """Run ``cfg``'s job under the dashboard; returns :func:`engine.run.headless.run_headless`'s exit codes
-    (0 completed or quit with ``q``, 2 stopped by a fatal provider error, 3 paused with ``exit_on_pause``,
-    130 interrupted: Ctrl-C, SIGINT/SIGTERM/SIGHUP or the terminal lost).
-
-    Terminal log handlers are detached while the app runs (the file log stays); the final progress
-    lines are printed after the app has restored the terminal.
-
-    Raises:
-        Whatever ``prepare`` raised (ConfigError, DatasetError, StoreError), after the app exits.
-    """
-    use_real_terminal_size()
-    handler = PaneLogHandler()
-    app = DashboardApp(cfg, exit_on_pause=exit_on_pause, refresh_hz=refresh_hz, log_handler=handler)
-    with quiet_terminal_logging(handler):
-        app.run()
-    host = app.engine
-    assert host is not None
-    if host.error is not None:
-        raise host.error
-    snap = host.snapshot()
-    if snap is not None and not app.terminal_lost:
-        try:
-            for line in final_report(snap, host.store_path or "?"):
-                print(line, flush=True)
-        except OSError:  # the terminal went away as we exited
-            pass
-    if host.exit_code is None:
-        return 130  # the app ended without the engine finishing (should not happen)
-    if app.chained is not None:
-        try:
-            for line in app.chained.chain.end_lines():  # with "extraction incomplete: N samples left" when so
-                print(line, flush=True)
-        except OSError:
-            pass
-        code = app.chained.exit_code()
-        return code if code is not None else 130
-    return host.exit_code

@@ -20,7 +20,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Label, Static
 
-from engine.report.snapshot import DatasetSnapshot, RunSnapshot
+from engine.api import DatasetSnapshot, RunSnapshot, progress_percent
 from tui.fmt import fmt_count, money
 from tui.panes.datasets import eta_cell
 from tui.panes.log import styled_line
@@ -88,7 +88,7 @@ def detail_text(d: DatasetSnapshot, snap: RunSnapshot, cls: str = "", log_lines:
     if d.limit_reason:  # the table's reason cell shows it (cut) when the dataset has no state reason
         _row(t, "limit", (d.limit_reason, "yellow"), (LIMIT_EXPLAINED.get(d.limit_reason.split(" ")[0], ""), "dim"))
     finished = d.done + d.failed
-    pct = f"{finished / d.prompts:.0%}" if d.prompts else "--"
+    pct = f"{progress_percent(finished, d.prompts)}%" if d.prompts else "--"  # rounded down, as the row
     _row(t, "prompts", f"{d.prompts:,} valid, {d.rejected:,} rejected at ingest")
     _row(t, "progress", f"{d.done:,} done, {d.failed:,} failed, {d.skipped:,} skipped, {d.pending:,} pending, "
                         f"{d.in_flight:,} in flight ({pct} finished)")
@@ -96,7 +96,7 @@ def detail_text(d: DatasetSnapshot, snap: RunSnapshot, cls: str = "", log_lines:
     _row(t, "tokens", f"completion {d.completion_tokens:,} of budget {budget}, reserved {d.reserved_tokens:,}; "
                       f"prompt {d.prompt_tokens:,}, reasoning {d.reasoning_tokens:,}")
     _row(t, "cost", f"{money(d.cost_usd)} of cap {money(d.max_cost_usd, 2) if d.max_cost_usd is not None else 'none'}"
-                    f", projected {money(d.projected_cost_usd)}")
+                    f", projected {'capped at ' if d.projection_capped else ''}{money(d.projected_cost_usd)}")
     eta = eta_cell(d, label=True)[0] or "--"  # the table's text (a range while calibrating)
     _row(t, "speed", f"{d.req_per_s:.2f} req/s (60 s), {d.req_per_s_since_start:.2f} since start; "
                      f"{fmt_count(d.tok_per_s)} tok/s; ETA {eta}; avg {d.avg_completion_tokens_recent:.0f} tok "

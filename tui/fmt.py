@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.metrics.rates import fmt_count, fmt_duration
+from engine.api import fmt_count, fmt_duration
 
 __all__ = ["bar", "bar_parts", "fmt_count", "fmt_duration", "money", "pct", "secs", "trim", "GIB"]
 

@@ -1,11 +1,12 @@
 """What the dashboard needs from whatever runs the engine: a typed host interface and its two hosts.
 
 The dashboard reads the engine only through immutable snapshots (:class:`engine.report.snapshot.RunSnapshot`)
-and sends commands only through :class:`Commands` (what :class:`engine.run.controller.Controller`
-offers) and :class:`DashboardHost`. Two hosts implement it:
+and sends commands only as :class:`engine.run.commands.RunCommand` values through :class:`Commands`
+(:meth:`engine.run.controller.Controller.apply`: the engine's one command path, which ``datagen ctl``
+takes too) and :class:`DashboardHost`. Two hosts implement it:
 
 - :class:`EngineHost` does what :func:`engine.run.headless.run_headless` does, minus the printing: it runs
-  ``prepare(cfg)`` and :func:`engine.run.runner.run_job` (writer, supervisor, scheduler; closes the
+  :func:`engine.api.prepare_job` and :func:`engine.api.run_job` (writer, supervisor, scheduler; closes the
   job). The app runs :meth:`EngineHost.run` as an async Textual worker on its own loop.
 - :class:`StaticHost` shows an injected snapshot source and command target (tests, screenshots).
 """
@@ -18,12 +19,9 @@ import logging
 from pathlib import Path
 from typing import Callable, Protocol
 
-from engine.config import Config
-from engine.run.controller import Controller
-from engine.run.runner import Job, prepare, run_job
-from engine.run.headless import fmt_limit
-from engine.run.scheduler import Scheduler
-from engine.report.snapshot import RunSnapshot
+from engine.api import (
+    CommandResult, Config, Controller, Job, RunCommand, RunSnapshot, Scheduler, fmt_limit, prepare_job, run_job,
+)
 
 log = logging.getLogger("datagen.dashboard")
 
@@ -32,47 +30,18 @@ QUIT_MODES = ("drain", "abort")
 
 
 class Commands(Protocol):
-    """The command methods the dashboard calls (:class:`engine.run.controller.Controller` has them all).
+    """Where the dashboard sends commands (:class:`engine.run.controller.Controller` fits it): every key's
+    command as a :class:`~engine.run.commands.RunCommand` through :meth:`apply`, and the failed
+    counts ``f`` offers to retry."""
 
-    Each returns a short human-readable result (shown as a toast) and raises ``ValueError`` naming
-    the unknown dataset/class/provider or the out-of-range value; sync or async (the app awaits
-    awaitables).
-    """
-
-    async def pause(self, dataset: str | None = None) -> str:
-        """Pause ``dataset`` (None: the whole run); in-flight requests drain."""
-        ...
-
-    async def resume(self, dataset: str | None = None) -> str:
-        """Resume ``dataset`` (paused, skipped or budget_met; None: the whole run)."""
-        ...
-
-    async def skip(self, dataset: str) -> str:
-        """Skip ``dataset``: its pending prompts count as skipped."""
-        ...
-
-    def abort(self, dataset: str | None = None) -> str:
-        """Cancel in-flight requests now (of ``dataset``, None: all); their prompts return to pending."""
-        ...
-
-    async def set_concurrency(self, cls: str, n: int) -> str:
-        """Set request class ``cls``'s concurrency to ``n`` (1..cap)."""
-        ...
-
-    async def exclude_provider(self, name: str) -> str:
-        """Stop routing new requests to provider ``name``."""
-        ...
-
-    async def include_provider(self, name: str) -> str:
-        """Route new requests to the excluded provider ``name`` again."""
+    async def apply(self, cmd: RunCommand) -> CommandResult:
+        """Apply ``cmd`` (:func:`engine.run.commands.apply`): ``ok`` says whether it was applied (a
+        refusal names the unknown dataset/class/provider or the out-of-range value); ``message`` is
+        shown as a toast."""
         ...
 
     async def failed_counts(self, dataset: str | None = None) -> dict[str, int]:
         """Failed prompts of ``dataset`` (None: all) by error class, e.g. ``{"server": 3}``."""
-        ...
-
-    async def retry_failed(self, dataset: str | None = None, reason: str | None = None) -> str:
-        """Return ``dataset``'s failed prompts (of error class ``reason``, None: any) to pending."""
         ...
 
 
@@ -152,9 +121,9 @@ class _LogLines(io.TextIOBase):
 class EngineHost:
     """One job's lifecycle on the current event loop (a :class:`DashboardHost`).
 
-    Engine members it uses: ``runner.prepare``/``run_job``; ``Job.controller`` (snapshots and every
-    command: ``stop()``, ``drain()``, ``drain_limit_s()``, ``dataset_class()``) and ``Job.store.path``;
-    ``Job.scheduler`` only through :attr:`scheduler`, for tests that check the engine itself.
+    Engine members it uses (through :mod:`engine.api`): ``prepare_job``/``run_job``; ``Job.controller``
+    (snapshots and every command: ``stop()``, ``drain()``, ``drain_limit_s()``, ``dataset_class()``) and
+    ``Job.store.path``; ``Job.scheduler`` only through :attr:`scheduler`, for tests that check the engine itself.
 
     Attributes:
         job: the prepared job (None until :meth:`run` has prepared it).
@@ -216,7 +185,7 @@ class EngineHost:
         """
         out = _LogLines(log)
         try:
-            self.job = job = await prepare(self.cfg, out)
+            self.job = job = await prepare_job(self.cfg, out)
         except BaseException as e:
             self.error = e
             raise

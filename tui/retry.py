@@ -7,16 +7,16 @@ controller returns the picked ones to pending; the run sends them again (they ar
 
 from __future__ import annotations
 
-from functools import partial
 from typing import TYPE_CHECKING
 
+from engine.api import RunCommand
 from tui.modals import PickScreen
 
 if TYPE_CHECKING:
-    from tui.actions import DashboardActions
+    from tui.surface import RetryContext
 
 
-def retry_failed(actions: DashboardActions, name: str | None) -> None:
+def retry_failed(actions: RetryContext, name: str | None) -> None:
     """Retry dataset ``name``'s failed prompts: pick all of them or those of one error class (Escape
     cancels); they return to pending and are requested (billed) again. After the run ended, say how
     to do it from the command line instead.
@@ -52,7 +52,7 @@ def retry_failed(actions: DashboardActions, name: str | None) -> None:
 
         def picked(choice: str | None) -> None:
             if choice:
-                actions.run_command(partial(ctl.retry_failed, name, None if choice == "*" else choice))
+                actions.run_command(ctl, RunCommand.retry_failed(name, None if choice == "*" else choice))
 
         app.push_screen(PickScreen(f"Retry failed prompts of {name}? They return to pending and are "
                                    f"requested (and billed) again", options), picked)

@@ -11,7 +11,7 @@ import logging
 import tempfile
 from pathlib import Path
 
-from engine.config import load_config
+from engine.api import load_config
 from tui.app import DashboardApp
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,20 +16,21 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
-from engine.run.headless import interrupt_action
+from engine.api import interrupt_action
 
 if TYPE_CHECKING:
-    from tui.app import DashboardApp
+    from tui.surface import WatchedApp
 
 log = logging.getLogger("datagen.dashboard")
 
 
 class TerminalWatch:
-    """Signal handlers and the terminal watchdog of :class:`tui.app.DashboardApp`.
+    """Signal handlers and the terminal watchdog of :class:`tui.app.DashboardApp` (and, through
+    :class:`tui.extract.run_app.ExtractTerminalWatch`, of the extraction's app).
 
     Args:
-        app: the dashboard: its timers, its Textual driver (stopped when the terminal goes away),
-            its host (``quit_mode`` and the snapshot's state tell whether a stop is in progress)
+        app: the dashboard (a :class:`tui.surface.WatchedApp`): its timers, its Textual driver (stopped
+            when the terminal goes away), its host (``quit_mode`` and the snapshot's state tell whether a stop is in progress)
             and ``begin_quit``.
 
     Attributes:
@@ -37,7 +38,7 @@ class TerminalWatch:
         signals: the signals whose handlers are installed on the app's loop.
     """
 
-    def __init__(self, app: DashboardApp) -> None:
+    def __init__(self, app: WatchedApp) -> None:
         self.app = app
         self.lost = False
         self.signals: list[signal.Signals] = []

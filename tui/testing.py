@@ -14,10 +14,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from engine.config import Config, parse_config
-from engine.extract.gpu import GpuReading, GpuSnapshot
-from engine.report.snapshot import ClassSnapshot, DatasetSnapshot, RunSnapshot, SampleSnapshot
-from engine.metrics.stats import ProviderSnapshot
+from engine.api import (
+    ClassSnapshot, CommandResult, Config, DatasetSnapshot, GpuReading, GpuSnapshot, ProviderSnapshot, RunCommand,
+    RunSnapshot, SampleSnapshot, apply_command, parse_config,
+)
 
 SAMPLES = Path(__file__).resolve().parents[1] / "engine" / "samples"
 """The bundled sample dataset files."""
@@ -58,12 +58,16 @@ def sim_config(
 
 
 class FakeController:
-    """Stands in for :class:`engine.run.controller.Controller` (a :class:`tui.host.InjectedCommands`);
-    ``calls`` lists ``(method, args)``; ``failed`` are the counts :meth:`failed_counts` returns."""
+    """Stands in for :class:`engine.run.controller.Controller` (a :class:`tui.host.InjectedCommands`):
+    :meth:`apply` takes the engine's command path (:func:`engine.run.commands.apply`) to its own
+    per-verb methods; ``calls`` lists ``(method, args)``; ``failed`` are the counts :meth:`failed_counts` returns."""
 
     def __init__(self, failed: dict[str, int] | None = None) -> None:
         self.calls: list[tuple[str, tuple]] = []
         self.failed = dict(failed or {})
+
+    async def apply(self, cmd: RunCommand) -> CommandResult:
+        return await apply_command(cmd, self)
 
     async def pause(self, dataset: str | None = None) -> str:
         self.calls.append(("pause", (dataset,)))

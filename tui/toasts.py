@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual.app import App
 from textual.notifications import Notification, SeverityLevel
 
-from engine.report.snapshot import RunSnapshot
+from engine.api import RunSnapshot
 
 class Toasts:
     """Toasts of one app.

@@ -6,8 +6,7 @@ from typing import TYPE_CHECKING, Callable
 
 from textual.widgets import Footer
 
-from engine.extract.gpu import GpuReading
-from engine.report.snapshot import RunSnapshot
+from engine.api import GpuReading, RunSnapshot
 from tui.layout import shown
 from tui.logbridge import PaneLogHandler
 from tui.panes import (
@@ -17,7 +16,7 @@ from tui.panes.datasets import table_width
 
 if TYPE_CHECKING:
     from tui.actions import DashboardActions
-    from tui.app import DashboardApp
+    from tui.surface import DashboardSurface
 
 
 class DashboardView:
@@ -33,7 +32,7 @@ class DashboardView:
     shutting down (its screens and widgets are gone).
     """
 
-    def __init__(self, app: DashboardApp, actions: DashboardActions, log_source: PaneLogHandler | None) -> None:
+    def __init__(self, app: DashboardSurface, actions: DashboardActions, log_source: PaneLogHandler | None) -> None:
         self.app = app
         self.actions = actions
         self.log_source = log_source

@@ -27,6 +27,9 @@ Wire facts (``docs/openrouter.md``):
 ``tokens_received`` is an ESTIMATE of completion tokens streamed so far: characters of reasoning + content +
 tool-call arguments received, divided by 4 and rounded up. Use it as a lower-bound-style estimate of what an aborted
 stream may be billed (its usage chunk is lost); it is not a tokenizer count.
+
+The field readers live in :mod:`engine.client.fields` and :class:`StreamProgress` in :mod:`engine.client.progress`;
+both are re-exported here (``__all__``).
 """
 
 from __future__ import annotations
@@ -37,9 +40,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .conformance import DEFAULT_FINISH_ALIASES, read_usage, resolve_finish, usage_location
-from .errors import classify_error_object, get_header, truncate
+from .errors import classify_error_object
+from .fields import details_text, finish_value, parse_usage, reasoning_text, usage_present
+from .progress import StreamProgress, estimate_tokens
+from .responses import get_header, truncate
 from .toolcalls import ToolCallAssembler
-from .types import Completion, ErrorClass, RequestError, ToolCall, Usage
+from .types import Completion, ErrorClass, RequestError, ToolCall
 
 __all__ = [
     "StreamAccumulator",
@@ -51,128 +57,6 @@ __all__ = [
     "reasoning_text",
     "usage_present",
 ]
-
-
-def estimate_tokens(chars: int) -> int:
-    """Estimated tokens for ``chars`` characters of generated text: ``ceil(chars / 4)`` (a rough lower bound)."""
-    return -(-chars // 4)
-
-
-class StreamProgress:
-    """Live progress of one request, updated by the client as bytes arrive.
-
-    Pass one to :meth:`ChatClient.complete` to learn, after a cancellation or failure, how much was streamed (the
-    scheduler accounts spend of aborted streams from it).
-
-    Attributes:
-        chars_received: characters of reasoning + content + tool-call arguments received so far.
-        generation_id: generation id as soon as known (``X-Generation-Id`` header or first chunk ``id``).
-        provider: provider display name as soon as a chunk names it.
-        status: HTTP status once headers arrived (0 before).
-        cost_usd: ``usage.cost`` if a usage chunk arrived, else None.
-    """
-
-    __slots__ = ("chars_received", "generation_id", "provider", "status", "cost_usd")
-
-    def __init__(self) -> None:
-        self.chars_received = 0
-        self.generation_id = ""
-        self.provider = ""
-        self.status = 0
-        self.cost_usd: float | None = None
-
-    @property
-    def tokens_received(self) -> int:
-        """Estimated completion tokens received so far: ``ceil(chars_received / 4)`` (see module docstring)."""
-        return -(-self.chars_received // 4)
-
-    def reset(self) -> None:
-        """Clear all fields (``ChatClient.complete`` does this at the start of every attempt)."""
-        self.chars_received = 0
-        self.generation_id = ""
-        self.provider = ""
-        self.status = 0
-        self.cost_usd = None
-
-    def __repr__(self) -> str:
-        return (
-            f"StreamProgress(tokens_received={self.tokens_received}, chars_received={self.chars_received}, "
-            f"generation_id={self.generation_id!r}, provider={self.provider!r}, status={self.status})"
-        )
-
-
-def _details_text(details: Any) -> str:
-    if not isinstance(details, list):
-        return ""
-    parts: list[str] = []
-    for d in details:
-        if not isinstance(d, dict):
-            continue
-        kind = d.get("type")
-        if kind == "reasoning.text" or kind is None:
-            t = d.get("text")
-        elif kind == "reasoning.summary":
-            t = d.get("summary")
-        else:  # reasoning.encrypted and unknown kinds carry no readable text
-            t = None
-        if isinstance(t, str) and t:
-            parts.append(t)
-    return "".join(parts)
-
-
-def reasoning_text(obj: Mapping[str, Any]) -> str:
-    """Reasoning text of a ``delta`` or ``message``: ``reasoning``, else ``reasoning_content``, else the text of the
-    ``reasoning_details`` entries (``reasoning.text`` text, ``reasoning.summary`` summary). Never a sum of two."""
-    r = obj.get("reasoning")
-    if r and isinstance(r, str):
-        return r
-    r = obj.get("reasoning_content")
-    if r and isinstance(r, str):
-        return r
-    d = obj.get("reasoning_details")
-    if d:
-        return _details_text(d)
-    return ""
-
-
-def _int(v: Any) -> int:
-    try:
-        return int(v or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
-def parse_usage(u: Any) -> Usage:
-    """Build :class:`Usage` from a ``usage`` object (tolerates missing fields and numeric strings); the
-    billed figures as :func:`engine.client.conformance.read_usage` reads them (reasoning reported outside
-    ``completion_tokens`` added, BYOK upstream cost counted)."""
-    return read_usage(u)[0]
-
-
-def usage_present(u: Any) -> bool:
-    """True when ``u`` is a usage object: a dict with a numeric ``prompt_tokens``, ``completion_tokens`` or
-    ``total_tokens`` (``null``, ``{}`` or a usage without token counts is no usage)."""
-    if not isinstance(u, dict):
-        return False
-    for k in ("prompt_tokens", "completion_tokens", "total_tokens"):
-        v = u.get(k)
-        if v is not None and not isinstance(v, bool):
-            try:
-                float(v)
-            except (TypeError, ValueError):
-                continue
-            return True
-    return False
-
-
-def finish_value(fr: Any) -> str | None:
-    """A chunk's ``finish_reason`` as the finish it announces: None for null, ``""``, whitespace or ``false``
-    (not finished), else the value verbatim (a non-string is kept as its ``str``)."""
-    if fr is None or fr is False:
-        return None
-    if type(fr) is str:
-        return fr if fr.strip() else None
-    return str(fr)
 
 
 class StreamAccumulator:
@@ -360,7 +244,7 @@ class StreamAccumulator:
             r = delta.get("reasoning_content")
             if not (r and type(r) is str):
                 d = delta.get("reasoning_details")
-                r = _details_text(d) if d else ""
+                r = details_text(d) if d else ""
         if r:
             if self._content_seen or self._tools:
                 self._flag("reasoning_after_content")

@@ -43,8 +43,9 @@ from engine.loopback import is_loopback_host
 
 from .accumulate import StreamAccumulator, StreamProgress, parse_completion_body
 from .conformance import finalize, finish_aliases
-from .errors import classify_http_error, truncate
+from .errors import classify_http_error
 from .pool import ShardedTransport, env_proxy_for
+from .responses import truncate
 from .sse import DONE, SSEDecodeError, SSEParser
 from .types import ChatRequest, Completion, ErrorClass, RequestError
 

@@ -36,7 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 from .accumulate import StreamProgress
 from .chat import ChatClient
 from .endpoints import Endpoint, EndpointSet, EndpointSnapshot, EndpointState, HealthPolicy, StateChange
-from .errors import truncate
+from .responses import truncate
 from .types import ChatRequest, Completion, ErrorClass, RequestError
 
 __all__ = ["EndpointFleet", "ProbeResult"]

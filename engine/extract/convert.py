@@ -64,6 +64,7 @@ from engine.extract.job import DTYPE_BYTES, FP8_BYTES, ExtractError, ExtractJob,
 from engine.extract.layouts import make_layout
 from engine.extract.plan import project
 from engine.extract.shards import MANIFEST, OutDir, read_sample
+from engine.extract.snapshot import WorkerState
 from engine.extract.status import read_workers
 from engine.proc import runlock
 
@@ -212,7 +213,7 @@ def source_state(src: Path, listed: int) -> tuple[bool, str]:
     ws = read_workers(src)
     world = int(ws[0].get("world") or 0) if ws else 0
     ranks = {w.get("worker") for w in ws}
-    if ws and ranks == set(range(world)) and all(w.get("state") == "done" for w in ws):
+    if ws and ranks == set(range(world)) and all(w.get("state") == WorkerState.DONE for w in ws):
         return True, ""
     states = ", ".join(f"worker {w.get('worker')} {w.get('state')}" for w in ws) or "no worker status"
     if plan:

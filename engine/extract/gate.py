@@ -9,6 +9,7 @@ import threading
 from typing import Any
 
 from engine.extract.control import ControlReader
+from engine.extract.snapshot import WorkerState
 from engine.extract.status import StatusWriter
 
 log = logging.getLogger("engine.extract.worker")
@@ -62,7 +63,7 @@ class Gate:
             return None
         if flush is not None:
             flush()
-        self.status.set_state("paused", "paused by user")
+        self.status.set_state(WorkerState.PAUSED, "paused by user")
         while True:
             if self.stop.wait(PAUSE_POLL_S):
                 return "abort"
@@ -72,7 +73,7 @@ class Gate:
             if self.drain.is_set():
                 return "drain"
             if not c.paused:
-                self.status.set_state("running")
+                self.status.set_state(WorkerState.RUNNING)
                 return None
 
 

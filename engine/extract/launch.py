@@ -114,13 +114,14 @@ async def _supervised(run: ExtractRun) -> int:
 
 
 def _run_torchrun(job: ExtractJob, rank: int, world: int, local_rank: int, say: Callable[[str], None]) -> int:
+    from engine.extract.snapshot import WorkerState
     from engine.extract.worker import run_worker
 
     if local_rank == 0:
         prepare(job, say if rank == 0 else (lambda _s: None))  # every host checks its own file system
     res = run_worker(job, rank, world, local_rank)
     say(f"rank {rank}/{world}: {res.state}, {res.samples} samples, {res.bytes_written} bytes")
-    return 0 if res.state == "done" else 1
+    return 0 if res.state == WorkerState.DONE else 1
 
 
 __all__ = ["ExtractError", "ExtractRun", "prepare", "run_extract", "torchrun_env"]

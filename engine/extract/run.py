@@ -34,7 +34,7 @@ from engine.extract.control import (Control, ControlError, ExtractControl, read_
                                     update_control, write_plan)
 from engine.extract.job import STARTUP_EXIT, ExtractJob, resolve_job
 from engine.extract.prepare import prepare
-from engine.extract.snapshot import ExtractSnapshot, LauncherWorker, build_snapshot, states_dtype
+from engine.extract.snapshot import ExtractSnapshot, JobState, LauncherWorker, WorkerState, build_snapshot, states_dtype
 from engine.extract.status import collect, format_line, gpu_line, read_workers, status_dir
 from engine.proc import runlock
 
@@ -100,7 +100,7 @@ class ExtractRun:
         self.commands = ExtractControl(self.job.out_dir, on_change=self._own_change)
         self._ctl_seen: Control | None = None
         self.info: dict[str, Any] | None = None
-        self.final_state: str | None = None
+        self.final_state: JobState | None = None
         self.final_reason = ""
         self.exit_code: int | None = None
         self._lock: runlock.DirLock | None = None
@@ -230,7 +230,7 @@ class ExtractRun:
             return
         doc = self._status_doc(rank)
         why = _signal_name(code) if code < 0 else f"exit code {code}"
-        if doc is not None and p is not None and doc.get("pid") == p.pid and doc.get("state") == "failed" \
+        if doc is not None and p is not None and doc.get("pid") == p.pid and doc.get("state") == WorkerState.FAILED \
                 and doc.get("reason") and "is gone" not in doc["reason"]:
             err = f"{doc['reason']} ({why})"
         else:
@@ -318,12 +318,12 @@ class ExtractRun:
             self._started = time.monotonic()
             if self._interrupts:  # a signal while preparing (prepare reset the control file): start nothing
                 self.say("interrupted before the workers started; rerun to extract")
-                self.final_state, self.final_reason, self.exit_code = "stopped", "interrupted", 130
+                self.final_state, self.final_reason, self.exit_code = JobState.STOPPED, "interrupted", 130
                 return 130
             if info["samples"] == 0:
                 self.say("nothing to do: every sample is already in the manifest"
                          + (" or in a skipped dataset" if read_control(self.job.out_dir).skip else ""))
-                self.final_state, self.exit_code = "done", 0
+                self.final_state, self.exit_code = JobState.DONE, 0
                 return 0
             if hasattr(self.poller, "start"):
                 self.poller.start()
@@ -365,7 +365,7 @@ class ExtractRun:
 
     def _progress_line(self) -> None:
         doc = collect(self.job.out_dir)
-        if doc["state"] == "not_started":
+        if doc["state"] == JobState.NOT_STARTED:
             return  # workers still importing
         line = format_line(doc)
         if self.job.device == "cuda" and hasattr(self.poller, "latest"):
@@ -381,7 +381,7 @@ class ExtractRun:
         # the last line says how the job ended (a worker whose restart a quit cancelled is stopped,
         # though its status file, its process gone, reads failed)
         stopped = {lw.rank for lw in self._lw.values() if lw.stopped}
-        workers = [dict(w, state="stopped") if w.get("worker") in stopped else w for w in doc["workers"]]
+        workers = [dict(w, state=WorkerState.STOPPED) if w.get("worker") in stopped else w for w in doc["workers"]]
         self.say(format_line({**doc, "state": self.final_state, "workers": workers,
                               "reason": self.final_reason or ("" if stopped else doc["reason"])}))
         proj = self.info["projected_bytes"] if self.info else 0
@@ -395,19 +395,19 @@ class ExtractRun:
         :func:`collect`), the launcher's records, signals and the control file; returns the exit code."""
         gave_up = [lw for lw in self._lw.values() if lw.gave_up]
         quit_mode = self._quit_mode()
-        if doc["state"] == "done" and not gave_up:
-            self.final_state, code = "done", 0
+        if doc["state"] == JobState.DONE and not gave_up:
+            self.final_state, code = JobState.DONE, 0
         elif self._interrupts or quit_mode == "abort":
-            self.final_state, code = "stopped", 130
+            self.final_state, code = JobState.STOPPED, 130
             self.final_reason = "interrupted" if self._interrupts else "aborted"
         elif gave_up:
-            self.final_state, code = "failed", 1
+            self.final_state, code = JobState.FAILED, 1
             self.final_reason = "; ".join(f"worker {lw.rank}: {lw.last_error}" for lw in gave_up)
         elif quit_mode == "drain":
-            self.final_state, code = "stopped", 0
+            self.final_state, code = JobState.STOPPED, 0
             self.final_reason = "quit: the batches in hand are written; rerun to resume"
         else:
-            self.final_state, code = doc["state"], (0 if doc["state"] == "done" else 1)
+            self.final_state, code = doc["state"], (0 if doc["state"] == JobState.DONE else 1)
             self.final_reason = doc.get("reason", "")
         return code
 

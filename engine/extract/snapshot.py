@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Mapping, Protocol, Sequence
 
 from engine.metrics.rates import fmt_count
@@ -17,18 +18,52 @@ from engine.metrics.rates import fmt_count
 #: Seconds of history behind a worker's ``tokens_per_s`` (the last minute).
 RATE_WINDOW_S = 60.0
 
-#: Job states: before any extraction ran (``not_started``), workers importing (``loading``),
-#: working, every worker down and about to be started again (``restarting``), paused by the user,
-#: finishing the batches in hand after a quit, between two chained extractions (``waiting``: one has
-#: run, the next waits for its datasets), finished, a worker failed for good (restarts spent),
-#: stopped before the end (quit or abort).
-JOB_STATES = ("not_started", "loading", "running", "restarting", "paused", "draining", "waiting", "done", "failed",
-              "stopped")
-#: Worker states (``restarting``: it died and the launcher starts it again, from the moment the
-#: launcher saw it die until the new process has written its file; ``failed``: no restart left;
-#: ``stopped``: it quit before the end of its share on a user's quit, or a quit cancelled its
-#: restart; a rerun resumes it).
-WORKER_STATES = ("starting", "loading", "running", "paused", "draining", "done", "failed", "restarting", "stopped")
+class JobState(StrEnum):
+    """An extraction job's state (``ExtractSnapshot.state``, ``datagen status``'s ``extract.state``):
+    before any extraction ran (``not_started``), workers importing (``loading``), working, every
+    worker down and about to be started again (``restarting``), paused by the user, finishing the
+    batches in hand after a quit (``draining``), between two chained extractions (``waiting``: one
+    has run, the next waits for its datasets), finished, a worker failed for good (restarts spent),
+    stopped before the end (quit or abort). Each member equals its string, so JSON and status
+    output read the same values as plain strings."""
+
+    NOT_STARTED = "not_started"
+    LOADING = "loading"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    PAUSED = "paused"
+    DRAINING = "draining"
+    WAITING = "waiting"
+    DONE = "done"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class WorkerState(StrEnum):
+    """A worker's state (``WorkerView.state``; a worker's status file holds the ones it writes itself:
+    ``loading``, ``running``, ``paused``, ``stopped``, ``done``, ``failed``). ``starting``: no file yet;
+    ``restarting``: it died and the launcher starts it again, from the moment the launcher saw it
+    die until the new process has written its file; ``failed``: no restart left; ``stopped``: it
+    quit before the end of its share on a user's quit, or a quit cancelled its restart (a rerun
+    resumes it)."""
+
+    STARTING = "starting"
+    LOADING = "loading"
+    RUNNING = "running"
+    PAUSED = "paused"
+    DRAINING = "draining"
+    DONE = "done"
+    FAILED = "failed"
+    RESTARTING = "restarting"
+    STOPPED = "stopped"
+
+
+#: Every job state, in :class:`JobState` order (strings).
+JOB_STATES = tuple(s.value for s in JobState)
+#: Every worker state, in :class:`WorkerState` order (strings).
+WORKER_STATES = tuple(s.value for s in WorkerState)
+#: Job states after which nothing more runs.
+FINAL_JOB_STATES = (JobState.DONE, JobState.FAILED, JobState.STOPPED)
 
 #: Short names of the model dtypes (``[extract] dtype``) as the extraction view and ``datagen status`` show them.
 DTYPE_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
@@ -154,7 +189,7 @@ def recent_rate(w: dict[str, Any], now: float) -> float:
     ``tokens_per_s`` while it runs, or when it committed a shard within :data:`RATE_WINDOW_S`
     (paused or done moments ago: what it did in the last minute); 0.0 when nothing ran in it."""
     rate = float(w.get("tokens_per_s") or 0.0)
-    if w.get("state") == "running":
+    if w.get("state") == WorkerState.RUNNING:
         return rate
     last = w.get("last_done_at")
     return rate if last is not None and now - float(last) <= RATE_WINDOW_S else 0.0
@@ -253,29 +288,29 @@ def worker_view(doc: Mapping[str, Any] | None, rank: int, launcher: LauncherWork
     pending = lw.failed_at is not None
     if doc is None:
         if lw.gave_up:
-            state = "failed"
+            state = WorkerState.FAILED
         elif lw.stopped:
-            state = "stopped"
+            state = WorkerState.STOPPED
         else:
-            state = "restarting" if pending or lw.restarts else "starting"
+            state = WorkerState.RESTARTING if pending or lw.restarts else WorkerState.STARTING
         return WorkerView(rank=rank, state=state, pid=lw.pid, last_error=lw.last_error, restarts=lw.restarts,
-                          reason=lw.last_error if state in ("failed", "stopped") or pending else "")
-    state = str(doc.get("state") or "starting")
+                          reason=lw.last_error if state in (WorkerState.FAILED, WorkerState.STOPPED) or pending else "")
+    state = str(doc.get("state") or WorkerState.STARTING)
     pid = doc.get("pid")
     reason = str(doc.get("reason") or "")
     last_error = str(doc.get("last_error") or "") or lw.last_error
     if lw.gave_up:  # the launcher saw it end for good: it knows the exit status
-        state, reason = "failed", lw.last_error or reason
+        state, reason = WorkerState.FAILED, lw.last_error or reason
         last_error = lw.last_error or last_error
     elif lw.stopped:
-        state, reason = "stopped", f"not restarted (quit): {lw.last_error or reason}"
+        state, reason = WorkerState.STOPPED, f"not restarted (quit): {lw.last_error or reason}"
         last_error = lw.last_error or last_error
-    elif pending or (state == "failed" and lw.restartable):  # dead; the launcher starts it again
-        state, reason = "restarting", lw.last_error or reason
+    elif pending or (state == WorkerState.FAILED and lw.restartable):  # dead; the launcher starts it again
+        state, reason = WorkerState.RESTARTING, lw.last_error or reason
         last_error = lw.last_error or last_error
     elif lw.pid is not None and pid is not None and int(pid) != lw.pid:
-        state, pid, reason = "restarting", lw.pid, ""  # the new process has not written its file yet
-    running = state == "running"
+        state, pid, reason = WorkerState.RESTARTING, lw.pid, ""  # the new process has not written its file yet
+    running = state == WorkerState.RUNNING
     rate = recent_rate({**doc, "state": state}, time.time() if now is None else now)
     return WorkerView(
         rank=rank, state=state, host=str(doc.get("host") or ""), pid=int(pid) if pid is not None else None,
@@ -296,29 +331,31 @@ def _job_average(views: Sequence[WorkerView]) -> float:
 def _job_state(views: Sequence[WorkerView], paused: bool, quit_mode: str | None, final: str | None) -> tuple[str, str]:
     if final is not None:
         return final, ""
-    if not views or all(v.state == "starting" for v in views):
-        return ("loading" if views else "not_started"), ""
-    active = [v for v in views if v.state in ("starting", "loading", "running", "paused", "restarting")]
+    if not views or all(v.state == WorkerState.STARTING for v in views):
+        return (JobState.LOADING if views else JobState.NOT_STARTED), ""
+    active = [v for v in views if v.state in (WorkerState.STARTING, WorkerState.LOADING, WorkerState.RUNNING,
+                                              WorkerState.PAUSED, WorkerState.RESTARTING)]
     if quit_mode is not None and active:
-        return "draining", ("aborting after the write in progress" if quit_mode == "abort"
-                            else "finishing the batches in hand")
+        return JobState.DRAINING, ("aborting after the write in progress" if quit_mode == "abort"
+                                   else "finishing the batches in hand")
     if paused and active:
-        busy = sum(v.state == "running" for v in active)
-        return "paused", (f"{busy} worker(s) finishing the batch in hand" if busy else "paused by user")
+        busy = sum(v.state == WorkerState.RUNNING for v in active)
+        return JobState.PAUSED, (f"{busy} worker(s) finishing the batch in hand" if busy else "paused by user")
     states = {v.state for v in views}
-    for s in ("running", "paused", "loading"):
+    for s in (JobState.RUNNING, JobState.PAUSED, JobState.LOADING):
         if s in states:
             return s, ""
-    if "restarting" in states:  # nothing else works: say why
-        return "restarting", "; ".join(f"worker {v.rank}: {v.reason or v.last_error or 'starting again'}"
-                                       for v in views if v.state == "restarting")
-    if "starting" in states:
-        return "loading", ""
-    if "failed" in states:
-        return "failed", "; ".join(f"worker {v.rank}: {v.last_error or v.reason}" for v in views if v.state == "failed")
-    if "stopped" in states:
-        return "stopped", ""
-    return "done", ""
+    if WorkerState.RESTARTING in states:  # nothing else works: say why
+        return JobState.RESTARTING, "; ".join(f"worker {v.rank}: {v.reason or v.last_error or 'starting again'}"
+                                              for v in views if v.state == WorkerState.RESTARTING)
+    if WorkerState.STARTING in states:
+        return JobState.LOADING, ""
+    if WorkerState.FAILED in states:
+        return JobState.FAILED, "; ".join(f"worker {v.rank}: {v.last_error or v.reason}" for v in views
+                                          if v.state == WorkerState.FAILED)
+    if WorkerState.STOPPED in states:
+        return JobState.STOPPED, ""
+    return JobState.DONE, ""
 
 
 def build_snapshot(*, workers: Sequence[Mapping[str, Any]], world: int, plan: Mapping[str, Mapping[str, int]],
@@ -381,11 +418,11 @@ def build_snapshot(*, workers: Sequence[Mapping[str, Any]], world: int, plan: Ma
     state, reason = _job_state(views, paused, quit_mode, final_state)
     reason = final_reason or reason
     tps = round(sum(v.tokens_per_s for v in views), 1)
-    running_tps = sum(v.tokens_per_s for v in views if v.state == "running")  # what the ETA counts on
+    running_tps = sum(v.tokens_per_s for v in views if v.state == WorkerState.RUNNING)  # what the ETA counts on
     left = max(0, tokens_total - tokens_done)
-    eta = 0.0 if left == 0 and state == "done" else (round(left / running_tps, 1) if running_tps > 0 else None)
+    eta = 0.0 if left == 0 and state == JobState.DONE else (round(left / running_tps, 1) if running_tps > 0 else None)
     owner: dict[int, int] = {}
-    for v in sorted(views, key=lambda v: v.state not in ("loading", "running", "paused")):
+    for v in sorted(views, key=lambda v: v.state not in (WorkerState.LOADING, WorkerState.RUNNING, WorkerState.PAUSED)):
         if v.host in ("", host):
             for g in v.gpus:
                 owner.setdefault(g, v.rank)

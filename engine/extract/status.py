@@ -28,12 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from engine.extract.shards import MANIFEST
-from engine.extract.snapshot import (RATE_WINDOW_S, job_average_rate, rate_basis, rate_text, recent_rate,  # noqa: F401
-                                     states_dtype)
+from engine.extract.snapshot import (RATE_WINDOW_S, JobState, WorkerState, job_average_rate, rate_basis,  # noqa: F401
+                                     rate_text, recent_rate, states_dtype)
 from engine.proc.pids import pid_alive
 
-STATES = ("loading", "running", "paused", "stopped", "done", "failed")
-ACTIVE = ("loading", "running", "paused")
+#: The states a worker writes to its own file.
+STATES = (WorkerState.LOADING, WorkerState.RUNNING, WorkerState.PAUSED, WorkerState.STOPPED, WorkerState.DONE,
+          WorkerState.FAILED)
+#: The states of a worker at work (its file is checked for a dead process or a stale host).
+ACTIVE = (WorkerState.LOADING, WorkerState.RUNNING, WorkerState.PAUSED)
 #: A worker on another host that has not updated its file for this long is reported as failed.
 STALE_S = 120.0
 
@@ -61,7 +64,7 @@ class StatusWriter:
         now = time.time()
         self.doc: dict[str, Any] = {
             "worker": rank, "world": world, "host": socket.gethostname(), "pid": os.getpid(), "device": device,
-            "gpus": list(gpus), "state": "loading", "reason": "", "samples_total": 0, "samples_done": 0,
+            "gpus": list(gpus), "state": WorkerState.LOADING.value, "reason": "", "samples_total": 0, "samples_done": 0,
             "tokens_total": 0, "tokens_done": 0, "tokens_per_s": 0.0, "bytes_written": 0, "eta_s": None,
             "batch_size": 0, "max_len": 0, "last_error": last_error, "restarts": restarts, "datasets": {},
             "started_at": now, "updated_at": now,
@@ -81,22 +84,23 @@ class StatusWriter:
         self._window: collections.deque[tuple[float, int]] = collections.deque()
         self.write(force=True)
 
-    def set_state(self, state: str, reason: str = "") -> None:
-        """Change state (written at once)."""
+    def set_state(self, state: WorkerState, reason: str = "") -> None:
+        """Change state (one of :data:`STATES`; written at once)."""
         assert state in STATES, state
+        state = WorkerState(state)
         with self._lock:
-            self.doc["state"], self.doc["reason"] = state, reason
-            if state == "failed" and reason:
+            self.doc["state"], self.doc["reason"] = state.value, reason
+            if state == WorkerState.FAILED and reason:
                 self.doc["last_error"] = reason
-            if state != "running":
+            if state != WorkerState.RUNNING:
                 self.doc["batch_size"] = self.doc["max_len"] = 0
-            if state == "done":
+            if state == WorkerState.DONE:
                 self.doc["eta_s"] = 0.0
             now = time.monotonic()
-            if self._running_since is not None and state != "running":  # a running stretch ends
+            if self._running_since is not None and state != WorkerState.RUNNING:  # a running stretch ends
                 self._run_s += now - self._running_since
                 self._running_since = None
-            if state == "running":  # the rate counts from here (not model loading or a pause)
+            if state == WorkerState.RUNNING:  # the rate counts from here (not model loading or a pause)
                 self._window = collections.deque([(now, self.doc["tokens_done"])])
                 if self._running_since is None:
                     self._running_since = now
@@ -202,10 +206,10 @@ def read_workers(out_dir: str | Path) -> list[dict[str, Any]]:
             continue
         if w.get("state") in ACTIVE:
             if w.get("host") == host and not pid_alive(int(w.get("pid", -1))):
-                w["state"], w["reason"] = "failed", f"worker process {w.get('pid')} is gone (killed?); rerun to resume"
+                w["state"], w["reason"] = WorkerState.FAILED.value, f"worker process {w.get('pid')} is gone (killed?); rerun to resume"
                 w["last_error"] = w["reason"]
             elif w.get("host") != host and now - float(w.get("updated_at", 0)) > STALE_S:
-                w["state"], w["reason"] = "failed", f"no update for {now - float(w.get('updated_at', 0)):.0f} s"
+                w["state"], w["reason"] = WorkerState.FAILED.value, f"no update for {now - float(w.get('updated_at', 0)):.0f} s"
                 w["last_error"] = w["reason"]
         out.append(w)
     return out
@@ -243,22 +247,24 @@ def collect(out_dir: str | Path, now: float | None = None) -> dict[str, Any]:
         manifest_samples = 0
     states = [w.get("state") for w in ws]
     if not ws:
-        state = "not_started"
+        state = JobState.NOT_STARTED
     elif any(s in ACTIVE for s in states):
-        state = next(s for s in ("running", "paused", "loading") if s in states)
-    elif "failed" in states:
-        state = "failed"
-    elif "stopped" in states:
-        state = "stopped"
+        state = next(s for s in (JobState.RUNNING, JobState.PAUSED, JobState.LOADING) if s in states)
+    elif WorkerState.FAILED in states:
+        state = JobState.FAILED
+    elif WorkerState.STOPPED in states:
+        state = JobState.STOPPED
     else:
-        state = "done"
+        state = JobState.DONE
     reason = "; ".join(f"worker {w['worker']}: {w['reason']}" for w in ws if w.get("reason"))
     now = time.time() if now is None else now
     tps = sum(recent_rate(w, now) for w in ws)
     avg = job_average_rate(ws)
     left = sum(int(w.get("tokens_total", 0)) - int(w.get("tokens_done", 0)) for w in ws)
-    etas = [w["eta_s"] for w in ws if w.get("state") in ACTIVE and w.get("eta_s") is not None]
-    eta = 0.0 if left <= 0 else (max(etas) if etas else None)  # the slowest active worker
+    # the slowest running worker; none while the job is paused (the view says "ETA -- (paused)")
+    etas = [w["eta_s"] for w in ws if w.get("state") in (WorkerState.LOADING, WorkerState.RUNNING)
+            and w.get("eta_s") is not None]
+    eta = 0.0 if left <= 0 else (max(etas) if etas and state != JobState.PAUSED else None)
     return {
         "out_dir": str(out_dir), "state": state, "reason": reason, "workers": ws,
         "samples_total": sum(int(w.get("samples_total", 0)) for w in ws),
@@ -327,7 +333,8 @@ def format_line(doc: dict[str, Any]) -> str:
              f"{doc['tokens_done']}/{doc['tokens_total']} tokens",
              rate_text(doc.get("tokens_per_s") or 0.0, doc.get("avg_tokens_per_s") or 0.0),
              fmt_bytes(doc["bytes_written"]) + _dtype_suffix(doc),
-             f"ETA {eta:.0f}s" if eta is not None else "ETA ?"]
+             f"ETA {eta:.0f}s" if eta is not None else f"ETA -- ({doc['state']})" if doc["state"] in (
+                 JobState.PAUSED, JobState.STOPPED, JobState.FAILED) else "ETA --"]
     ws = " ".join(f"w{w['worker']}:{w['state']}" for w in doc["workers"])
     return " | ".join(parts) + (f" | {ws}" if ws else "") + (f" | {doc['reason']}" if doc.get("reason") else "")
 

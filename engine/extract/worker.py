@@ -45,6 +45,7 @@ from engine.extract.layouts.base import SCALES_KEY, quantize_rows
 from engine.extract.plan import Batch, make_batches, pending, per_token_bytes, split
 from engine.extract.shards import OutDir
 from engine.extract.source import TokenTable, load_table
+from engine.extract.snapshot import WorkerState
 from engine.extract.status import StatusWriter
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,7 @@ class WorkerResult:
     commit), ``forward`` (model calls, synchronised), ``prep`` (collate + slicing), ``blocked``
     (main thread waiting for the writer), ``write`` (writer thread: save + fsync + commit)."""
 
-    state: str
+    state: WorkerState
     samples: int = 0
     tokens: int = 0
     bytes_written: int = 0
@@ -143,8 +144,8 @@ class ShardWriter:
         if ready is not None:
             ready.synchronize()
         while True:
-            ok = self.guard.wait_for_space(est_bytes, lambda r: self.status.set_state("paused", r),
-                                           lambda: self.status.set_state("running"), self.stop)
+            ok = self.guard.wait_for_space(est_bytes, lambda r: self.status.set_state(WorkerState.PAUSED, r),
+                                           lambda: self.status.set_state(WorkerState.RUNNING), self.stop)
             if not ok:
                 raise Stopped("stopped while paused for disk space")
             t0 = time.perf_counter()
@@ -152,7 +153,7 @@ class ShardWriter:
                 size = self.out.layout.write(self.out, tensors, entries)  # temp file(s), fsync, commit
             except OSError as e:
                 if e.errno == 28:  # ENOSPC despite the guard (another writer on the disk): wait, retry
-                    self.status.set_state("paused", f"disk full while writing a shard: {e.strerror}; waiting")
+                    self.status.set_state(WorkerState.PAUSED, f"disk full while writing a shard: {e.strerror}; waiting")
                     if self.stop.wait(10.0):
                         raise Stopped("stopped while paused for disk space") from None
                     continue
@@ -216,16 +217,16 @@ def run_worker(job: ExtractJob, rank: int = 0, world: int | None = None, local_r
     stop = stop or threading.Event()
     gpus = job.gpu_group(local_rank)
     status = StatusWriter(job.out_dir, rank, world, gpus, job.device, restarts=restarts, last_error=last_error)
-    res = WorkerResult("loading")
+    res = WorkerResult(WorkerState.LOADING)
     gate = Gate(ControlReader(job.out_dir), status, stop, drain)
     try:
         guard = guard or DiskGuard(job.out_dir, job.disk_margin_bytes, job.free_bytes)
         _run(job, rank, world, gpus, table, model, gate, status, res, guard)
     except Stopped as e:
-        status.set_state("stopped", f"{e}; rerun to resume")
-        res.state = "stopped"
+        status.set_state(WorkerState.STOPPED, f"{e}; rerun to resume")
+        res.state = WorkerState.STOPPED
     except BaseException as e:
-        status.set_state("failed", f"{type(e).__name__}: {e}"[:500])
+        status.set_state(WorkerState.FAILED, f"{type(e).__name__}: {e}"[:500])
         raise
     return res
 
@@ -283,9 +284,9 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
     todo = [b for b in (_without(table, b, gate.skipped) for b in todo) if b is not None]
     if not todo:
         finish_layout(out, table, gate.skipped)
-        status.set_state("done", ("nothing left to do" + (" (the rest is skipped)" if gate.skipped else ""))
+        status.set_state(WorkerState.DONE, ("nothing left to do" + (" (the rest is skipped)" if gate.skipped else ""))
                          if share_samples else "no samples for this worker")
-        res.state = "done"
+        res.state = WorkerState.DONE
         return
     t0 = time.perf_counter()
     try:
@@ -298,7 +299,7 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
     if gate.check() is not None:  # a quit while the model loaded
         raise Stopped("quit before the first batch")
     writer = ShardWriter(out, guard, status, stop, poll=gate.aborting)
-    status.set_state("running")
+    status.set_state(WorkerState.RUNNING)
     quit_mode: str | None = None
     tok_bytes = per_token_bytes(job.hidden_size, len(job.aux_layers), job.dtype_bytes, job.layout)
     fwd = prep = blocked = 0.0
@@ -361,13 +362,13 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
     t["close"] = time.perf_counter() - c0
     res.samples, res.tokens, res.bytes_written = writer.samples, writer.tokens, writer.bytes
     if quit_mode is not None:
-        res.state = "stopped"
-        status.set_state("stopped", ("drained: the batches in hand are written" if quit_mode == "drain" else
+        res.state = WorkerState.STOPPED
+        status.set_state(WorkerState.STOPPED, ("drained: the batches in hand are written" if quit_mode == "drain" else
                                      "aborted after the write in progress") + "; rerun to resume")
         return
     finish_layout(out, table, gate.skipped)
-    res.state = "done"
-    status.set_state("done")
+    res.state = WorkerState.DONE
+    status.set_state(WorkerState.DONE)
 
 
 def _hidden_states(job: ExtractJob, gpus: tuple[int, ...], model: Any, out: OutDir) -> Any:
@@ -453,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("worker %d %s: %d samples, %d tokens, %d bytes, %d batches (%d samples already done); timings %s",
              a.rank, res.state, res.samples, res.tokens, res.bytes_written, res.batches, res.skipped_done,
              {k: round(v, 3) for k, v in res.timings.items()})
-    return 0 if res.state in ("done", "stopped") else 1
+    return 0 if res.state in (WorkerState.DONE, WorkerState.STOPPED) else 1
 
 
 if __name__ == "__main__":

@@ -103,6 +103,7 @@ class SpendControl:
         #: USD accounted per dataset, the run's earlier processes included: results, failed and
         #: aborted attempts, late true-ups. THE dollars of a dataset (snapshots and status read them
         #: here); every method that records spend adds to it, so it cannot disagree with the budgets.
+        #: The store's figure has the same definition (engine.storage.dollars; tests/test_storage_dollars.py).
         self.dataset_usd: dict[str, float] = {d.name: 0.0 for d in cfg.datasets}
         #: what providers billed for streams this engine aborted (the abort estimate learns from it)
         self.aborts = AbortBilling()
@@ -242,6 +243,12 @@ class SpendControl:
         self.spent_since_start += cost_usd
         self.lost_usd[dataset] += cost_usd
         self.dataset_usd[dataset] += cost_usd
+
+    def count_lost(self, dataset: str, tokens: int, usd: float) -> None:
+        """Count the spend of a stream an earlier process of the run lost (cut by a kill, recorded by
+        :func:`engine.stream.recover.recover_cut_streams`): budgets, caps and the dataset's dollars."""
+        if dataset in self.dataset_usd:
+            self.add_partial(dataset, usd, tokens=tokens)  # counts it in lost_usd too (once)
 
     def correct(self, dataset: str, prompt_tokens: int, completion_tokens: int, cost_usd: float) -> None:
         """Correct a settled result's figures by the given differences (tokens, USD; may be negative),

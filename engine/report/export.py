@@ -33,8 +33,8 @@ from pathlib import Path
 from engine.client.conformance import decode_flags, encode_flags
 from engine.storage.atomic import write_lines, write_unless_empty
 from engine.errors import NothingToExport
-from engine.report.status import connect_ro
-from engine.storage.store import table_columns
+from engine.storage import read
+from engine.storage.handle import connect_ro
 from engine.tokens.jsonrows import json_text
 
 
@@ -54,24 +54,14 @@ def export_raw(run_dir: Path, out_dir: Path, on_empty=None) -> dict[str, int]:
     """
     conn = connect_ro(run_dir)
     try:
-        (n_results,) = conn.execute("SELECT COUNT(*) FROM results").fetchone()
-        if not n_results:
-            (n_prompts,) = conn.execute("SELECT COUNT(*) FROM prompts").fetchone()
+        if not read.result_count(conn):
+            n_prompts = read.prompt_count(conn)
             raise NothingToExport(f"nothing to export: {run_dir} stores no completed result yet "
                                   f"({n_prompts} prompt(s) ingested); nothing written")
-        names = [n for (n,) in conn.execute("SELECT name FROM datasets ORDER BY position")]
+        names = read.dataset_names(conn)
         written = {}
-        cols = table_columns(conn, ["results"])["results"]
-        source = "r.usage_source" if "usage_source" in cols else "'reported'"  # a store older than the column
-        flags = "r.wire_flags" if "wire_flags" in cols else "''"
         for name in names:
-            rows = conn.execute(
-                "SELECT r.dataset, r.key, p.messages, p.tools, r.reasoning, r.content, r.tool_calls, r.finish_reason, "
-                "r.prompt_tokens, r.completion_tokens, r.reasoning_tokens, r.cost_usd, r.provider, r.model, "
-                f"r.generation_id, {source}, {flags} FROM results r JOIN prompts p ON p.id = r.prompt_id WHERE r.dataset=? "
-                "ORDER BY r.prompt_id",
-                (name,),
-            )
+            rows = read.raw_rows(conn, name)  # a store older than usage_source / wire_flags: reported / none
 
             def lines(rows=rows):
                 for (ds, key, msgs, tools, reasoning, content, tcs, fin, pt, ct, rt, cost, prov, model, gid, src, wf) in rows:
@@ -88,7 +78,7 @@ def export_raw(run_dir: Path, out_dir: Path, on_empty=None) -> dict[str, int]:
             if n:
                 written[name] = n
             elif on_empty is not None:
-                counts = dict(conn.execute("SELECT state, COUNT(*) FROM prompts WHERE dataset=? GROUP BY state", (name,)))
+                counts = read.prompt_states(conn, name).get(name, {})
                 on_empty(name, "no completed result (" + (", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
                                                           or "no prompt") + ")")
         return written

@@ -5,12 +5,13 @@ the run directory's lock, and the spend rate with the dashboard's definition.
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 from engine.metrics.rates import SPEND_WINDOW_S, window_rate
 from engine.proc.pids import pid_alive
 from engine.proc.runlock import Holder
+from engine.storage.dollars import spend_window
+from engine.storage.handle import Handle
 
 #: Seconds without a heartbeat after which a run is considered not running (unless its engine
 #: still holds the run directory's lock).
@@ -29,10 +30,11 @@ def engine_alive(pid: int | None, heartbeat_at: float | None, lock: Holder | Non
     return fresh or (lock is not None and lock.pid == pid)
 
 
-def spend_rate(conn: sqlite3.Connection, live: dict[str, Any], now: float, in_flight: int) -> float | None:
+def spend_rate(conn: Handle, live: dict[str, Any], now: float, in_flight: int) -> float | None:
     """This engine's spend over the last :data:`~engine.metrics.rates.SPEND_WINDOW_S` seconds (USD
     per hour) at ``now`` (wall clock, s), from the store: results at their ``created_at``, failed and
-    aborted attempts at their ``ended_at``, since the window's start the engine recorded
+    aborted attempts at their ``ended_at`` (the bills of :mod:`engine.storage.dollars`), since the
+    window's start the engine recorded
     (``spend_rate_since``, its first dispatch); the dashboard's figure
     (:meth:`engine.run.telemetry.Telemetry.spend_rate_usd_per_h`) at the same moment. None while
     nothing was billed since that start and requests are in flight. An engine that recorded no
@@ -43,11 +45,7 @@ def spend_rate(conn: sqlite3.Connection, live: dict[str, Any], now: float, in_fl
     if t0 is None:
         return None if in_flight else 0.0
     since = max(t0, now - SPEND_WINDOW_S)
-    (window, total), = conn.execute(
-        "SELECT COALESCE(SUM(CASE WHEN t >= ? THEN c END), 0), COALESCE(SUM(c), 0) FROM ("
-        "SELECT created_at AS t, cost_usd AS c FROM results WHERE created_at >= ? AND cost_usd IS NOT NULL "
-        "UNION ALL SELECT ended_at, cost_usd FROM attempts WHERE outcome != 'ok' AND ended_at >= ? "
-        "AND cost_usd IS NOT NULL)", (since, t0, t0))
+    window, total = spend_window(conn, t0, since)
     if total <= 0:
         return None if in_flight else 0.0
     return window_rate(window, now, t0, SPEND_WINDOW_S) * 3600.0

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import time
 from collections import Counter
 from pathlib import Path
@@ -39,12 +38,16 @@ from typing import Any
 from engine.config import Config
 from engine.errors import DatagenError
 from engine.extract.shards import MANIFEST
+from engine.extract.snapshot import JobState
 from engine.extract.status import collect as collect_extract, run_dir_out_dir
 from engine.metrics.stats import nearest_rank
 from engine.money.estimator import CompletionEstimator
 from engine.report.series import bin_count, bin_width, binned_sum, cumulative, histogram
 from engine.report.settings import resolve_settings
-from engine.report.status import collect_status, connect_ro
+from engine.report.status import collect_status
+from engine.storage import read, validations
+from engine.storage.dollars import bills
+from engine.storage.handle import Handle, connect_ro
 
 #: Completion lengths per dataset a restart seeds its estimators with
 #: (:meth:`engine.storage.store.Store.recent_completion_tokens`), and each estimator's window
@@ -86,31 +89,31 @@ def gather(run_dir: Path, config: Config | None = None, now: float | None = None
     return doc
 
 
-def timeline(conn: sqlite3.Connection, target_bins: int = 60) -> dict[str, Any] | None:
+def timeline(conn: Handle, target_bins: int = 60) -> dict[str, Any] | None:
     """Completions, completion tokens, spend and errors over time (None before any attempt).
 
     Returns:
         ``{"t0" (epoch s), "t1", "bin_s", "bins", "completions": [...], "completion_tokens": [...],
         "spend_usd": [...] (per bin), "spend_usd_cum": [...], "errors": {class: [...]}}``.
     """
-    done = conn.execute("SELECT created_at, completion_tokens, COALESCE(cost_usd, 0) FROM results").fetchall()
-    lost = conn.execute("SELECT ended_at, cost_usd FROM attempts WHERE outcome != 'ok' AND cost_usd IS NOT NULL").fetchall()
-    errs = conn.execute("SELECT ended_at, COALESCE(error_class, 'other') FROM attempts WHERE outcome = 'error'").fetchall()
-    first, last = conn.execute("SELECT MIN(started_at), MAX(ended_at) FROM attempts").fetchone()
-    times = [t for t, *_ in done] + [t for t, _ in lost] + [t for t, _ in errs] + [x for x in (first, last) if x is not None]
+    done = read.completion_times(conn)
+    billed = bills(conn)  # results' and failed and aborted attempts' (engine.storage.dollars)
+    errs = read.error_times(conn)
+    first, last = read.attempt_span(conn)
+    times = [t for t, _ in billed] + [t for t, _ in errs] + [x for x in (first, last) if x is not None]
     if not times:
         return None
     t0, t1 = min(times), max(times)
     bin_s = bin_width(t1 - t0, target_bins)
     n = bin_count(t0, t1, bin_s)
-    spend = binned_sum([(t, c) for t, _, c in done] + [(t, c) for t, c in lost], t0, bin_s, n)
+    spend = binned_sum(billed, t0, bin_s, n)
     by_class: dict[str, list[tuple[float, float]]] = {}
     for t, cls in errs:
         by_class.setdefault(cls, []).append((t, 1.0))
     return {
         "t0": t0, "t1": t1, "bin_s": bin_s, "bins": n,
-        "completions": binned_sum(((t, 1.0) for t, _, _ in done), t0, bin_s, n),
-        "completion_tokens": binned_sum(((t, float(k)) for t, k, _ in done), t0, bin_s, n),
+        "completions": binned_sum(((t, 1.0) for t, _ in done), t0, bin_s, n),
+        "completion_tokens": binned_sum(((t, float(k)) for t, k in done), t0, bin_s, n),
         "spend_usd": spend, "spend_usd_cum": cumulative(spend),
         "errors": {c: binned_sum(ev, t0, bin_s, n) for c, ev in sorted(by_class.items(), key=lambda kv: -len(kv[1]))},
     }
@@ -140,19 +143,16 @@ def reservation(lengths_oldest_first: list[int], max_tokens: int, spend: dict[st
             "basis": f"p{100 * q:.1f}: p{100 * est.percentile:g} raised to its 95% upper bound over {est.count}"}
 
 
-def lengths(conn: sqlite3.Connection, settings: dict[str, Any]) -> list[dict[str, Any]]:
+def lengths(conn: Handle, settings: dict[str, Any]) -> list[dict[str, Any]]:
     """Per dataset (store order) with results: ``{"dataset", "n", "mean", "hist", "classes": [{"class",
     "n", "max_tokens", "percentile", "percentile_tokens", "reservation": {...}}]}`` (tokens)."""
-    order = [n for (n,) in conn.execute("SELECT name FROM datasets ORDER BY position")]
+    order = read.dataset_names(conn)
     per: dict[str, dict[str, list[int]]] = {}
-    for ds, cls, k in conn.execute("SELECT r.dataset, p.class, r.completion_tokens FROM results r "
-                                   "JOIN prompts p ON p.id = r.prompt_id ORDER BY r.created_at, r.prompt_id"):
-        per.setdefault(ds, {}).setdefault(cls, []).append(int(k))
+    for ds, cls, k in read.completion_lengths(conn):
+        per.setdefault(ds, {}).setdefault(cls, []).append(k)
     seeds: dict[str, dict[str, list[int]]] = {}
     for ds in per:  # exactly what a restart seeds: the dataset's last SEED_LIMIT lengths, per class
-        rows = conn.execute("SELECT p.class, r.completion_tokens FROM results r JOIN prompts p ON p.id = r.prompt_id "
-                            "WHERE r.dataset = ? ORDER BY r.created_at DESC LIMIT ?", (ds, SEED_LIMIT)).fetchall()
-        for cls, k in reversed(rows):
+        for cls, k in reversed(read.recent_lengths(conn, ds, SEED_LIMIT)):
             seeds.setdefault(ds, {}).setdefault(cls, []).append(int(k))
     spend, classes = settings["spend"], settings["classes"]
     p = float(spend["reserve_percentile"])
@@ -171,21 +171,20 @@ def lengths(conn: sqlite3.Connection, settings: dict[str, Any]) -> list[dict[str
     return out
 
 
-def validation(conn: sqlite3.Connection) -> dict[str, Any] | None:
+def validation(conn: Handle) -> dict[str, Any] | None:
     """Validation's report (:func:`engine.tokens.report.summarize`) plus ``billing_diffs``
     (``{str(difference): records}``, tokens), or None without a ``validations`` table."""
-    if conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='validations'").fetchone() is None:
+    if not validations.has_validations(conn):
         return None
     from engine.tokens.report import summarize
 
     doc = summarize(conn)
     diffs: Counter[int] = Counter()
-    for bdiff, reasons in conn.execute("SELECT billing_diff, reasons FROM validations WHERE billing_diff IS NOT NULL"):
-        if "truncated" not in json.loads(reasons):  # the rows of validate's `billing` (engine.tokens.report)
-            diffs[int(bdiff)] += 1
+    for bdiff, reasons in validations.billing_diffs(conn):
+        if "truncated" not in reasons:  # the rows of validate's `billing` (engine.tokens.report)
+            diffs[bdiff] += 1
     first_fail: dict[str, Counter[str]] = {}
-    for prov, reasons in conn.execute("SELECT provider, reasons FROM validations WHERE ok = 0"):
-        r = json.loads(reasons)
+    for prov, r in validations.invalid_reasons(conn):
         first_fail.setdefault(prov or "(unknown)", Counter())[r[0] if r else "other"] += 1
     return {"summary": doc, "billing_diffs": {str(k): n for k, n in sorted(diffs.items())},
             "invalid_by_first_check": {p: dict(c.most_common()) for p, c in sorted(first_fail.items())}}
@@ -201,7 +200,7 @@ def extraction(run_dir: Path, settings: dict[str, Any], status: dict[str, Any] |
         out = Path(settings["extract_out_dir"])  # configured elsewhere and never linked by a run-dir extraction
         status = collect_extract(out)  # `datagen status` looks in RUN_DIR/extract only
     manifest = out / MANIFEST
-    if not manifest.exists() and not (status and status.get("state") != "not_started"):
+    if not manifest.exists() and not (status and status.get("state") != JobState.NOT_STARTED):
         return None
     when: dict[str, float] = {}
     events: list[tuple[float, int]] = []

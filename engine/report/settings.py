@@ -9,10 +9,10 @@ there can be a secret's value, and nothing of it is needed).
 from __future__ import annotations
 
 import json
-import sqlite3
 from typing import Any
 
 from engine.config import Config, SpendSection
+from engine.storage.handle import Handle, get_meta
 
 #: ``meta`` key under which ``datagen run`` stores :func:`run_settings` at every start.
 SETTINGS_KEY = "run_settings"
@@ -34,16 +34,16 @@ def run_settings(cfg: Config) -> dict[str, Any]:
     }
 
 
-def resolve_settings(conn: sqlite3.Connection, config: Config | None, status: dict[str, Any]) -> dict[str, Any]:
+def resolve_settings(conn: Handle, config: Config | None, status: dict[str, Any]) -> dict[str, Any]:
     """:func:`run_settings` of ``config``, else of the settings stored with the run, else the
     schema's defaults (classes then from the live row's ``max_tokens`` when it has them), with
     ``source`` saying which."""
     if config is not None:
         return {**run_settings(config), "source": "--config"}
-    row = conn.execute("SELECT value FROM meta WHERE key=?", (SETTINGS_KEY,)).fetchone()
-    if row is not None:
+    stored = get_meta(conn, SETTINGS_KEY)
+    if stored is not None:
         try:
-            return {**json.loads(row[0]), "source": "stored with the run"}
+            return {**json.loads(stored), "source": "stored with the run"}
         except ValueError:
             pass
     classes = {c["name"]: {"max_tokens": c["max_tokens"], "concurrency": c.get("configured") or c.get("concurrency")}

@@ -41,57 +41,39 @@ Each dataset entry also names its ``path`` (as configured) and ``revision``: the
 from __future__ import annotations
 
 import json
-import sqlite3
 import sys
 import time
 from pathlib import Path
 from typing import Any, TextIO
 
 from engine.client.conformance import decode_flags
-from engine.errors import DatagenError
 from engine.proc.runlock import holder
 from engine.report.liveness import STALE_S, engine_alive, spend_rate  # noqa: F401 - STALE_S re-exported
 from engine.report.snapshot import progress_percent
-from engine.report.statusserver import ask_engine, persisted_elapsed
+from engine.report.statusserver import ask_engine, persisted_elapsed, read_runtime
 from engine.money.projection import range_text
 from engine.metrics.rates import fmt_count, fmt_duration
 from engine.metrics.stats import UNKNOWN_PROVIDER, nearest_rank
-from engine.storage.store import db_path, table_columns
+from engine.storage import read
+from engine.storage.dollars import Dollars, dataset_dollars, provider_dollars
+from engine.storage.handle import Handle, connect_ro, get_meta, not_ready  # noqa: F401 - connect_ro re-exported
+from engine.storage.handle import NoStoreError as StatusError  # "the run directory has no readable store"
+from engine.storage.schema import db_path
 from engine.money.usage import SOURCES
 
-class StatusError(DatagenError):
-    """The run directory has no readable store."""
 
-
-def connect_ro(run_dir: Path) -> sqlite3.Connection:
-    """Open the run's store read-only.
-
-    Raises:
-        StatusError: no store in ``run_dir``.
-    """
-    path = db_path(Path(run_dir))
-    if not path.exists():
-        raise StatusError(f"{run_dir}: no run store here (expected {path})")
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
-    conn.execute("PRAGMA busy_timeout=10000")
-    return conn
-
-
-def providers_from_store(conn: sqlite3.Connection, excluded: list[str], window: int = 20_000) -> list[dict[str, Any]]:
+def providers_from_store(conn: Handle, excluded: list[str], window: int = 20_000) -> list[dict[str, Any]]:
     """Per-provider figures (the fields of :class:`engine.metrics.stats.ProviderSnapshot`) from stored rows:
     counts, errors and cost over the whole run, latency / TTFT / tokens-per-second percentiles over
     the latest ``window`` results. ``cost_usd`` is everything the provider billed (:func:`provider_costs`).
     Sorted by requests descending, then name."""
-    ok = {p or UNKNOWN_PROVIDER: (n, c or 0, cost or 0.0) for p, n, c, cost in conn.execute(
-        "SELECT provider, COUNT(*), SUM(completion_tokens), SUM(COALESCE(cost_usd, 0)) FROM results GROUP BY provider")}
+    ok = {p or UNKNOWN_PROVIDER: (n, c) for p, (n, c) in read.provider_results(conn).items()}
     billed = provider_costs(conn)
     errs: dict[str, dict[str, int]] = {}
-    for prov, cls, n in conn.execute(
-            "SELECT provider, error_class, COUNT(*) FROM attempts WHERE outcome='error' GROUP BY 1, 2"):
+    for prov, cls, n in read.provider_errors(conn):
         errs.setdefault(prov or UNKNOWN_PROVIDER, {})[cls or "other"] = n
     lat: dict[str, tuple[list[float], list[float], list[float]]] = {}
-    for prov, latency, ttft, ctok in conn.execute(
-            "SELECT provider, latency_s, ttft_s, completion_tokens FROM results ORDER BY created_at DESC LIMIT ?", (window,)):
+    for prov, latency, ttft, ctok in read.recent_timings(conn, window):
         ls, ts, tps = lat.setdefault(prov or UNKNOWN_PROVIDER, ([], [], []))
         ls.append(latency)
         if ttft is not None:
@@ -100,15 +82,13 @@ def providers_from_store(conn: sqlite3.Connection, excluded: list[str], window: 
         if stream > 0:
             tps.append(ctok / stream)
     flags: dict[str, dict[str, int]] = {}
-    if "wire_flags" in table_columns(conn, ["results"])["results"]:
-        for prov, wf, n in conn.execute(
-                "SELECT provider, wire_flags, COUNT(*) FROM results WHERE wire_flags != '' GROUP BY 1, 2"):
-            per = flags.setdefault(prov or UNKNOWN_PROVIDER, {})
-            for f in decode_flags(wf):
-                per[f] = per.get(f, 0) + n
+    for prov, wf, n in read.provider_wire_flags(conn):
+        per = flags.setdefault(prov or UNKNOWN_PROVIDER, {})
+        for f in decode_flags(wf):
+            per[f] = per.get(f, 0) + n
     out = []
     for name in set(ok) | set(errs) | set(billed):
-        n_ok, ctok, _ = ok.get(name, (0, 0, 0.0))
+        n_ok, ctok = ok.get(name, (0, 0))
         e = errs.get(name, {})
         requests = n_ok + sum(e.values())
         ls, ts, tps = (sorted(v) for v in lat.get(name, ([], [], [])))
@@ -124,15 +104,14 @@ def providers_from_store(conn: sqlite3.Connection, excluded: list[str], window: 
     return out
 
 
-def provider_costs(conn: sqlite3.Connection) -> dict[str, float]:
+def provider_costs(conn: Handle) -> dict[str, float]:
     """USD billed per provider over the whole run: results' cost plus failed and aborted attempts'
-    (the same rows as the datasets' ``cost_usd``, so the providers add up to the run's spend)."""
+    (:func:`engine.storage.dollars.provider_dollars`: the same bills as the datasets' ``cost_usd``, so the
+    providers add up to the run's spend)."""
     out: dict[str, float] = {}
-    for prov, cost in conn.execute(
-            "SELECT provider, SUM(COALESCE(cost_usd, 0)) FROM results GROUP BY provider UNION ALL "
-            "SELECT provider, SUM(cost_usd) FROM attempts WHERE outcome!='ok' AND cost_usd IS NOT NULL GROUP BY provider"):
+    for prov, cost in provider_dollars(conn).items():
         name = prov or UNKNOWN_PROVIDER
-        out[name] = out.get(name, 0.0) + (cost or 0.0)
+        out[name] = out.get(name, 0.0) + cost
     return out
 
 
@@ -145,13 +124,12 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
     conn = connect_ro(run_dir)
     try:
-        try:
-            conn.execute("SELECT 1 FROM meta, datasets, prompts, results, attempts, runtime LIMIT 0")
-        except sqlite3.DatabaseError as e:
+        why = not_ready(conn)
+        if why is not None:
             raise StatusError(f"{run_dir}: the store is not initialised yet (a run is starting, or one was killed "
-                              f"while creating it: run it again) ({e})") from None
-        name = (conn.execute("SELECT value FROM meta WHERE key='run_name'").fetchone() or ["?"])[0]
-        rt = conn.execute("SELECT pid, started_at, heartbeat_at, state, state_reason, elapsed_s, live FROM runtime").fetchone()
+                              f"while creating it: run it again) ({why})")
+        name = get_meta(conn, "run_name") or "?"
+        rt = read.runtime(conn)
         pid, started_at, hb, rstate, reason, elapsed, live_json = rt if rt else (None, None, None, None, "", 0.0, None)
         live = json.loads(live_json) if live_json else {}
         lock = holder(Path(run_dir))  # who holds RUN_DIR/run.lock (the live `datagen run` or `validate`), or None
@@ -163,45 +141,26 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             rstate, reason, elapsed = served.get("state"), served.get("state_reason", ""), served.get("elapsed_s")
         engine_counts: dict[str, dict[str, Any]] = live.get("counts", {}) if served is not None else {}
         reasons: dict[str, str] = live.get("state_reason", {}) if alive else {}
-        counts: dict[str, dict[str, int]] = {}
-        for d, s, n in conn.execute("SELECT dataset, state, COUNT(*) FROM prompts GROUP BY 1, 2"):
-            counts.setdefault(d, {})[s] = n
-        usage = {
-            d: (p or 0, c or 0, r or 0, cost or 0.0)
-            for d, p, c, r, cost in conn.execute(
-                "SELECT dataset, SUM(prompt_tokens), SUM(completion_tokens), SUM(reasoning_tokens), "
-                "SUM(COALESCE(cost_usd,0)) FROM results GROUP BY dataset"
-            )
-        }
-        sources: dict[str, dict[str, int]] = {}
-        if "usage_source" in table_columns(conn, ["results"])["results"]:  # older stores: all reported
-            for d, src, n in conn.execute("SELECT dataset, usage_source, COUNT(*) FROM results GROUP BY 1, 2"):
-                sources.setdefault(d, {})[src] = n
-        else:
-            for d, n in conn.execute("SELECT dataset, COUNT(*) FROM results GROUP BY 1"):
-                sources[d] = {"reported": n}
-        special = special_text_counts(conn)
-        lost = {d: c or 0.0 for d, c in conn.execute(
-            "SELECT dataset, SUM(cost_usd) FROM attempts WHERE outcome!='ok' AND cost_usd IS NOT NULL GROUP BY dataset")}
-        errors: dict[str, dict[str, int]] = {}
-        for d, c, n in conn.execute("SELECT dataset, error_class, COUNT(*) FROM attempts WHERE outcome='error' GROUP BY 1, 2"):
-            errors.setdefault(d, {})[c] = n
+        counts = read.prompt_states(conn)
+        tokens = read.token_totals(conn)
+        sources = read.usage_sources(conn)  # older stores: all reported
+        special = read.special_text_counts(conn)
+        dollars = dataset_dollars(conn)  # its results' and its failed and aborted attempts' bills
+        errors = read.error_counts(conn)
         datasets = []
-        cols = table_columns(conn, ["datasets"])["datasets"]  # older stores: no Hub datasets, no ingest_error
-        for dname, control, reason_d, rejected, budget, dpath, revision, fp, ingest_error in conn.execute(
-            "SELECT name, state, state_reason, rejected, token_budget, path, "
-            + ", ".join(c if c in cols else "NULL" for c in ("revision", "fingerprint", "ingest_error"))
-            + " FROM datasets ORDER BY position"
-        ):
+        for row in read.dataset_rows(conn):  # older stores: no Hub datasets, no ingest_error
+            dname, control, reason_d, rejected, budget, dpath, revision, fp, ingest_error = (
+                row[k] for k in ("name", "state", "state_reason", "rejected", "token_budget", "path", "revision",
+                                 "fingerprint", "ingest_error"))
             c = counts.get(dname, {})
             done, failed, pend = c.get("done", 0), c.get("failed", 0), c.get("pending", 0)
             prompts = done + failed + pend
             in_flight = min(int(live.get("in_flight", {}).get(dname, 0)), pend) if alive else 0
             skipped = pend - in_flight if control in ("skipped", "budget_met") else 0
             pending = pend - in_flight - skipped
-            p, ct, r, cost = usage.get(dname, (0, 0, 0, 0.0))
-            lost_d = lost.get(dname, 0.0)
-            cost += lost_d
+            p, ct, r = tokens.get(dname, (0, 0, 0))
+            usd = dollars.get(dname, Dollars())
+            cost, lost_d = usd.results_usd + usd.lost_usd, usd.lost_usd
             ec = engine_counts.get(dname)
             if ec is not None:  # the engine's counters: ahead of the committed rows, as on its dashboard
                 prompts, done, failed, skipped, pending, in_flight = (
@@ -249,6 +208,9 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             # figure is final (extrapolating past it would go backwards when the process exits)
             ended = rstate in ("completed", "stopped")
             elapsed_s = (elapsed or 0.0) + (0.0 if ended else max(0.0, now - hb))
+            if (read_runtime(Path(run_dir)) or {}).get("final"):  # closing down: its socket closed, its last
+                # elapsed file written; the last commit may be older than the figure its socket last gave
+                elapsed_s = max(elapsed_s, persisted_elapsed(Path(run_dir), started_at, hb, elapsed_s))
         else:
             finished = all(d["state"] in ("done", "skipped", "budget_met") for d in datasets)
             run_state = "completed" if finished else "stopped" if rt else "not started"
@@ -272,8 +234,7 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
                 err_tot[k] = err_tot.get(k, 0) + v
         totals["errors"] = err_tot
         totals["usage_sources"] = _sources({k: sum(d["usage_sources"][k] for d in datasets) for k in SOURCES})
-        excluded = json.loads((conn.execute("SELECT value FROM meta WHERE key='excluded_providers'")
-                               .fetchone() or ["[]"])[0])
+        excluded = read.excluded_providers(conn)
         providers = live.get("providers") if alive else None
         if not providers:
             providers = providers_from_store(conn, excluded)
@@ -333,15 +294,6 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
     doc["lock"] = lock.as_dict() if lock is not None else None
     doc.update(status_fields(Path(run_dir)))  # "extract" (per worker) and "gpus" (NVML, or why not)
     return doc
-
-
-def special_text_counts(conn: sqlite3.Connection) -> dict[str, int]:
-    """Prompts per dataset flagged ``special_text_in_prompt`` at ingest (special-token text typed in
-    their messages, :mod:`engine.tokens.promptcheck`); ``{}`` for a store without the column."""
-    if "special_text" not in table_columns(conn, ["prompts"])["prompts"]:
-        return {}
-    return {d: n for d, n in conn.execute(
-        "SELECT dataset, COUNT(*) FROM prompts WHERE special_text IS NOT NULL GROUP BY dataset")}
 
 
 def _sources(counts: dict[str, int]) -> dict[str, int]:
@@ -438,8 +390,10 @@ def format_status(doc: dict[str, Any]) -> str:
             f"{d['pending']:>7} {d['in_flight']:>5} {d['rejected']:>4} {fmt_count(d['completion_tokens']):>10} {d['cost_usd']:>9.4f} "
             f"{eta_d:>11}  {errs}" + (f"  [{note}]" if note else "")
         )
+    from engine.extract.snapshot import JobState
+
     ex = doc.get("extract") or {}
-    if ex.get("state") not in (None, "not_started"):  # its rate: the last minute's, else "avg ... tok/s"
+    if ex.get("state") not in (None, JobState.NOT_STARTED):  # its rate: the last minute's, else "avg ... tok/s"
         from engine.extract.status import format_line
 
         lines.append(format_line(ex))

@@ -110,7 +110,13 @@ class StatusServer:
         return True
 
     async def close(self) -> None:
-        """Stop serving, write the elapsed file a last time and remove the socket (idempotent)."""
+        """Write the elapsed file a last time (``final``), then stop serving and remove the socket
+        (idempotent). In that order: a ``status`` that finds no socket finds the final figure."""
+        ticker, self._ticker = self._ticker, None
+        if ticker is not None:
+            ticker.cancel()
+            await asyncio.gather(ticker, return_exceptions=True)
+            self.write_runtime(final=True)
         if _LOCAL.get(_key(self.run_dir), (None, None))[1] is self._document:
             del _LOCAL[_key(self.run_dir)]
         server, self._server = self._server, None
@@ -120,11 +126,8 @@ class StatusServer:
                 await server.wait_closed()
             with contextlib.suppress(OSError):
                 self.path.unlink()
-        ticker, self._ticker = self._ticker, None
-        if ticker is not None:
-            ticker.cancel()
-            await asyncio.gather(ticker, return_exceptions=True)
-            self.write_runtime(final=True)
+            if ticker is not None:
+                self.write_runtime(final=True)  # not below an answer given while the socket closed
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

@@ -1,20 +1,20 @@
 """The lifecycle of one prompt's request: attempts with retries, then exactly one outcome.
 
 :func:`run_request` runs from the dispatcher's task for a prompt (:class:`engine.run.scheduler.Scheduler`
-takes the class's concurrency slot and the budget reservation before it starts it) and ends in one
-of three outcomes, each handed back to the run (:class:`AttemptHost`):
+takes the class's concurrency slot and the budget reservation before it starts it) and returns one
+:data:`Outcome` value, which the run applies (:class:`engine.run.outcomes.Outcomes`):
 
-- completed: the response is accounted (:meth:`engine.run.accounting.Accounting.account`: usage, counted or estimated)
-  and recorded (:meth:`AttemptHost._completed`);
-- failed: the retries are spent, the error is final, or the code hit a bug (an unexpected
+- :class:`Completed`: the response is accounted (:meth:`engine.run.accounting.Accounting.account`:
+  usage, counted or estimated);
+- :class:`Failed`: the retries are spent, the error is final, or the code hit a bug (an unexpected
   exception costs one prompt, never the run: it fails as ``other`` with ``internal error: ...``);
-  the spend of the failed attempts is recorded once (:meth:`AttemptHost._failed`);
-- aborted (cancelled): what was streamed is counted as spent and the prompt returns to pending
-  (:meth:`AttemptHost._aborted`); the cancellation propagates;
+  the spend of the failed attempts is recorded once;
+- :class:`Aborted` (``cancelled``): what was streamed is counted as spent and the prompt returns to
+  pending; once that is applied the cancellation goes on (the task ends cancelled);
 - returned to pending without a failed attempt: the stream worker holding the stream died
-  (:class:`~engine.stream.wire.StreamWorkerLost`: what it had streamed is counted, as for an abort),
-  or a retry was due while the run or the dataset was paused, skipped or stopping (nothing is sent:
-  a pause means no request leaves, retries included; :meth:`AttemptHost._requeued`).
+  (:class:`~engine.stream.wire.StreamWorkerLost`: an :class:`Aborted` not ``cancelled``, what it had
+  streamed is counted), or a retry was due while the run or the dataset was paused, skipped or
+  stopping (:class:`Requeued`: nothing is sent: a pause means no request leaves, retries included).
 
 The slot is released in ONE place, the ``finally`` around the attempts, whatever the outcome (a
 task cancelled before it ever started is undone by the dispatcher's done-callback instead). Every
@@ -46,8 +46,8 @@ if TYPE_CHECKING:
     from engine.run.accounting import Accounting
     from engine.client.types import ChatRequest
     from engine.run.limiter import AdjustableLimiter
+    from engine.run.failures import Failures
     from engine.run.runstate import DatasetRuntime
-    from engine.run.runwide import Condition
     from engine.money.spend import SpendControl
     from engine.storage.store import PendingPrompt
     from engine.run.telemetry import Telemetry
@@ -89,77 +89,99 @@ class AttemptClock:
         self.first = self.attempts  # attempts made before this dispatch (a prompt back from pending)
 
 
+@dataclass(frozen=True)
+class Completed:
+    """The request completed: ``completion`` as received, ``accounted`` its usage and cost."""
+
+    completion: Completion
+    accounted: "Accounted"
+    spent: Spent
+    at: AttemptClock
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The request failed for good with ``error`` after ``at.attempts`` attempts."""
+
+    error: RequestError
+    spent: Spent
+    at: AttemptClock
+
+
+@dataclass(frozen=True)
+class Aborted:
+    """The stream was cut: the task was cancelled (``cancelled``: an abort; the cancellation goes on
+    once this is applied) or the stream worker holding it died; ``progress`` is what it had streamed."""
+
+    progress: StreamProgress
+    spent: Spent
+    at: AttemptClock
+    cancelled: bool = True
+
+
+@dataclass(frozen=True)
+class Requeued:
+    """A retry was held back (paused, skipped or stopping): nothing was sent; the prompt is pending again."""
+
+    spent: Spent
+    at: AttemptClock
+
+
+#: What :func:`run_request` ends in.
+Outcome = Completed | Failed | Aborted | Requeued
+
+
 class AttemptHost(Protocol):
-    """What :func:`run_request` needs of the run (:class:`engine.run.scheduler.Scheduler` fits it)."""
+    """What :func:`run_request` needs of the run (:class:`engine.run.scheduler.Scheduler` fits it):
+    public members only; the outcome is returned, not handed back through the host."""
 
     spend: "SpendControl"
     telemetry: "Telemetry"
     writer: "StoreWriter"
     policy: RetryPolicy
     clock: Callable[[], float]
-    _complete: Any
-    _begun: set[int]
     accounting: "Accounting"
+    failures: "Failures"
+    complete: Any
 
-    def _request_for(self, p: "PendingPrompt") -> "ChatRequest": ...
     def may_send(self, rt: "DatasetRuntime") -> bool: ...
-    def _requeued(self, rt: "DatasetRuntime", p: "PendingPrompt", res: Any, spent: Spent, attempts: int) -> None: ...
-    def _anomaly(self, rt: "DatasetRuntime", reason: str | None) -> None: ...
-    def run_wide(self, e: RequestError) -> "Condition | None": ...
-    def _aborted(self, rt: "DatasetRuntime", p: "PendingPrompt", res: Any, progress: StreamProgress,
-                 spent: Spent, at: AttemptClock) -> None: ...
-    def _failed(self, rt: "DatasetRuntime", p: "PendingPrompt", res: Any, spent: Spent, e: RequestError,
-                attempts: int) -> None: ...
-    def _completed(self, rt: "DatasetRuntime", p: "PendingPrompt", res: Any, c: Completion, acc: "Accounted",
-                   spent: Spent, at: AttemptClock) -> None: ...
+    def anomaly(self, rt: "DatasetRuntime", reason: str | None) -> None: ...
 
 
-async def run_request(host: AttemptHost, rt: "DatasetRuntime", p: "PendingPrompt", lim: "AdjustableLimiter",
-                      res: Any) -> None:
-    """Run prompt ``p``'s request to one outcome (see the module docstring), holding one slot of
-    ``lim`` and the budget reservation ``res`` until then.
-
-    Raises:
-        asyncio.CancelledError: the request was aborted (the prompt is back to pending first).
-    """
-    host._begun.add(p.id)
-    req = host._request_for(p)
+async def run_request(host: AttemptHost, rt: "DatasetRuntime", p: "PendingPrompt", req: "ChatRequest",
+                      lim: "AdjustableLimiter", res: Any) -> Outcome:
+    """Run prompt ``p``'s request ``req`` to one outcome (see the module docstring), holding one slot
+    of ``lim`` and the budget reservation ``res`` until then; the caller applies the outcome (and,
+    for an :class:`Aborted` that was ``cancelled``, lets the cancellation go on)."""
     progress = StreamProgress()
     spent = Spent()
     at = AttemptClock(p.attempts, started=time.time())
     rt.streams[p.id] = (p.cls, progress, p.est_prompt_tokens)
     host.spend.track(rt.name, res, progress)
-    failure: RequestError | None = None
     try:
         try:
             c = await call_with_retries(_one_attempt(host, rt, req, progress, at, p.cls), host.policy,
                                         on_attempt=_on_attempt(host, rt, p, spent, at))
         except asyncio.CancelledError:
             host.telemetry.attempt_over(rt.name, at.seq)
-            host._aborted(rt, p, res, progress, spent, at)
-            raise
+            return Aborted(progress, spent, at)
         except _Requeue as rq:
             if rq.lost is not None:  # the worker died: what it streamed is spent, the prompt goes back
                 host.telemetry.attempt_over(rt.name, at.seq)
-                host._aborted(rt, p, res, progress, spent, at)
-            else:
-                host._requeued(rt, p, res, spent, at.attempts)
-            return
+                return Aborted(progress, spent, at, cancelled=False)
+            return Requeued(spent, at)
         except RequestError as e:
-            failure = e
+            return Failed(e, spent, at)
         except Exception as e:  # noqa: BLE001 - a bug must cost one prompt, not the run
             host.telemetry.attempt_over(rt.name, at.seq)
             log.exception("[%s] unexpected error on prompt %s", rt.name, p.key)
-            failure = RequestError(ErrorClass.OTHER, f"internal error: {type(e).__name__}: {e}")
+            return Failed(RequestError(ErrorClass.OTHER, f"internal error: {type(e).__name__}: {e}"), spent, at)
         else:
             acc = await host.accounting.account(p, c)  # tokens and cost even when the response carried no usage
     finally:
         lim.release()
         rt.streams.pop(p.id, None)
-    if failure is not None:
-        host._failed(rt, p, res, spent, failure, at.attempts)
-        return
-    host._completed(rt, p, res, c, acc, spent, at)
+    return Completed(c, acc, spent, at)
 
 
 def _one_attempt(host: AttemptHost, rt: "DatasetRuntime", req: "ChatRequest", progress: StreamProgress,
@@ -172,13 +194,13 @@ def _one_attempt(host: AttemptHost, rt: "DatasetRuntime", req: "ChatRequest", pr
         progress.chars_received = 0
         at.seq = host.telemetry.dispatched(rt.name)
         try:
-            c = await host._complete(req, progress=progress)
+            c = await host.complete(req, progress=progress)
         except StreamWorkerLost as e:
             raise _Requeue(e) from None
         except RequestError as e:  # a request too expensive for the in-flight budget: name its class and fit
             budget_error_for_request(e, req.max_tokens, cls)
             raise
-        host._anomaly(rt, host.telemetry.attempt_ok(rt.name, at.seq))
+        host.anomaly(rt, host.telemetry.attempt_ok(rt.name, at.seq))
         return c
 
     return one_attempt
@@ -201,11 +223,11 @@ def _on_attempt(host: AttemptHost, rt: "DatasetRuntime", p: "PendingPrompt", spe
         )
         # an endpoint's fault (several base_urls: a replica unreachable or gone) says nothing about the dataset,
         # nor does a request too expensive for OpenRouter's in-flight budget (refused before any provider saw it)
-        guard = host.run_wide(err) is None and not err.endpoint_fault and not is_weight_exceeds_budget(err)
-        host._anomaly(rt, host.telemetry.on_error(rt.name, err.provider, err.error_class.value, err.message,
+        guard = host.failures.run_wide(err) is None and not err.endpoint_fault and not is_weight_exceeds_budget(err)
+        host.anomaly(rt, host.telemetry.on_error(rt.name, err.provider, err.error_class.value, err.message,
                                                   guard=guard, seq=at.seq))
 
     return on_attempt
 
 
-__all__ = ["AttemptClock", "AttemptHost", "Spent", "run_request"]
+__all__ = ["Aborted", "AttemptClock", "AttemptHost", "Completed", "Failed", "Outcome", "Requeued", "Spent", "run_request"]

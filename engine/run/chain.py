@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import signal
-import sqlite3
 import sys
 import time
 from dataclasses import replace
@@ -34,10 +33,11 @@ from typing import Any, Callable, TextIO
 from engine.config import Config
 from engine.errors import DatagenError
 from engine.extract.run import ExtractRun
-from engine.extract.snapshot import ExtractSnapshot
+from engine.extract.snapshot import ExtractSnapshot, JobState
 from engine.report.metricsserver import open_metrics, printer, serving
 from engine.report.snapshot import RunSnapshot
 from engine.run.chainready import FINISHED_STATES, dataset_counts, readiness
+from engine.storage.schema import StoreError
 
 
 def combined_exit_code(generation: int, extraction: int | None) -> int:
@@ -260,7 +260,7 @@ class ExtractChain:
         rate, window = (tok.max_failure_rate, tok.failure_window) if tok is not None else (0.0, 200)
         try:
             counts = dataset_counts(self.cfg.run.dir, list(done))
-        except sqlite3.Error as e:
+        except StoreError as e:
             return {n: ("wait", f"store not readable yet ({e})") for n in done}
         return {n: readiness(done[n], *counts[n], max_failure_rate=rate, failure_window=window) for n in done}
 
@@ -366,13 +366,13 @@ class ExtractChain:
             why = [f"{n}: {w}" for n, w in self.left_out.items()]
             if self.quit_mode:
                 why.insert(0, f"quit ({self.quit_mode}) before any extraction started")
-            return ExtractSnapshot(state="stopped" if why else "done", reason="; ".join(why) or "nothing to extract",
+            return ExtractSnapshot(state=JobState.STOPPED if why else JobState.DONE, reason="; ".join(why) or "nothing to extract",
                                    events=events, quit_mode=self.quit_mode)
         live = self.current.snapshot() if self.exit_code is None and self.current is not None else None
         # dataset mode: its workers are done and it is closing: between extractions (p holds the next one)
-        closing = self.mode == "dataset" and live is not None and live.state == "done"
+        closing = self.mode == "dataset" and live is not None and live.state == JobState.DONE
         if closing or (self.exit_code is None and self.current is None):
-            state = "paused" if self.paused else ("waiting" if self.runs else "not_started")
+            state = JobState.PAUSED if self.paused else (JobState.WAITING if self.runs else JobState.NOT_STARTED)
             why = self._waiting_reason()
             if run is None:
                 return ExtractSnapshot(state=state, reason=why, events=events, quit_mode=self.quit_mode)
@@ -380,8 +380,8 @@ class ExtractChain:
             return replace(snap, state=state, reason=why, events=events, workers=(), quit_mode=self.quit_mode)
         assert run is not None
         snap = live if live is not None and run is self.current else run.snapshot()
-        if self.exit_code is not None and self.quit_mode and snap.state == "done" and self.waiting_for():
-            snap = replace(snap, state="stopped", reason=f"quit ({self.quit_mode}): "
+        if self.exit_code is not None and self.quit_mode and snap.state == JobState.DONE and self.waiting_for():
+            snap = replace(snap, state=JobState.STOPPED, reason=f"quit ({self.quit_mode}): "
                            f"{', '.join(self.waiting_for())} not extracted; a rerun extracts them")
         return replace(snap, events=events, quit_mode=snap.quit_mode or self.quit_mode)
 

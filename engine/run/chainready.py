@@ -6,8 +6,9 @@ with its validation verdict, and not too many invalid ones. :func:`readiness` de
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
+
+from engine.storage.validations import readiness_counts
 
 #: Dataset states after which generation adds no result to it (``engine.report.snapshot.DatasetSnapshot``).
 FINISHED_STATES = ("done", "budget_met", "skipped")
@@ -43,22 +44,9 @@ def dataset_counts(run_dir: Path, names: list[str]) -> dict[str, tuple[int, int,
     read-only (the generation's writer and validator keep writing; WAL readers never block them).
 
     Raises:
-        sqlite3.Error: no store, or one without a ``validations`` table yet.
+        engine.storage.schema.StoreError: no store, or one without a ``validations`` table yet.
     """
-    conn = sqlite3.connect(f"file:{Path(run_dir) / 'store.sqlite'}?mode=ro", uri=True, timeout=30)
-    try:
-        out = {}
-        for n in names:
-            (committed,) = conn.execute("SELECT COUNT(*) FROM results WHERE dataset=?", (n,)).fetchone()
-            validated, invalid = conn.execute(
-                "SELECT COUNT(*), COALESCE(SUM(ok=0), 0) FROM validations WHERE dataset=?", (n,)).fetchone()
-            (unvalidated,) = conn.execute(
-                "SELECT COUNT(*) FROM results r WHERE r.dataset=? AND NOT EXISTS "
-                "(SELECT 1 FROM validations v WHERE v.prompt_id = r.prompt_id)", (n,)).fetchone()
-            out[n] = (committed, unvalidated, validated, invalid)
-        return out
-    finally:
-        conn.close()
+    return readiness_counts(Path(run_dir), names)
 
 
 __all__ = ["FINISHED_STATES", "dataset_counts", "readiness"]

@@ -1,14 +1,18 @@
-"""The engine's command surface: what the dashboard keys and ``datagen ctl`` call.
+"""The engine's command surface: the live target of every command (the dashboard's keys, ``datagen ctl``).
 
-Every method validates its arguments (unknown dataset or class -> ``ValueError`` naming it and the
-valid choices), acts on the event loop at once, and returns a short human-readable result.
+Commands arrive as :class:`~engine.run.commands.RunCommand` values through :meth:`Controller.apply`
+(:func:`engine.run.commands.apply`, the one command path). Every per-verb method validates its
+arguments (unknown dataset or class -> ``ValueError`` naming it and the valid choices), acts on the
+event loop at once, and returns a short human-readable result.
 """
 
 from __future__ import annotations
 
+from engine.run import commands
+from engine.run.commands import CommandResult, RunCommand
 from engine.run.ctl import resolve_provider
 from engine.run.limiter import check_concurrency, concurrency_cap
-from engine.run.runstate import Control, RunPhase
+from engine.run.runstate import Control, PauseKind, RunPhase
 from engine.run.scheduler import Scheduler
 from engine.run.seams import CreditsCheck
 from engine.report.snapshot import RunSnapshot
@@ -32,11 +36,15 @@ class Controller:
         self._run = scheduler.runstate  # states are read here; changes go through the scheduler
         self.credits_check = credits_check
 
+    async def apply(self, cmd: RunCommand) -> CommandResult:
+        """Apply ``cmd`` to the running engine (:func:`engine.run.commands.apply`)."""
+        return await commands.apply(cmd, self)
+
     async def exclude_provider(self, name: str) -> str:
         """Stop routing new requests to provider ``name`` (added to ``provider.ignore``; persisted)."""
         if not name:
             raise ValueError("provider name is empty")
-        await self._s.exclude_provider(name)
+        await self._s.routing.exclude(name)
         return f"provider {name} excluded"
 
     async def include_provider(self, name: str) -> str:
@@ -49,13 +57,13 @@ class Controller:
         if not excluded:
             raise ValueError(f"provider {name!r} is not excluded: no provider is excluded")
         name = resolve_provider(name, excluded, what="excluded provider")
-        await self._s.include_provider(name)
+        await self._s.routing.include(name)
         return f"provider {name} included again"
 
     def dollars_in_flight(self, dataset: str | None = None) -> float:
         """Expected USD of the requests in flight, of ``dataset`` or of the run (what they cost when
         completed; see :mod:`engine.money.inflight`)."""
-        return self._s.cost_in_flight_usd(dataset)
+        return self._s.ending.cost_in_flight_usd(dataset)
 
     def snapshot(self) -> RunSnapshot:
         """Immutable snapshot of the engine (see :mod:`engine.report.snapshot`)."""
@@ -81,7 +89,7 @@ class Controller:
         (when a ``credits_check`` is set) and refuses while they are still below the floor.
         """
         if dataset is None:
-            if self._run.pause_kind == "credits" and self.credits_check is not None:
+            if self._run.pause == PauseKind.CREDITS and self.credits_check is not None:
                 await self.credits_check()
                 cr = self._s.spend.credits
                 floor = self._s.cfg.spend.credits_floor_usd
@@ -95,12 +103,12 @@ class Controller:
     async def skip(self, dataset: str, abort: bool = False, reason: str = "skipped by user") -> str:
         """Skip a dataset: no more dispatch, pending prompts count as skipped; ``abort`` cancels its in-flight."""
         await self._s.set_dataset_control(self._ds(dataset), "skipped", reason)
-        n = self._s.abort(dataset) if abort else 0
+        n = self._s.ending.abort(dataset) if abort else 0
         return f"{dataset} skipped" + (f", {n} in-flight aborted" if abort else "")
 
     def abort(self, dataset: str | None = None) -> str:
         """Cancel in-flight requests (of ``dataset`` or all) now; their prompts return to pending."""
-        n = self._s.abort(self._ds(dataset) if dataset else None)
+        n = self._s.ending.abort(self._ds(dataset) if dataset else None)
         return f"{n} in-flight request(s) aborted"
 
     async def failed_counts(self, dataset: str | None = None) -> dict[str, int]:
@@ -108,7 +116,7 @@ class Controller:
         failures committed first), e.g. ``{"bad_request": 3, "server": 1}``."""
         if dataset is not None:
             self._ds(dataset)
-        self._s.release_held_failures()
+        self._s.failures.release_held()
         await self._s.writer.flush()
         return await self._s.store.failed_counts(dataset)
 
@@ -120,7 +128,7 @@ class Controller:
         Raises:
             ValueError: unknown dataset.
         """
-        n = await self._s.retry_failed(self._ds(dataset) if dataset else None, reason)
+        n = await self._s.failures.retry_failed(self._ds(dataset) if dataset else None, reason)
         what = f"{n} failed prompt(s){' (' + reason + ')' if reason else ''}"
         where = f" of {dataset}" if dataset else ""
         if n == 0:
@@ -156,25 +164,27 @@ class Controller:
         """
         self.concurrency_bounds(cls)
         check_concurrency(cls, n, self._s.cfg.classes[cls].concurrency)
-        await self._s.set_concurrency(cls, n)
+        await self._s.limiters[cls].set_capacity(n)  # in-flight requests are never cancelled
+        self._s.event("info", "concurrency", None, f"class {cls} concurrency set to {n}")
+        self._run.notify()
         return f"class {cls} concurrency {n}"
 
     def stop(self, reason: str = "stopped by user", abort: bool = False, exit_code: int = 0) -> str:
         """Stop the run: no more dispatch; in-flight requests finish (or are cancelled with ``abort``).
         ``exit_code`` becomes the run's exit code unless an earlier stop gave a non-zero one
         (130: interrupted)."""
-        self._s.stop(reason, exit_code=exit_code, abort=abort)
+        self._s.ending.stop(reason, exit_code=exit_code, abort=abort)
         return "run stopping"
 
     async def drain(self, reason: str = "drain requested", exit_code: int = 0) -> None:
         """Stop dispatching and wait for the requests in flight, up to :meth:`drain_limit_s` seconds;
         then abort what is left. Returns once the drain ended (the run ends within 5 s of the limit)."""
-        await self._s.drain(reason=reason, exit_code=exit_code)
+        await self._s.ending.drain(reason=reason, exit_code=exit_code)
 
     def drain_limit_s(self) -> float:
         """Seconds a drain waits for in-flight requests (``run.drain_timeout_s``; ``"auto"``: the
         requests' own bound, ``provider.timeouts.total_s``)."""
-        return self._s.drain_limit_s()
+        return self._s.ending.drain_limit_s()
 
     def dataset_class(self, dataset: str) -> str:
         """The request class most of ``dataset``'s remaining prompts use (what its concurrency keys set).
@@ -182,4 +192,7 @@ class Controller:
         Raises:
             ValueError: unknown dataset (the message lists the configured ones).
         """
-        return self._s.dataset_class(self._ds(dataset))
+        rt = self._run.datasets[self._ds(dataset)]
+        if rt.pending and max(rt.pending.values()) > 0:
+            return max(rt.pending, key=lambda c: rt.pending[c])
+        return next(iter(self._s.cfg.classes))

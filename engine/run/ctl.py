@@ -1,11 +1,14 @@
 """``datagen ctl``: control a run from another shell, through the store's ``commands`` table.
 
-A live engine polls the table every second and applies commands in order through its
-:class:`~engine.run.controller.Controller`, recording each result; ``ctl`` waits for that result. When
-no engine is running, the persistent commands (pause/resume/skip a dataset, exclude/include a
-provider) are applied to the store directly and honoured at the next start; the others (a run-wide
-pause/resume, abort, concurrency) act only on a live run, so they are refused (``ok=False``) rather
-than reported as done.
+Each command is a :class:`~engine.run.commands.RunCommand`, applied by
+:func:`engine.run.commands.apply` (the one command path the dashboard takes too). A live engine polls
+the table every second and applies commands in order through its
+:class:`~engine.run.controller.Controller`, recording each result and whether it was applied; ``ctl``
+waits for that result. When no engine is running, the command is applied to the store
+(:class:`OfflineTarget`): the persistent ones (pause/resume/skip a dataset, exclude/include a
+provider) are saved and honoured at the next start; the others (a run-wide pause/resume, abort,
+concurrency) act only on a live run, so they are not applied (``ok=False``) rather than reported as
+done.
 
 Provider names are checked before anything is queued: ``exclude-provider`` takes a provider this
 run has seen (results and attempts in the store), one named in ``[provider.routing]`` (``order``,
@@ -19,33 +22,21 @@ with no engine running written to the store at once, so the next ``datagen run``
 
 from __future__ import annotations
 
-import json
-import sqlite3
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
 from engine.report.status import StatusError, collect_status
-from engine.storage.store import db_path, failed_filter
+from engine.run.commands import VERBS, CommandResult, NotApplied, RunCommand, apply_sync
+from engine.storage import offline, read
+from engine.storage.handle import Handle, connect_rw, transaction
+from engine.storage.schema import db_path
 
-VERBS = ("pause", "resume", "skip", "abort", "concurrency", "exclude-provider", "include-provider", "retry-failed")
-"""Every ``ctl`` verb."""
-
-
-@dataclass(frozen=True)
-class CtlResult:
-    """What a ``ctl`` command did.
-
-    Attributes:
-        text: the result line shown to the user.
-        ok: True when it was applied by the live engine or saved for the next start; False when it
-            was refused (bad argument), not applied (no engine running, for a live-only verb) or
-            not confirmed in time. ``datagen ctl`` exits 0 / 1 accordingly.
-    """
-
-    text: str
-    ok: bool
+CtlResult = CommandResult
+"""What a ``ctl`` command did (:class:`~engine.run.commands.CommandResult`): ``text`` the line shown,
+``ok`` True when it was applied by the live engine or saved for the next start, False when it was
+refused (bad argument), not applied (no engine running, for a live-only verb) or not confirmed in
+time. ``datagen ctl`` exits 0 / 1 accordingly."""
 
 
 def resolve_provider(name: str, known: Iterable[str], what: str = "provider") -> str:
@@ -66,112 +57,127 @@ def resolve_provider(name: str, known: Iterable[str], what: str = "provider") ->
     raise ValueError(f"unknown {what} {name!r}; known: {listing}")
 
 
-def known_providers(conn: sqlite3.Connection) -> tuple[list[str], list[str]]:
+def known_providers(conn: Handle) -> tuple[list[str], list[str]]:
     """``(known, excluded)`` provider names of the run in ``conn`` (see the module docstring)."""
-    seen = {p for (p,) in conn.execute(
-        "SELECT DISTINCT provider FROM results UNION SELECT DISTINCT provider FROM attempts") if p}
-    row = conn.execute("SELECT value FROM meta WHERE key='excluded_providers'").fetchone()
-    excluded = json.loads(row[0]) if row else []
-    rt = conn.execute("SELECT live FROM runtime").fetchone()
-    live = json.loads(rt[0]) if rt and rt[0] else {}
-    routing = live.get("routing_providers") or []
+    seen = read.seen_providers(conn)
+    excluded = read.excluded_providers(conn)
+    routing = read.runtime_live(conn).get("routing_providers") or []
     return sorted(seen | set(routing) | set(excluded), key=str.lower), list(excluded)
 
 
-def _live_classes(conn: sqlite3.Connection) -> dict[str, dict]:
-    rt = conn.execute("SELECT live FROM runtime").fetchone()
-    live = json.loads(rt[0]) if rt and rt[0] else {}
+def _live_classes(conn: Handle) -> dict[str, dict]:
+    live = read.runtime_live(conn)
     return {c["name"]: c for c in live.get("classes", []) if isinstance(c, dict) and "name" in c}
 
 
-def _set_excluded(conn: sqlite3.Connection, excl: list[str]) -> None:
-    conn.execute("INSERT INTO meta VALUES('excluded_providers', ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-                 (json.dumps(excl),))
-
-
-def retry_failed_offline(conn: sqlite3.Connection, dataset: str | None, reason: str | None) -> int:
+def retry_failed_offline(conn: Handle, dataset: str | None, reason: str | None) -> int:
     """Return failed prompts (of ``dataset`` / with error class ``reason``; None: any) to pending in
     the store of ``conn`` (the caller holds the transaction); returns how many."""
-    where, args = failed_filter(dataset, reason)
-    return conn.execute(f"UPDATE prompts SET state='pending', error_class=NULL, error=NULL WHERE {where}",
-                        args).rowcount
+    return offline.retry_failed(conn, dataset, reason)
 
 
-def _apply_offline(conn: sqlite3.Connection, verb: str, dataset: str | None, arg: str | None) -> CtlResult:
-    now = time.time()
-    names = [n for (n,) in conn.execute("SELECT name FROM datasets ORDER BY position")]
-    if verb == "retry-failed":
-        n = retry_failed_offline(conn, dataset, arg)
-        what = f"{n} failed prompt(s){' (' + arg + ')' if arg else ''}{' of ' + dataset if dataset else ''}"
-        if not n:
-            return CtlResult(f"no failed prompts{' of ' + dataset if dataset else ''}"
-                             f"{' with reason ' + arg if arg else ''}", True)
-        conn.execute("INSERT INTO events(ts, level, kind, dataset, message) VALUES(?,?,?,?,?)",
-                     (now, "info", "retry_failed", dataset, f"{what} returned to pending by retry-failed"))
-        held = [(d, st) for d, st in conn.execute("SELECT name, state FROM datasets ORDER BY position")
-                if st in ("paused", "skipped") and (dataset is None or d == dataset)]
-        note = "".join(f"; {d} is {st}: `datagen ctl RUN_DIR resume {d}` too" for d, st in held)
-        return CtlResult(f"{what} returned to pending: saved, the engine is not running; the next `datagen run` "
-                         f"sends them{note}", True)
-    if dataset is not None and verb in ("pause", "resume", "skip") and dataset not in names:
-        return CtlResult(f"error: unknown dataset {dataset!r}; expected one of: {', '.join(names)}", False)
-    if verb in ("pause", "resume", "skip") and dataset:
+class OfflineTarget:
+    """The commands applied to the store of ``conn`` with no engine running (the caller holds the
+    transaction): a :class:`~engine.run.commands.CommandTarget` for :func:`engine.run.commands.apply`.
+    Dataset states and excluded providers are saved for the next start, failed prompts returned to
+    pending; a run-wide pause or resume, an abort and a concurrency raise
+    :class:`~engine.run.commands.NotApplied` (nothing saves them)."""
+
+    SAVED = "saved, the engine is not running; applies at the next start"
+
+    def __init__(self, conn: Handle) -> None:
+        self.conn = conn
+        self.now = time.time()
+
+    def _control(self, verb: str, dataset: str | None) -> str:
+        names = read.dataset_names(self.conn)
+        if dataset is not None and dataset not in names:
+            raise ValueError(f"unknown dataset {dataset!r}; expected one of: {', '.join(names)}")
+        if not dataset:
+            what = "a run-wide pause" if verb == "pause" else "a run-wide resume"
+            raise NotApplied(f"not applied: the engine is not running and {what} is not saved (a run starts "
+                             f"unpaused); name a DATASET to {verb} it at the next start")
         state = {"pause": "paused", "resume": "active", "skip": "skipped"}[verb]
         reason = {"pause": "paused by user", "resume": "", "skip": "skipped by user"}[verb]
-        conn.execute("UPDATE datasets SET state=?, state_reason=?, updated_at=? WHERE name=?", (state, reason, now, dataset))
+        offline.set_dataset_state(self.conn, dataset, state, reason, self.now)
         done = {"pause": "paused", "resume": "resumed", "skip": "skipped"}[verb]
-        return CtlResult(f"{dataset} {done}: saved, the engine is not running; applies at the next start", True)
-    if verb in ("exclude-provider", "include-provider") and arg:
-        _, excl = known_providers(conn)
-        if verb == "exclude-provider":
-            if arg not in excl:
-                excl.append(arg)
-            _set_excluded(conn, excl)
-            return CtlResult(f"provider {arg} excluded: saved, the engine is not running; applies at the next start",
-                             True)
-        excl.remove(arg)
-        _set_excluded(conn, excl)
-        return CtlResult(f"provider {arg} included again: saved, the engine is not running; applies at the next "
-                         f"start", True)
-    if verb == "abort":
-        return CtlResult("not applied: the engine is not running, so nothing is in flight", False)
-    if verb == "concurrency":
-        return CtlResult(f"not applied: the engine is not running and concurrency is not saved; set "
-                         f"[classes.{dataset}] concurrency in the config for the next start", False)
-    what = "a run-wide pause" if verb == "pause" else "a run-wide resume"
-    return CtlResult(f"not applied: the engine is not running and {what} is not saved (a run starts unpaused); "
-                     f"name a DATASET to {verb} it at the next start", False)
+        return f"{dataset} {done}: {self.SAVED}"
+
+    def pause(self, dataset: str | None = None) -> str:
+        return self._control("pause", dataset)
+
+    def resume(self, dataset: str | None = None) -> str:
+        return self._control("resume", dataset)
+
+    def skip(self, dataset: str, abort: bool = False) -> str:
+        return self._control("skip", dataset)  # nothing is in flight to abort
+
+    def abort(self, dataset: str | None = None) -> str:
+        raise NotApplied("not applied: the engine is not running, so nothing is in flight")
+
+    def set_concurrency(self, cls: str, n: int) -> str:
+        raise NotApplied(f"not applied: the engine is not running and concurrency is not saved; set "
+                         f"[classes.{cls}] concurrency in the config for the next start")
+
+    def exclude_provider(self, name: str) -> str:
+        if not name:
+            raise ValueError("provider name is empty")
+        _, excl = known_providers(self.conn)
+        if name not in excl:
+            excl.append(name)
+        offline.set_excluded_providers(self.conn, excl)
+        return f"provider {name} excluded: {self.SAVED}"
+
+    def include_provider(self, name: str) -> str:
+        _, excl = known_providers(self.conn)
+        if name not in excl:
+            raise ValueError(f"provider {name!r} is not excluded")
+        excl.remove(name)
+        offline.set_excluded_providers(self.conn, excl)
+        return f"provider {name} included again: {self.SAVED}"
+
+    def retry_failed(self, dataset: str | None = None, reason: str | None = None) -> str:
+        n = retry_failed_offline(self.conn, dataset, reason)
+        what = f"{n} failed prompt(s){' (' + reason + ')' if reason else ''}{' of ' + dataset if dataset else ''}"
+        if not n:
+            return f"no failed prompts{' of ' + dataset if dataset else ''}{' with reason ' + reason if reason else ''}"
+        offline.add_event(self.conn, self.now, "info", "retry_failed", dataset,
+                          f"{what} returned to pending by retry-failed")
+        held = [(d, st) for d, st in read.dataset_states(self.conn)
+                if st in ("paused", "skipped") and (dataset is None or d == dataset)]
+        note = "".join(f"; {d} is {st}: `datagen ctl RUN_DIR resume {d}` too" for d, st in held)
+        return (f"{what} returned to pending: saved, the engine is not running; the next `datagen run` "
+                f"sends them{note}")
 
 
-def _check(conn: sqlite3.Connection, verb: str, dataset: str | None, arg: str | None, force: bool,
-           alive: bool) -> tuple[str | None, CtlResult | None]:
+def _check(conn: Handle, verb: str, dataset: str | None, arg: str | None, force: bool,
+           alive: bool) -> tuple[str | None, CommandResult | None]:
     """Validate provider names, concurrency and retry-failed before queueing: ``(arg to send,
     refusal or None)``."""
     if verb == "retry-failed":
-        names = [n for (n,) in conn.execute("SELECT name FROM datasets ORDER BY position")]
+        names = read.dataset_names(conn)
         if dataset is not None and dataset not in names:
-            return arg, CtlResult(f"error: unknown dataset {dataset!r}; expected one of: {', '.join(names)}", False)
+            return arg, CommandResult.refused(f"unknown dataset {dataset!r}; expected one of: {', '.join(names)}")
         if arg is not None:
             from engine.client.types import ErrorClass
 
-            known = sorted({c.value for c in ErrorClass} | {c for (c,) in conn.execute(
-                "SELECT DISTINCT error_class FROM prompts WHERE state='failed' AND error_class IS NOT NULL")})
+            known = sorted({c.value for c in ErrorClass} | read.failed_error_classes(conn))
             if arg not in known:
-                return arg, CtlResult(f"error: unknown --reason {arg!r}; expected an error class: {', '.join(known)}",
-                                      False)
+                return arg, CommandResult.refused(f"unknown --reason {arg!r}; expected an error class: "
+                                                  f"{', '.join(known)}")
         return arg, None
     if verb == "exclude-provider":
         known, _ = known_providers(conn)
         if force:
             return arg, None
         if not known:
-            return arg, CtlResult(f"error: no provider is known to this run yet (none seen, none named in "
-                                  f"[provider.routing]), so {arg!r} cannot be checked; pass --force to exclude it "
-                                  f"anyway", False)
+            return arg, CommandResult.refused(f"no provider is known to this run yet (none seen, none named in "
+                                              f"[provider.routing]), so {arg!r} cannot be checked; pass --force "
+                                              f"to exclude it anyway")
         try:
             return resolve_provider(arg or "", known), None
         except ValueError as e:
-            return arg, CtlResult(f"error: {e} (--force excludes a name this run has not seen)", False)
+            return arg, CommandResult.refused(f"{e} (--force excludes a name this run has not seen)")
     if verb == "include-provider":
         _, excl = known_providers(conn)
         try:
@@ -179,43 +185,47 @@ def _check(conn: sqlite3.Connection, verb: str, dataset: str | None, arg: str | 
                 raise ValueError(f"provider {arg!r} is not excluded: no provider is excluded")
             return resolve_provider(arg or "", excl, what="excluded provider"), None
         except ValueError as e:
-            return arg, CtlResult(f"error: {e}", False)
+            return arg, CommandResult.refused(f"{e}")
     if verb == "concurrency":
         try:
             n = int(arg or "")
         except ValueError:
-            return arg, CtlResult(f"error: concurrency N must be a whole number, got {arg!r}", False)
+            return arg, CommandResult.refused(f"concurrency N must be a whole number, got {arg!r}")
         classes = _live_classes(conn) if alive else {}
         c = classes.get(dataset or "")
         if classes and c is None:
-            return arg, CtlResult(f"error: unknown class {dataset!r}; expected one of: {', '.join(classes)}", False)
+            return arg, CommandResult.refused(f"unknown class {dataset!r}; expected one of: {', '.join(classes)}")
         if c is not None and c.get("max"):
             from engine.run.limiter import check_concurrency
 
             try:
                 check_concurrency(dataset or "", n, int(c.get("configured") or 0))
             except ValueError as e:
-                return arg, CtlResult(f"error: {e}", False)
+                return arg, CommandResult.refused(f"{e}")
         return str(n), None
     return arg, None
 
 
-def send(run_dir: Path, verb: str, dataset: str | None = None, arg: str | None = None, *,
-         wait_s: float = 10.0, force: bool = False) -> CtlResult:
-    """Queue a command and return its result (waiting up to ``wait_s`` for a live engine).
+def send(run_dir: Path, verb: str | RunCommand, dataset: str | None = None, arg: str | None = None, *,
+         wait_s: float = 10.0, force: bool = False) -> CommandResult:
+    """Apply a command: queued for the live engine (waiting up to ``wait_s`` for its result), or with
+    no engine running applied to the store (:class:`OfflineTarget`).
 
     Args:
         run_dir: the run directory.
-        verb: one of :data:`VERBS`; dataset: DATASET (or CLASS for ``concurrency``); arg: N for
-            ``concurrency``, NAME for the provider verbs, ``"abort"`` for ``skip --abort``, the error
-            class (``--reason``) for ``retry-failed``.
+        verb: the :class:`~engine.run.commands.RunCommand` (what ``datagen ctl`` builds), or one of
+            :data:`VERBS` with its row's operands: dataset: DATASET (or CLASS for ``concurrency``);
+            arg: N for ``concurrency``, NAME for the provider verbs, ``"abort"`` for ``skip --abort``,
+            the error class (``--reason``) for ``retry-failed``.
         wait_s: seconds to wait for the live engine to apply it.
         force: ``exclude-provider`` of a name this run has not seen.
 
     Raises:
         StatusError: no run store in ``run_dir``.
-        ValueError: unknown verb.
+        ValueError: unknown verb, or operands missing (:meth:`~engine.run.commands.RunCommand.from_row`).
     """
+    if isinstance(verb, RunCommand):
+        verb, dataset, arg = verb.to_row()
     if verb not in VERBS:
         raise ValueError(f"unknown command {verb!r}; expected one of {', '.join(VERBS)}")
     path = db_path(Path(run_dir))
@@ -224,28 +234,27 @@ def send(run_dir: Path, verb: str, dataset: str | None = None, arg: str | None =
     run = collect_status(Path(run_dir))["run"]
     # an engine whose run has ended reads no more commands (its dashboard may stay open): apply them offline
     alive = run["alive"] and run["state"] not in ("completed", "stopped")
-    conn = sqlite3.connect(path, timeout=10, isolation_level=None)
+    conn = connect_rw(Path(run_dir))
     try:
-        conn.execute("PRAGMA busy_timeout=10000")
         arg, refused = _check(conn, verb, dataset, arg, force, alive)
         if refused is not None:
             return refused
+        cmd = RunCommand.from_row(verb, dataset, arg)
+        offline.add_missing_columns(conn)  # a store an older version wrote: its commands table gains ``ok``
         if not alive:
-            conn.execute("BEGIN IMMEDIATE")
-            result = _apply_offline(conn, verb, dataset, arg)
-            conn.execute("INSERT INTO commands(ts, verb, dataset, arg, done_at, result) VALUES(?,?,?,?,?,?)",
-                         (time.time(), verb, dataset, arg, time.time(), result.text))
-            conn.execute("COMMIT")
+            with transaction(conn):
+                result = apply_sync(cmd, OfflineTarget(conn))
+                offline.record_command(conn, time.time(), *cmd.to_row(), time.time(), result.text, result.ok)
             return result
-        cid = conn.execute("INSERT INTO commands(ts, verb, dataset, arg) VALUES(?,?,?,?)",
-                           (time.time(), verb, dataset, arg)).lastrowid
+        cid = offline.queue_command(conn, time.time(), *cmd.to_row())
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
-            row = conn.execute("SELECT done_at, result FROM commands WHERE id=?", (cid,)).fetchone()
-            if row and row[0] is not None:
-                return CtlResult(row[1], not row[1].startswith("error"))
+            done = offline.command_result(conn, cid)
+            if done is not None:
+                text, ok = done
+                return CommandResult(ok, text)
             time.sleep(0.1)
-        return CtlResult(f"not confirmed: queued (id {cid}) but the engine has not applied it within {wait_s:.0f}s; "
-                         f"it applies when the engine next reads its commands", False)
+        return CommandResult(False, f"not confirmed: queued (id {cid}) but the engine has not applied it within "
+                                    f"{wait_s:.0f}s; it applies when the engine next reads its commands")
     finally:
         conn.close()

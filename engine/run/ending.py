@@ -1,8 +1,8 @@
 """How a run ends: stop, abort of the streams in flight, a drain with a deadline, and what the
 streams in flight cost (USD) while that is decided.
 
-The :class:`~engine.run.scheduler.Scheduler` owns one :class:`RunEnding` and forwards its
-``stop``/``abort``/``drain`` commands to it; the controller and the dashboard reach it through them.
+The :class:`~engine.run.scheduler.Scheduler` owns one (``Scheduler.ending``); the controller, the
+runner, the headless signal handlers and the snapshot builder call it directly.
 """
 
 from __future__ import annotations
@@ -27,24 +27,21 @@ class RunEnding:
 
     Args:
         cfg: validated config (``run.drain_timeout_s``, ``provider.timeouts.total_s``, class ``max_tokens``).
-        runstate: the run's state: its datasets' streams and tasks, phase, exit code, ``done`` event.
+        runstate: the run's state: its datasets' streams and tasks, phase, exit code, ``done`` event
+            (its :meth:`~engine.run.runstate.RunState.notify` wakes the dispatchers, its
+            :meth:`~engine.run.runstate.RunState.check_finished` ends the run when nothing is left).
         spend: the money ledger (prices, observed lengths, abort billing).
         clock: monotonic clock in seconds.
         event: ``event(level, kind, dataset, message)`` records a run event.
-        notify: wakes every dispatcher.
-        check_finished: sets ``runstate.done`` when nothing is left to wait for.
     """
 
     def __init__(self, cfg: Config, runstate: RunState, spend: SpendControl, clock: Callable[[], float],
-                 event: Callable[[str, str, str | None, str], None], notify: Callable[[], None],
-                 check_finished: Callable[[], None]) -> None:
+                 event: Callable[[str, str, str | None, str], None]) -> None:
         self.cfg = cfg
         self.run = runstate
         self.spend = spend
         self.clock = clock
         self._event = event
-        self._notify = notify
-        self._check_finished = check_finished
         #: abort estimates (USD) of aborted streams that had no generation id yet (keyed by the id() of
         #: their StreamProgress), from observed abort billing: no true-up can reach them.
         self.unidentified_aborts: dict[int, float] = {}
@@ -60,6 +57,10 @@ class RunEnding:
         for _prog, c in self.stream_costs(dataset):
             total = total + c
         return total
+
+    def cost_in_flight_usd(self, dataset: str | None = None) -> float:
+        """Expected USD of the streams in flight (of ``dataset`` or all): what they cost when completed."""
+        return self.in_flight_cost(dataset).expected_usd
 
     def stream_costs(self, dataset: str | None = None) -> list[tuple[Any, InFlightCost]]:
         """``(progress, InFlightCost)`` per stream in flight (of ``dataset`` or all)."""
@@ -129,14 +130,14 @@ class RunEnding:
         """Stop the run: no more dispatch; abort in-flight requests unless ``abort`` is False (drain).
         The first non-zero ``exit_code`` given is kept (a later stop does not hide an earlier failure)."""
         self.run.stopping = True
-        self.run.phase, self.run.reason = RunPhase.STOPPING, reason
+        self.run.lifecycle, self.run.reason = RunPhase.STOPPING, reason
         if not self.run.exit_code:
             self.run.exit_code = exit_code
         self._event("error" if exit_code and exit_code != 130 else "info", "stop", None, f"run stopping: {reason}")
         if abort:
             self.abort()
-        self._notify()
-        self._check_finished()
+        self.run.notify()
+        self.run.check_finished()
 
     def drain_limit_s(self) -> float:
         """Seconds a drain waits for in-flight requests: ``run.drain_timeout_s``, or with ``"auto"``

@@ -1,10 +1,11 @@
 """What happens to a prompt whose request ended in an error, and ``retry-failed``.
 
 :class:`Failures` is a collaborator of :class:`engine.run.scheduler.Scheduler`: it receives the run
-state, the writer, the store and the telemetry, and the few run actions it needs (return a prompt
-to pending, pause, wake the dispatchers, check the end, log an event) through its constructor. The
-rules that decide whether an error is the run's or the prompt's are pure and live in
-:mod:`engine.run.runwide`; the pause it decides goes through :mod:`engine.run.guards`.
+state (whose own methods return a prompt to pending, wake the dispatchers and check the end), the
+writer, the store, the telemetry and the run's event log through its constructor. The rules that
+decide whether an error is the run's or the prompt's are pure and live in :mod:`engine.run.runwide`;
+the pause it decides is returned (a :class:`engine.run.guards.Pause`), and the run applies it
+(:func:`engine.run.guards.apply`).
 
 - an error of the account, the route or the configuration (401, 402, 404 / "No endpoints found",
   the same 4xx on the first few prompts), or a server that cannot be reached (``connect`` after the
@@ -48,9 +49,6 @@ class Failures:
         api_key_env: ``provider.api_key_env``, named in a rejected key's pause reason.
         reach: what an unreachable server's pause reason names (``cannot reach REACH``): the base URL,
             or "any of the 3 endpoints".
-        pausable: where pauses are applied (:func:`engine.run.guards.apply`).
-        return_to_pending: ``(dataset runtime, prompt, attempts)``: the prompt is pending again.
-        notify: wakes the dispatchers. check_finished: ends the run when nothing is left.
         event: ``event(level, kind, dataset, message)`` of the run.
 
     Attributes:
@@ -60,9 +58,7 @@ class Failures:
     """
 
     def __init__(self, run: "RunState", writer: "StoreWriter", store: "Store", telemetry: "Telemetry", *,
-                 api_key_env: str, pausable: guards.Pausable, reach: str = "the server",
-                 return_to_pending: Callable[["DatasetRuntime", PendingPrompt, int], None],
-                 notify: Callable[[], None], check_finished: Callable[[], None],
+                 api_key_env: str, reach: str = "the server",
                  event: Callable[[str, str, "str | None", str], None]) -> None:
         self.run = run
         self.writer = writer
@@ -70,10 +66,6 @@ class Failures:
         self.telemetry = telemetry
         self.api_key_env = api_key_env
         self.reach = reach
-        self.pausable = pausable
-        self._return_to_pending = return_to_pending
-        self._notify = notify
-        self._check_finished = check_finished
         self._event = event
         self.config_check = ConfigMistakeDetector()
         self.run_condition: Condition | None = None
@@ -92,16 +84,16 @@ class Failures:
             return rc
         return None
 
-    def on_failure(self, rt: "DatasetRuntime", p: PendingPrompt, e: RequestError, attempts: int) -> None:
+    def on_failure(self, rt: "DatasetRuntime", p: PendingPrompt, e: RequestError, attempts: int) -> guards.Pause | None:
         """Prompt ``p`` of ``rt`` (in flight) ended in ``e`` after ``attempts``: fail it, hold it
-        (a possible configuration mistake), or return it to pending and pause the run."""
+        (a possible configuration mistake), or return it to pending; returns the run pause this
+        decides (the caller applies it: :func:`engine.run.guards.apply`), or None."""
         ec = e.error_class.value
         cond = self.run_wide(e)
         if cond is not None:
             self.writer.set_attempts(p.id, attempts)
-            self._return_to_pending(rt, p, attempts)
-            self._pause_for(cond)
-            return
+            self.run.return_to_pending(rt, p, attempts)
+            return self._pause_for(cond)
         rt.in_flight -= 1
         rt.failed += 1
         item = (rt, p, attempts, ec, str(e))
@@ -112,11 +104,11 @@ class Failures:
             if found is not None:
                 cond, undo = found
                 self._undo_failures(undo)
-                self._pause_for(cond)
-                return
+                return self._pause_for(cond)
         else:
             self.write_failures([item])
-        self._check_finished()
+        self.run.check_finished()
+        return None
 
     def on_success(self) -> None:
         """A request succeeded: held 4xx rejections are the prompts' own; write them."""
@@ -135,17 +127,17 @@ class Failures:
             rt.requeue[p.cls].appendleft(
                 PendingPrompt(p.id, p.dataset, p.key, p.cls, p.messages, p.tools, attempts, p.est_prompt_tokens))
             self.writer.set_attempts(p.id, attempts)
-        self._notify()
+        self.run.notify()
 
-    def _pause_for(self, cond: Condition) -> None:
-        """Pause the run for ``cond`` (once per condition: prompts still in flight that meet it too
-        only return to pending)."""
+    def _pause_for(self, cond: Condition) -> guards.Pause | None:
+        """The run pause for ``cond`` (once per condition: prompts still in flight that meet it too
+        only return to pending), or None."""
         if self.run.stopping:  # a stop in progress: the prompt is pending, that is all
-            return
+            return None
         if self.run.paused and self.run_condition is not None and self.run_condition.kind == cond.kind:
-            return
+            return None
         self.run_condition = cond
-        guards.apply(self.pausable, guards.run_wide(cond, self.api_key_env))
+        return guards.run_wide(cond, self.api_key_env)
 
     def on_resume(self) -> None:
         """The run is resumed: a configuration-mistake pause resumed by the user means "not the
@@ -188,7 +180,7 @@ class Failures:
                 self.telemetry.anomaly.reset(name)  # measured afresh
             self._event("info", "retry_failed", name, f"{n} failed prompt(s){' (' + reason + ')' if reason else ''} "
                         f"of {name} returned to pending by retry-failed")
-        self._notify()
+        self.run.notify()
         return len(back)
 
 

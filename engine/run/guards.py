@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Protocol
 
-from engine.run.runstate import Control, DatasetState
+from engine.run.runstate import Control, DatasetState, PauseKind
 
 if TYPE_CHECKING:
     from engine.money.spend import CreditsReading
@@ -41,13 +41,14 @@ RUN = None
 class Pause:
     """A guard's decision: pause ``dataset`` (None: the whole run) with ``reason``.
 
-    ``kind``: for a run pause, which guard (``credits``, ``price``, ``auth``, ``route``, ``connect``, ``config``,
-    ``store``...; ``pause`` is the user's); unused for a dataset pause (always a guard's).
+    ``kind``: for a run pause, which guard (:class:`~engine.run.runstate.PauseKind`: ``credits``, ``price``,
+    ``auth``, ``route``, ``connect``, ``config``, ``store``...; ``pause`` is the user's); unused for a
+    dataset pause (always a guard's).
     """
 
     dataset: str | None
     reason: str
-    kind: str = "guard"
+    kind: PauseKind = PauseKind.GUARD
 
     @property
     def scope(self) -> str:
@@ -58,7 +59,7 @@ class Pause:
 class Pausable(Protocol):
     """What :func:`apply` acts on."""
 
-    def pause_all(self, reason: str, kind: str = "pause") -> None: ...
+    def pause_all(self, reason: str, kind: PauseKind = PauseKind.USER) -> None: ...
     def set_dataset_control(self, name: str, control: str, reason: str, guard: bool = False) -> Awaitable[None]: ...
 
 
@@ -78,13 +79,17 @@ def validation(rt: "DatasetRuntime | None", reason: str | None) -> Pause | None:
     return None
 
 
+#: How a calibration gate pause's reason starts (re-judged at a restart: engine.run.supervisor).
+CALIBRATION_PREFIX = "calibration gate: "
+
+
 def calibration(rt: "DatasetRuntime", gate_reason: str | None) -> Pause | None:
     """Pause ``rt`` once when the calibration gate fired (``gate_reason``) and it is still active
     (marks ``rt.gate_fired``: the gate fires once per dataset and process)."""
     if rt.gate_fired or rt.control != Control.ACTIVE or not gate_reason:
         return None
     rt.gate_fired = True
-    return Pause(rt.name, f"calibration gate: {gate_reason}")
+    return Pause(rt.name, f"{CALIBRATION_PREFIX}{gate_reason}")
 
 
 # ---- run rules --------------------------------------------------------------------------------
@@ -95,7 +100,7 @@ def credits_floor(cr: "CreditsReading | None", floor_usd: float, in_flight_usd: 
         return None
     if cr.remaining_usd - in_flight_usd < floor_usd:
         return Pause(RUN, f"credits floor: ${cr.remaining_usd:.2f} left minus ${in_flight_usd:.2f} "
-                          f"in flight is below credits_floor_usd ${floor_usd:.2f}", kind="credits")
+                          f"in flight is below credits_floor_usd ${floor_usd:.2f}", kind=PauseKind.CREDITS)
     return None
 
 
@@ -105,8 +110,8 @@ def reserve_refused(e: BaseException) -> Pause:
     from engine.money.creditsfloor import CreditsFloorReached
 
     if isinstance(e, CreditsFloorReached):
-        return Pause(RUN, str(e), kind="credits")
-    return Pause(RUN, f"cannot reserve: {e}", kind="price")
+        return Pause(RUN, str(e), kind=PauseKind.CREDITS)
+    return Pause(RUN, f"cannot reserve: {e}", kind=PauseKind.PRICE)
 
 
 def run_wide(cond: "Condition", api_key_env: str) -> Pause:
@@ -121,20 +126,20 @@ def run_wide(cond: "Condition", api_key_env: str) -> Pause:
                    "prompts are sent again")
     elif cond.kind == "config":
         reason += ". Fix the config and run again (nothing failed), or resume to fail such prompts one by one."
-    return Pause(RUN, reason, kind=cond.kind)
+    return Pause(RUN, reason, kind=PauseKind(cond.kind))
 
 
 def store_failing(e: BaseException, run: "RunState") -> Pause | None:
     """Pause the run when store commits fail (once: not while already paused for it)."""
-    if run.paused and run.pause_kind == "store":
+    if run.pause == PauseKind.STORE:
         return None
     return Pause(RUN, f"store commits fail ({type(e).__name__}: {e}); nothing is lost: results wait in "
-                      f"memory and are committed when the disk works again", kind="store")
+                      f"memory and are committed when the disk works again", kind=PauseKind.STORE)
 
 
 def store_recovered(run: "RunState") -> bool:
     """Whether a commit that succeeded again lifts the run's pause (only a pause for the store)."""
-    return run.paused and run.pause_kind == "store"
+    return run.pause == PauseKind.STORE
 
 
 def guard_paused(snap: "RunSnapshot", run: "RunState") -> str | None:
@@ -142,7 +147,7 @@ def guard_paused(snap: "RunSnapshot", run: "RunState") -> str | None:
     dataset paused by the anomaly guard / calibration gate) with nothing in flight; else None."""
     if snap.in_flight:
         return None
-    if run.paused and run.pause_kind != "pause":
+    if run.paused and run.pause != PauseKind.USER:
         return snap.state_reason
     open_ = [d for d in snap.datasets if d.state not in (DatasetState.DONE, DatasetState.SKIPPED,
                                                          DatasetState.BUDGET_MET)]
@@ -169,7 +174,7 @@ def exit_on_pause(snap: "RunSnapshot", run: "RunState", *, exit_on_pause: bool, 
     reason = guard_paused(snap, run)
     if not reason:
         return None
-    auth = run.paused and run.pause_kind == "auth"
+    auth = run.pause == PauseKind.AUTH
     if not (exit_on_pause or (stop_on_auth and auth)):
         return None
     why = "--exit-on-pause" if exit_on_pause else "the key comes from this process's environment"

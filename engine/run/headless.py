@@ -171,13 +171,13 @@ async def _run_headless(cfg: Config, out: TextIO, *, exit_on_pause: bool, instal
         if action == "continue":
             log.warning("%s received: the stop in progress continues (again with SIGINT/SIGTERM to abort)", signame)
         elif action == "drain":
-            n, usd = sched.snapshot().in_flight, sched.cost_in_flight_usd()
-            drains.append(asyncio.ensure_future(sched.drain(reason=f"{signame}: interrupted", exit_code=130)))
+            n, usd = sched.snapshot().in_flight, sched.ending.cost_in_flight_usd()
+            drains.append(asyncio.ensure_future(sched.ending.drain(reason=f"{signame}: interrupted", exit_code=130)))
             say(f"{signame}: draining {n:,} in-flight request(s) (est. ${usd:.4f}, up to "
-                f"{fmt_limit(sched.drain_limit_s())}); again to abort")
+                f"{fmt_limit(sched.ending.drain_limit_s())}); again to abort")
         else:
             say(f"{signame}: aborting in-flight requests")
-            sched.stop(f"{signame}: interrupted (abort)", exit_code=130, abort=True)
+            sched.ending.stop(f"{signame}: interrupted (abort)", exit_code=130, abort=True)
 
     def say(line: str) -> None:
         try:

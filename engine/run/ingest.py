@@ -252,7 +252,9 @@ async def _ingest_one(cfg: Config, store: Store, checker: "PromptChecker | None"
     for note in notes:
         log.warning("[%s] %s", d.name, note)
     err = all_rejected(d.name, len(new_rows), rejects)
-    if err is not None:  # nothing stored: the next run reads it again and stops again
+    if err is not None:  # no prompt stored, no fingerprint: the next run reads it again and stops again
+        await store.replace_rejects(d.name, rejects)  # `datagen status` counts them (`rej`), with the reasons
+        await store.finish_ingest(d.name, "", len(rejects), rev.sha if rev is not None else None)
         raise err
     inserted = 0
     for i in range(0, len(new_rows), _BATCH):

@@ -13,7 +13,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from engine.money.inflight import InFlightCost, abort_basis
+from engine.money.inflight import abort_basis
 from engine.run.limiter import concurrency_cap
 from engine.money.projection import EtaRow, project_run, schedule_eta
 from engine.run.runstate import TERMINAL_CONTROLS, Control, DatasetState, RunPhase, RunState
@@ -21,6 +21,7 @@ from engine.report.snapshot import ClassSnapshot, DatasetSnapshot, RunSnapshot
 
 if TYPE_CHECKING:
     from engine.config import Config
+    from engine.run.ending import RunEnding
     from engine.run.limiter import AdjustableLimiter
     from engine.run.seams import EndpointsFn, WorkersFn
     from engine.money.spend import SpendControl
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 class RunView(Protocol):
     """What the snapshot builder reads of a run (:class:`engine.run.scheduler.Scheduler` fits it):
     the run state, the config, the spend ledger, the telemetry, the class limiters, the writer's
-    queue and the dollars in flight. Reads only."""
+    queue and the run's ending (the dollars in flight, a drain's deadline). Reads only."""
 
     runstate: RunState
     cfg: "Config"
@@ -43,11 +44,9 @@ class RunView(Protocol):
 
     endpoints: "EndpointsFn | None"
     workers: "WorkersFn | None"
+    ending: "RunEnding"
 
     def elapsed_s(self) -> float: ...
-    def drain_left_s(self) -> float | None: ...
-    def in_flight_cost(self, dataset: str | None = None) -> InFlightCost: ...
-    def cost_in_flight_usd(self, dataset: str | None = None) -> float: ...
 
 #: Seconds after its budget last held dispatch back that a dataset still reads "budget-limited".
 LIMITED_HOLD_S = 2.0
@@ -135,7 +134,7 @@ def _live_row(sched: "RunView", snap: RunSnapshot | None = None) -> dict[str, An
         "elapsed_s": snap.elapsed_s,
         "live": {
             "in_flight": {d.name: d.in_flight for d in snap.datasets},
-            "cost_in_flight": {d.name: sched.cost_in_flight_usd(d.name) for d in snap.datasets if d.in_flight},
+            "cost_in_flight": {d.name: sched.ending.cost_in_flight_usd(d.name) for d in snap.datasets if d.in_flight},
             "datasets": {d.name: d.state for d in snap.datasets},
             "state_reason": {d.name: d.state_reason for d in snap.datasets},
             "reserved_tokens": {d.name: d.reserved_tokens for d in snap.datasets},
@@ -258,7 +257,7 @@ def build_snapshot(sched: "RunView") -> RunSnapshot:
     cost = sum(d.cost_usd for d in dss)
     run_proj = project_run(projections, spend_rate, cost, cost_cap=rc.limit)
     cr = sched.spend.credits
-    fly = sched.in_flight_cost()
+    fly = sched.ending.in_flight_cost()
     return RunSnapshot(
         name=sched.cfg.run.name, state=run.phase, state_reason=run.reason, elapsed_s=run_elapsed_s(sched),
         datasets=tuple(dss), classes=classes, in_flight=sum(d.in_flight for d in dss),
@@ -270,7 +269,7 @@ def build_snapshot(sched: "RunView") -> RunSnapshot:
         eta_s=sched_eta.eta_s, eta_reason=sched_eta.reason, projection_capped=run_proj.capped,
         tok_per_s=tel.tok_rate.rate(now), loop_lag_ms=tel.loop_lag_ms,
         providers=tel.providers.snapshot(), latest_errors=dict(tel.latest_errors), history=tuple(tel.history),
-        events=tuple(list(tel.events)[-50:]), notices=tuple(tel.notices), drain_left_s=sched.drain_left_s(),
+        events=tuple(list(tel.events)[-50:]), notices=tuple(tel.notices), drain_left_s=sched.ending.drain_left_s(),
         events_total=tel.events_total,
         projected_cost_low_usd=run_proj.cost_low_usd, projected_cost_high_usd=run_proj.cost_high_usd,
         eta_s_low=sched_eta.eta_s_low, eta_s_high=sched_eta.eta_s_high,
@@ -299,7 +298,7 @@ def eta_blocked(sched: "RunView") -> str:
     run = sched.runstate
     if run.phase in (RunPhase.STOPPING, RunPhase.STOPPED, RunPhase.COMPLETED):
         return str(run.phase)
-    if run.paused or run.phase == RunPhase.PAUSED:
+    if run.paused:
         return "paused"
     rc = sched.spend.run_cost
     if rc.limit is not None:

@@ -233,7 +233,7 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
         await discover_prices(cfg, sched, client, out)
         cut, streams = await recover_cut_streams(cfg.run.dir, store, sched.accounting.price)  # priced now
         for dataset, tokens, usd in streams:
-            sched.count_lost(dataset, tokens, usd)
+            sched.spend.count_lost(dataset, tokens, usd)
         for rec in (recovered, cut):
             if rec.line():
                 print(rec.line(), file=out)
@@ -369,15 +369,24 @@ async def discover_prices(cfg: Config, sched: Scheduler, client: ChatClient, out
         ConfigError: a dollar cap is configured and no price is known (never price at $0).
     """
     spend = sched.spend
+    unreachable: RequestError | None = None
     if spend.config_prices is None:
         try:
             spend.endpoint_prices = prices_from_models_endpoint(await client.get_json("/models"), cfg.provider.model)
         except RequestError as e:
             log.info("/models unavailable (%s); prices from [pricing] or observed usage only", e.error_class.value)
+            unreachable = e if e.error_class.value in ("connect", "timeout") else None
     p = spend.prices()
     if p is not None:
         print(f"prices ({p.source}): ${p.prompt_usd_per_token * 1e6:.3f} / ${p.completion_usd_per_token * 1e6:.3f} "
               f"per million prompt / completion tokens", file=out)
+    elif spend.has_cost_cap and unreachable is not None:  # the server, not the price list, is the problem
+        raise ConfigError(
+            f"cannot reach {cfg.provider.base_url} ({unreachable.error_class.value}): its /models did not answer, "
+            f"so the price of model {cfg.provider.model!r} is unknown and max_cost_usd cannot be enforced; "
+            f"check [provider] base_url and that the server is up, or set [pricing] prompt_usd_per_m and "
+            f"completion_usd_per_m"
+        )
     elif spend.has_cost_cap:
         raise ConfigError(
             f"a max_cost_usd cap is set but no price is known for model {cfg.provider.model!r} "
@@ -416,7 +425,7 @@ async def run_job(job: Job, *, exit_on_pause: bool = False, stop_on_auth: bool =
                 print(f"run paused by a guard: {end.paused_for}; exiting ({end.why})", file=out, flush=True)
             except (OSError, ValueError):
                 log.warning("run paused by a guard: %s; exiting (%s)", end.paused_for, end.why)
-            sched.stop(end.reason, exit_code=end.exit_code, abort=False)
+            sched.ending.stop(end.reason, exit_code=end.exit_code, abort=False)
             return
 
     async def prune_journals() -> None:  # a journal segment whose results are all committed is deleted

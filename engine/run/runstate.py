@@ -4,7 +4,12 @@ Owned by the run (:class:`engine.run.scheduler.Scheduler` creates one at constru
 writes it, the snapshot builder (:mod:`engine.run.observe`), the controller and the supervisor read it.
 States are :class:`enum.StrEnum` members: each compares equal to its string (``RunPhase.PAUSED ==
 "paused"``), so the store, the status JSON and the dashboard read the same values as before.
-Pure state: no I/O, no awaits.
+
+A run-wide pause has one source of truth, :attr:`RunState.pause` (who paused: a :class:`PauseKind`,
+None when not paused); :attr:`RunState.paused`, :attr:`RunState.pause_kind` and the ``paused`` phase
+are read from it.
+
+Pure state: no I/O, no awaits (waking the dispatchers sets :class:`asyncio.Event` s).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from engine.metrics.rates import RateWindow
+from engine.storage.store import PendingPrompt
 
 
 class RunPhase(StrEnum):
@@ -27,6 +33,24 @@ class RunPhase(StrEnum):
     STOPPING = "stopping"
     STOPPED = "stopped"
     COMPLETED = "completed"
+
+
+class PauseKind(StrEnum):
+    """Who paused the whole run (``RunState.pause``; its value is the run's ``pause_kind``)."""
+
+    USER = "pause"
+    CREDITS = "credits"
+    PRICE = "price"
+    AUTH = "auth"
+    ROUTE = "route"
+    CONNECT = "connect"
+    CONFIG = "config"
+    STORE = "store"
+    GUARD = "guard"
+
+
+#: Lifecycle phases over which a run-wide pause shows as :attr:`RunPhase.PAUSED`.
+PAUSABLE_PHASES = (RunPhase.STARTING, RunPhase.RUNNING)
 
 
 class Control(StrEnum):
@@ -120,9 +144,9 @@ class RunState:
 
     Attributes:
         datasets: per-dataset runtimes in config order.
-        phase: the run's state; ``reason`` says why (a pause's or stop's reason).
-        paused: dispatch is paused run-wide; ``pause_kind`` says by whom (``pause`` = the user,
-            ``credits``, ``price``, ``auth``, ``route``, ``config``, ``store``...).
+        lifecycle: the run's phase, a pause aside (``starting``, ``running``, ``stopping``, ``stopped``,
+            ``completed``); :attr:`phase` is what is shown. ``reason`` says why (a pause's or stop's reason).
+        pause: who paused dispatch run-wide (None: not paused); the one record of a run-wide pause.
         stopping: a stop is in progress: nothing more is dispatched.
         exit_code: the run's exit code (the first non-zero one given is kept).
         started_wall: wall-clock time (s since the epoch) this process started the run.
@@ -133,13 +157,13 @@ class RunState:
         excluded_providers: providers added to the routing ``ignore`` list (persisted).
         drain_deadline: clock time a drain in progress aborts what is left (None: no drain).
         credits_wait: dispatch waits for in-flight credit holds (:mod:`engine.money.creditsfloor`).
+        wake: per request class, the event its dispatcher waits on (set by :meth:`notify`).
     """
 
     datasets: dict[str, DatasetRuntime] = field(default_factory=dict)
-    phase: RunPhase = RunPhase.STARTING
+    lifecycle: RunPhase = RunPhase.STARTING
     reason: str = ""
-    paused: bool = False
-    pause_kind: str = ""
+    pause: PauseKind | None = None
     stopping: bool = False
     exit_code: int = 0
     started_wall: float = field(default_factory=time.time)
@@ -150,7 +174,33 @@ class RunState:
     excluded_providers: list[str] = field(default_factory=list)
     drain_deadline: float | None = None
     credits_wait: bool = False
+    wake: dict[str, asyncio.Event] = field(default_factory=dict)
 
+    # ---- the pause, read from :attr:`pause` ----------------------------------------------------
+    @property
+    def paused(self) -> bool:
+        """Dispatch is paused run-wide."""
+        return self.pause is not None
+
+    @property
+    def pause_kind(self) -> str:
+        """Who paused the run (``pause`` = the user, ``credits``, ``price``, ``auth``, ``route``,
+        ``config``, ``store``...); "" when not paused."""
+        return "" if self.pause is None else str(self.pause)
+
+    @property
+    def phase(self) -> RunPhase:
+        """The run's shown state: ``paused`` while paused before it stops or ends, else :attr:`lifecycle`."""
+        if self.pause is not None and self.lifecycle in PAUSABLE_PHASES:
+            return RunPhase.PAUSED
+        return self.lifecycle
+
+    def set_pause(self, kind: PauseKind | str | None, reason: str) -> None:
+        """Pause dispatch run-wide (``kind``: who) or lift the pause (None); ``reason`` becomes the state reason."""
+        self.pause = None if kind is None else PauseKind(kind)
+        self.reason = reason
+
+    # ---- counters shared by dispatch, outcomes, failures and the ending ----------------------
     def in_flight(self) -> int:
         """Requests in flight, run-wide."""
         return sum(rt.in_flight for rt in self.datasets.values())
@@ -159,6 +209,40 @@ class RunState:
         """Run seconds at monotonic clock ``now``: this process's time plus earlier processes'."""
         return self.prior_elapsed_s + (now - self.t0)
 
+    def notify(self) -> None:
+        """Wake every dispatcher (state changed: resume, requeue, concurrency...)."""
+        for ev in self.wake.values():
+            ev.set()
 
-__all__ = ["Control", "DatasetRuntime", "DatasetState", "PERSISTED_CONTROLS", "RunPhase", "RunState",
-           "TERMINAL_CONTROLS"]
+    def check_finished(self) -> None:
+        """Set :attr:`done` once nothing is left: every dataset finished with nothing in flight (the run
+        completed, unless it is stopping), or a stop with nothing in flight."""
+        if all(rt.finished for rt in self.datasets.values()) and not any(rt.in_flight for rt in self.datasets.values()):
+            if not self.stopping:
+                self.lifecycle, self.reason = RunPhase.COMPLETED, ""  # a guard's pause reason no longer holds
+            self.done.set()
+        elif self.stopping and not any(rt.in_flight for rt in self.datasets.values()):
+            self.done.set()
+
+    def return_to_pending(self, rt: DatasetRuntime, p: PendingPrompt, attempts: int) -> None:
+        """Prompt ``p`` of ``rt`` (in flight) is pending again, next in line, with ``attempts`` made
+        (its prompt-token estimate is not carried over, as before)."""
+        rt.in_flight -= 1
+        rt.pending[p.cls] += 1
+        rt.requeue[p.cls].appendleft(PendingPrompt(p.id, p.dataset, p.key, p.cls, p.messages, p.tools, attempts))
+        self.notify()
+        self.check_finished()
+
+    def unblock(self) -> None:
+        """A reservation settled or was released: every dataset waiting for room may fit now (the run
+        cost cap and the credits holds are shared, so a settle in one dataset can unblock another)."""
+        blocked = [d for d in self.datasets.values() if d.blocked]
+        if blocked or self.credits_wait:
+            for d in blocked:
+                d.blocked.clear()
+            self.credits_wait = False
+            self.notify()
+
+
+__all__ = ["Control", "DatasetRuntime", "DatasetState", "PAUSABLE_PHASES", "PERSISTED_CONTROLS", "PauseKind", "RunPhase",
+           "RunState", "TERMINAL_CONTROLS"]

@@ -9,54 +9,53 @@ How work flows:
   tasks equals the requests in flight, never the number of prompts, and memory stays flat with
   80,000 prompts. When a dataset runs out of prompts to dispatch, the next one starts at once while
   the previous one's tail drains.
-- A request task (:func:`engine.run.attempt.run_request`) runs the attempts (:func:`engine.client.retry.call_with_retries`), queues every
-  attempt and the result or failure on the :class:`~engine.storage.writer.StoreWriter`, and releases its
-  slot. A prompt stays ``pending`` in the store until its result is committed, so a crash only
-  ever re-requests prompts whose result was not stored.
+- A request task (:func:`engine.run.attempt.run_request`) runs the attempts (:func:`engine.client.retry.call_with_retries`),
+  releases its slot and returns one outcome, which :class:`~engine.run.outcomes.Outcomes` applies
+  (the result or failure queued on the :class:`~engine.storage.writer.StoreWriter`). A prompt stays
+  ``pending`` in the store until its result is committed, so a crash only ever re-requests prompts
+  whose result was not stored.
 - Errors of the account, the route or the config (401, 402, 404 "No endpoints found", the same 4xx
   on the first few prompts) pause the whole run with the reason and leave the prompt pending
   (:mod:`engine.run.failures`, rules in :mod:`engine.run.runwide`); other 400/403 fail the prompt with the
   reason; transient errors are retried with backoff up to ``run.max_attempts`` and then fail the
   prompt with the last reason.
 
-All mutable state lives on the event loop; :meth:`Scheduler.snapshot` returns an immutable copy.
+All mutable state lives on the event loop, in the run state (:mod:`engine.run.runstate`);
+:meth:`Scheduler.snapshot` returns an immutable copy. The scheduler's collaborators are public and
+called directly: ``ending`` (stop, abort, drain, dollars in flight), ``failures`` (retry-failed),
+``routing`` (the request body, excluded providers), ``outcomes``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
-from engine.client.accumulate import StreamProgress
 from engine.run.accounting import Accounting
-from engine.run.attempt import AttemptClock, Spent, run_request
+from engine.run.attempt import Aborted, run_request
 from engine.run.ending import RunEnding
 from engine.client.retry import RetryPolicy
-from engine.client.types import ChatRequest, Completion, RequestError
 from engine.config import Config
 from engine.run import guards
 from engine.run.failures import Failures
-from engine.money.inflight import InFlightCost
 from engine.run.limiter import AdjustableLimiter
 from engine.run.observe import build_snapshot, engine_status, live_row, run_elapsed_s
+from engine.run.outcomes import Outcomes
 from engine.report.statusserver import StatusServer, persisted_elapsed
 from engine.report.snapshot import RunSnapshot
-from engine.run.runstate import PERSISTED_CONTROLS, TERMINAL_CONTROLS, Control, DatasetRuntime, RunPhase, RunState
+from engine.run.routing import Routing
+from engine.run.runstate import (PERSISTED_CONTROLS, TERMINAL_CONTROLS, Control, DatasetRuntime, PauseKind, RunPhase,
+                                 RunState)
 from engine.run.seams import CompleteFn, EndpointsFn, GetJsonFn, Reconstructor, WorkersFn
 from engine.money.spend import SpendControl
 from engine.storage.store import PendingPrompt, Store
 from engine.run.telemetry import Telemetry
-from engine.money.usage import Accounted
 from engine.storage.writer import StoreWriter
-
-if TYPE_CHECKING:
-    from engine.run.runwide import Condition
 
 log = logging.getLogger(__name__)
 
@@ -101,17 +100,24 @@ class Scheduler:
 
     # The run state's fields under the names callers use (kept on self.runstate).
     datasets = _OnRunState("datasets")
-    state = _OnRunState("phase")
     state_reason = _OnRunState("reason")
-    run_paused = _OnRunState("paused")
-    pause_kind = _OnRunState("pause_kind")
     exit_code = _OnRunState("exit_code")
     excluded_providers = _OnRunState("excluded_providers")
-    drain_deadline = _OnRunState("drain_deadline")
-    rate = _OnRunState("rate")
-    _stopping = _OnRunState("stopping")
-    _credits_wait = _OnRunState("credits_wait")
-    _done = _OnRunState("done")
+
+    @property
+    def state(self) -> RunPhase:
+        """The run's shown state (:attr:`engine.run.runstate.RunState.phase`; read only)."""
+        return self.runstate.phase
+
+    @property
+    def run_paused(self) -> bool:
+        """Dispatch is paused run-wide (read from ``runstate.pause``)."""
+        return self.runstate.paused
+
+    @property
+    def pause_kind(self) -> str:
+        """Who paused the run ("" when not paused; read from ``runstate.pause``)."""
+        return self.runstate.pause_kind
 
     def __init__(
         self,
@@ -130,56 +136,36 @@ class Scheduler:
         self.cfg = cfg
         self.store = store
         self.writer = writer
-        self._complete = complete
+        #: ONE attempt: ``complete(req, progress) -> Completion`` (engine.run.attempt).
+        self.complete = complete
         self.policy = policy or RetryPolicy(max_attempts=cfg.run.max_attempts)
         self.clock = clock
         #: the run's shared mutable state (phase, pause, per-dataset counters): engine.run.runstate.
         self.runstate = RunState(t0=clock())
         self.limiters = {name: AdjustableLimiter(c.concurrency) for name, c in cfg.classes.items()}
-        self._changed: dict[str, asyncio.Event] = {}
         self.on_event: Callable[[str, str, str | None, str], None] | None = None
         self.spend = SpendControl(cfg)
         self.telemetry = Telemetry(cfg.spend.anomaly_error_rate, cfg.spend.anomaly_window)
-        #: ``get_json(path, params)`` of the provider, for late costs of failed attempts (None: estimate).
-        self.get_json: GetJsonFn | None = get_json
         #: what happens to prompts whose request failed, and retry-failed (engine.run.failures).
         urls = cfg.provider.all_base_urls()
         self.failures = Failures(self.runstate, writer, store, self.telemetry, api_key_env=cfg.provider.api_key_env,
                                  reach=urls[0] if len(urls) == 1 else f"any of the {len(urls)} endpoints"
-                                 if urls else "the simulator", pausable=self, return_to_pending=self._return_to_pending, notify=self.notify,
-                                 check_finished=self._check_finished, event=self.event)
+                                 if urls else "the simulator", event=self.event)
         self._begun: set[int] = set()
-        #: token reconstruction service (``submit(prompt_id, dataset, key, messages, tools, completion)``) or None.
-        self.recon: Reconstructor | None = recon
         #: the endpoints' figures (several ``base_urls``) or None (engine.client.fleet).
         self.endpoints: EndpointsFn | None = endpoints
         #: the stream workers' figures (engine.stream.pool) or None.
         self.workers: WorkersFn | None = workers
-        #: a request's costs: results, partial spend, /generation true-ups (engine.run.accounting).
+        #: a request's costs: results, partial spend, /generation true-ups, and the provider's ``get_json``
+        #: and the reconstruction service ``recon`` (engine.run.accounting).
         self.accounting = Accounting(self.spend, self.telemetry, writer, lambda: self.clock(), get_json, recon)
         #: stop, abort, drain, and the dollars in flight (engine.run.ending).
-        self.ending = RunEnding(cfg, self.runstate, self.spend, clock, self.event, self.notify, self._check_finished)
-        body: dict[str, Any] = {"model": cfg.provider.model}
-        g = cfg.generation
-        for k in ("temperature", "top_p", "seed", "reasoning"):
-            v = getattr(g, k)
-            if v is not None:
-                body[k] = v
-        routing = cfg.provider.routing.to_provider_object()
-        if routing:
-            body["provider"] = routing
-        body.update(g.extra_body)
-        self.base_body = body
-        self._config_body = dict(body)
-
-    def _apply_exclusions(self) -> None:
-        body = dict(self._config_body)
-        if self.excluded_providers:
-            prov = dict(body.get("provider") or {})
-            ignore = list(prov.get("ignore") or [])
-            prov["ignore"] = ignore + [p for p in self.excluded_providers if p not in ignore]
-            body["provider"] = prov
-        self.base_body = body
+        self.ending = RunEnding(cfg, self.runstate, self.spend, clock, self.event)
+        #: the request body and the excluded providers (engine.run.routing).
+        self.routing = Routing(cfg, self.runstate, store, self.telemetry, self.event)
+        #: applies what each request ended in (engine.run.outcomes).
+        self.outcomes = Outcomes(self.runstate, self.spend, self.accounting, self.telemetry, writer, self.ending,
+                                 self.failures, self, lambda: self.clock())
 
     # ---- setup ------------------------------------------------------------------------------
     async def load(self) -> None:
@@ -222,10 +208,7 @@ class Scheduler:
                 await self.store.set_dataset_state(rt.name, Control.ACTIVE, "", time.time())
         excl = await self.store.get_meta("excluded_providers")
         if excl:
-            self.excluded_providers = json.loads(excl)
-            for name in self.excluded_providers:
-                self.telemetry.providers.exclude(name)
-            self._apply_exclusions()
+            self.routing.restore(json.loads(excl))
 
     async def _prior_elapsed_s(self) -> float:
         """Run seconds of earlier processes: the store's runtime row, or the elapsed file a killed
@@ -233,8 +216,7 @@ class Scheduler:
         elapsed time never goes back at a restart."""
         stored = await self.store.prior_elapsed_s()
         try:
-            cur = await self.store.conn.execute("SELECT started_at, heartbeat_at FROM runtime WHERE id=1")
-            row = await cur.fetchone()
+            row = await self.store.runtime_times()
         except Exception:  # noqa: BLE001 - a store without the row (or a test's store): the stored figure
             return stored
         if not row:
@@ -252,26 +234,22 @@ class Scheduler:
         if self.on_event:
             self.on_event(level, kind, dataset, message)
 
-    def notify(self) -> None:
-        """Wake every dispatcher (state changed: resume, requeue, concurrency...)."""
-        for ev in self._changed.values():
-            ev.set()
-
     # ---- dispatch ---------------------------------------------------------------------------
     def _pick(self, cls: str) -> DatasetRuntime | None:
-        if self.run_paused or self._stopping:
+        run = self.runstate
+        if run.paused or run.stopping:
             return None
-        if self._credits_wait:  # run-wide: until a request in flight settles and frees its credits hold
+        if run.credits_wait:  # run-wide: until a request in flight settles and frees its credits hold
             if any(rt.in_flight for rt in self.datasets.values()):
                 return None
-            self._credits_wait = False
+            run.credits_wait = False
         for rt in self.datasets.values():
             if rt.control == Control.ACTIVE and rt.pending.get(cls, 0) > 0 and cls not in rt.blocked:
                 return rt
         return None
 
     def _could_have_work(self, cls: str) -> bool:
-        if self._stopping:
+        if self.runstate.stopping:
             return False
         # In-flight prompts may come back to pending (abort, 402, 401), so they count as possible work.
         return any(
@@ -297,7 +275,7 @@ class Scheduler:
 
     async def _dispatch_class(self, cls: str) -> None:
         lim = self.limiters[cls]
-        changed = self._changed[cls]
+        changed = self.runstate.wake[cls]
         while True:
             await lim.acquire()
             rt = self._pick(cls)
@@ -312,7 +290,7 @@ class Scheduler:
             if p is None:
                 lim.release()
                 continue
-            if rt.control != Control.ACTIVE or self.run_paused or self._stopping:  # changed while fetching
+            if not self.may_send(rt):  # changed while fetching
                 rt.requeue[cls].appendleft(p)
                 lim.release()
                 continue
@@ -331,7 +309,7 @@ class Scheduler:
                 rt.requeue[cls].appendleft(p)
                 lim.release()
                 if self.spend.credits_waiting:  # credits left above the floor are held in flight: wait for them
-                    self._credits_wait = True
+                    self.runstate.credits_wait = True
                     continue
                 reason = self.spend.budget_met(rt.name, cls, p.est_prompt_tokens)
                 if not reason and self.runstate.in_flight() == 0:
@@ -350,37 +328,34 @@ class Scheduler:
                 rt.rate.start(self.clock())
                 rt.tok_rate.start(self.clock())
                 self.telemetry.usd_rate.start(self.clock())  # the spend rate counts from the first dispatch
-            task = asyncio.get_running_loop().create_task(run_request(self, rt, p, lim, res))
+            task = asyncio.get_running_loop().create_task(self._request(rt, p, lim, res))
             rt.tasks.add(task)
             task.add_done_callback(lambda t, rt=rt, p=p, lim=lim, res=res: self._task_done(t, rt, p, lim, res))
 
-    def _request_for(self, p: PendingPrompt) -> ChatRequest:
-        return ChatRequest(
-            messages=p.messages, tools=p.tools, max_tokens=self.cfg.classes[p.cls].max_tokens, body=self.base_body,
-            ref=(p.id, p.dataset, p.key),
-        )
+    async def _request(self, rt: DatasetRuntime, p: PendingPrompt, lim: AdjustableLimiter, res: Any) -> None:
+        """A prompt's request task: its attempts (:func:`engine.run.attempt.run_request`), then its
+        outcome applied (:meth:`engine.run.outcomes.Outcomes.apply`); an abort's cancellation goes on."""
+        self._begun.add(p.id)
+        outcome = await run_request(self, rt, p, self.routing.request_for(p), lim, res)
+        self.outcomes.apply(rt, p, res, outcome)
+        if isinstance(outcome, Aborted) and outcome.cancelled:
+            raise asyncio.CancelledError
 
     def may_send(self, rt: DatasetRuntime) -> bool:
         """Whether a request of ``rt`` may leave now: the run is not paused or stopping and the
         dataset is active (a retry checks it too: a pause means no request leaves)."""
-        return rt.control == Control.ACTIVE and not self.run_paused and not self._stopping
+        return rt.control == Control.ACTIVE and not self.runstate.paused and not self.runstate.stopping
+
+    def anomaly(self, rt: DatasetRuntime, reason: str | None) -> None:
+        """Pause ``rt`` when the anomaly guard fired (``reason``) and it is still active (:func:`engine.run.guards.anomaly`)."""
+        guards.apply(self, guards.anomaly(rt, reason))
 
     async def _budget_met(self, rt: DatasetRuntime, reason: str) -> None:
         if rt.control != Control.ACTIVE:
             return
         await self.set_dataset_control(rt.name, Control.BUDGET_MET, reason)
         if self.cfg.spend.on_budget == "abort":
-            self.abort(rt.name)
-
-    def _unblock(self, rt: DatasetRuntime) -> None:
-        """A reservation settled or was released: every dataset waiting for room may fit now (the run
-        cost cap and the credits holds are shared, so a settle in one dataset can unblock another)."""
-        blocked = [d for d in self.runstate.datasets.values() if d.blocked]
-        if blocked or self._credits_wait:
-            for d in blocked:
-                d.blocked.clear()
-            self._credits_wait = False
-            self.notify()
+            self.ending.abort(rt.name)
 
     def _task_done(self, t: asyncio.Task, rt: DatasetRuntime, p: PendingPrompt, lim: AdjustableLimiter,
                    res: Any) -> None:
@@ -391,8 +366,8 @@ class Scheduler:
         # Cancelled before its first step (an abort right after dispatch): undo the dispatch.
         lim.release()
         self.spend.release(rt.name, res)
-        self._return_to_pending(rt, p, p.attempts)
-        self._unblock(rt)
+        self.runstate.return_to_pending(rt, p, p.attempts)
+        self.runstate.unblock()
 
     def update_censored(self) -> None:
         """Give each dataset+class estimator the tokens streamed so far by its in-flight requests
@@ -408,142 +383,26 @@ class Scheduler:
             self.spend.budgets[rt.name].estimators[cls].set_censored(vals)
         self.spend.refresh(rt.name)
 
-    # ---- outcomes of a request (engine.run.attempt.run_request) ---------------------------------
-    def _aborted(self, rt: DatasetRuntime, p: PendingPrompt, res: Any, progress: StreamProgress, spent: Spent,
-                 at: AttemptClock) -> None:
-        """Aborted: back to pending; what was streamed is counted as spent (a lower bound). A stream
-        cut before its generation id arrived can never be trued up, yet providers that keep
-        generating bill it: once aborted streams' bills were observed, its abort estimate (from
-        that share, labelled so in the abort line) is accounted; before, what it generated."""
-        tok, usd = self.accounting.partial_spend(rt, progress, p.est_prompt_tokens, progress.provider)
-        usd = max(usd, self.ending.unidentified_aborts.pop(id(progress), 0.0))
-        self.telemetry.on_cost(progress.provider, usd, self.clock())
-        self.writer.add_attempt(p.id, rt.name, at.attempts, at.started, time.time(), "aborted",
-                                provider=progress.provider or None, generation_id=progress.generation_id or None,
-                                tokens_received=tok, cost_usd=usd or None)
-        self.spend.release(rt.name, res, spent.tokens + tok, spent.usd + usd)
-        self.writer.set_attempts(p.id, at.attempts)
-        self._return_to_pending(rt, p, at.attempts)
-        self._unblock(rt)
-
-    def _requeued(self, rt: DatasetRuntime, p: PendingPrompt, res: Any, spent: Spent, attempts: int) -> None:
-        """A retry was held back (paused, skipped or stopping): the earlier attempts' spend is
-        settled, the prompt returns to pending with its attempt count; nothing was sent."""
-        self.spend.release(rt.name, res, spent.tokens, spent.usd)
-        self.writer.set_attempts(p.id, attempts)
-        self._return_to_pending(rt, p, attempts)
-        self._unblock(rt)
-
-    def _failed(self, rt: DatasetRuntime, p: PendingPrompt, res: Any, spent: Spent, e: RequestError,
-                attempts: int) -> None:
-        """The request failed for good (``e``): its failed attempts' spend is recorded (once, in the
-        spend ledger) and the prompt fails or, for a run-wide error, returns to pending."""
-        self.spend.release(rt.name, res, spent.tokens, spent.usd)
-        self._unblock(rt)
-        self.failures.on_failure(rt, p, e, attempts)
-
-    def _completed(self, rt: DatasetRuntime, p: PendingPrompt, res: Any, c: Completion, acc: Accounted,
-                   spent: Spent, at: AttemptClock) -> None:
-        """The request completed: settle its reservation, record the result and its attempts."""
-        attempts = at.attempts
-        u = acc.usage
-        received, c = c, dataclasses.replace(c, usage=u)
-        self.spend.settle(rt.name, res, u.prompt_tokens, u.completion_tokens, u.cost_usd, billed=acc.cost_billed)
-        if spent.tokens or spent.usd:
-            self.spend.add_partial(rt.name, spent.usd, tokens=spent.tokens)  # earlier failed attempts of this prompt
-        self.writer.add_attempt(p.id, rt.name, attempts, at.started, time.time(), "ok", provider=c.provider,
-                                generation_id=c.generation_id, cost_usd=u.cost_usd)
-        self.writer.add_result(p.id, rt.name, p.key, c, attempts, usage_source=acc.source)
-        if self.recon is not None:  # the response as received: only billed figures are checked against
-            try:
-                self.recon.submit(p.id, rt.name, p.key, p.messages, p.tools, received)
-            except Exception:  # noqa: BLE001 - the result is stored; `datagen validate` rebuilds it
-                log.exception("[%s] reconstruction of %s could not be queued", rt.name, p.key)
-        if acc.provisional and c.generation_id and self.get_json is not None:
-            self.accounting.trueup_result(rt, p.id, c.generation_id, acc, c.provider)
-        now = self.clock()
-        rt.in_flight -= 1
-        rt.done += 1
-        rt.prompt_tokens += u.prompt_tokens
-        rt.completion_tokens += u.completion_tokens
-        rt.reasoning_tokens += u.reasoning_tokens
-        rt.rate.add(now)
-        rt.tok_rate.add(now, u.completion_tokens)
-        self.rate.add(now)
-        last = p.messages[-1].get("content") if p.messages else ""
-        self._anomaly(rt, self.telemetry.on_success(rt.name, p.key, last if isinstance(last, str) else "", c, now,
-                                                    seq=at.seq))
-        self.failures.on_success()  # a success: held 4xx are the prompts' own
-        self._unblock(rt)
-        self._check_finished()
-
-    def count_lost(self, dataset: str, tokens: int, usd: float) -> None:
-        """Count the spend of a stream an earlier process of the run lost (cut by a kill, recorded by
-        :func:`engine.stream.recover.recover_cut_streams`): budgets, caps and the dataset's dollars."""
-        if dataset in self.spend.dataset_usd:
-            self.spend.add_partial(dataset, usd, tokens=tokens)
-            self.spend.lost_usd[dataset] = self.spend.lost_usd.get(dataset, 0.0) + usd
-
-    def _anomaly(self, rt: DatasetRuntime, reason: str | None) -> None:
-        """Pause ``rt`` when the anomaly guard fired (``reason``) and it is still active (:func:`engine.run.guards.anomaly`)."""
-        guards.apply(self, guards.anomaly(rt, reason))
-
-    def _return_to_pending(self, rt: DatasetRuntime, p: PendingPrompt, attempts: int) -> None:
-        rt.in_flight -= 1
-        rt.pending[p.cls] += 1
-        rt.requeue[p.cls].appendleft(
-            PendingPrompt(p.id, p.dataset, p.key, p.cls, p.messages, p.tools, attempts)
-        )
-        self.notify()
-        self._check_finished()
-
-    def _check_finished(self) -> None:
-        if all(rt.finished for rt in self.datasets.values()) and not any(rt.in_flight for rt in self.datasets.values()):
-            if not self._stopping:
-                self.state, self.state_reason = RunPhase.COMPLETED, ""  # a guard's pause reason no longer holds
-            self._done.set()
-        elif self._stopping and not any(rt.in_flight for rt in self.datasets.values()):
-            self._done.set()
-
-    # ---- failures (engine.run.failures) ---------------------------------------------------------
-    def run_wide(self, e: RequestError) -> "Condition | None":
-        """The run-wide condition ``e`` shows, or None (:meth:`engine.run.failures.Failures.run_wide`)."""
-        return self.failures.run_wide(e)
-
-    def release_held_failures(self) -> None:
-        """Write the failures the config check still holds (:meth:`engine.run.failures.Failures.release_held`)."""
-        self.failures.release_held()
-
-    async def retry_failed(self, dataset: str | None = None, reason: str | None = None) -> int:
-        """Return failed prompts to pending; how many (:meth:`engine.run.failures.Failures.retry_failed`).
-
-        Raises:
-            ValueError: unknown dataset.
-        """
-        return await self.failures.retry_failed(dataset, reason)
-
     # ---- control (used by engine.run.controller) ----------------------------------------------
-    def pause_all(self, reason: str, kind: str = "pause") -> None:
+    def pause_all(self, reason: str, kind: PauseKind | str = PauseKind.USER) -> None:
         """Stop dispatching everywhere; in-flight requests finish and are saved (drain).
 
-        ``kind`` says which guard paused (``pause`` = the user, ``credits``, ``price``...).
+        ``kind`` says which guard paused (:class:`~engine.run.runstate.PauseKind`: ``pause`` = the user,
+        ``credits``, ``price``...).
         """
-        self.run_paused = True
-        self.pause_kind = kind
-        self.state, self.state_reason = RunPhase.PAUSED, reason
-        self.event("warning", kind, None, f"run paused: {reason}")
-        if kind != "pause":
+        kind = PauseKind(kind)
+        self.runstate.set_pause(kind, reason)
+        self.event("warning", str(kind), None, f"run paused: {reason}")
+        if kind != PauseKind.USER:
             self.telemetry.notice(f"run paused by a guard: {reason}. Resume: R in the dashboard, or "
                                   f"datagen ctl {self.cfg.run.dir} resume")
 
     def resume_all(self) -> None:
         """Resume dispatching (datasets paused individually stay paused)."""
-        self.run_paused = False
-        self.pause_kind = ""
+        self.runstate.set_pause(None, "")
         self.failures.on_resume()
-        self.state, self.state_reason = RunPhase.RUNNING, ""
         self.event("info", "resume", None, "run resumed")
-        self.notify()
+        self.runstate.notify()
 
     async def set_dataset_control(self, name: str, control: str, reason: str, guard: bool = False) -> None:
         """Set a dataset's control state (``active`` | ``paused`` | ``skipped``) and persist it.
@@ -559,100 +418,38 @@ class Scheduler:
         if guard:
             self.telemetry.notice(f"[{name}] {control} by a guard: {reason}. Resume: p on the dataset in the "
                                   f"dashboard, or datagen ctl {self.cfg.run.dir} resume {name}")
-        self.notify()
-        self._check_finished()
-
-    async def set_concurrency(self, cls: str, n: int) -> None:
-        """Change class ``cls``'s concurrency now (in-flight requests are never cancelled)."""
-        await self.limiters[cls].set_capacity(n)
-        self.event("info", "concurrency", None, f"class {cls} concurrency set to {n}")
-        self.notify()
-
-    async def exclude_provider(self, name: str) -> None:
-        """Add provider ``name`` to the routing ``ignore`` list for new requests, persistently."""
-        if name not in self.excluded_providers:
-            self.excluded_providers.append(name)
-        self.telemetry.providers.exclude(name)
-        self._apply_exclusions()
-        await self.store.set_meta("excluded_providers", json.dumps(self.excluded_providers))
-        self.event("warning", "exclude", None, f"provider {name} excluded (routing ignore)")
-
-    async def include_provider(self, name: str) -> None:
-        """Undo :meth:`exclude_provider`: route new requests to ``name`` again (unless the config's
-        own ``ignore`` lists it), persistently."""
-        if name in self.excluded_providers:
-            self.excluded_providers.remove(name)
-        self.telemetry.providers.include(name)
-        self._apply_exclusions()
-        await self.store.set_meta("excluded_providers", json.dumps(self.excluded_providers))
-        self.event("info", "include", None, f"provider {name} included again")
-
-    def dataset_class(self, name: str) -> str:
-        """The request class most of dataset ``name``'s remaining prompts use (the first class if none)."""
-        rt = self.datasets[name]
-        if rt.pending and max(rt.pending.values()) > 0:
-            return max(rt.pending, key=lambda c: rt.pending[c])
-        return next(iter(self.cfg.classes))
-
-    # ---- ending (engine.run.ending) ------------------------------------------------------------
-    def cost_in_flight_usd(self, dataset: str | None = None) -> float:
-        """Expected USD of the streams in flight (of ``dataset`` or all): ``in_flight_cost().expected_usd``."""
-        return self.ending.in_flight_cost(dataset).expected_usd
-
-    def in_flight_cost(self, dataset: str | None = None) -> InFlightCost:
-        """Dollars of the streams in flight (see :meth:`engine.run.ending.RunEnding.in_flight_cost`)."""
-        return self.ending.in_flight_cost(dataset)
-
-    def abort(self, dataset: str | None = None) -> int:
-        """Cancel in-flight requests (of ``dataset`` or all); see :meth:`engine.run.ending.RunEnding.abort`."""
-        return self.ending.abort(dataset)
-
-    def stop(self, reason: str, exit_code: int = 0, abort: bool = True) -> None:
-        """Stop the run; see :meth:`engine.run.ending.RunEnding.stop`."""
-        self.ending.stop(reason, exit_code, abort)
-
-    def drain_limit_s(self) -> float:
-        """Seconds a drain waits for in-flight requests (:meth:`engine.run.ending.RunEnding.drain_limit_s`)."""
-        return self.ending.drain_limit_s()
-
-    def drain_left_s(self) -> float | None:
-        """Seconds left before a drain in progress aborts the rest (None: no drain)."""
-        return self.ending.drain_left_s()
-
-    async def drain(self, timeout_s: float | None = None, *, reason: str = "drain requested",
-                    exit_code: int = 0) -> None:
-        """Stop dispatching and drain; see :meth:`engine.run.ending.RunEnding.drain`."""
-        await self.ending.drain(timeout_s, reason=reason, exit_code=exit_code)
+        self.runstate.notify()
+        self.runstate.check_finished()
 
     # ---- running ----------------------------------------------------------------------------
     async def run(self) -> int:
         """Dispatch until every dataset is done/skipped, or the run is stopped. Returns an exit code."""
         if not self.datasets:
             await self.load()
-        self.state = RunPhase.PAUSED if self.run_paused else RunPhase.RUNNING
-        self._check_finished()
+        self.runstate.lifecycle = RunPhase.RUNNING  # shown as paused while runstate.pause holds
+        self.runstate.check_finished()
         # `datagen status` asks this engine for its own figures while it runs (engine.report.statusserver)
         status = StatusServer(self.cfg.run.dir, lambda: engine_status(self), self._runtime_fields)
         await status.start()
         dispatchers = []
         for cls in self.cfg.classes:
-            self._changed[cls] = asyncio.Event()
+            self.runstate.wake[cls] = asyncio.Event()
             dispatchers.append(asyncio.create_task(self._dispatch_class(cls), name=f"dispatch-{cls}"))
         try:
             await self._run_until_done(dispatchers)
         finally:
             await status.close()
-        if self.state == RunPhase.STOPPING:
-            self.state = RunPhase.STOPPED
+        if self.runstate.lifecycle == RunPhase.STOPPING:
+            self.runstate.lifecycle = RunPhase.STOPPED
         return self.exit_code
 
     async def _run_until_done(self, dispatchers: list[asyncio.Task]) -> None:
         """Wait for the run's end, then stop the dispatchers, the requests left and the true-ups."""
         try:
-            await self._done.wait()
+            await self.runstate.done.wait()
         finally:
-            self._stopping = True
-            self.notify()
+            self.runstate.stopping = True
+            self.runstate.notify()
             for d in dispatchers:
                 d.cancel()
             await asyncio.gather(*dispatchers, return_exceptions=True)
@@ -663,7 +460,7 @@ class Scheduler:
                 await asyncio.wait(tasks, timeout=10)  # bounded: a request ignoring cancellation cannot hang exit
             if self.ending.ender is not None:
                 self.ending.ender.cancel()
-            self.release_held_failures()
+            self.failures.release_held()
             if self.accounting.trueups:  # late costs of failed/aborted attempts (/generation), bounded wait
                 await asyncio.wait(list(self.accounting.trueups), timeout=15)
 

@@ -1,7 +1,8 @@
 """The run's supervisor: the periodic work beside dispatch.
 
 - every ``TICK_S`` (1 s): apply control commands queued by ``datagen ctl`` (the store's
-  ``commands`` table), measure event-loop lag, sample throughput history, run the calibration gate
+  ``commands`` table; each row read back as a :class:`~engine.run.commands.RunCommand` and applied
+  through the controller, :func:`engine.run.commands.apply`), measure event-loop lag, sample throughput history, run the calibration gate
   (pause a dataset whose projected cost exceeds its cap after its first 1% / 50 completions) and
   the credits floor as a backstop (pause everything when credits minus the dollars in flight fall
   below ``spend.credits_floor_usd``; dispatch itself checks the floor first, :mod:`engine.money.creditsfloor`);
@@ -17,6 +18,7 @@ import time
 from typing import Awaitable, Callable
 
 from engine.run import guards
+from engine.run.commands import CommandResult, RunCommand
 from engine.run.controller import Controller
 from engine.money.spend import CreditsReading
 from engine.money.projection import calibration_gate
@@ -93,43 +95,12 @@ class Supervisor:
         """Apply queued ``datagen ctl`` commands in order and record their results."""
         for cid, verb, dataset, arg in await self.s.store.pending_commands():
             try:
-                result = await self._apply(verb, dataset, arg)
-            except ValueError as e:
-                result = f"error: {e}"
-            await self.s.store.mark_command(cid, time.time(), result)
+                result = await self.ctl.apply(RunCommand.from_row(verb, dataset, arg))
+            except ValueError as e:  # a malformed row: refused as such
+                result = CommandResult.refused(str(e))
+            await self.s.store.mark_command(cid, time.time(), result.text, result.ok)
             self.s.event("info", "ctl", dataset, f"ctl {verb}{' ' + dataset if dataset else ''}"
-                         f"{' ' + arg if arg else ''}: {result}")
-
-    async def _apply(self, verb: str, dataset: str | None, arg: str | None) -> str:
-        if verb == "pause":
-            return await self.ctl.pause(dataset)
-        if verb == "resume":
-            return await self.ctl.resume(dataset)
-        if verb == "skip":
-            if not dataset:
-                raise ValueError("skip needs a dataset")
-            return await self.ctl.skip(dataset, abort=arg == "abort")
-        if verb == "abort":
-            return self.ctl.abort(dataset)
-        if verb == "concurrency":
-            if not dataset or arg is None:
-                raise ValueError("concurrency needs CLASS and N")
-            try:
-                n = int(arg)
-            except ValueError:
-                raise ValueError(f"concurrency N must be a whole number, got {arg!r}") from None
-            return await self.ctl.set_concurrency(dataset, n)
-        if verb == "exclude-provider":
-            if not arg:
-                raise ValueError("exclude-provider needs a provider name")
-            return await self.ctl.exclude_provider(arg)
-        if verb == "include-provider":
-            if not arg:
-                raise ValueError("include-provider needs a provider name")
-            return await self.ctl.include_provider(arg)
-        if verb == "retry-failed":
-            return await self.ctl.retry_failed(dataset, arg or None)
-        raise ValueError(f"unknown command {verb!r}")
+                         f"{' ' + arg if arg else ''}: {result.text}")
 
     def guards(self) -> None:
         """Calibration gate per dataset and the credits floor (see module docstring)."""
@@ -159,8 +130,27 @@ class Supervisor:
     async def gate_before_dispatch(self) -> None:
         """Decide the calibration gate from the stored results, before the first dispatch of a
         restarted run (a dataset past its first completions that projects over its cap is paused,
-        and the pause stored, before any request leaves)."""
-        for t in self.calibration():
+        and the pause stored, before any request leaves).
+
+        A dataset the gate paused in an earlier process is judged again with this config: when its
+        cap was raised or removed since, so that the gate no longer fires, it is made active again,
+        in the store too (``datagen status`` must not keep quoting a cap the config no longer has);
+        else it stays paused, with the gate's reason in today's figures."""
+        snap = self.s.snapshot()
+        for d in snap.datasets:
+            rt = self.s.runstate.datasets[d.name]
+            if rt.control != Control.PAUSED or not rt.reason.startswith(guards.CALIBRATION_PREFIX):
+                continue
+            still = calibration_gate(d.done, d.prompts, d.projected_cost_uncapped_usd, d.max_cost_usd)
+            rt.gate_fired = True  # judged now: not again in this process
+            if still is None:
+                log.info("dataset %s: calibration gate lifted (now: dataset cap %s); it runs again", d.name,
+                         "none" if d.max_cost_usd is None else f"${d.max_cost_usd:,.2f}")
+                rt.control, rt.reason = Control.ACTIVE, ""
+            else:
+                rt.reason = f"{guards.CALIBRATION_PREFIX}{still}"
+            await self.s.store.set_dataset_state(d.name, rt.control, rt.reason, time.time())
+        for t in self.calibration(self.s.snapshot()):
             await t
 
     async def run(self) -> None:

@@ -42,6 +42,8 @@ from typing import Callable, Collection, Iterator
 from engine.config import TokenizerSection
 from engine.datasets.roles import specforge_problem
 from engine.errors import DatagenError, NothingToExport
+from engine.storage import read, validations
+from engine.storage.handle import Handle
 from engine.tokens import vstore
 from engine.tokens.jsonrows import assistant_message, export_message, json_text
 from engine.client.conformance import FAILING as WIRE_REASONS
@@ -78,33 +80,30 @@ def ensure_validated(run_dir: Path, section: TokenizerSection | None, *, workers
     return missing
 
 
-def left_out(conn) -> tuple[int, int, collections.Counter]:
+def left_out(conn: Handle) -> tuple[int, int, collections.Counter]:
     """``(invalid records, results without a validation row, Counter of failed checks of the invalid
     ones)`` of an open store: what an export without ``include_invalid`` leaves out."""
     reasons: collections.Counter = collections.Counter()
     invalid = 0
-    for (rs,) in conn.execute("SELECT reasons FROM validations WHERE ok=0"):
+    for _, rs in validations.invalid_reasons(conn):
         invalid += 1
-        reasons.update(json.loads(rs))
-    (unvalidated,) = conn.execute(
-        "SELECT COUNT(*) FROM results WHERE prompt_id NOT IN (SELECT prompt_id FROM validations)").fetchone()
-    return invalid, unvalidated, reasons
+        reasons.update(rs)
+    return invalid, validations.unvalidated_count(conn), reasons
 
 
-def empty_reason(conn, dataset: str, include_invalid: bool, role_left_out: int = 0) -> str:
+def empty_reason(conn: Handle, dataset: str, include_invalid: bool, role_left_out: int = 0) -> str:
     """Why ``dataset`` has no row in an export: its stored results, invalid ones (with the failed
     checks), unvalidated ones, and rows left out for SpecForge's role order."""
-    (stored,) = conn.execute("SELECT COUNT(*) FROM results WHERE dataset=?", (dataset,)).fetchone()
+    stored = read.result_count(conn, dataset)
     if not stored:
-        counts = dict(conn.execute("SELECT state, COUNT(*) FROM prompts WHERE dataset=? GROUP BY state", (dataset,)))
+        counts = read.prompt_states(conn, dataset).get(dataset, {})
         return "no completed result (" + (", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "no prompt") + ")"
     reasons: collections.Counter = collections.Counter()
     invalid = 0
-    for (rs,) in conn.execute("SELECT reasons FROM validations WHERE dataset=? AND ok=0", (dataset,)):
+    for _, rs in validations.invalid_reasons(conn, dataset):
         invalid += 1
-        reasons.update(json.loads(rs))
-    (unvalidated,) = conn.execute("SELECT COUNT(*) FROM results WHERE dataset=? AND prompt_id NOT IN "
-                                  "(SELECT prompt_id FROM validations)", (dataset,)).fetchone()
+        reasons.update(rs)
+    unvalidated = validations.unvalidated_count(conn, dataset)
     parts = [f"{stored} result(s) stored"]
     if invalid and not include_invalid:
         parts.append(f"{invalid} invalid (" + ", ".join(f"{k} {v}" for k, v in reasons.most_common()) + ")")
@@ -115,11 +114,10 @@ def empty_reason(conn, dataset: str, include_invalid: bool, role_left_out: int =
     return f"no {'' if include_invalid else 'valid '}record: " + ", ".join(parts)
 
 
-def _check_something_qualifies(conn, run_dir: Path, include_invalid: bool) -> None:
-    (n,) = conn.execute("SELECT COUNT(*) FROM validations" + ("" if include_invalid else " WHERE ok=1")).fetchone()
-    if n:
+def _check_something_qualifies(conn: Handle, run_dir: Path, include_invalid: bool) -> None:
+    if validations.validated_count(conn, include_invalid=include_invalid):
         return
-    (stored,) = conn.execute("SELECT COUNT(*) FROM results").fetchone()
+    stored = read.result_count(conn)
     if not stored:
         raise NothingToExport(f"nothing to export: {run_dir} stores no completed result yet; nothing written")
     invalid, unvalidated, reasons = left_out(conn)
@@ -133,22 +131,11 @@ def _check_something_qualifies(conn, run_dir: Path, include_invalid: bool) -> No
         f"--include-invalid exports invalid records anyway")
 
 
-def _rows(conn, dataset: str, include_invalid: bool) -> Iterator[tuple]:
-    sql = ("SELECT v.prompt_id, v.key, v.ok, v.prompt_len, v.completion_len, v.input_ids, v.provider, v.finish_reason, "
-           "p.messages, p.tools, r.reasoning, r.content, r.tool_calls FROM validations v "
-           "JOIN results r ON r.prompt_id = v.prompt_id JOIN prompts p ON p.id = v.prompt_id "
-           "WHERE v.dataset=?" + ("" if include_invalid else " AND v.ok=1") + " AND v.prompt_id > ? "
-           "ORDER BY v.prompt_id LIMIT 256")
-    last = -1
-    while True:
-        batch = conn.execute(sql, (dataset, last)).fetchall()
-        if not batch:
-            return
-        yield from batch
-        last = batch[-1][0]
+def _rows(conn: Handle, dataset: str, include_invalid: bool) -> Iterator[tuple]:
+    return validations.export_rows(conn, dataset, include_invalid)
 
 
-def _json_lines(conn, dataset: str, fmt: str, include_invalid: bool, id_format: str,
+def _json_lines(conn: Handle, dataset: str, fmt: str, include_invalid: bool, id_format: str,
                 on_left_out: Callable[[str, str], None] | None = None) -> Iterator[str]:
     for pid, key, ok, pl, cl, blob, prov, fin, msgs, tools, reasoning, content, tcs in _rows(conn, dataset, include_invalid):
         msgs, tools = json.loads(msgs), json.loads(tools)
@@ -168,7 +155,7 @@ def _json_lines(conn, dataset: str, fmt: str, include_invalid: bool, id_format: 
         yield json.dumps(doc, ensure_ascii=False)
 
 
-def _token_records(conn, dataset: str, include_invalid: bool) -> Iterator[TokenRecord]:
+def _token_records(conn: Handle, dataset: str, include_invalid: bool) -> Iterator[TokenRecord]:
     for pid, key, ok, pl, cl, blob, prov, fin, *_ in _rows(conn, dataset, include_invalid):
         ids = vstore.unpack_ids(blob)
         if len(ids) != pl + cl:
@@ -212,7 +199,7 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
     conn = vstore.connect(run_dir)
     try:
         _check_something_qualifies(conn, run_dir, include_invalid)
-        names = [n for (n,) in conn.execute("SELECT name FROM datasets ORDER BY position")]
+        names = read.dataset_names(conn)
         out: dict[str, int] = {}
         for name in names:
             dropped: list[str] = []
@@ -259,8 +246,7 @@ def iter_token_records(run_dir: Path, *, include_invalid: bool = False,
         ensure_validated(run_dir, section)
     conn = vstore.connect(run_dir)
     try:
-        names = [n for (n,) in conn.execute("SELECT name FROM datasets ORDER BY position")
-                 if datasets is None or n in datasets]
+        names = [n for n in read.dataset_names(conn) if datasets is None or n in datasets]
         for name in names:
             yield from _token_records(conn, name, include_invalid)
     finally:

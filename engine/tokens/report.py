@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import json
 import math
-import sqlite3
 from typing import Any
 
+from engine.storage import read, validations
+from engine.storage.handle import Handle
 from engine.tokens.validate import NON_STRUCTURAL, REASONS
 
 LOW_SUPERVISED = 0.01
@@ -80,7 +81,7 @@ class _Acc:
         }
 
 
-def summarize(conn: sqlite3.Connection, *, worst: int = 10) -> dict[str, Any]:
+def summarize(conn: Handle, *, worst: int = 10) -> dict[str, Any]:
     """Build the report from the ``validations`` table of an open store.
 
     Returns:
@@ -93,9 +94,8 @@ def summarize(conn: sqlite3.Connection, *, worst: int = 10) -> dict[str, Any]:
         billed_completion, reasons}``).
     """
     run, per_ds, per_prov = _Acc(), {}, {}
-    order = [n for (n,) in conn.execute("SELECT name FROM datasets ORDER BY position")]
-    rows = conn.execute("SELECT prompt_id, dataset, key, provider, ok, reasons, notes, prompt_len, completion_len, "
-                        "billed_completion, billing_diff, prompt_diff FROM validations ORDER BY prompt_id")
+    order = read.dataset_names(conn)
+    rows = validations.verdict_rows(conn)
     worst_rows: list[tuple[int, dict[str, Any]]] = []
     for pid, ds, key, prov, ok, reasons, notes, pl, cl, billed, bdiff, pdiff in rows:
         reasons, notes = json.loads(reasons), json.loads(notes)
@@ -107,26 +107,15 @@ def summarize(conn: sqlite3.Connection, *, worst: int = 10) -> dict[str, Any]:
     doc = run.doc()
     worst_rows.sort(key=lambda x: -x[0])
     doc["billing"]["worst"] = [w for _, w in worst_rows[:worst]]
-    (doc["unvalidated"],) = conn.execute(
-        "SELECT COUNT(*) FROM results WHERE prompt_id NOT IN (SELECT prompt_id FROM validations)").fetchone()
+    doc["unvalidated"] = validations.unvalidated_count(conn)
     names = [n for n in order if n in per_ds] + sorted(n for n in per_ds if n not in order)
     doc["datasets"] = {n: per_ds[n].doc() for n in names}
-    flagged = _special_text(conn)
+    flagged = validations.flagged_special_text(conn)
     doc["special_text_in_prompt"] = sum(flagged.values())
     for n, d in doc["datasets"].items():
         d["special_text_in_prompt"] = flagged.get(n, 0)
     doc["providers"] = {n: per_prov[n].doc() for n in sorted(per_prov)}
     return doc
-
-
-def _special_text(conn: sqlite3.Connection) -> dict[str, int]:
-    """Validated records per dataset whose prompt was flagged ``special_text_in_prompt`` at ingest
-    (a flag, not a failure: :mod:`engine.tokens.promptcheck`); ``{}`` for a store without the column."""
-    if not any(r[1] == "special_text" for r in conn.execute("PRAGMA table_info(prompts)")):
-        return {}
-    return {d: n for d, n in conn.execute(
-        "SELECT v.dataset, COUNT(*) FROM validations v JOIN prompts p ON p.id = v.prompt_id "
-        "WHERE p.special_text IS NOT NULL GROUP BY v.dataset")}
 
 
 def _f(x: float | None, fmt: str = "{:.2f}") -> str:

@@ -12,27 +12,29 @@ from dataclasses import dataclass
 
 from rich.text import Text
 
-from engine.extract.disk import fmt_bytes
-from engine.extract.snapshot import DatasetExtractView, ExtractSnapshot, GpuRow, WorkerView
-from engine.report.snapshot import progress_percent
+from engine.api import (
+    FINAL_JOB_STATES, DatasetExtractView, ExtractSnapshot, GpuRow, JobState, WorkerState, WorkerView, fmt_bytes,
+    progress_percent,
+)
 from tui.fmt import GIB, bar_parts, fmt_count, fmt_duration, trim
 from tui.panes.gpus import level_style
 from tui.panes.header import fit
 
 JOB_STYLE = {
-    "not_started": "bold cyan", "loading": "bold cyan", "running": "bold green", "restarting": "bold magenta",
-    "paused": "bold yellow", "draining": "bold yellow", "waiting": "bold cyan", "done": "bold blue",
-    "failed": "bold red", "stopped": "bold red",
+    JobState.NOT_STARTED: "bold cyan", JobState.LOADING: "bold cyan", JobState.RUNNING: "bold green",
+    JobState.RESTARTING: "bold magenta", JobState.PAUSED: "bold yellow", JobState.DRAINING: "bold yellow",
+    JobState.WAITING: "bold cyan", JobState.DONE: "bold blue", JobState.FAILED: "bold red", JobState.STOPPED: "bold red",
 }
-"""Rich style per job state (:data:`engine.extract.snapshot.JOB_STATES`)."""
+"""Rich style per job state (:class:`engine.extract.snapshot.JobState`)."""
 
 WORKER_STYLE = {
-    "starting": "cyan", "loading": "cyan", "running": "green", "paused": "yellow", "draining": "yellow",
-    "done": "blue", "failed": "bold red", "restarting": "bold magenta",
+    WorkerState.STARTING: "cyan", WorkerState.LOADING: "cyan", WorkerState.RUNNING: "green",
+    WorkerState.PAUSED: "yellow", WorkerState.DRAINING: "yellow", WorkerState.DONE: "blue",
+    WorkerState.FAILED: "bold red", WorkerState.RESTARTING: "bold magenta",
 }
-"""Rich style per worker state (:data:`engine.extract.snapshot.WORKER_STATES`)."""
+"""Rich style per worker state (:class:`engine.extract.snapshot.WorkerState`)."""
 
-FINAL_STATES = ("done", "failed", "stopped")
+FINAL_STATES = FINAL_JOB_STATES
 """Job states after which nothing runs any more (a quit then exits at once)."""
 
 
@@ -41,9 +43,9 @@ def exit_code(snap: ExtractSnapshot, interrupted: bool = False) -> int:
     of ``q`` (the batches in hand were written, the rest resumes later); 130 stopped by an abort,
     or by any stop after an interrupt (Ctrl-C, like SIGINT: docs/commands.md "Exit codes": interrupted with
     samples left); 1 failed."""
-    if snap.state == "failed":
+    if snap.state == JobState.FAILED:
         return 1
-    if snap.state == "stopped" and (snap.quit_mode == "abort" or interrupted):
+    if snap.state == JobState.STOPPED and (snap.quit_mode == "abort" or interrupted):
         return 130
     return 0
 
@@ -92,13 +94,13 @@ def header_lines(s: ExtractSnapshot | None, note: str = "", width: int = 160) ->
     cells by dropping the least important segments first (state, samples, tokens, ETA, bytes and
     disk stay at 80 columns; how the states are saved, ``saved as fp8`` or ``saved as bf16``, from 120)."""
     if s is None:
-        return [fit([(0, _t(("extract", "bold"), "  ", ("STARTING", JOB_STYLE["loading"]))),
+        return [fit([(0, _t(("extract", "bold"), "  ", ("STARTING", JOB_STYLE[JobState.LOADING]))),
                      (1, Text("planning the job and starting workers…"))], width), Text(), Text()]
     state = _t(("extract", "bold"), "  ", (s.state.upper(), JOB_STYLE.get(s.state, "bold")))
     if s.quit_mode and s.state not in FINAL_STATES:
         state.append(f" (quit: {s.quit_mode})", style="bold yellow")
     if s.reason:
-        state.append(f" ({s.reason})", style="red" if s.state in ("failed", "stopped") else "yellow")
+        state.append(f" ({s.reason})", style="red" if s.state in (JobState.FAILED, JobState.STOPPED) else "yellow")
     line1 = fit([
         (0, state),
         (1, Text(f"elapsed {fmt_duration(s.elapsed_s)}")),
@@ -106,7 +108,7 @@ def header_lines(s: ExtractSnapshot | None, note: str = "", width: int = 160) ->
         (4, _t("out ", s.out_dir) if s.out_dir else Text()),
         (0, _t((note, "bold reverse")) if note else Text()),
     ], width)
-    eta = "0s" if s.state == "done" else (fmt_duration(s.eta_s) if s.state == "running" else f"-- ({s.state})")
+    eta = "0s" if s.state == JobState.DONE else (fmt_duration(s.eta_s) if s.state == JobState.RUNNING else f"-- ({s.state})")
     line2 = fit([
         (0, _t("samples ", (done_total(s.samples_done, s.samples_total), "bold"),
                share(s.samples_done, s.samples_total))),
@@ -129,12 +131,12 @@ def header_lines(s: ExtractSnapshot | None, note: str = "", width: int = 160) ->
         disk = _t("disk free ", (fmt_bytes(s.disk_free_bytes), style), f" (margin {fmt_bytes(s.disk_margin_bytes)})")
         if low:
             disk.append(" under margin!", style="bold red")
-    failed = sum(1 for w in s.workers if w.state == "failed")
-    restarting = sum(1 for w in s.workers if w.state == "restarting")
-    running = sum(1 for w in s.workers if w.state == "running")
+    failed = sum(1 for w in s.workers if w.state == WorkerState.FAILED)
+    restarting = sum(1 for w in s.workers if w.state == WorkerState.RESTARTING)
+    running = sum(1 for w in s.workers if w.state == WorkerState.RUNNING)
     workers = _t(f"workers {running}/{len(s.workers)} running")
     if restarting:
-        workers.append(f"  {restarting} restarting", style=WORKER_STYLE["restarting"])
+        workers.append(f"  {restarting} restarting", style=WORKER_STYLE[WorkerState.RESTARTING])
     if failed:
         workers.append(f"  {failed} failed", style="bold red")
     line3 = fit([(0, written), (0, disk), (1, workers)], width)
@@ -270,13 +272,13 @@ DATASET_COLUMNS: tuple[Column, ...] = (
 """The per-dataset table's columns (they fit 80 columns)."""
 
 
-IN_HAND = {"paused": "paused", "draining": "draining", "stopped": "stopped", "failed": "stopped",
-           "waiting": "waiting", "not_started": "waiting"}
+IN_HAND = {JobState.PAUSED: "paused", JobState.DRAINING: "draining", JobState.STOPPED: "stopped",
+           JobState.FAILED: "stopped", JobState.WAITING: "waiting", JobState.NOT_STARTED: "waiting"}
 """What a dataset with samples left shows while the job is in one of these states (else ``running``
 once some of it is done, ``waiting`` before): a paused job's datasets read ``paused``, not ``running``."""
 
 
-def dataset_state(d: DatasetExtractView, job_state: str = "running") -> str:
+def dataset_state(d: DatasetExtractView, job_state: str = JobState.RUNNING) -> str:
     """``skipped``, ``done`` (every sample), else what the job (``job_state``) is doing with it:
     ``running`` (some done) or ``waiting`` (none yet) while it runs (or restarts a worker);
     ``paused``, ``draining`` (some done), ``stopped`` (the job stopped or failed before its end) or
@@ -285,7 +287,7 @@ def dataset_state(d: DatasetExtractView, job_state: str = "running") -> str:
         return "skipped"
     if d.samples_total and d.samples_done >= d.samples_total:
         return "done"
-    if job_state in IN_HAND and (d.samples_done or job_state not in ("paused", "draining")):
+    if job_state in IN_HAND and (d.samples_done or job_state not in (JobState.PAUSED, JobState.DRAINING)):
         return IN_HAND[job_state]
     return "running" if d.samples_done else "waiting"
 
@@ -294,7 +296,7 @@ DS_STYLE = {"skipped": "magenta", "done": "blue", "running": "green", "waiting":
             "draining": "yellow", "stopped": "red"}
 
 
-def dataset_cells(d: DatasetExtractView, job_state: str = "running") -> dict[str, Text]:
+def dataset_cells(d: DatasetExtractView, job_state: str = JobState.RUNNING) -> dict[str, Text]:
     """One dataset row: name, state (:func:`dataset_state` in a job in ``job_state``), a bar (done
     vs skipped ``░`` vs left) with its percentage, samples, tokens."""
     state = dataset_state(d, job_state)

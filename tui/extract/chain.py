@@ -11,8 +11,7 @@ import asyncio
 import logging
 from typing import Any
 
-from engine.config import Config
-from engine.run.chain import ExtractChain, combined_exit_code
+from engine.api import Config, ExtractChain, combined_exit_code
 from tui.extract.screen import ExtractScreen
 
 log = logging.getLogger("datagen.dashboard")

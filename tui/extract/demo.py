@@ -11,7 +11,7 @@ import time
 from dataclasses import replace
 from typing import Callable
 
-from engine.extract.snapshot import DatasetExtractView, ExtractSnapshot, GpuRow, WorkerView
+from engine.api import DatasetExtractView, ExtractSnapshot, GpuRow, JobState, WorkerState, WorkerView
 from tui.extract.cells import FINAL_STATES
 
 GPU_NAME = "NVIDIA H200"
@@ -30,7 +30,7 @@ def fixed_extract_snapshot() -> ExtractSnapshot:
     for r in range(8):
         restarting = r == 5
         workers.append(WorkerView(
-            rank=r, state="restarting" if restarting else "running", host="gpu-node-1", pid=41000 + r, gpus=(r,),
+            rank=r, state=WorkerState.RESTARTING if restarting else WorkerState.RUNNING, host="gpu-node-1", pid=41000 + r, gpus=(r,),
             samples_done=1228 + (r == 0), samples_total=1234 + (r < 3), tokens_done=2_175_000 + 5_000 * r,
             tokens_total=2_216_250, tokens_per_s=0.0 if restarting else 11_800.0 + 120 * r,
             batch_size=0 if restarting else 16, max_len=0 if restarting else 4096,
@@ -48,7 +48,7 @@ def fixed_extract_snapshot() -> ExtractSnapshot:
     )
     done = sum(w.tokens_done for w in workers)
     return ExtractSnapshot(
-        state="running", out_dir="/data/hs/kimi-k2.5", model="moonshotai/Kimi-K2.5", elapsed_s=1840.0,
+        state=JobState.RUNNING, out_dir="/data/hs/kimi-k2.5", model="moonshotai/Kimi-K2.5", elapsed_s=1840.0,
         samples_done=sum(w.samples_done for w in workers), samples_total=9_875, tokens_done=done,
         tokens_total=17_730_000, tokens_per_s=82_900.0, eta_s=2.3,
         bytes_written=done * BYTES_PER_TOKEN, bytes_projected=17_730_000 * BYTES_PER_TOKEN,
@@ -87,7 +87,7 @@ class DemoExtraction:
         self.drain_s = drain_s
         self.t0 = self.last = clock()
         self.elapsed = 0.0
-        self.state = "running"
+        self.state = JobState.RUNNING
         self.quit_mode: str | None = None
         self.drain_left = 0.0
         # name, samples, tokens per sample
@@ -110,17 +110,17 @@ class DemoExtraction:
     # ---- commands ---------------------------------------------------------------------------
     def pause(self) -> str:
         """Pause (only while running)."""
-        if self.state != "running":
+        if self.state != JobState.RUNNING:
             return f"extraction is {self.state}: nothing to pause"
-        self.state = "paused"
+        self.state = JobState.PAUSED
         self.events.append(self._line("INFO", "extraction paused by user"))
         return "extraction paused: workers wrote the batch in hand"
 
     def resume(self) -> str:
         """Resume a paused job."""
-        if self.state != "paused":
+        if self.state != JobState.PAUSED:
             return f"extraction is {self.state}: nothing to resume"
-        self.state = "running"
+        self.state = JobState.RUNNING
         self.events.append(self._line("INFO", "extraction resumed"))
         return "extraction resumed"
 
@@ -140,10 +140,10 @@ class DemoExtraction:
     def quit(self) -> str:
         """Drain, or abort when already draining."""
         if self.quit_mode is None and self.state not in FINAL_STATES:
-            self.quit_mode, self.state, self.drain_left = "drain", "draining", self.drain_s
+            self.quit_mode, self.state, self.drain_left = "drain", JobState.DRAINING, self.drain_s
             self.events.append(self._line("WARNING", "quit: draining (finish batches in hand, flush shards)"))
             return "draining: workers finish the batches in hand and flush shards; quit again to abort"
-        self.quit_mode, self.state = "abort", "stopped"
+        self.quit_mode, self.state = "abort", JobState.STOPPED
         self.events.append(self._line("WARNING", "quit again: aborted after the current write"))
         return "aborting after the current write"
 
@@ -154,13 +154,13 @@ class DemoExtraction:
         if self.state in FINAL_STATES:
             return
         self.elapsed += dt
-        if self.state == "draining":
+        if self.state == JobState.DRAINING:
             self.drain_left -= dt
             if self.drain_left <= 0:
-                self.state = "stopped"
+                self.state = JobState.STOPPED
                 self.events.append(self._line("INFO", "drained: shards flushed; extraction stopped"))
             return
-        if self.state != "running":
+        if self.state != JobState.RUNNING:
             return
         if self._worker_down() and not self.failed_logged:
             self.failed_logged = True
@@ -178,7 +178,7 @@ class DemoExtraction:
                 if self.tokens[name] >= samples * per:
                     self.events.append(self._line("INFO", f"[{name}] done: {samples:,} samples"))
         if all(n in self.skipped or self.tokens[n] >= s * p for n, s, p in self.plan):
-            self.state = "done"
+            self.state = JobState.DONE
             self.events.append(self._line("INFO", "extraction done"))
 
     def _worker_down(self) -> bool:
@@ -192,17 +192,18 @@ class DemoExtraction:
         done_tok = sum(d.tokens_done for d in ds)
         total_tok = sum(d.tokens_total for d in ds if not d.skipped) + sum(d.tokens_done for d in ds if d.skipped)
         total_s = sum(d.samples_total for d in ds if not d.skipped) + sum(d.samples_done for d in ds if d.skipped)
-        running = self.state == "running"
+        running = self.state == JobState.RUNNING
         rate = self.rate * ((self.N - 1) / self.N if self._worker_down() else 1.0) if running else 0.0
         workers, gpus = [], []
-        wstate = {"running": "running", "paused": "paused", "draining": "draining", "done": "done",
-                  "stopped": "done"}.get(self.state, self.state)
+        wstate = {JobState.RUNNING: WorkerState.RUNNING, JobState.PAUSED: WorkerState.PAUSED,
+                  JobState.DRAINING: WorkerState.DRAINING, JobState.DONE: WorkerState.DONE,
+                  JobState.STOPPED: WorkerState.DONE}.get(self.state, self.state)
         for r in range(self.N):
             down = r == 5 and self._worker_down()
             failed_before = r == 5 and self.failed_logged
             share_tok = done_tok // self.N
             workers.append(WorkerView(
-                rank=r, state="restarting" if down else wstate, host="demo", pid=50000 + r, gpus=(r,),
+                rank=r, state=WorkerState.RESTARTING if down else wstate, host="demo", pid=50000 + r, gpus=(r,),
                 samples_done=sum(d.samples_done for d in ds) // self.N, samples_total=total_s // self.N,
                 tokens_done=share_tok, tokens_total=total_tok // self.N,
                 tokens_per_s=0.0 if down else rate / self.N, batch_size=16 if running and not down else 0,

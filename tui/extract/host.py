@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
-from engine.extract.snapshot import ExtractCommands, ExtractSnapshot
+from engine.api import ExtractCommands, ExtractSnapshot
 
 
 class ExtractHost(Protocol):

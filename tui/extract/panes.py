@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import DataTable, Static
 
-from engine.extract.snapshot import ExtractSnapshot
+from engine.api import ExtractSnapshot
 from tui.extract.cells import (
     DATASET_COLUMNS, Column, dataset_cells, gpu_columns, gpu_worker_rows, header_lines,
 )

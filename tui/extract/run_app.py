@@ -20,9 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.extract.control import ControlError
-from engine.report.metricsserver import open_metrics, start_metrics
-from engine.run.headless import interrupt_action
+from engine.api import ControlError, interrupt_action, open_metrics, start_metrics
 from tui.extract.app import ExtractApp
 from tui.extract.screen import ExtractScreen
 from tui.logbridge import quiet_terminal_logging
@@ -238,8 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     are done, then drained."""
     import argparse
 
-    from engine.config import load_config
-    from engine.extract.run import ExtractRun
+    from engine.api import ExtractRun, load_config
     from tui.extract.__main__ import size_arg
 
     p = argparse.ArgumentParser(prog="python -m tui.extract.run_app", description=main.__doc__)

@@ -30,7 +30,7 @@ from textual.css.query import NoMatches
 from textual.message import Message
 from textual.screen import Screen
 
-from engine.extract.snapshot import ExtractSnapshot
+from engine.api import ExtractSnapshot, JobState
 from tui.extract.cells import FINAL_STATES, exit_code
 from tui.extract.host import ExtractHost
 from tui.extract.panes import ExtractDatasetsTable, ExtractHeader, GpuWorkerTable
@@ -174,11 +174,12 @@ class ExtractScreen(Screen[None]):
         (None) while nothing can be paused or skipped (starting, draining, ended)."""
         state = self.snapshot.state if self.snapshot is not None else None
         if action == "pause":
-            return False if state == "paused" else (None if state in (None, "draining", *FINAL_STATES) else True)
+            return False if state == JobState.PAUSED else (None if state in (None, JobState.DRAINING, *FINAL_STATES)
+                                                          else True)
         if action == "resume":
-            return True if state == "paused" else False
+            return True if state == JobState.PAUSED else False
         if action == "skip":
-            live = state is not None and state not in ("draining", *FINAL_STATES)
+            live = state is not None and state not in (JobState.DRAINING, *FINAL_STATES)
             try:
                 selected = self.query_one(ExtractDatasetsTable).selected
             except NoMatches:  # composing: the table selects its first row once it is drawn

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual.widgets import DataTable
 
-from engine.money.projection import range_text
-from engine.report.snapshot import DatasetSnapshot, RunSnapshot
+from engine.api import DatasetSnapshot, RunSnapshot, range_text
 from tui.fmt import bar_parts, fmt_count, fmt_duration, money
 
 DS_STATE_STYLE = {

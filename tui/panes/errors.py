@@ -6,7 +6,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from engine.report.snapshot import RunSnapshot
+from engine.api import RunSnapshot
 from tui.fmt import trim
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from engine.extract.gpu import GpuReading, GpuSnapshot
+from engine.api import GpuReading, GpuSnapshot
 from tui.fmt import GIB, bar
 
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from engine.money.projection import range_text
-from engine.report.snapshot import RunSnapshot
+from engine.api import RunSnapshot, range_text
 from tui.fmt import fmt_count, fmt_duration, money
 
 STATE_STYLE = {

@@ -9,7 +9,7 @@ from rich.highlighter import Highlighter
 from rich.text import Text
 from textual.widgets import Log
 
-from engine.report.snapshot import RunSnapshot
+from engine.api import RunSnapshot
 
 MAX_LINES = 2000
 """Lines kept in the pane (older ones are dropped)."""

@@ -15,9 +15,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from engine.client.conformance import FAILING
-from engine.report.snapshot import EndpointSnapshot, RunSnapshot
-from engine.metrics.stats import ProviderSnapshot
+from engine.api import FAILING, EndpointSnapshot, ProviderSnapshot, RunSnapshot
 from tui.fmt import money, pct, secs
 
 

@@ -7,7 +7,7 @@ import re
 from rich.text import Text
 from textual.widgets import Static
 
-from engine.report.snapshot import DatasetSnapshot
+from engine.api import DatasetSnapshot
 from tui.fmt import trim
 
 REASONING_CHARS = 400

@@ -6,7 +6,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Label, Sparkline
 
-from engine.report.snapshot import RunSnapshot
+from engine.api import RunSnapshot
 from tui.fmt import fmt_count, fmt_duration
 
 WINDOW_S = 600.0
