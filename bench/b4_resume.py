@@ -31,7 +31,17 @@ import time
 from pathlib import Path
 
 from bench.common import (
-    SimProcess, WorkerError, emit, log, make_row, placement, ratio_summary, run_worker, sim_args, summary, tempdir,
+    SimProcess,
+    WorkerError,
+    emit,
+    log,
+    make_row,
+    placement,
+    ratio_summary,
+    run_worker,
+    sim_args,
+    summary,
+    tempdir,
     write_prompts,
 )
 
@@ -47,7 +57,7 @@ def worker(a: argparse.Namespace) -> None:
 
     t_main = time.time()
 
-    async def first_send(self, endpoint, req, progress=None):  # noqa: ANN001 - stands in for StreamWorkerPool.send
+    async def first_send(self, endpoint, req, progress=None):  # stands in for StreamWorkerPool.send
         t = time.time()
         emit({"first_dispatch_s": t - t0, "in_process_s": t - t_main, "startup_s": t_main - t0,
               "stream_workers": self.n})

@@ -27,8 +27,19 @@ import time
 from pathlib import Path
 
 from bench.common import (
-    SimProcess, WorkerError, emit, engine_config, log, make_row, placement, raise_fd_limit, run_worker, sim_args,
-    summary, tempdir, write_prompts,
+    SimProcess,
+    WorkerError,
+    emit,
+    engine_config,
+    log,
+    make_row,
+    placement,
+    raise_fd_limit,
+    run_worker,
+    sim_args,
+    summary,
+    tempdir,
+    write_prompts,
 )
 
 CASES = ((500, 200_000, 1500), (2000, 800_000, 6000))  # (concurrency, budget, prompts)
@@ -45,8 +56,8 @@ def used_tokens(run_dir: Path) -> int:
 
 async def worker(a: argparse.Namespace) -> dict:
     raise_fd_limit()
-    from engine.run.headless import run_headless
     from engine.report.status import collect_status
+    from engine.run.headless import run_headless
 
     tmp = Path(a.tmp)
     cfg = engine_config(tmp, a.base_url, [{"name": "b5", "path": a.prompts, "format": "text",

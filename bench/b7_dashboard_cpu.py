@@ -29,11 +29,11 @@ def rows(res: dict[str, list[dict]]) -> list[dict]:
     for phase, label in (("idle", "engine idle (run paused)"), ("load", f"full load ({hold.CONCURRENCY:,} streams)")):
         h = [100 * r[phase]["cpu_share"] if phase in r else None for r in head]
         d = [100 * r[phase]["cpu_share"] if phase in r else None for r in dash]
-        added = summary([b - a for a, b in zip(h, d) if a is not None and b is not None])
+        added = summary([b - a for a, b in zip(h, d, strict=False) if a is not None and b is not None])
         ui = [100 * r[phase]["dashboard_cpu_share"] if r.get(phase, {}).get("dashboard_cpu_share") is not None
               else None for r in dash]
         fps = [r[phase].get("renders_per_s") if phase in r else None for r in dash]
-        at2 = [u * 2.0 / f if u is not None and f else None for u, f in zip(ui, fps)]
+        at2 = [u * 2.0 / f if u is not None and f else None for u, f in zip(ui, fps, strict=True)]
         s_ui, s_fps, s_at2 = summary(ui), summary(fps), summary(at2)
         met = None if s_at2["median"] is None else s_at2["median"] <= 5.0
         note = (f"dashboard tasks (textual/rich/tui) measured at the {s_fps['median']:.2f} frames/s it drew; "

@@ -31,8 +31,21 @@ from pathlib import Path
 from bench.b5_budget import used_tokens
 from bench.budget_sim import simulate
 from bench.common import (
-    PROFILE, SimProcess, WorkerError, emit, engine_config, log, make_row, placement, raise_fd_limit, ratio_summary,
-    run_worker, sim_args, summary, tempdir, write_prompts,
+    PROFILE,
+    SimProcess,
+    WorkerError,
+    emit,
+    engine_config,
+    log,
+    make_row,
+    placement,
+    raise_fd_limit,
+    ratio_summary,
+    run_worker,
+    sim_args,
+    summary,
+    tempdir,
+    write_prompts,
 )
 
 CASES = ((500, 200_000, 1500), (2000, 800_000, 6000))  # (concurrency, budget, prompts), as B5
@@ -41,8 +54,8 @@ SIM = dict(tokens_per_s=4000, latency_ms=50, mean_tokens=2000)
 
 async def worker(a: argparse.Namespace) -> dict:
     raise_fd_limit()
-    from engine.run.headless import run_headless
     from engine.report.status import collect_status
+    from engine.run.headless import run_headless
 
     tmp = Path(a.tmp)
     cfg = engine_config(tmp, a.base_url, [{"name": "b9", "path": a.prompts, "format": "text",

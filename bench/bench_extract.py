@@ -115,7 +115,7 @@ class GpuPeak:
 
             pynvml.nvmlInit()
             h = pynvml.nvmlDeviceGetHandleByIndex(gpu)
-        except Exception:  # noqa: BLE001 - nvidia-ml-py absent or no NVML
+        except Exception:  # nvidia-ml-py absent or no NVML
             return
         self.peak_used = 0
 

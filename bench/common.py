@@ -599,7 +599,7 @@ class Window:
 # ---- result rows ----------------------------------------------------------------------------------
 def ratio_summary(ours: Sequence[float], base: Sequence[float]) -> dict[str, Any]:
     """Summary of per-run ratios ours/baseline (runs paired by index: they ran side by side)."""
-    rs = [o / b for o, b in zip(ours, base) if o is not None and b not in (None, 0)]
+    rs = [o / b for o, b in zip(ours, base, strict=False) if o is not None and b not in (None, 0)]
     return summary(rs)
 
 

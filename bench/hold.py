@@ -37,9 +37,27 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    PROFILE, LagProbe, SimProcess, StreamWorkers, UICpuMeter, WorkerError, emit, engine_config, lag_stats, log,
-    percentile, placement, raise_fd_limit, rss_bytes, run_worker, sim_args, stream_env, stream_note, stream_settings,
-    tempdir, write_prompts,
+    PROFILE,
+    LagProbe,
+    SimProcess,
+    StreamWorkers,
+    UICpuMeter,
+    WorkerError,
+    emit,
+    engine_config,
+    lag_stats,
+    log,
+    percentile,
+    placement,
+    raise_fd_limit,
+    rss_bytes,
+    run_worker,
+    sim_args,
+    stream_env,
+    stream_note,
+    stream_settings,
+    tempdir,
+    write_prompts,
 )
 
 CONCURRENCY = 2000
@@ -221,11 +239,11 @@ async def key_phase(app: Any, pilot: Any, probe: LagProbe, in_flight) -> dict[st
     updates: list[tuple[float, str]] = []
     orig_render, orig_update = header.render_lines, header.update
 
-    def render_lines(crop):  # noqa: ANN001 - the compositor's call
+    def render_lines(crop):  # the compositor's call
         paints.append(time.perf_counter())
         return orig_render(crop)
 
-    def update(content="", *args, **kw):  # noqa: ANN001 - Static.update
+    def update(content="", *args, **kw):  # Static.update
         updates.append((time.perf_counter(), getattr(content, "plain", str(content))))
         return orig_update(content, *args, **kw)
 
@@ -283,7 +301,7 @@ async def _press(pilot: Any, key: str, state: str, paints: list[float], updates:
         await asyncio.sleep(0.002)
     try:
         await asyncio.wait_for(task, KEY_TIMEOUT_S)
-    except Exception as e:  # noqa: BLE001 - a press that fails is reported, the run goes on
+    except Exception as e:  # a press that fails is reported, the run goes on
         r["press_error"] = f"{type(e).__name__}: {e}"[:200]
     return r
 

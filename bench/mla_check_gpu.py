@@ -94,7 +94,6 @@ def engines(model: Path, seqs: list[Any], a: argparse.Namespace) -> dict[str, tu
 
 def check(rope: str, work: Path, a: argparse.Namespace) -> bool:
     import numpy as np
-
     from test_mla_reference import KIMI_ROPE, build_mla_model, load_checkpoint, reference_layer0, samples
 
     model = build_mla_model(work / f"model-{rope}", **({} if rope == "default" else KIMI_ROPE))
@@ -171,7 +170,7 @@ def main() -> int:
     for rope in (["default", "kimi_yarn"] if a.rope == "both" else [a.rope]):
         try:
             results[rope] = check(rope, work, a)
-        except Exception:  # noqa: BLE001 - report and go on to the other rope setting
+        except Exception:  # report and go on to the other rope setting
             traceback.print_exc()
             print("RESULT", rope, "ERROR (an engine could not start or run: see above)")
             results[rope] = None

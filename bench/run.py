@@ -57,7 +57,7 @@ def main(argv=None) -> int:
         common.log(f"== {name} (elapsed {time.monotonic() - t0:.0f}s)")
         try:
             rows.extend(fn())
-        except Exception as e:  # noqa: BLE001 - one broken benchmark must not lose the others
+        except Exception as e:  # one broken benchmark must not lose the others
             common.log(f"{name} FAILED: {type(e).__name__}: {e}")
             rows.append(common.unavailable(name.split()[0], name, "", f"benchmark failed: {type(e).__name__}: {e}"))
         timings[name] = time.monotonic() - t
@@ -182,11 +182,14 @@ def write(out_dir: Path, machine: dict, rows: list[dict], timings: dict, total: 
     doc = {"machine": machine, "reps": reps, "total_s": total, "timings_s": timings, "rows": rows}
     (out_dir / "results.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     pk = ", ".join(f"{k} {v}" for k, v in machine["packages"].items() if v)
+    merged = f"; rows not rerun are from the run of {machine['merged_with_run_of']}" \
+        if machine.get("merged_with_run_of") else ""
+    load = ", ".join(f"{x:.2f}" for x in machine["loadavg_at_start"])
     md = f"""# eagle-datagen benchmarks
 
 Machine: {machine['cpu']}, {machine['cores']} cores ({machine['cores_allowed']} usable), {machine['ram_gib']} GiB RAM,
 {machine['os']}, Python {machine['python']}; {pk}.
-Run {machine['date']} at commit {machine['commit'] or '?'}{'; rows not rerun are from the run of ' + machine['merged_with_run_of'] if machine.get('merged_with_run_of') else ''}; load average at start {', '.join(f'{x:.2f}' for x in machine['loadavg_at_start'])};
+Run {machine['date']} at commit {machine['commit'] or '?'}{merged}; load average at start {load};
 profile `{machine['profile']}`, {reps} repetition(s) per figure (the naive scheduler of B5 and B8: 1, the openai SDK
 of B1: at most 2), {total:.0f} s of benchmarks in all.
 

@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> int:
 
     Returns the command's exit code. A :class:`~engine.errors.DatagenError` raised by any command is
     printed as ``error: <message>`` on stderr (no traceback) and exits with the command's error status:
-    2 for ``export``, ``validate`` and ``report`` (``EXIT_ERROR``), 1 for the others. Besides each command's own codes, 130 when interrupted by
-    Ctrl-C outside a run's own signal handling (``validate``, ``export``, ``status --watch``) and
+    2 for ``export``, ``validate`` and ``report`` (``EXIT_ERROR``), 1 for the others. Besides each command's own
+    codes, 130 when interrupted by Ctrl-C outside a run's own signal handling (``validate``, ``export``, ``status --watch``) and
     141 (128 + SIGPIPE, as a shell tool) when stdout is a pipe closed early (``datagen status | head``),
     both without a traceback; a closed stdout/stderr descriptor (``>&-``) is written to ``/dev/null``.
     """

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from engine.config import load_config
-from engine.errors import DatagenError
 from engine.proc import runlock
 
 
@@ -217,10 +216,11 @@ def cmd_ctl_extract(args: argparse.Namespace) -> int:
 
 
 def cmd_ctl(args: argparse.Namespace) -> int:
-    """``datagen ctl``: send a command to a live run, or save it for the next start. Returns 0 applied or saved, 1 refused or not applied."""
+    """``datagen ctl``: send a command to a live run, or save it for the next start. Returns 0 applied or saved,
+    1 refused or not applied."""
+    from engine.report.status import collect_status
     from engine.run.commands import RunCommand
     from engine.run.ctl import send
-    from engine.report.status import collect_status
 
     if args.verb.startswith("extract-"):
         return cmd_ctl_extract(args)

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import argparse
 
-from datagen.commands import EXIT_ERROR, cmd_ctl, cmd_export, cmd_extract, cmd_make_tokenizer, cmd_report, cmd_sim, cmd_status, cmd_validate
+from datagen.commands import (
+    EXIT_ERROR,
+    cmd_ctl,
+    cmd_export,
+    cmd_extract,
+    cmd_make_tokenizer,
+    cmd_report,
+    cmd_sim,
+    cmd_status,
+    cmd_validate,
+)
 from datagen.runcmd import cmd_run
 
 

@@ -116,7 +116,7 @@ def _install_stack_dump(run_dir: Path) -> None:
         return
     path = Path(run_dir) / "stacks.txt"
 
-    def dump(signum, frame):  # noqa: ARG001 - signal handler signature
+    def dump(signum, frame):  # signal handler signature
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # owner-only like every run file
         os.fchmod(fd, 0o600)
         with open(fd, "a", encoding="utf-8") as f:

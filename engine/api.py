@@ -34,7 +34,6 @@ Formatting helpers (the headless lines and the dashboard say the same)
 from __future__ import annotations
 
 import sys
-from typing import TextIO
 
 from engine.client.conformance import FAILING
 from engine.client.endpoints import EndpointSnapshot
@@ -44,7 +43,14 @@ from engine.extract.disk import fmt_bytes
 from engine.extract.gpu import GpuPoller, GpuReading, GpuSnapshot
 from engine.extract.run import ExtractRun
 from engine.extract.snapshot import (
-    FINAL_JOB_STATES, DatasetExtractView, ExtractCommands, ExtractSnapshot, GpuRow, JobState, WorkerState, WorkerView,
+    FINAL_JOB_STATES,
+    DatasetExtractView,
+    ExtractCommands,
+    ExtractSnapshot,
+    GpuRow,
+    JobState,
+    WorkerState,
+    WorkerView,
 )
 from engine.metrics.rates import fmt_count, fmt_duration
 from engine.metrics.stats import ProviderSnapshot
@@ -60,9 +66,10 @@ from engine.run.controller import Controller
 from engine.run.headless import fmt_limit, interrupt_action
 from engine.run.runner import Job
 from engine.run.scheduler import Scheduler
+from engine.run.seams import TextOut
 
 
-async def prepare_job(cfg: Config, out: TextIO = sys.stdout) -> Job:
+async def prepare_job(cfg: Config, out: TextOut = sys.stdout) -> Job:
     """Prepare ``cfg``'s generation run (:func:`engine.run.runner.prepare`): open the store, load the
     datasets and the tokenizer, build the scheduler; progress lines go to ``out``.
 
@@ -72,7 +79,7 @@ async def prepare_job(cfg: Config, out: TextIO = sys.stdout) -> Job:
     return await _runner.prepare(cfg, out)
 
 
-async def run_job(job: Job, *, exit_on_pause: bool = False, out: TextIO = sys.stdout) -> int:
+async def run_job(job: Job, *, exit_on_pause: bool = False, out: TextOut = sys.stdout) -> int:
     """Run a prepared ``job`` to its end and close it (:func:`engine.run.runner.run_job`: writer,
     supervisor, scheduler); returns the exit code (docs/commands.md, "Every command").
 

@@ -1,3 +1,6 @@
+"""Shared fixtures for every test folder. The helper modules (helpers, e2e, casesrv, waiting, tmux, ...)
+live in tests/support/, which pytest puts on sys.path ([tool.pytest.ini_options] pythonpath)."""
+
 import os
 import sys
 import threading
@@ -5,7 +8,37 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+@pytest.fixture(scope="module")
+def tiny(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny DeepSeek-V3 model (engine.extract.tiny, seeded weights, CPU), built once per module.
+
+    A module sets ``TINY_LAYERS`` (default 4) and ``TINY_VOCAB`` (default: the builder's) to change it."""
+    from engine.extract.tiny import build_tiny_model
+
+    kw = {"layers": getattr(request.module, "TINY_LAYERS", 4)}
+    vocab = getattr(request.module, "TINY_VOCAB", None)
+    if vocab is not None:
+        kw["vocab"] = vocab
+    return build_tiny_model(tmp_path_factory.mktemp("model") / "tiny", seed=0, **kw)
+
+
+@pytest.fixture
+def one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OMP_NUM_THREADS=1 for the extraction workers a test starts (the machine is shared); a module uses it
+    with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture
+def tmux():
+    """A private tmux server (tests/support/tmuxterm.py), killed after the test."""
+    from tmuxterm import Tmux
+
+    t = Tmux(strict=False)
+    yield t
+    t.close()
+
 
 _LEAKS: list[str] = []
 _STATUS = {"code": 0}

@@ -129,7 +129,7 @@ class DashboardActions:
         async def job() -> None:
             try:
                 res = await ctl.apply(cmd)
-            except Exception as e:  # noqa: BLE001 - store errors
+            except Exception as e:  # store errors
                 self.toasts.toast(str(e), key=key, severity="error", timeout=6)
                 return
             if not res.ok:
@@ -310,7 +310,7 @@ class DashboardActions:
                 return None
             try:
                 lines = self.app.main_screen.query_one(LogPane).lines
-            except Exception:  # noqa: BLE001 - no log pane (shutting down)
+            except Exception:  # no log pane (shutting down)
                 lines = ()
             return detail_text(d, snap, self.class_of(name), lines)
 

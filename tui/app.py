@@ -34,21 +34,34 @@ from textual.screen import Screen
 from textual.widgets import DataTable
 
 from engine.api import (
-    Config, GpuPoller, GpuReading, MetricsServer, RunSnapshot, open_metrics, start_metrics,
+    Config,
+    GpuPoller,
+    GpuReading,
+    MetricsServer,
+    RunSnapshot,
+    open_metrics,
+    start_metrics,
 )
 from tui.actions import DashboardActions, DashboardCommands
-from tui.host import Commands, DashboardHost, EngineHost, InjectedCommands, StaticHost
-from tui.layout import CSS, HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS, parse_keymap
-from tui.logbridge import PaneLogHandler
-from tui.terminal import TerminalWatch
-from tui.toasts import Toasts
-from tui.view import DashboardView
 from tui.extract.chain import ChainedExtraction
 from tui.extract.screen import ExtractScreen
 from tui.footer import PriorityFooter
+from tui.host import Commands, DashboardHost, EngineHost, InjectedCommands, StaticHost
+from tui.layout import CSS, HORIZONTAL_BREAKPOINTS, VERTICAL_BREAKPOINTS, parse_keymap
+from tui.logbridge import PaneLogHandler
 from tui.panes import (
-    DatasetsTable, ErrorsPane, GpusPane, HeaderPane, LogPane, ProvidersPane, SamplePane, ThroughputPane,
+    DatasetsTable,
+    ErrorsPane,
+    GpusPane,
+    HeaderPane,
+    LogPane,
+    ProvidersPane,
+    SamplePane,
+    ThroughputPane,
 )
+from tui.terminal import TerminalWatch
+from tui.toasts import Toasts
+from tui.view import DashboardView
 
 log = logging.getLogger("datagen.dashboard")
 
@@ -230,7 +243,7 @@ class DashboardApp(App[int]):
     async def _engine_main(self, engine: EngineHost, task: asyncio.Task[int]) -> None:
         try:
             code = await asyncio.shield(task)
-        except Exception as e:  # noqa: BLE001 - kept in engine.error; run_dashboard re-raises it
+        except Exception as e:  # kept in engine.error; run_dashboard re-raises it
             log.error("engine failed: %s: %s", type(e).__name__, e)
             self.exit(1, return_code=1)
             return
@@ -390,7 +403,7 @@ class DashboardApp(App[int]):
         """Show the keys."""
         self.actions.help()
 
-    def action_quit(self) -> None:
+    async def action_quit(self) -> None:  # async as in textual's App (a binding or the palette awaits it)
         """Quit: at once when nothing is in flight or the run has ended; else ask drain/abort."""
         self.actions.quit()
 
@@ -413,7 +426,7 @@ class DashboardApp(App[int]):
     def _tick(self) -> None:
         try:
             self._poll_once()
-        except Exception:  # noqa: BLE001 - a bad snapshot must not kill the dashboard
+        except Exception:  # a bad snapshot must not kill the dashboard
             log.exception("dashboard refresh failed")
         finally:
             if not self._closing:

@@ -112,7 +112,7 @@ class PriorityFooter(Footer):
                 continue
             yield widget
 
-    def bindings_changed(self, screen) -> None:  # noqa: ANN001 - textual.screen.Screen
+    def bindings_changed(self, screen) -> None:  # textual.screen.Screen
         """Rebuild the keys only when what the footer shows changed (Textual's rebuilds each time)."""
         self._bindings_ready = True
         if not screen.app.app_focus:

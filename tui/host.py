@@ -20,7 +20,16 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from engine.api import (
-    CommandResult, Config, Controller, Job, RunCommand, RunSnapshot, Scheduler, fmt_limit, prepare_job, run_job,
+    CommandResult,
+    Config,
+    Controller,
+    Job,
+    RunCommand,
+    RunSnapshot,
+    Scheduler,
+    fmt_limit,
+    prepare_job,
+    run_job,
 )
 
 log = logging.getLogger("datagen.dashboard")

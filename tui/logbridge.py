@@ -50,7 +50,7 @@ class PaneLogHandler(logging.Handler):
             return
         try:
             msg = self.format(record)
-        except Exception:  # noqa: BLE001 - a bad record must not break the app
+        except Exception:  # a bad record must not break the app
             msg = f"{record.levelname} {record.name}: {record.msg!r}"
         self.lines.extend(msg.splitlines() or [""])
 
@@ -91,7 +91,7 @@ def quiet_terminal_logging(handler: logging.Handler | None = None) -> Iterator[l
                 lg.removeHandler(h)
                 removed.append((lg, h))
     last_resort = logging.lastResort
-    logging.lastResort = None  # type: ignore[assignment]
+    logging.lastResort = None
     root = logging.getLogger()
     if handler is not None:
         root.addHandler(handler)

@@ -18,6 +18,7 @@ from textual.widgets import Button, Footer, Label, OptionList, Static
 
 from tui.fmt import money
 
+
 def modal_css(name: str) -> str:
     """:data:`MODAL_CSS` for the screen class ``name``: Textual scopes a widget's ``DEFAULT_CSS`` to
     it (a ``ModalScreen ...`` rule in ``QuitScreen.DEFAULT_CSS`` reads ``QuitScreen ModalScreen ...``
@@ -66,13 +67,13 @@ ARROWS = [
 """Left/Right move the focus between a dialog's buttons (like Shift-Tab/Tab)."""
 
 
-def abort_estimate(snap) -> str:  # noqa: ANN001 - engine.report.snapshot.RunSnapshot
+def abort_estimate(snap) -> str:  # engine.report.snapshot.RunSnapshot
     """``"Abort now: est. $4.52 billed (from the billing of 40 aborted stream(s): ...)"``: the
     estimated bill of aborting the streams in flight, labelled as an estimate with its basis."""
     return f"Abort now: est. {money(snap.abort_cost_usd)} billed ({snap.abort_cost_basis or 'estimate'})."
 
 
-def quit_body(snap) -> str:  # noqa: ANN001 - engine.report.snapshot.RunSnapshot
+def quit_body(snap) -> str:  # engine.report.snapshot.RunSnapshot
     """The quit dialog's text: streams in flight, what they cost when they finish, what an abort
     is estimated to bill, and what drain and abort do."""
     return (f"{snap.in_flight:,} requests in flight (est. {money(snap.cost_in_flight_usd)} when they finish).\n"
@@ -81,7 +82,7 @@ def quit_body(snap) -> str:  # noqa: ANN001 - engine.report.snapshot.RunSnapshot
             "Abort: cancel them now (prompts return to pending; streamed tokens are billed).")
 
 
-def abort_body(snap) -> str:  # noqa: ANN001 - engine.report.snapshot.RunSnapshot
+def abort_body(snap) -> str:  # engine.report.snapshot.RunSnapshot
     """The abort confirmation's text (see :func:`quit_body`)."""
     return (f"{snap.in_flight:,} requests in flight, est. {money(snap.cost_in_flight_usd)} when they finish.\n"
             f"{abort_estimate(snap)}\n"
@@ -223,7 +224,7 @@ class HelpScreen(ModalScreen[None]):
     def on_mount(self) -> None:
         self.query_one(VerticalScroll).focus()
 
-    def on_key(self, event) -> None:  # noqa: ANN001 - textual.events.Key
+    def on_key(self, event) -> None:  # textual.events.Key
         if event.key in self.SCROLL_KEYS:
             return  # the scroll's own bindings move it
         event.stop()

@@ -40,7 +40,7 @@ def retry_failed(actions: RetryContext, name: str | None) -> None:
     async def ask() -> None:
         try:
             counts = await ctl.failed_counts(name)
-        except Exception as e:  # noqa: BLE001 - store errors: say so, change nothing
+        except Exception as e:  # store errors: say so, change nothing
             actions.toasts.toast(str(e), severity="error", timeout=6)
             return
         total = sum(counts.values())

@@ -59,7 +59,7 @@ class DashboardSurface(Protocol):
         """Textual's notification."""
         ...
 
-    def push_screen(self, screen: Screen[Any], callback: Callable[[Any], object] | None = None) -> Any:
+    def push_screen(self, screen: Screen[Any], callback: Callable[[Any], None] | None = None) -> Any:
         """Textual's: open ``screen``; ``callback`` gets what it is dismissed with."""
         ...
 

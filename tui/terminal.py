@@ -142,12 +142,12 @@ def _detach_output(writer: Any) -> None:
     old = writer._queue
     writer._queue = _Discard()
     try:
-        writer._file = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the thread
+        writer._file = open(os.devnull, "w")  # lives as long as the thread
     except OSError:
         pass
     try:
         old.put_nowait(None)  # a live writer thread ends; a dead one does not need it
-    except Exception:  # noqa: BLE001 - queue.Full
+    except Exception:  # queue.Full
         pass
 
 
@@ -156,6 +156,8 @@ def use_real_terminal_size() -> None:
     exported ``COLUMNS``/``LINES`` (stale after a tmux resize), so they are dropped when stdout is a
     real terminal."""
     try:
+        if sys.__stdout__ is None:  # no stdout at all (pythonw, a closed descriptor)
+            return
         os.get_terminal_size(sys.__stdout__.fileno())
         for var in ("COLUMNS", "LINES"):
             os.environ.pop(var, None)

@@ -15,8 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from engine.api import (
-    ClassSnapshot, CommandResult, Config, DatasetSnapshot, GpuReading, GpuSnapshot, ProviderSnapshot, RunCommand,
-    RunSnapshot, SampleSnapshot, apply_command, parse_config,
+    ClassSnapshot,
+    CommandResult,
+    Config,
+    DatasetSnapshot,
+    GpuReading,
+    GpuSnapshot,
+    ProviderSnapshot,
+    RunCommand,
+    RunSnapshot,
+    SampleSnapshot,
+    apply_command,
+    parse_config,
 )
 
 SAMPLES = Path(__file__).resolve().parents[1] / "engine" / "samples"
@@ -41,7 +51,7 @@ def sim_config(
     ``short`` with ``concurrency``; commits every 0.1 s. ``spend``: the ``[spend]`` section
     (e.g. ``{"anomaly_window": 10}``); ``run``: more ``[run]`` keys.
     """
-    data = {
+    data: dict[str, Any] = {
         "run": {"name": "tui-test", "dir": str(tmp / "run"), "commit_interval_s": 0.1, "progress_interval_s": 1,
                 "drain_timeout_s": drain_timeout_s, **run},
         "provider": {"kind": "simulated", "sim": {
@@ -77,8 +87,8 @@ class FakeController:
         self.calls.append(("resume", (dataset,)))
         return f"{dataset or 'run'} resumed"
 
-    async def skip(self, dataset: str) -> str:
-        self.calls.append(("skip", (dataset,)))
+    async def skip(self, dataset: str, abort: bool = False) -> str:
+        self.calls.append(("skip", (dataset, True) if abort else (dataset,)))
         return f"{dataset} skipped"
 
     def abort(self, dataset: str | None = None) -> str:

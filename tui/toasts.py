@@ -7,6 +7,7 @@ from textual.notifications import Notification, SeverityLevel
 
 from engine.api import RunSnapshot
 
+
 class Toasts:
     """Toasts of one app.
 

@@ -10,7 +10,14 @@ from engine.api import GpuReading, RunSnapshot
 from tui.layout import shown
 from tui.logbridge import PaneLogHandler
 from tui.panes import (
-    DatasetsTable, ErrorsPane, GpusPane, HeaderPane, LogPane, ProvidersPane, SamplePane, ThroughputPane,
+    DatasetsTable,
+    ErrorsPane,
+    GpusPane,
+    HeaderPane,
+    LogPane,
+    ProvidersPane,
+    SamplePane,
+    ThroughputPane,
 )
 from tui.panes.datasets import table_width
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from engine.lazy import lazy_exports
 
-
 _EXPORTS = {
     "ChatClient": "chat",
     "is_loopback_host": "chat",

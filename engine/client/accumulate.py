@@ -410,7 +410,7 @@ def parse_completion_body(
     acc._meta(body)
     choices = body.get("choices")
     choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
-    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+    message = _obj if isinstance(_obj := choice.get("message"), dict) else {}
     # Count what was generated first, so an error raised below carries it.
     content = message.get("content")
     content = content if isinstance(content, str) else ""

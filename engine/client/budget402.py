@@ -94,7 +94,7 @@ def budget_402_reason(err: Any, text: str = "", *, retry_after: bool = False) ->
     the too-expensive request when ``limit_source`` is ``openrouter_credits``, the transient case when there is no
     ``limit_source`` but a ``Retry-After``, and a plain 402 otherwise (pausing the run is the safe side).
     """
-    meta = err.get("metadata") if isinstance(err, dict) and isinstance(err.get("metadata"), dict) else {}
+    meta = _obj if isinstance(err, dict) and isinstance(_obj := err.get("metadata"), dict) else {}
     reason = str(meta.get("reason") or "").strip().lower()
     source = str(meta.get("limit_source") or "").strip().lower()
     if reason in (IN_FLIGHT_EXHAUSTED, WEIGHT_EXCEEDS):
@@ -133,7 +133,7 @@ def _fit_text(fit: int, exact: bool) -> str:
 def weight_message(err: Any, message: str) -> str:
     """The message of a weight_exceeds_budget 402: what it means, the ``max_tokens`` that would fit when the body
     lets us compute it (or the numbers :func:`for_request` needs, or the plain advice), then OpenRouter's words."""
-    meta = err.get("metadata") if isinstance(err, dict) and isinstance(err.get("metadata"), dict) else {}
+    meta = _obj if isinstance(err, dict) and isinstance(_obj := err.get("metadata"), dict) else {}
     fit = _meta_number(meta, _FIT_KEYS)
     m = _AFFORD_RE.search(message)
     if fit is None and m:
@@ -186,13 +186,13 @@ def for_request(e: RequestError, max_tokens: int, cls: str) -> RequestError:
                 if depth == 0:
                     end = i + 1
                     break
-        fit = None
+        fit, exact = None, False
         if m is not None:
             est, prompt, budget = (finite_float(g) if g else None for g in m.groups())
             if est is not None and budget is not None:
-                fit = _fit_max_tokens(max_tokens, est, budget, prompt)
+                fit, exact = _fit_max_tokens(max_tokens, est, budget, prompt), m.group(2) is not None
         if fit is not None:
-            hint = f"{_fit_text(fit, m.group(2) is not None)}; class '{cls}' sends max_tokens {max_tokens:,}"
+            hint = f"{_fit_text(fit, exact)}; class '{cls}' sends max_tokens {max_tokens:,}"
         else:
             hint = f"lower max_tokens for class '{cls}' (now {max_tokens:,}; or shorten the prompt, or add credits)"
         msg = msg[:start] + hint + msg[end:]

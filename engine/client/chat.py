@@ -35,7 +35,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any
+from collections.abc import AsyncGenerator
+from typing import Any, cast
 
 import httpx
 
@@ -416,7 +417,8 @@ class ChatClient:
     async def _read_stream(self, resp: httpx.Response, progress: StreamProgress, t0: float, gid: str) -> Completion:
         acc = StreamAccumulator(t_start=t0, progress=progress, generation_id=gid, finish_aliases=self._aliases)
         parser = SSEParser()
-        it = resp.aiter_bytes()
+        # httpx declares an AsyncIterator; aiter_bytes is an async generator, which has aclose
+        it = cast(AsyncGenerator[bytes, None], resp.aiter_bytes())
         try:
             return await self._consume(it, acc, parser, progress)
         finally:

@@ -17,10 +17,21 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .budget402 import (
-    IN_FLIGHT_EXHAUSTED, WEIGHT_EXCEEDS, budget_402_reason, for_request, is_weight_exceeds_budget, weight_message,
+    IN_FLIGHT_EXHAUSTED,
+    WEIGHT_EXCEEDS,
+    budget_402_reason,
+    for_request,
+    is_weight_exceeds_budget,
+    weight_message,
 )
 from .responses import (
-    MAX_RETRY_AFTER_S, MESSAGE_LIMIT, describe_error_object, finite_float, get_header, parse_retry_after, truncate,
+    MAX_RETRY_AFTER_S,
+    MESSAGE_LIMIT,
+    describe_error_object,
+    finite_float,
+    get_header,
+    parse_retry_after,
+    truncate,
 )
 from .types import ErrorClass, RequestError
 
@@ -191,7 +202,7 @@ def _error_headers(err: dict[str, Any]) -> dict[str, str]:
     upstream ``X-RateLimit-*`` / ``Retry-After`` headers there), a numeric ``retry_after`` /
     ``retry_after_s`` / ``retry_after_seconds`` / ``retryAfter`` in the object or its metadata (seconds), or a
     Google ``RetryInfo.retryDelay`` (``"12s"``) inside ``metadata.raw``."""
-    meta = err.get("metadata") if isinstance(err.get("metadata"), dict) else {}
+    meta = _obj if isinstance(_obj := err.get("metadata"), dict) else {}
     headers: dict[str, str] = {}
     h = meta.get("headers")
     if isinstance(h, dict):

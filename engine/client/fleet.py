@@ -122,7 +122,7 @@ class EndpointFleet:
         results = await asyncio.gather(*(self._probe(ep) for ep in self.set.endpoints))
         if self._health_task is None:
             self._health_task = asyncio.create_task(self._health_loop(), name="endpoint-health")
-        return tuple((ep.url, r) for ep, r in zip(self.set.endpoints, results))
+        return tuple((ep.url, r) for ep, r in zip(self.set.endpoints, results, strict=True))
 
     async def aclose(self) -> None:
         """Stop probing and close every endpoint's connection pool."""
@@ -289,7 +289,7 @@ class EndpointFleet:
         except RequestError as e:
             answered = 0 < e.status < 500
             r = ProbeResult(answered, "" if answered else truncate(e.message, 160), self.clock() - t0)
-        except Exception as e:  # noqa: BLE001 - a probe must never fail the request that waits on it
+        except Exception as e:  # a probe must never fail the request that waits on it
             log.exception("health probe of %s failed unexpectedly", ep.url)
             r = ProbeResult(False, f"probe error ({type(e).__name__})", self.clock() - t0)
         self._changed(self.set.on_probe(ep, self.clock(), r.ok, r.reason))
@@ -309,6 +309,6 @@ class EndpointFleet:
                 continue
             try:
                 await asyncio.gather(*(self._probe(ep) for ep in self.set.due(self.clock())))
-            except Exception:  # noqa: BLE001 - e.g. the state-change callback: probing goes on
+            except Exception:  # e.g. the state-change callback: probing goes on
                 log.exception("endpoint health check failed")
                 await asyncio.sleep(1.0)

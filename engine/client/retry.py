@@ -172,7 +172,7 @@ async def call_with_retries(
         reraise=True,
     )
     try:
-        result = await retrying(_attempt)
+        result: T = await retrying(_attempt)
     except RequestError as e:
         e.attempts = attempts
         await _notify(on_attempt, attempts, e, None)

@@ -34,6 +34,7 @@ Events whose data is empty or only whitespace carry no chunk and are skipped (co
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from engine.errors import DatagenError
@@ -118,6 +119,7 @@ def decode_payload(payload: bytes | str) -> Any:
         raise SSEDecodeError(f"undecodable SSE data event ({len(raw)} bytes)", raw) from None
 
 
+_fast_loads: Callable[[bytes | str], Any]
 try:
     from orjson import loads as _fast_loads
 except ImportError:  # pragma: no cover - orjson is a dependency; the standard library still decodes

@@ -12,15 +12,15 @@ import everything from ``engine.config``.
 
 from __future__ import annotations
 
-from engine.config.base import ConfigError, DEFAULT_KEY_ENV, OPENROUTER_BASE_URL
-from engine.config.run import ClassSection, GenerationSection, RunSection
-from engine.config.provider import EndpointEntry, MaxPrice, ProviderSection, RoutingSection, SimSection, TimeoutsSection
+from engine.config.base import DEFAULT_KEY_ENV, OPENROUTER_BASE_URL, ConfigError
 from engine.config.datasets import DatasetSection, HubPath
-from engine.config.spend import PricingSection, SpendSection
 from engine.config.extract import ExtractSection, VllmSection
-from engine.config.tokenizer import TokenizerSection
-from engine.config.schema import Config
 from engine.config.load import load_config, parse_config
+from engine.config.provider import EndpointEntry, MaxPrice, ProviderSection, RoutingSection, SimSection, TimeoutsSection
+from engine.config.run import ClassSection, GenerationSection, RunSection
+from engine.config.schema import Config
+from engine.config.spend import PricingSection, SpendSection
+from engine.config.tokenizer import TokenizerSection
 
 __all__ = [
     "ClassSection",

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-
 from pydantic import BaseModel, ConfigDict
 
 from engine.errors import DatagenError
-
 
 #: OpenRouter's base URL (used when ``provider.kind = "openrouter"`` and no ``base_url`` is given).
 OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"

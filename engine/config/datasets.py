@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from engine.config.base import _Strict
+
+if TYPE_CHECKING:
+    from engine.datasets.hub import HubRef
 
 
 class HubPath(_Strict):
@@ -84,7 +87,7 @@ class DatasetSection(_Strict):
             raise ValueError("split and files: give one (files picks the files by a glob instead of the split's layout)")
         return self
 
-    def hub(self) -> "HubRef | None":
+    def hub(self) -> HubRef | None:
         """The Hub dataset of an ``hf://`` path, None for a local path."""
         if not isinstance(self.path, HubPath):
             return None

@@ -126,7 +126,7 @@ def _strip(t: Any) -> Any:
 
 
 def _bounds(metadata: list[Any]) -> str:
-    out = []
+    out: list[str] = []
     for m in metadata:
         if isinstance(m, FieldInfo):
             out.extend(b for b in [_bounds(m.metadata)] if b)

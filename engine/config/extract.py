@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
+from pydantic.json_schema import JsonDict
 
 from engine.config.base import _Strict
-
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9_.\-]+")
 
@@ -45,7 +45,7 @@ def resolve_model(model: str, bases: list[Path]) -> str:
     return str((holder or bases[0]) / mp)
 
 
-_VLLM = {"doc_default": "vLLM's"}
+_VLLM: JsonDict = {"doc_default": "vLLM's"}
 
 
 class VllmSection(_Strict):

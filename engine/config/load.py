@@ -92,6 +92,7 @@ def _dataset_problem(d: DatasetSection) -> str | None:
     from engine.datasets.sources import DatasetError, compressed_parquet, is_glob, local_shards
 
     p = d.path
+    assert isinstance(p, Path)  # d.hub() is None: a local path
     try:
         if is_glob(p) and not p.exists() or p.is_dir():
             try:

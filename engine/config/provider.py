@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import urlparse
 from typing import Annotated, Any, Literal
+from urllib.parse import urlparse
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
@@ -116,7 +116,7 @@ def _refuse_credentials(url: str, info: ValidationInfo) -> None:
         ValueError: the URL has credentials.
     """
     if "@" in urlparse(url).netloc:
-        env = info.data.get("api_key_env") or DEFAULT_KEY_ENV.get(info.data.get("kind"), "OPENROUTER_API_KEY")
+        env = info.data.get("api_key_env") or DEFAULT_KEY_ENV.get(str(info.data.get("kind")), "OPENROUTER_API_KEY")
         raise ValueError("credentials in the URL are not supported (they would be sent as Basic auth instead of "
                          f"the API key); put the key in ${env}")
 

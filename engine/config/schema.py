@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from pydantic import Field, model_validator
 
 from engine.config.base import _Strict

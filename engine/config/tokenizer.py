@@ -9,7 +9,6 @@ from pydantic import Field, field_validator
 
 from engine.config.base import _Strict
 
-
 _SPECIAL = ("special token by TEXT (`\"\"` = the family has none), resolved at start-up to exactly one id")
 _MARKER = "tool-call marker by text (Kimi-K2.5's by default), resolved at start-up to exactly one id"
 

@@ -32,8 +32,8 @@ from engine.datasets.adapters import (
 )
 from engine.datasets.kinds import kind_of
 from engine.datasets.readers import DatasetError, Record, open_records
-from engine.datasets.sources import Shard, local_shards
 from engine.datasets.rule import cut_prompt, normalise_conversation
+from engine.datasets.sources import Shard, local_shards
 from engine.prompts import Prompt, Reject
 
 __all__ = ["FORMATS", "DatasetError", "Shard", "detect_format", "iter_prompts", "open_shards", "row_to_prompt"]

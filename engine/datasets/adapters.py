@@ -40,13 +40,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.datasets.glaive import parse_glaive
+from engine.datasets.kinds import kind_of
 from engine.datasets.messages import base_message
 from engine.datasets.reasoning import REASONING_FIELDS
 from engine.datasets.sharegpt import sharegpt_messages
 from engine.datasets.swe_agent import decode_messages, nebius_messages, parse_tool_calls, swe_agent_messages
 from engine.datasets.tool_calls import pair_openai_results
 from engine.errors import DatagenError
-from engine.datasets.kinds import kind_of
 
 #: Canonical field names a ``fields`` mapping may rename (canonical name -> source column).
 FIELD_KEYS = frozenset({"messages", "conversations", "system", "prompt", "instruction", "input", "tools"})

@@ -190,7 +190,7 @@ class _Stream(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, b) -> int:  # type: ignore[override]
+    def readinto(self, b) -> int:
         room = len(b)
         if self._limit is not None:
             if self._pos >= self._limit[0]:

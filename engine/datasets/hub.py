@@ -313,7 +313,7 @@ def _silent_tqdm() -> type:
     """A tqdm class that draws nothing (the dashboard owns the terminal; headless prints its own lines)."""
     from tqdm.auto import tqdm
 
-    class Silent(tqdm):  # type: ignore[misc, valid-type]
+    class Silent(tqdm):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs["disable"] = True
             super().__init__(*args, **kwargs)

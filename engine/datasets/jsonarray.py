@@ -83,7 +83,9 @@ class _Text:
     def skip_ws(self, i: int) -> int:
         """The position of the first non-space character at or after ``i`` (``len(buf)`` at the end)."""
         while True:
-            i = _WS.match(self.buf, i).end()
+            m = _WS.match(self.buf, i)
+            assert m is not None  # the pattern matches the empty string
+            i = m.end()
             if i < len(self.buf) or not self.more():
                 return i
 

@@ -8,8 +8,8 @@ to (usually a dict), or a :class:`~engine.prompts.Reject` for a row that could n
 Sources: ``"{path}:{n}"`` with ``n`` the 1-based line number (JSONL), element index + 1 (JSON array)
 or row index + 1 (Parquet). ``path`` is written as the caller passed it (or as ``shown`` says).
 JSON files may be gzip/zstd-compressed (``a.jsonl.gz``, ``a.json.zst``): they are decompressed as they
-are read, every gzip member and zstd frame checked first (:mod:`engine.datasets.compressed`); a JSON array is decoded element by element from the stream
-(:mod:`engine.datasets.jsonarray`).
+are read, every gzip member and zstd frame checked first (:mod:`engine.datasets.compressed`); a JSON array is
+decoded element by element from the stream (:mod:`engine.datasets.jsonarray`).
 
 Parquet rows come without null-valued object keys at any depth (Arrow's struct union adds them;
 :mod:`engine.datasets.arrow_nulls`).
@@ -229,9 +229,10 @@ def _iter_json_array(src: _Source) -> Iterator[Record | Reject]:
     a truncated file still gives all its complete elements, followed by one ``Reject`` for the element
     where it broke (also noted); an element holding an undecodable byte becomes a ``"not UTF-8"`` reject."""
     with src.open() as fh:
-        n = 0
+        n = 0  # elements read, for the reject of a truncated file below
         try:
-            for n, item in enumerate(iter_array(fh, src.shown), 1):
+            for item in iter_array(fh, src.shown):
+                n += 1
                 if isinstance(item, Reject) and item.reason.startswith(_ARRAY_BREAKS):
                     src.note(str(item))
                 yield item

@@ -168,7 +168,7 @@ def normalise(messages: list[dict[str, Any]], numbers: list[int | None]) -> tupl
     merged: list[dict[str, Any]] = []
     mnums: list[int | None] = []
     mspan: list[list[int | None]] = []
-    for m, n, s in zip(out, nums, span):
+    for m, n, s in zip(out, nums, span, strict=True):
         if merged and m["role"] == merged[-1]["role"] and _mergeable(m) and _mergeable(merged[-1]):
             merged[-1] = _merge(merged[-1], m)
             mspan[-1] = mspan[-1] + s
@@ -176,7 +176,7 @@ def normalise(messages: list[dict[str, Any]], numbers: list[int | None]) -> tupl
         merged.append(m)
         mnums.append(n)
         mspan.append(list(s))
-    for m, s in zip(merged, mspan):
+    for m, s in zip(merged, mspan, strict=True):
         if len(s) > 1:
             notes.append(f"merged {_names(s)} ({m['role']})")
     return merged, mnums, notes

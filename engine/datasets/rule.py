@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from engine.datasets.adapters import AdapterError, Conversation
+from engine.datasets.kinds import kind_of
 from engine.datasets.reasoning import ReasoningError, move_reasoning
 from engine.datasets.roles import normalise, specforge_parse
 from engine.prompts import Became
-from engine.datasets.kinds import kind_of
 
 _MISSING = object()
 

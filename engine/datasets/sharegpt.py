@@ -32,9 +32,9 @@ import json
 from typing import Any
 
 from engine.datasets.glaive import parse_call
+from engine.datasets.kinds import kind_of
 from engine.datasets.messages import text_content
 from engine.datasets.tool_calls import CallQueue, make_call, read_literal
-from engine.datasets.kinds import kind_of
 
 #: ShareGPT speaker (lower case) -> OpenAI role.
 SPEAKERS = {
@@ -79,7 +79,7 @@ def sharegpt_messages(turns: list[Any]) -> tuple[list[dict[str, Any]], list[int]
         if speaker is _MISSING:
             raise ValueError(f"message {n}: missing field 'from'")
         role = SPEAKERS.get(speaker.lower()) if isinstance(speaker, str) else None
-        if role is None:
+        if role is None or not isinstance(speaker, str):
             raise ValueError(f"message {n}: unknown role {speaker!r}")
         value = turn.get("value", turn.get("content", _MISSING))
         if value is _MISSING:

@@ -39,9 +39,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from engine.datasets.kinds import kind_of
 from engine.datasets.messages import base_message
 from engine.datasets.tool_calls import NONE_TEXTS, CallQueue, read_literal
-from engine.datasets.kinds import kind_of
 
 _MISSING = object()
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from engine.lazy import lazy_exports
 
-
 _EXPORTS = {
     "ExtractedDataset": "engine.extract.loader",
     "load_sample": "engine.extract.loader",

@@ -59,8 +59,15 @@ from typing import Any, Callable
 
 from engine.extract.control import read_plan
 from engine.extract.disk import fmt_bytes
-from engine.extract.job import DTYPE_BYTES, FP8_BYTES, ExtractError, ExtractJob, _draft_vocab, read_model_shape, \
-    trainer_layer_ids
+from engine.extract.job import (
+    DTYPE_BYTES,
+    FP8_BYTES,
+    ExtractError,
+    ExtractJob,
+    _draft_vocab,
+    read_model_shape,
+    trainer_layer_ids,
+)
 from engine.extract.layouts import make_layout
 from engine.extract.plan import project
 from engine.extract.shards import MANIFEST, OutDir, read_sample
@@ -170,7 +177,7 @@ def draft_config_layer_ids(path: str | Path, to: str, num_layers: int) -> tuple[
         raise ExtractError(f"--draft-config {path}: cannot read it ({e})") from None
     if not isinstance(d, dict):
         raise ExtractError(f"--draft-config {path}: not a JSON object")
-    nested = d.get("eagle_config") if isinstance(d.get("eagle_config"), dict) else {}
+    nested = _obj if isinstance(_obj := d.get("eagle_config"), dict) else {}
     for where, ids in ((f"eagle_config.{LAYER_IDS_KEY}", nested.get(LAYER_IDS_KEY)),
                        (LAYER_IDS_KEY, d.get(LAYER_IDS_KEY))):
         if ids is not None:
@@ -353,17 +360,18 @@ def _convert(src: Path, dst: Path, to: str, s_out: OutDir, entries: list[dict[st
     vocab = draft_vocab = None
     if to == "specforge":
         vocab = job.vocab_size if job is not None else None
-        if vocab is None and (model or job):
+        if vocab is None and (target := model or (job.model if job is not None else None)):
             try:
-                vocab = read_model_shape(model or job.model, job.trust_remote_code if job else False).vocab_size
+                vocab = read_model_shape(target, job.trust_remote_code if job else False).vocab_size
             except ExtractError as e:
                 log.warning("convert: no vocab_size for SpecForge's vocab mapping: %s", e)
         draft_vocab = _draft_vocab(job.draft_vocab_size if job is not None else None, vocab)
     norm_w = None
     if to == "speculators":
-        if not (model or job):
+        target = model or (job.model if job is not None else None)
+        if not target:
             raise ExtractError(f"{src}: no job.json names the model; pass --model DIR (its final norm weight is needed)")
-        norm_w = final_norm_weight(model or job.model)
+        norm_w = final_norm_weight(target)
         if norm_w[0].shape != (hidden,):
             raise ExtractError(f"final norm weight {tuple(norm_w[0].shape)} does not match hidden size {hidden}")
     layout = make_layout(to, hidden, n_aux, save_dtype="fp8" if out_fp8 else "model", vocab_size=vocab,
@@ -393,8 +401,8 @@ def _convert(src: Path, dst: Path, to: str, s_out: OutDir, entries: list[dict[st
                 raise ExtractError(f"{src / name}: listed in the manifest but missing; its samples cannot be converted")
             tensors: dict[str, Any] = {}
             with safe_open(src / name, framework="pt") as st:
-                for e in todo:
-                    k = e["id"]
+                for entry in todo:
+                    k = entry["id"]
                     tensors.update({f"{k}/{key}": t for key, t in read_sample(st, k, read_dtype).items()})
                     if norm_w is not None:
                         tensors[f"{k}/last_hidden_state"] = unnormalize(tensors[f"{k}/last_hidden_state"], *norm_w)

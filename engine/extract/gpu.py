@@ -72,7 +72,7 @@ def _load_nvml() -> Any:
 def _try(fn: Callable[[], Any]) -> Any:
     try:
         return fn()
-    except Exception:  # noqa: BLE001 - NVMLError_NotSupported and friends: field unknown
+    except Exception:  # NVMLError_NotSupported and friends: field unknown
         return None
 
 
@@ -127,16 +127,16 @@ def _open(nvml: Any | None) -> tuple[Any, list[_Device]] | GpuReading:
     """Initialise NVML and list devices, or return the unavailable reading."""
     try:
         nvml = nvml if nvml is not None else _load_nvml()
-    except Exception as e:  # noqa: BLE001 - ImportError, or a broken install
+    except Exception as e:  # ImportError, or a broken install
         return GpuReading(False, f"no NVIDIA GPU (NVML: {type(e).__name__}: {e})")
     try:
         nvml.nvmlInit()
-    except Exception as e:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded...
+    except Exception as e:  # NVMLError_LibraryNotFound, DriverNotLoaded...
         return GpuReading(False, f"no NVIDIA GPU (NVML: {e})")
     try:
         n = int(nvml.nvmlDeviceGetCount())
         devices = [_Device(i, nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(n)]
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         _try(nvml.nvmlShutdown)
         return GpuReading(False, f"no NVIDIA GPU (NVML: {e})")
     if not devices:
@@ -224,7 +224,7 @@ class GpuPoller:
                 try:
                     gpus = tuple(d.read(mod, now, self.slow_ttl_s) for d in devices)
                     self._set(GpuReading(True, "", gpus, now))
-                except Exception as e:  # noqa: BLE001 - keep polling; say what happened
+                except Exception as e:  # keep polling; say what happened
                     self._set(GpuReading(False, f"NVML read failed: {e}", (), now))
                 self._stop.wait(self.interval_s)
         finally:

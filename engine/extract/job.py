@@ -176,7 +176,7 @@ def read_model_shape(model: str, trust_remote_code: bool = False) -> ModelShape:
 
     try:
         cfg = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code)
-    except Exception as e:  # noqa: BLE001 - OSError, ValueError, remote-code errors...
+    except Exception as e:  # OSError, ValueError, remote-code errors...
         raise ExtractError(f"cannot load the config of model {model!r}: {e}") from None
     text = getattr(cfg, "text_config", None) or cfg
     h, n = getattr(text, "hidden_size", None), getattr(text, "num_hidden_layers", None)
@@ -346,7 +346,7 @@ def visible_gpus() -> list[int]:
         if not torch.cuda.is_available():
             return []
         n = torch.cuda.device_count()
-    except Exception:  # noqa: BLE001 - a broken CUDA install counts as no GPU
+    except Exception:  # a broken CUDA install counts as no GPU
         return []
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env:

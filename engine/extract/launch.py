@@ -79,7 +79,8 @@ class Served(Protocol):
     """An endpoint served beside the run on its loop (:class:`engine.report.metricsserver.MetricsServer`
     fits it: the extraction layer does not import the report layer above it)."""
 
-    url: str
+    @property
+    def url(self) -> str: ...
 
     async def start(self) -> None: ...
     async def close(self) -> None: ...

@@ -33,9 +33,9 @@ class ExtractedDataset(Dataset):
     """
 
     def __init__(self, out_dir: str | Path, max_open: int = 8) -> None:
-        self.out = OutDir(out_dir) if Path(out_dir).is_dir() else None
-        if self.out is None:
+        if not Path(out_dir).is_dir():
             raise FileNotFoundError(f"{out_dir}: no such extraction output directory")
+        self.out = OutDir(out_dir)
         self.entries: list[dict[str, Any]] = []
         self._pos: dict[str, int] = {}
         for e in self.out.read_manifest():

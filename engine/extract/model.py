@@ -47,9 +47,9 @@ def load_model(job: ExtractJob, gpus: tuple[int, ...] = ()) -> Any:
     Raises:
         ExtractError: the model cannot be loaded.
     """
-    from transformers import AutoModelForCausalLM
-
     import importlib.util
+
+    from transformers import AutoModelForCausalLM
 
     kw: dict[str, Any] = {"dtype": DTYPES[job.dtype], "trust_remote_code": job.trust_remote_code}
     has_accelerate = importlib.util.find_spec("accelerate") is not None
@@ -66,8 +66,9 @@ def load_model(job: ExtractJob, gpus: tuple[int, ...] = ()) -> Any:
     try:
         model = AutoModelForCausalLM.from_pretrained(job.model, **kw)
         if len(gpus) == 1 and not has_accelerate:
-            model = model.to(f"cuda:{local[0]}")
-    except Exception as e:  # noqa: BLE001 - OSError, ValueError, CUDA OOM...
+            # transformers' stub of PreTrainedModel.to (a decorated method) loses `self`: the device reads as it
+            model = model.to(f"cuda:{local[0]}")  # type: ignore[arg-type]
+    except Exception as e:  # OSError, ValueError, CUDA OOM...
         raise ExtractError(f"cannot load model {job.model!r}: {type(e).__name__}: {e}") from None
     model.eval()
     if getattr(model.config, "use_cache", None):

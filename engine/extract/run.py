@@ -30,8 +30,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any, Callable
 
-from engine.extract.control import (Control, ControlError, ExtractControl, read_control, reset_for_start,
-                                    update_control, write_plan)
+from engine.extract.control import (
+    Control,
+    ControlError,
+    ExtractControl,
+    read_control,
+    reset_for_start,
+    update_control,
+    write_plan,
+)
 from engine.extract.job import STARTUP_EXIT, ExtractJob, resolve_job
 from engine.extract.prepare import prepare
 from engine.extract.snapshot import ExtractSnapshot, JobState, LauncherWorker, WorkerState, build_snapshot, states_dtype
@@ -127,6 +134,7 @@ class ExtractRun:
 
     def _watch_control(self) -> None:
         """Log what another shell (``datagen ctl``) changed in the control file."""
+        c: Control | None
         try:
             c = read_control(self.job.out_dir)
         except ControlError as e:

@@ -69,7 +69,7 @@ def read_sample(handle: Any, sid: str, dtype: Any = None) -> dict[str, Any]:
     out = {k: handle.get_tensor(f"{sid}/{k}") for k in SAMPLE_KEYS[:2]}
     try:
         scales = handle.get_tensor(f"{sid}/hidden_states_scales")
-    except Exception:  # noqa: BLE001 - safetensors' missing-key error: a model-dtype sample
+    except Exception:  # safetensors' missing-key error: a model-dtype sample
         scales = None
     if scales is not None:
         dtype = dtype or torch.float32
@@ -166,7 +166,7 @@ class OutDir:
         done, missing = set(), set()
         for e in self.read_manifest():
             f = e.get("file", e.get("shard"))
-            if f in present or (self.layout is None and "file" in e and (self.path / f).is_file()):
+            if f in present or (self.layout is None and "file" in e and (self.path / e["file"]).is_file()):
                 done.add(e["id"])
             else:
                 missing.add(f)

@@ -286,6 +286,7 @@ def worker_view(doc: Mapping[str, Any] | None, rank: int, launcher: LauncherWork
     ``now`` (epoch s): the rate's reference time (:func:`recent_rate`; None: the clock's)."""
     lw = launcher or LauncherWorker(rank)
     pending = lw.failed_at is not None
+    state: str  # a WorkerState or, from a status file, what the worker wrote
     if doc is None:
         if lw.gave_up:
             state = WorkerState.FAILED

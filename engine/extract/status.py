@@ -28,8 +28,16 @@ from pathlib import Path
 from typing import Any
 
 from engine.extract.shards import MANIFEST
-from engine.extract.snapshot import (RATE_WINDOW_S, JobState, WorkerState, job_average_rate, rate_basis,  # noqa: F401
-                                     rate_text, recent_rate, states_dtype)
+from engine.extract.snapshot import (
+    RATE_WINDOW_S,
+    JobState,
+    WorkerState,
+    job_average_rate,
+    rate_basis,
+    rate_text,
+    recent_rate,
+    states_dtype,
+)
 from engine.proc.pids import pid_alive
 
 #: The states a worker writes to its own file.
@@ -190,7 +198,7 @@ class StatusWriter:
 
 def read_workers(out_dir: str | Path) -> list[dict[str, Any]]:
     """Every worker's status (by rank); a worker that died without saying so is shown ``failed``."""
-    out = []
+    out: list[dict[str, Any]] = []
     d = status_dir(out_dir)
     if not d.is_dir():
         return out
@@ -238,7 +246,8 @@ def collect(out_dir: str | Path, now: float | None = None) -> dict[str, Any]:
         (``bfloat16``...; "" before ``job.json`` is written); ``states_dtype``: how the states are stored, as
         shown: ``fp8``, ``bf16``, ``fp16``, ``fp32`` or "", :func:`engine.extract.snapshot.states_dtype`);
         ``state`` is ``not_started`` when no worker has reported, ``failed`` if any worker failed
-        and none is active, ``stopped`` if one quit before its end and none is active, else ``loading``/``running``/``paused`` (any worker) or ``done`` (all).
+        and none is active, ``stopped`` if one quit before its end and none is active, else
+        ``loading``/``running``/``paused`` (any worker) or ``done`` (all).
     """
     ws = read_workers(out_dir)
     try:

@@ -42,7 +42,9 @@ def tiny_family_config(family: str, layers: int = 4, vocab: int = 1000) -> Any:
     if family == "qwen3_moe":
         from transformers import Qwen3MoeConfig
 
-        return Qwen3MoeConfig(num_attention_heads=2, num_key_value_heads=1, head_dim=64, num_experts=4,
+        # head_dim: the config keeps it (extra keyword) and the model reads it, though transformers' typed
+        # __init__ does not declare it
+        return Qwen3MoeConfig(num_attention_heads=2, num_key_value_heads=1, head_dim=64, num_experts=4,  # type: ignore[call-arg]
                               num_experts_per_tok=2, moe_intermediate_size=64, decoder_sparse_step=1,
                               mlp_only_layers=[0], **common)
     if family == "deepseek_mla":

@@ -37,15 +37,15 @@ import numpy as np
 
 from engine.errors import DatagenError
 from engine.extract.control import ControlReader
-from engine.extract.gate import Gate
 from engine.extract.disk import DiskGuard
+from engine.extract.gate import Gate
 from engine.extract.job import STARTUP_EXIT, ExtractError, ExtractJob, StartupError
 from engine.extract.layouts import finish_layout, layout_for
 from engine.extract.layouts.base import SCALES_KEY, quantize_rows
 from engine.extract.plan import Batch, make_batches, pending, per_token_bytes, split
 from engine.extract.shards import OutDir
-from engine.extract.source import TokenTable, load_table
 from engine.extract.snapshot import WorkerState
+from engine.extract.source import TokenTable, load_table
 from engine.extract.status import StatusWriter
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ class ShardWriter:
                     continue  # after a failure or an abort: drop without writing
                 try:
                     self._write(*item)
-                except BaseException as e:  # noqa: BLE001 - handed to the main thread
+                except BaseException as e:  # handed to the main thread
                     self.error = e
             finally:
                 self.q.task_done()
@@ -164,9 +164,9 @@ class ShardWriter:
             self.samples += len(entries)
             self.tokens += tokens
             per: dict[str, tuple[int, int]] = {}
-            for e in entries:
-                ns, nt = per.get(e["dataset"], (0, 0))
-                per[e["dataset"]] = (ns + 1, nt + int(e["length"]))
+            for entry in entries:
+                ns, nt = per.get(entry["dataset"], (0, 0))
+                per[entry["dataset"]] = (ns + 1, nt + int(entry["length"]))
             self.status.add_done(len(entries), tokens, size, per)
             return
 
@@ -293,7 +293,7 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
         hs = _hidden_states(job, gpus, model, out)
     except (Stopped, StartupError):
         raise
-    except Exception as e:  # noqa: BLE001 - loading, config, vLLM init: a restart would fail the same way
+    except Exception as e:  # loading, config, vLLM init: a restart would fail the same way
         raise StartupError(str(e) if isinstance(e, ExtractError) else f"{type(e).__name__}: {e}") from e
     t["load"] = time.perf_counter() - t0
     if gate.check() is not None:  # a quit while the model loaded
@@ -334,17 +334,17 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
             for k, row in enumerate(batch.rows):
                 n = int(table.lengths[row])
                 sid = table.ids[row]
-                for key, h in zip(keys, host):
+                for key, h in zip(keys, host, strict=True):
                     tensors[f"{sid}/{key}"] = h[k, :n]  # contiguous prefix of row k
             d = time.perf_counter()
             if gate.aborting():  # the batch in hand is dropped; a rerun redoes it
                 quit_mode = "abort"
                 break
             writer.submit(tensors, entries, batch.tokens * tok_bytes, batch.tokens, ready)
-            e = time.perf_counter()
+            t_end = time.perf_counter()
             fwd += c - b
             prep += (b - a) + (d - c)
-            blocked += e - d
+            blocked += t_end - d
             res.batches += 1
         writer.close()
     except BaseException:
@@ -352,7 +352,7 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
         getattr(hs, "close", lambda: None)()
         try:
             writer.close()
-        except BaseException:  # noqa: BLE001 - the first error is the one to report
+        except BaseException:  # the first error is the one to report
             pass
         res.samples, res.tokens, res.bytes_written = writer.samples, writer.tokens, writer.bytes
         raise

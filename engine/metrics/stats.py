@@ -15,13 +15,14 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 UNKNOWN_PROVIDER = "(unknown)"
 """Provider name used for results/errors that carry no provider."""
 
 
-def nearest_rank(sorted_values: list[float], q: float) -> float | None:
+def nearest_rank(sorted_values: Sequence[float], q: float) -> float | None:
     """Nearest-rank ``q``-quantile of already-sorted values; None when empty.
 
     Raises:

@@ -19,12 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from engine.errors import DatagenError
 from engine.money.estimator import UCB_Z, CompletionEstimator, km_quantile  # noqa: F401 - re-exported
 from engine.money.overrun import OVERRUN_PERCENTILE, OverrunTracker
-
-from engine.errors import DatagenError
-from engine.money.prices import Prices  # noqa: F401 - re-exported: callers price reservations with it
-
+from engine.money.prices import Prices  # re-exported: callers price reservations with it
 
 HARD_CAP_PROMPT_FACTOR = 4
 """``hard_cap`` reserves the prompt at this multiple of its estimate (characters / 4 + 4 per

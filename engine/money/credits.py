@@ -109,7 +109,7 @@ async def read_credits_each(endpoints: Sequence[tuple[str, Any]], clock=time.mon
     offered = [(r, u, src) for r, u, src, _ in got if r is not None or u is not None]
     if not offered and all(answered for *_, answered in got):
         return None
-    missing = tuple(url for (url, _), (r, u, _, _) in zip(endpoints, got) if r is None and u is None)
+    missing = tuple(url for (url, _), (r, u, _, _) in zip(endpoints, got, strict=True) if r is None and u is None)
     sources = {src for _, _, src in offered}
     return CreditsReading(
         _sum([r for r, _, _ in offered]) if offered else None,

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 
-from engine.money.overrun import ceil_tokens
 from engine.metrics.stats import QuantileWindow
 from engine.metrics.survival import SurvivalCurve
+from engine.money.overrun import ceil_tokens
 
 UCB_Z = 1.645
 """z of the one-sided 95% upper confidence bound on the reserved percentile (see
@@ -156,8 +156,8 @@ class CompletionEstimator:
             return self.max_tokens
         if self._curve is None:
             self._curve = SurvivalCurve(self._recent._sorted, self._censored)
-        q = self._curve.conditional_quantile(received, q)
-        return self.max_tokens if q is None else ceil_tokens(q, self.max_tokens)
+        tokens = self._curve.conditional_quantile(received, q)
+        return self.max_tokens if tokens is None else ceil_tokens(tokens, self.max_tokens)
 
     def mean(self) -> float | None:
         """Mean completion length over ALL observations since start (tokens); None before any."""

@@ -24,8 +24,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from engine.money.budget import fmt_usd
 from engine.metrics.rates import eta_seconds
+from engine.money.budget import fmt_usd
 
 
 @dataclass(frozen=True)

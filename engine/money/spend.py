@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from engine.money.budget import Budget, DatasetBudgets, Reservations, fmt_usd
 from engine.config import Config
+from engine.money.budget import Budget, DatasetBudgets, Reservations, fmt_usd
 from engine.money.creditsfloor import CreditsFloorReached, CreditsHolds  # noqa: F401 - re-exported
 from engine.money.inflight import AbortBilling
 from engine.money.prices import PriceObserver, Prices
@@ -366,7 +366,7 @@ class SpendControl:
         ``run_room_usd``: what the run's dollar cap leaves (USD; None: no run cap): with the
         dataset's own ``max_cost_usd`` it clamps the projected costs (``capped_by``)."""
         b = self.budgets[dataset]
-        means = [e.mean() for e in b.estimators.values() if e.mean() is not None]
+        means = [m for e in b.estimators.values() if (m := e.mean()) is not None]
         mean = (sum(means) / len(means)) if means else None
         budget = b.tokens.limit
         p = self.prices() or self.observer.fitted()

@@ -149,7 +149,7 @@ def account(c: Completion, *, est_prompt_tokens: int, price: PriceFn,
     if count is not None:
         try:
             p_cnt, c_cnt, r_cnt = count()
-        except Exception:  # noqa: BLE001 - text the tokenizer refuses: the estimate stands
+        except Exception:  # text the tokenizer refuses: the estimate stands
             pass
         else:
             prompt, comp, reas, source = (p_cnt if p_cnt is not None else p_est), c_cnt, r_cnt, COUNTED

@@ -22,7 +22,7 @@ import contextlib
 import ctypes
 import multiprocessing
 import multiprocessing.context
-import multiprocessing.popen_spawn_posix  # noqa: F401 - SpawnProcess needs it on POSIX
+import multiprocessing.popen_spawn_posix  # SpawnProcess needs it on POSIX
 import os
 import signal
 import sys
@@ -62,7 +62,7 @@ def spawn_guard() -> Iterator[None]:
             if sys.__stderr__ is not None and _fd_ok(sys.__stderr__):
                 sys.stderr = sys.__stderr__
             else:
-                devnull = open(os.devnull, "w")  # noqa: SIM115 - closed below
+                devnull = open(os.devnull, "w")  # closed below
                 sys.stderr = devnull
         old = signal.pthread_sigmask(signal.SIG_BLOCK, TERMINAL_SIGNALS) if _HAVE_MASK else None
         try:

@@ -31,9 +31,9 @@ import json
 from pathlib import Path
 
 from engine.client.conformance import decode_flags, encode_flags
-from engine.storage.atomic import write_lines, write_unless_empty
 from engine.errors import NothingToExport
 from engine.storage import read
+from engine.storage.atomic import write_lines, write_unless_empty
 from engine.storage.handle import connect_ro
 from engine.tokens.jsonrows import json_text
 
@@ -70,7 +70,8 @@ def export_raw(run_dir: Path, out_dir: Path, on_empty=None) -> dict[str, int]:
                         "response": {"reasoning": reasoning, "content": content, "tool_calls": _text(tcs),
                                      "finish_reason": fin},
                         "usage": {"prompt_tokens": pt, "completion_tokens": ct, "reasoning_tokens": rt},
-                        "usage_source": src, "cost_usd": None if cost is None else float(cost), "provider": prov, "model": model, "generation_id": gid,
+                        "usage_source": src, "cost_usd": None if cost is None else float(cost), "provider": prov,
+                        "model": model, "generation_id": gid,
                         "wire_flags": encode_flags(decode_flags(wf)),
                     }, ensure_ascii=False)
 
@@ -91,7 +92,7 @@ FORMATS = ("raw", "specforge", "openai", "tokens", "tokens-jsonl")
 
 
 def export(run_dir: Path, out_dir: Path, fmt: str = "raw", *, tokenizer=None, include_invalid: bool = False,
-           validate: bool = True, on_left_out=None, on_empty=None) -> dict[str, Path | int]:
+           validate: bool = True, on_left_out=None, on_empty=None) -> dict[Path, int]:
     """Export a run in ``fmt``; returns ``{output file: rows written}`` (files written only).
 
     Args:

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import socket
-from typing import AsyncIterator, Callable, TextIO
+from typing import AsyncIterator, Callable, Protocol
 
 from prometheus_client import ProcessCollector
 from prometheus_client.exposition import choose_encoder
@@ -109,7 +109,7 @@ class MetricsServer:
             await serve_connection(reader, writer, self._handle)
         except asyncio.CancelledError:
             pass  # close(): the connection goes with the server
-        except Exception:  # noqa: BLE001 - a scrape must never take the run down
+        except Exception:  # a scrape must never take the run down
             log.exception("metrics endpoint: a scrape failed")
         finally:
             self._conns.discard(task)
@@ -123,7 +123,7 @@ class MetricsServer:
         else:
             try:
                 body, content_type = self.render(req.headers.get("accept", ""))
-            except Exception as e:  # noqa: BLE001 - a snapshot source failed: say so, keep serving
+            except Exception as e:  # a snapshot source failed: say so, keep serving
                 log.exception("metrics endpoint: rendering a scrape failed")
                 await conn.respond(500, [*SERVER, ("content-type", "text/plain")], f"metrics unavailable: {e}\n".encode())
                 return
@@ -184,7 +184,14 @@ async def start_metrics(server: MetricsServer, say: Callable[[str], None] | None
         say(line)
 
 
-def printer(out: TextIO) -> Callable[[str], None]:
+class _Out(Protocol):
+    """A text stream (the shape of :class:`engine.run.seams.TextOut`, which this layer does not import)."""
+
+    def write(self, s: str, /) -> int: ...
+    def flush(self) -> None: ...
+
+
+def printer(out: _Out) -> Callable[[str], None]:
     """A ``say`` for :func:`serving` that prints to ``out`` and ignores a closed stream."""
 
     def say(line: str) -> None:

@@ -11,6 +11,7 @@ beside or above the plot, or inside with the y range raised above it. Units: sec
 from __future__ import annotations
 
 import io
+from itertools import pairwise
 from typing import Any
 
 from engine.report.runreport import ReportError
@@ -123,7 +124,7 @@ def errors_figure(tl: dict[str, Any] | None) -> Any:
     base = [0.0] * tl["bins"]
     for cls, counts in tl["errors"].items():
         a.bar(xs, counts, width=w * 0.9, bottom=base, label=f"{cls} ({sum(counts):.0f})")
-        base = [b + c for b, c in zip(base, counts)]
+        base = [b + c for b, c in zip(base, counts, strict=True)]
     a.set_ylabel(f"errors per {tl['bin_s']:g} s")
     a.set_xlabel(xlabel)
     a.set_title("Errors by class (failed attempts, retried or final)")
@@ -150,7 +151,7 @@ def lengths_figure(items: list[dict[str, Any]]) -> Any:
     for i, it in enumerate(items):
         a = ax[i // cols][i % cols]
         h = it["hist"]
-        widths = [b - a_ for a_, b in zip(h["edges"], h["edges"][1:])]
+        widths = [b - a_ for a_, b in pairwise(h["edges"])]
         a.bar(h["edges"][:-1], h["counts"], width=widths, align="edge", color="#1f77b4", alpha=0.75)
         hi = h["edges"][-1] if h["edges"] else 1.0
         for j, c in enumerate(it["classes"]):
@@ -202,8 +203,8 @@ def validation_figure(val: dict[str, Any] | None) -> Any:
         counts = [val["invalid_by_first_check"].get(n, {}).get(check, 0) for n in names]
         a.barh(ys, counts, left=left, color=("#d62728", "#ff7f0e", "#e377c2", "#8c564b", "#7f7f7f")[j % 5],
                label=f"invalid: {check}")
-        left = [x + c for x, c in zip(left, counts)]
-    for y, n in zip(ys, names):
+        left = [x + c for x, c in zip(left, counts, strict=True)]
+    for y, n in zip(ys, names, strict=True):
         d = provs[n]
         a.text(left[y], y, f"  {d['ok']}/{d['records']} valid", va="center", fontsize="small")
     a.set_yticks(ys, names)

@@ -39,7 +39,8 @@ from engine.config import Config
 from engine.errors import DatagenError
 from engine.extract.shards import MANIFEST
 from engine.extract.snapshot import JobState
-from engine.extract.status import collect as collect_extract, run_dir_out_dir
+from engine.extract.status import collect as collect_extract
+from engine.extract.status import run_dir_out_dir
 from engine.metrics.stats import nearest_rank
 from engine.money.estimator import CompletionEstimator
 from engine.report.series import bin_count, bin_width, binned_sum, cumulative, histogram

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 #: Bin widths (seconds) :func:`bin_width` chooses from: round numbers on a clock.
 NICE_BINS_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
@@ -53,7 +54,7 @@ def cumulative(values: Iterable[float]) -> list[float]:
     return out
 
 
-def histogram(values: list[float], bins: int = 30, lo: float = 0.0, hi: float | None = None) -> dict[str, list[float]]:
+def histogram(values: list[float], bins: int = 30, lo: float = 0.0, hi: float | None = None) -> dict[str, list[Any]]:
     """Equal-width histogram of ``values`` over ``[lo, hi]`` (``hi`` default: the largest value;
     the last bin closed on the right).
 

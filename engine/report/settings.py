@@ -49,7 +49,7 @@ def resolve_settings(conn: Handle, config: Config | None, status: dict[str, Any]
     classes = {c["name"]: {"max_tokens": c["max_tokens"], "concurrency": c.get("configured") or c.get("concurrency")}
                for c in status.get("classes", []) if c.get("max_tokens")}
     if not classes:
-        default = Config.model_fields["classes"].default_factory()  # type: ignore[misc]
+        default = Config.model_fields["classes"].get_default(call_default_factory=True)
         classes = {n: {"max_tokens": c.max_tokens, "concurrency": c.concurrency} for n, c in default.items()}
     return {"spend": _spend(SpendSection()), "classes": classes, "extract_out_dir": None,
             "source": "defaults (no settings stored with this run; pass --config CONFIG for its own)"}

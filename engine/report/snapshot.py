@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.client.endpoints import EndpointSnapshot  # noqa: F401 - part of the snapshot API
-from engine.metrics.stats import ProviderSnapshot  # noqa: F401 - part of the snapshot API
+from engine.client.endpoints import EndpointSnapshot  # part of the snapshot API
+from engine.metrics.stats import ProviderSnapshot  # part of the snapshot API
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,19 +47,19 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from engine.client.conformance import decode_flags
+from engine.metrics.rates import fmt_count, fmt_duration
+from engine.metrics.stats import UNKNOWN_PROVIDER, nearest_rank
+from engine.money.projection import range_text
+from engine.money.usage import SOURCES
 from engine.proc.runlock import holder
 from engine.report.liveness import STALE_S, engine_alive, spend_rate  # noqa: F401 - STALE_S re-exported
 from engine.report.snapshot import progress_percent
 from engine.report.statusserver import ask_engine, persisted_elapsed, read_runtime
-from engine.money.projection import range_text
-from engine.metrics.rates import fmt_count, fmt_duration
-from engine.metrics.stats import UNKNOWN_PROVIDER, nearest_rank
 from engine.storage import read
 from engine.storage.dollars import Dollars, dataset_dollars, provider_dollars
-from engine.storage.handle import Handle, connect_ro, get_meta, not_ready  # noqa: F401 - connect_ro re-exported
+from engine.storage.handle import Handle, connect_ro, get_meta, not_ready  # connect_ro re-exported
 from engine.storage.handle import NoStoreError as StatusError  # "the run directory has no readable store"
 from engine.storage.schema import db_path
-from engine.money.usage import SOURCES
 
 
 def providers_from_store(conn: Handle, excluded: list[str], window: int = 20_000) -> list[dict[str, Any]]:
@@ -86,7 +86,7 @@ def providers_from_store(conn: Handle, excluded: list[str], window: int = 20_000
         per = flags.setdefault(prov or UNKNOWN_PROVIDER, {})
         for f in decode_flags(wf):
             per[f] = per.get(f, 0) + n
-    out = []
+    out: list[dict[str, Any]] = []
     for name in set(ok) | set(errs) | set(billed):
         n_ok, ctok = ok.get(name, (0, 0))
         e = errs.get(name, {})

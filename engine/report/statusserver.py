@@ -133,7 +133,7 @@ class StatusServer:
         try:
             try:
                 body = json.dumps(self._document()).encode()
-            except Exception as e:  # noqa: BLE001 - a status request must never take the run down
+            except Exception as e:  # a status request must never take the run down
                 log.exception("status socket: building the answer failed")
                 body = json.dumps({"error": str(e)}).encode()
             writer.write(body + b"\n")
@@ -159,7 +159,7 @@ class StatusServer:
             tmp = self.run_dir / f".{RUNTIME_FILE}.{os.getpid()}.tmp"
             tmp.write_text(json.dumps(doc))
             os.replace(tmp, self.run_dir / RUNTIME_FILE)
-        except Exception:  # noqa: BLE001 - the store's runtime row still has the elapsed of the last commit
+        except Exception:  # the store's runtime row still has the elapsed of the last commit
             log.debug("runtime file not written", exc_info=True)
 
 
@@ -176,7 +176,7 @@ def ask_engine(run_dir: str | Path, timeout_s: float = ASK_TIMEOUT_S) -> dict[st
         if on_loop:
             try:
                 return json.loads(json.dumps(local[1]()))  # what the socket would carry
-            except Exception:  # noqa: BLE001 - the store then
+            except Exception:  # the store then
                 return None
     path = Path(run_dir) / SOCKET_NAME
     if not path.exists():

@@ -12,16 +12,23 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Callable
 
-from engine.money.usage import (GENERATION, Accounted, account, correction, count_with_tokenizer, from_generation,
-                          usage_usable)
+from engine.money.usage import (
+    GENERATION,
+    Accounted,
+    account,
+    correction,
+    count_with_tokenizer,
+    from_generation,
+    usage_usable,
+)
 
 if TYPE_CHECKING:
     from engine.client.types import Completion
+    from engine.money.spend import SpendControl
     from engine.run.runstate import DatasetRuntime
     from engine.run.seams import GetJsonFn, Reconstructor
-    from engine.money.spend import SpendControl
-    from engine.storage.store import PendingPrompt
     from engine.run.telemetry import Telemetry
+    from engine.storage.store import PendingPrompt
     from engine.storage.writer import StoreWriter
 
 log = logging.getLogger("engine.run.scheduler")
@@ -101,7 +108,7 @@ class Accounting:
                 task = asyncio.current_task()
                 if task is not None:
                     task.uncancel()
-            except Exception as e:  # noqa: BLE001 - text the tokenizer refuses: the estimate stands
+            except Exception as e:  # text the tokenizer refuses: the estimate stands
                 log.warning("[%s] %s: usage could not be counted (%s: %s); estimated", p.dataset, p.key,
                             type(e).__name__, e)
         return account(c, est_prompt_tokens=p.est_prompt_tokens, price=self.price,

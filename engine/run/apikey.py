@@ -105,7 +105,7 @@ async def probe_keyless_server(p: ProviderSection, timeout_s: float = 10.0) -> N
             return None
 
     bases = p.all_base_urls()  # with several endpoints, each is asked (at once); any one that wants a key refuses
-    for base, status in zip(bases, await asyncio.gather(*(status_of(b) for b in bases))):
+    for base, status in zip(bases, await asyncio.gather(*(status_of(b) for b in bases)), strict=True):
         if status in (401, 403):
             raise KeyError_(_missing_key_message(p, f"the server at {base} wants one "
                                                    f"(HTTP {status} on GET /key without a key)",

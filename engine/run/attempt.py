@@ -36,22 +36,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from engine.client.accumulate import StreamProgress
-from engine.client.errors import for_request as budget_error_for_request, is_weight_exceeds_budget
+from engine.client.errors import for_request as budget_error_for_request
+from engine.client.errors import is_weight_exceeds_budget
 from engine.client.retry import RetryPolicy, call_with_retries
 from engine.client.types import Completion, ErrorClass, RequestError
 from engine.errors import DatagenError
 from engine.stream.wire import StreamWorkerLost
 
 if TYPE_CHECKING:
-    from engine.run.accounting import Accounting
     from engine.client.types import ChatRequest
-    from engine.run.limiter import AdjustableLimiter
-    from engine.run.failures import Failures
-    from engine.run.runstate import DatasetRuntime
     from engine.money.spend import SpendControl
-    from engine.storage.store import PendingPrompt
-    from engine.run.telemetry import Telemetry
     from engine.money.usage import Accounted
+    from engine.run.accounting import Accounting
+    from engine.run.failures import Failures
+    from engine.run.limiter import AdjustableLimiter
+    from engine.run.runstate import DatasetRuntime
+    from engine.run.telemetry import Telemetry
+    from engine.storage.store import PendingPrompt
     from engine.storage.writer import StoreWriter
 
 log = logging.getLogger("engine.run.scheduler")
@@ -172,7 +173,7 @@ async def run_request(host: AttemptHost, rt: "DatasetRuntime", p: "PendingPrompt
             return Requeued(spent, at)
         except RequestError as e:
             return Failed(e, spent, at)
-        except Exception as e:  # noqa: BLE001 - a bug must cost one prompt, not the run
+        except Exception as e:  # a bug must cost one prompt, not the run
             host.telemetry.attempt_over(rt.name, at.seq)
             log.exception("[%s] unexpected error on prompt %s", rt.name, p.key)
             return Failed(RequestError(ErrorClass.OTHER, f"internal error: {type(e).__name__}: {e}"), spent, at)

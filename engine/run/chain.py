@@ -28,7 +28,7 @@ import signal
 import sys
 import time
 from dataclasses import replace
-from typing import Any, Callable, TextIO
+from typing import Any, Callable
 
 from engine.config import Config
 from engine.errors import DatagenError
@@ -37,6 +37,7 @@ from engine.extract.snapshot import ExtractSnapshot, JobState
 from engine.report.metricsserver import open_metrics, printer, serving
 from engine.report.snapshot import RunSnapshot
 from engine.run.chainready import FINISHED_STATES, dataset_counts, readiness
+from engine.run.seams import TextOut
 from engine.storage.schema import StoreError
 
 
@@ -311,7 +312,7 @@ class ExtractChain:
             try:
                 snap = run.snapshot()
                 left = max(0, snap.samples_total - snap.samples_done)
-            except Exception:  # noqa: BLE001 - its status file unreadable: the datasets below still say it
+            except Exception:  # its status file unreadable: the datasets below still say it
                 left = 0
         waiting = self.waiting_for() if self.quit_mode else []
         if not left and not waiting:
@@ -363,10 +364,11 @@ class ExtractChain:
         run = self.current or (self.runs[-1] if self.runs else None)
         events = tuple(self.events)
         if self.exit_code is not None and run is None:
-            why = [f"{n}: {w}" for n, w in self.left_out.items()]
+            reasons = [f"{n}: {w}" for n, w in self.left_out.items()]
             if self.quit_mode:
-                why.insert(0, f"quit ({self.quit_mode}) before any extraction started")
-            return ExtractSnapshot(state=JobState.STOPPED if why else JobState.DONE, reason="; ".join(why) or "nothing to extract",
+                reasons.insert(0, f"quit ({self.quit_mode}) before any extraction started")
+            return ExtractSnapshot(state=JobState.STOPPED if reasons else JobState.DONE,
+                                   reason="; ".join(reasons) or "nothing to extract",
                                    events=events, quit_mode=self.quit_mode)
         live = self.current.snapshot() if self.exit_code is None and self.current is not None else None
         # dataset mode: its workers are done and it is closing: between extractions (p holds the next one)
@@ -386,7 +388,7 @@ class ExtractChain:
         return replace(snap, events=events, quit_mode=snap.quit_mode or self.quit_mode)
 
 
-async def run_headless_chained(cfg: Config, out: TextIO = sys.stdout, *, exit_on_pause: bool = False,
+async def run_headless_chained(cfg: Config, out: TextOut = sys.stdout, *, exit_on_pause: bool = False,
                                install_signals: bool = True, on_chain: Callable[[ExtractChain], None] | None = None,
                                make_run: Callable[[tuple[str, ...] | None], ExtractRun] | None = None) -> int:
     """``datagen run --headless`` with ``[extract] after_run``: generation's progress lines and the
@@ -417,7 +419,7 @@ async def run_headless_chained(cfg: Config, out: TextIO = sys.stdout, *, exit_on
         return await _chained(cfg, out, chain, jobs, exit_on_pause=exit_on_pause, install_signals=install_signals)
 
 
-def _prefixed(out: TextIO) -> Callable[[str], None]:
+def _prefixed(out: TextOut) -> Callable[[str], None]:
     """Print a chained extraction's line to ``out`` prefixed ``extract:`` (a closed stream is ignored)."""
 
     def say(line: str) -> None:
@@ -429,7 +431,7 @@ def _prefixed(out: TextIO) -> Callable[[str], None]:
     return say
 
 
-async def _chained(cfg: Config, out: TextIO, chain: ExtractChain, jobs: list[Any], *, exit_on_pause: bool,
+async def _chained(cfg: Config, out: TextOut, chain: ExtractChain, jobs: list[Any], *, exit_on_pause: bool,
                    install_signals: bool) -> int:
     from engine.run.headless import run_headless
 

@@ -8,6 +8,7 @@ event loop at once, and returns a short human-readable result.
 
 from __future__ import annotations
 
+from engine.report.snapshot import RunSnapshot
 from engine.run import commands
 from engine.run.commands import CommandResult, RunCommand
 from engine.run.ctl import resolve_provider
@@ -15,7 +16,6 @@ from engine.run.limiter import check_concurrency, concurrency_cap
 from engine.run.runstate import Control, PauseKind, RunPhase
 from engine.run.scheduler import Scheduler
 from engine.run.seams import CreditsCheck
-from engine.report.snapshot import RunSnapshot
 
 
 class Controller:

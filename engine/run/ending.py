@@ -8,6 +8,7 @@ runner, the headless signal handlers and the snapshot builder call it directly.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any, Callable
 
@@ -73,7 +74,7 @@ class RunEnding:
                 out += [(prog, InFlightCost(1)) for _c, prog, _p in rt.streams.values()]
                 continue
             out += streams_cost(
-                rt.streams.values(), lambda cls, rt=rt: self.spend.observed_lengths(rt.name, cls),
+                rt.streams.values(), functools.partial(self.spend.observed_lengths, rt.name),
                 lambda cls: self.cfg.classes[cls].max_tokens, prices.prompt_usd_per_token,
                 prices.completion_usd_per_token, self.spend.abort_share)
         return out

@@ -22,17 +22,17 @@ the pause it decides is returned (a :class:`engine.run.guards.Pause`), and the r
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from engine.run import guards
 from engine.client.types import RequestError
+from engine.run import guards
 from engine.run.runwide import Condition, ConfigMistakeDetector, condition_of, is_rejection, signature
 from engine.storage.store import PendingPrompt
 
 if TYPE_CHECKING:
     from engine.run.runstate import DatasetRuntime, RunState
-    from engine.storage.store import Store
     from engine.run.telemetry import Telemetry
+    from engine.storage.store import Store
     from engine.storage.writer import StoreWriter
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,8 @@ class Failures:
         self.api_key_env = api_key_env
         self.reach = reach
         self._event = event
-        self.config_check = ConfigMistakeDetector()
+        # held items: (dataset runtime, prompt, attempts, error class, error text)
+        self.config_check: ConfigMistakeDetector[tuple[Any, ...]] = ConfigMistakeDetector()
         self.run_condition: Condition | None = None
 
     # ---- judging --------------------------------------------------------------------------

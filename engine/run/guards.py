@@ -29,9 +29,9 @@ from engine.run.runstate import Control, DatasetState, PauseKind
 
 if TYPE_CHECKING:
     from engine.money.spend import CreditsReading
+    from engine.report.snapshot import RunSnapshot
     from engine.run.runstate import DatasetRuntime, RunState
     from engine.run.runwide import Condition
-    from engine.report.snapshot import RunSnapshot
 
 #: ``Pause.dataset`` None: the whole run.
 RUN = None

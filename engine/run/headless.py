@@ -13,14 +13,15 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import Callable
 
 from engine.config import Config
 from engine.report.metricsserver import open_metrics, printer, serving
 from engine.report.progress import final_report, format_notices, format_progress
+from engine.run.runner import FILE_ONLY, Job, prepare, run_job
 from engine.run.runstate import RunPhase
 from engine.run.scheduler import Scheduler
-from engine.run.runner import FILE_ONLY, Job, prepare, run_job
+from engine.run.seams import TextOut
 
 log = logging.getLogger("engine")
 
@@ -29,7 +30,7 @@ class SafeOut:
     """A text stream wrapper that stops writing, instead of raising, once the terminal or pipe is gone
     (``datagen run | head``, a closed tmux pane): the run goes on and the file log keeps everything."""
 
-    def __init__(self, f: TextIO) -> None:
+    def __init__(self, f: TextOut) -> None:
         self.f = f
         self.dead = False
 
@@ -120,7 +121,7 @@ def drain_line(snap) -> str:
 
 async def run_headless(
     cfg: Config,
-    out: TextIO = sys.stdout,
+    out: TextOut = sys.stdout,
     *,
     exit_on_pause: bool = False,
     install_signals: bool = True,
@@ -139,7 +140,7 @@ async def run_headless(
     Raises:
         engine.report.metricsserver.MetricsError: the metrics port cannot be bound (nothing started).
     """
-    out = out if isinstance(out, SafeOut) else SafeOut(out)
+    safe = out if isinstance(out, SafeOut) else SafeOut(out)
     jobs: list[Job] = []
     server = open_metrics(cfg.run, run=lambda: jobs[0].controller.snapshot() if jobs else None) if metrics else None
 
@@ -148,12 +149,12 @@ async def run_headless(
         if on_ready is not None:
             on_ready(job)
 
-    async with serving(server, printer(out)):
-        return await _run_headless(cfg, out, exit_on_pause=exit_on_pause, install_signals=install_signals,
+    async with serving(server, printer(safe)):
+        return await _run_headless(cfg, safe, exit_on_pause=exit_on_pause, install_signals=install_signals,
                                    on_ready=ready, on_signal=on_signal)
 
 
-async def _run_headless(cfg: Config, out: TextIO, *, exit_on_pause: bool, install_signals: bool,
+async def _run_headless(cfg: Config, out: TextOut, *, exit_on_pause: bool, install_signals: bool,
                         on_ready: Callable[[Job], None], on_signal: Callable[[str], None] | None) -> int:
     job = await prepare(cfg, out)
     sched = job.scheduler

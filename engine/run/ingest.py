@@ -140,10 +140,11 @@ def fingerprint(d: DatasetSection, rev: hubs.HubRevision | None = None) -> str:
     if rev is not None:
         what: list = [str(d.path), rev.sha, list(rev.files)]
     else:
+        assert isinstance(d.path, Path)  # no Hub revision: a local path
         shards = local_shards(d.path)
         try:
             if len(shards) == 1 and shards[0].shown == str(d.path):
-                st = Path(d.path).stat()
+                st = d.path.stat()
                 what = [str(d.path), st.st_size, st.st_mtime_ns]
             else:
                 what = [str(d.path), [[s.shown, (st := s.path.stat()).st_size, st.st_mtime_ns] for s in shards]]

@@ -14,17 +14,17 @@ import weakref
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from engine.money.inflight import abort_basis
-from engine.run.limiter import concurrency_cap
 from engine.money.projection import EtaRow, project_run, schedule_eta
-from engine.run.runstate import TERMINAL_CONTROLS, Control, DatasetState, RunPhase, RunState
 from engine.report.snapshot import ClassSnapshot, DatasetSnapshot, RunSnapshot
+from engine.run.limiter import concurrency_cap
+from engine.run.runstate import TERMINAL_CONTROLS, Control, DatasetState, RunPhase, RunState
 
 if TYPE_CHECKING:
     from engine.config import Config
+    from engine.money.spend import SpendControl
     from engine.run.ending import RunEnding
     from engine.run.limiter import AdjustableLimiter
     from engine.run.seams import EndpointsFn, WorkersFn
-    from engine.money.spend import SpendControl
     from engine.run.telemetry import Telemetry
     from engine.storage.writer import StoreWriter
 
@@ -224,7 +224,7 @@ def build_snapshot(sched: "RunView") -> RunSnapshot:
         skipped = rt.pending_total if terminal else 0
         pending = 0 if terminal else rt.pending_total
         b = sched.spend.budgets[rt.name]
-        recent = [e.mean() for e in b.estimators.values() if e.count]
+        recent = [m for e in b.estimators.values() if (m := e.mean()) is not None]
         eta, eta_low, eta_high = sched_eta.rows.get(rt.name, (None, None, None))  # none: it does not progress
         calibration = None if proj.calibrated or proj.tokens_to_come_high <= 0 else (proj.observed, proj.calibrate_after)
         dss.append(

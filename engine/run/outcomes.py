@@ -25,13 +25,13 @@ from engine.run import guards
 from engine.run.attempt import Aborted, Completed, Failed, Outcome, Requeued
 
 if TYPE_CHECKING:
+    from engine.money.spend import SpendControl
     from engine.run.accounting import Accounting
     from engine.run.ending import RunEnding
     from engine.run.failures import Failures
     from engine.run.runstate import DatasetRuntime, RunState
-    from engine.money.spend import SpendControl
-    from engine.storage.store import PendingPrompt
     from engine.run.telemetry import Telemetry
+    from engine.storage.store import PendingPrompt
     from engine.storage.writer import StoreWriter
 
 log = logging.getLogger("engine.run.scheduler")
@@ -114,7 +114,7 @@ class Outcomes:
         if recon is not None:  # the response as received: only billed figures are checked against
             try:
                 recon.submit(p.id, rt.name, p.key, p.messages, p.tools, received)
-            except Exception:  # noqa: BLE001 - the result is stored; `datagen validate` rebuilds it
+            except Exception:  # the result is stored; `datagen validate` rebuilds it
                 log.exception("[%s] reconstruction of %s could not be queued", rt.name, p.key)
         if acc.provisional and c.generation_id and self.accounting.get_json is not None:
             self.accounting.trueup_result(rt, p.id, c.generation_id, acc, c.provider)

@@ -16,8 +16,8 @@ from engine.client.types import ChatRequest
 if TYPE_CHECKING:
     from engine.config import Config
     from engine.run.runstate import RunState
-    from engine.storage.store import PendingPrompt, Store
     from engine.run.telemetry import Telemetry
+    from engine.storage.store import PendingPrompt, Store
 
 
 class Routing:

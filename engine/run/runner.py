@@ -15,10 +15,8 @@ import json
 import logging
 import sys
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TYPE_CHECKING, Any
 
-from engine.run import guards
-from engine.report.settings import SETTINGS_KEY, run_settings
 from engine.client.chat import ChatClient
 from engine.client.endpoints import HealthPolicy
 from engine.client.fleet import EndpointFleet
@@ -26,18 +24,24 @@ from engine.client.retry import RetryPolicy
 from engine.client.types import RequestError
 from engine.config import Config, ConfigError
 from engine.datasets import DatasetError
-from engine.run.controller import Controller
-from engine.run.ingest import ingest_all
 from engine.money.credits import read_credits, read_credits_each
 from engine.money.prices import prices_from_models_endpoint
-from engine.run.scheduler import Scheduler
 from engine.proc import runlock
-from engine.storage.store import Store, make_run_dir
+from engine.report.settings import SETTINGS_KEY, run_settings
+from engine.run import guards
 from engine.run.apikey import probe_keyless_server, resolve_api_key
+from engine.run.controller import Controller
+from engine.run.ingest import ingest_all
+from engine.run.scheduler import Scheduler
+from engine.run.seams import AccountClient, TextOut
 from engine.run.supervisor import USAGE_BASELINE_KEY, Supervisor
+from engine.storage.store import Store, make_run_dir
 from engine.storage.writer import StoreWriter
 from engine.stream.pool import StreamWorkerPool, default_stream_workers
 from engine.stream.recover import prune, recover_cut_streams, recover_results
+
+if TYPE_CHECKING:
+    from engine.tokens.service import ReconstructionService
 
 log = logging.getLogger("engine")
 
@@ -103,7 +107,7 @@ class Job:
         if self.pool is not None and not self.writer.queued:  # every journaled result committed: drop them
             try:
                 await prune(self.cfg.run.dir, self.store)
-            except Exception:  # noqa: BLE001 - kept journals are ingested (once) at the next start
+            except Exception:  # kept journals are ingested (once) at the next start
                 log.warning("stream journals not pruned", exc_info=True)
         await self.store.close()
         if self.sim is not None:
@@ -112,7 +116,7 @@ class Job:
             self.lock.release()  # type: ignore[attr-defined]
 
 
-async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
+async def prepare(cfg: Config, out: TextOut = sys.stdout) -> Job:
     """Open the store, ingest, start the simulator if configured and build the scheduler.
 
     Raises:
@@ -179,7 +183,7 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
         t = cfg.provider.timeouts
         total_conc = sum(c.concurrency for c in cfg.classes.values())
 
-        client_kw = dict(stream=cfg.provider.stream, stream_usage=cfg.provider.stream_usage,
+        client_kw: dict[str, Any] = dict(stream=cfg.provider.stream, stream_usage=cfg.provider.stream_usage,
                          finish_reasons=dict(cfg.provider.finish_reasons),
                          return_token_ids=cfg.provider.return_token_ids,
                          connect_timeout_s=t.connect_s, stall_timeout_s=t.stall_s, total_timeout_s=t.total_s)
@@ -192,7 +196,7 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
         # The writer, the reconstruction service, the controller and the endpoint fleet call back into
         # the scheduler built just after them: their callbacks look `sched` up when called, never before.
         sched: Scheduler
-        client: ChatClient | EndpointFleet
+        client: AccountClient
         fleet: EndpointFleet | None = None
         pool: StreamWorkerPool
         check_fd_limit(total_conc, out)  # before the stream workers start: they inherit the limit
@@ -218,6 +222,7 @@ async def prepare(cfg: Config, out: TextIO = sys.stdout) -> Job:
 
         writer = StoreWriter(store, cfg.run.commit_interval_s, live=lambda: sched.live(),
                              on_error=store_failed, on_recover=store_recovered)
+        recon: ReconstructionService | None
         recon = reconstruction_service(cfg, checked, lambda ds, ok, reasons: on_validation_verdict(sched, recon, ds, ok, reasons))
         account_api = cfg.provider.kind in ("openrouter", "simulated")
         sched = Scheduler(cfg, store, writer, fleet.complete if fleet is not None else pool.complete,
@@ -306,7 +311,7 @@ async def load_checked_tokenizer(cfg: Config):
     return tok, await asyncio.to_thread(startup_check, tok)
 
 
-def reconstruction_service(cfg: Config, checked, on_verdict):
+def reconstruction_service(cfg: Config, checked, on_verdict) -> ReconstructionService | None:
     """The token reconstruction service of results as they arrive (not started), when
     ``[tokenizer]`` is configured; else None. Start it with ``await recon.start()``.
 
@@ -339,7 +344,7 @@ def on_validation_verdict(sched: Scheduler, recon, dataset: str, ok: bool, reaso
     guards.apply(sched, guards.validation(sched.datasets.get(dataset), recon.guard(dataset)))
 
 
-def check_fd_limit(concurrency: int, out: TextIO) -> int:
+def check_fd_limit(concurrency: int, out: TextOut) -> int:
     """Raise the soft open-files limit toward ``concurrency + 256`` (one socket per in-flight
     request plus the store, logs and the simulator); warn when the hard limit is too low.
     Returns the soft limit in force."""
@@ -362,7 +367,7 @@ def check_fd_limit(concurrency: int, out: TextIO) -> int:
     return soft
 
 
-async def discover_prices(cfg: Config, sched: Scheduler, client: ChatClient, out: TextIO) -> None:
+async def discover_prices(cfg: Config, sched: Scheduler, client: AccountClient, out: TextOut) -> None:
     """Learn the model's prices from ``/models`` when ``[pricing]`` does not give them.
 
     Raises:
@@ -401,7 +406,7 @@ def guard_pause_reason(sched: Scheduler) -> str | None:
 
 
 async def run_job(job: Job, *, exit_on_pause: bool = False, stop_on_auth: bool = False,
-                  out: TextIO = sys.stdout) -> int:
+                  out: TextOut = sys.stdout) -> int:
     """Run a prepared job to its end: writer, supervisor and scheduler; closes the job. Returns the exit code.
 
     Args:
@@ -433,7 +438,7 @@ async def run_job(job: Job, *, exit_on_pause: bool = False, stop_on_auth: bool =
             await asyncio.sleep(JOURNAL_PRUNE_S)
             try:
                 await prune(job.cfg.run.dir, job.store, keep=job.pool.is_open_segment)
-            except Exception:  # noqa: BLE001 - kept segments are pruned later or ingested (once) at the next start
+            except Exception:  # kept segments are pruned later or ingested (once) at the next start
                 log.warning("stream journals not pruned", exc_info=True)
 
     watch = asyncio.create_task(pause_watch()) if exit_on_pause or stop_on_auth else None

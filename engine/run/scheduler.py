@@ -30,31 +30,39 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import json
 import logging
 import os
 import time
 from typing import Any, Callable
 
+from engine.client.retry import RetryPolicy
+from engine.config import Config
+from engine.money.spend import SpendControl
+from engine.report.snapshot import RunSnapshot
+from engine.report.statusserver import StatusServer, persisted_elapsed
+from engine.run import guards
 from engine.run.accounting import Accounting
 from engine.run.attempt import Aborted, run_request
 from engine.run.ending import RunEnding
-from engine.client.retry import RetryPolicy
-from engine.config import Config
-from engine.run import guards
 from engine.run.failures import Failures
 from engine.run.limiter import AdjustableLimiter
 from engine.run.observe import build_snapshot, engine_status, live_row, run_elapsed_s
 from engine.run.outcomes import Outcomes
-from engine.report.statusserver import StatusServer, persisted_elapsed
-from engine.report.snapshot import RunSnapshot
 from engine.run.routing import Routing
-from engine.run.runstate import (PERSISTED_CONTROLS, TERMINAL_CONTROLS, Control, DatasetRuntime, PauseKind, RunPhase,
-                                 RunState)
+from engine.run.runstate import (
+    PERSISTED_CONTROLS,
+    TERMINAL_CONTROLS,
+    Control,
+    DatasetRuntime,
+    PauseKind,
+    RunPhase,
+    RunState,
+)
 from engine.run.seams import CompleteFn, EndpointsFn, GetJsonFn, Reconstructor, WorkersFn
-from engine.money.spend import SpendControl
-from engine.storage.store import PendingPrompt, Store
 from engine.run.telemetry import Telemetry
+from engine.storage.store import PendingPrompt, Store
 from engine.storage.writer import StoreWriter
 
 log = logging.getLogger(__name__)
@@ -217,7 +225,7 @@ class Scheduler:
         stored = await self.store.prior_elapsed_s()
         try:
             row = await self.store.runtime_times()
-        except Exception:  # noqa: BLE001 - a store without the row (or a test's store): the stored figure
+        except Exception:  # a store without the row (or a test's store): the stored figure
             return stored
         if not row:
             return stored
@@ -300,7 +308,7 @@ class Scheduler:
                 self._censor(rt)
             try:
                 res = self.spend.reserve(rt.name, cls, p.est_prompt_tokens)
-            except Exception as e:  # noqa: BLE001 - credits floor (checked before dispatch), or a dollar cap
+            except Exception as e:  # credits floor (checked before dispatch), or a dollar cap
                 rt.requeue[cls].appendleft(p)  # with no price: the request stays pending, never spend blind
                 lim.release()
                 guards.apply(self, guards.reserve_refused(e))
@@ -330,7 +338,7 @@ class Scheduler:
                 self.telemetry.usd_rate.start(self.clock())  # the spend rate counts from the first dispatch
             task = asyncio.get_running_loop().create_task(self._request(rt, p, lim, res))
             rt.tasks.add(task)
-            task.add_done_callback(lambda t, rt=rt, p=p, lim=lim, res=res: self._task_done(t, rt, p, lim, res))
+            task.add_done_callback(functools.partial(self._task_done, rt=rt, p=p, lim=lim, res=res))
 
     async def _request(self, rt: DatasetRuntime, p: PendingPrompt, lim: AdjustableLimiter, res: Any) -> None:
         """A prompt's request task: its attempts (:func:`engine.run.attempt.run_request`), then its

@@ -32,6 +32,16 @@ class CompleteFn(Protocol):
 #: ``/generation``, ``/models``); raises :class:`~engine.client.types.RequestError`.
 GetJsonFn = Callable[..., Awaitable[Any]]
 
+
+class AccountClient(Protocol):
+    """The run's client of the provider's account endpoints (``/key``, ``/credits``, ``/generation``,
+    ``/models``): a :class:`~engine.client.chat.ChatClient` (one endpoint) or an
+    :class:`~engine.client.fleet.EndpointFleet` (several; it asks a healthy one)."""
+
+    async def get_json(self, path: str, params: dict[str, Any] | None = None) -> Any: ...
+    async def aclose(self) -> None: ...
+
+
 #: The store's live ``runtime`` row, built at each commit (see :func:`engine.run.observe.live_row`).
 LiveFn = Callable[[], "dict[str, Any]"]
 
@@ -60,3 +70,11 @@ class Reconstructor(Protocol):
 
 
 __all__ = ["CompleteFn", "CreditsCheck", "EndpointsFn", "GetJsonFn", "LiveFn", "Reconstructor", "WorkersFn"]
+
+
+class TextOut(Protocol):
+    """Where a command's progress lines go: ``sys.stdout``, :class:`~engine.run.headless.SafeOut` around it,
+    or the dashboard's log bridge (``tui.host``); ``print(..., file=out, flush=True)`` writes to it."""
+
+    def write(self, s: str, /) -> int: ...
+    def flush(self) -> None: ...

@@ -17,11 +17,11 @@ import logging
 import time
 from typing import Awaitable, Callable
 
+from engine.money.projection import calibration_gate
+from engine.money.spend import CreditsReading
 from engine.run import guards
 from engine.run.commands import CommandResult, RunCommand
 from engine.run.controller import Controller
-from engine.money.spend import CreditsReading
-from engine.money.projection import calibration_gate
 from engine.run.runstate import Control
 from engine.run.scheduler import Scheduler
 
@@ -62,7 +62,7 @@ class Supervisor:
             return
         try:
             reading = await self.read_credits(self.clock)
-        except Exception as e:  # noqa: BLE001 - a monitoring read must never stop the run
+        except Exception as e:  # a monitoring read must never stop the run
             log.warning("credits read failed: %s", e)
             return
         if reading is None:
@@ -81,7 +81,7 @@ class Supervisor:
             try:
                 if await self.s.store.get_meta(USAGE_BASELINE_KEY) is None:
                     await self.s.store.set_meta(USAGE_BASELINE_KEY, repr(base))
-            except Exception as e:  # noqa: BLE001 - the drift then counts from this process's start
+            except Exception as e:  # the drift then counts from this process's start
                 log.warning("credits baseline not stored: %s", e)
 
     async def _credits_loop(self) -> None:
@@ -171,7 +171,7 @@ class Supervisor:
                     self.s.update_censored()
                     self.guards()
                     self.s.telemetry.tick(self.s.elapsed_s(), self.clock())
-                except Exception:  # noqa: BLE001 - supervision must survive its own bugs
+                except Exception:  # supervision must survive its own bugs
                     log.exception("supervisor tick failed")
         finally:
             if self.credits_task:

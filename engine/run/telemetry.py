@@ -13,10 +13,10 @@ import time
 
 from engine.client.types import Completion
 from engine.metrics.rates import SPEND_WINDOW_S, RateWindow
-from engine.run.runwide import RUN_WIDE_CLASSES
+from engine.metrics.stats import ProviderStats
 from engine.report.snapshot import SampleSnapshot
 from engine.run.anomaly import AnomalyGuard
-from engine.metrics.stats import ProviderStats
+from engine.run.runwide import RUN_WIDE_CLASSES
 
 #: Samples kept for the throughput sparklines (one every ``HISTORY_EVERY_S``).
 HISTORY_LEN = 120

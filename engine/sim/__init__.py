@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from engine.lazy import lazy_exports
 
-
 #: Public name -> the submodule that defines it.
 _EXPORTS = {
     "FAULT_KINDS": "config",

@@ -181,7 +181,7 @@ class ChatJob:
             frags = split_arguments(tool.arguments, rng)
             share = [tool.cost // (len(frags) + 1)] * len(frags)
             yield _Event(cb.tool_first(tool), tool.cost - sum(share), 0)
-            for frag, tok in zip(frags, share):
+            for frag, tok in zip(frags, share, strict=True):
                 yield _Event(cb.tool_args(frag), tok, 0)
 
     async def _pump(self, events: Iterable[_Event], max_data: int | None = None) -> None:
@@ -306,7 +306,7 @@ class ChatJob:
         r: list[str] = []
         c: list[str] = []
         full = True
-        for piece, cost in zip(plan.reasoning_pieces, plan.reasoning_costs):
+        for piece, cost in zip(plan.reasoning_pieces, plan.reasoning_costs, strict=True):
             if used + cost > tokens:
                 full = False
                 break
@@ -314,7 +314,7 @@ class ChatJob:
             used += cost
             rt += cost
         if full:
-            for piece, cost in zip(plan.content_pieces, plan.content_costs):
+            for piece, cost in zip(plan.content_pieces, plan.content_costs, strict=True):
                 if used + cost > tokens:
                     break
                 c.append(piece)

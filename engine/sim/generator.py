@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from engine.prompts import canonical_json
 
@@ -382,7 +382,7 @@ def make_plan(
         completion = reasoning_tokens + 1 + counter.encode_len(content) + 1 + (tool.cost if tool else 0)
         if cut:
             completion = min(completion, budget)
-    visible = not (ropts.get("exclude") is True)
+    visible = ropts.get("exclude") is not True
     return Plan(
         reasoning_pieces=r_pieces,
         content_pieces=c_pieces,

@@ -140,10 +140,10 @@ class HttpConnection:
                 pass
 
     # -- writing -------------------------------------------------------------------------------
-    def _emit(self, event: object) -> None:
+    def _emit(self, event: h11.Event) -> None:
         if self.aborted or self.writer.transport.is_closing():
             raise ClientGone("connection closed")
-        data = self.h11.send(event)  # type: ignore[arg-type]
+        data = self.h11.send(event)
         if data:
             self.writer.write(data)
 

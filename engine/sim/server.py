@@ -187,7 +187,7 @@ class SimThread:
             try:
                 loop.run_until_complete(self.server.start())
                 self._stop = asyncio.Event()
-            except BaseException as e:  # noqa: BLE001 - handed to the starting thread
+            except BaseException as e:  # handed to the starting thread
                 self._error = e
                 return
             finally:

@@ -88,7 +88,7 @@ class DispatchQueries:
     async def pending_commands(self) -> list[tuple[int, str, str | None, str | None]]:
         """Return control commands not yet applied: ``(id, verb, dataset, arg)`` in order."""
         cur = await self.conn.execute("SELECT id, verb, dataset, arg FROM commands WHERE done_at IS NULL ORDER BY id")
-        return list(await cur.fetchall())
+        return [tuple(r) for r in await cur.fetchall()]
 
     async def mark_command(self, cid: int, now: float, result: str, ok: bool) -> None:
         """Record that command ``cid`` was handled with ``result`` (its line) and ``ok`` (applied or not)."""

@@ -68,7 +68,8 @@ class IngestQueries:
         """Record a completed ingest (``revision``: the commit sha of an ``hf://`` dataset, None for a
         local path); returns the dataset's prompt count."""
         cur = await self.conn.execute("SELECT COUNT(*) FROM prompts WHERE dataset=?", (dataset,))
-        (n,) = await cur.fetchone()
+        row = await cur.fetchone()
+        n = row[0] if row is not None else 0  # COUNT(*) always gives its row
         await self.conn.execute(
             "UPDATE datasets SET fingerprint=?, prompts=?, rejected=?, revision=? WHERE name=?",
             (fingerprint, n, rejected, revision, dataset),

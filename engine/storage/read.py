@@ -55,7 +55,7 @@ def dataset_rows(h: Handle) -> list[dict[str, Any]]:
     sql = ("SELECT name, state, state_reason, rejected, token_budget, path, "
            + ", ".join(c if c in cols else "NULL" for c in ("revision", "fingerprint", "ingest_error"))
            + " FROM datasets ORDER BY position")
-    return [dict(zip(keys, row)) for row in h._db.execute(sql)]
+    return [dict(zip(keys, row, strict=True)) for row in h._db.execute(sql)]
 
 
 def prompt_states(h: Handle, dataset: str | None = None) -> dict[str, dict[str, int]]:
@@ -138,13 +138,13 @@ def provider_results(h: Handle) -> dict[str | None, tuple[int, int]]:
 
 def provider_errors(h: Handle) -> list[tuple[str | None, str | None, int]]:
     """``(provider, error class, failed attempts)`` rows."""
-    return [tuple(r) for r in h._db.execute(  # type: ignore[misc]
+    return [tuple(r) for r in h._db.execute(
         "SELECT provider, error_class, COUNT(*) FROM attempts WHERE outcome='error' GROUP BY 1, 2")]
 
 
 def recent_timings(h: Handle, window: int) -> list[tuple[str | None, float, float | None, int]]:
     """The latest ``window`` results' ``(provider, latency_s, ttft_s, completion_tokens)``, newest first."""
-    return [tuple(r) for r in h._db.execute(  # type: ignore[misc]
+    return [tuple(r) for r in h._db.execute(
         "SELECT provider, latency_s, ttft_s, completion_tokens FROM results ORDER BY created_at DESC LIMIT ?", (window,))]
 
 
@@ -153,7 +153,7 @@ def provider_wire_flags(h: Handle) -> list[tuple[str | None, str, int]]:
     ``[]`` for a store older than the column)."""
     if "wire_flags" not in columns(h, "results"):
         return []
-    return [tuple(r) for r in h._db.execute(  # type: ignore[misc]
+    return [tuple(r) for r in h._db.execute(
         "SELECT provider, wire_flags, COUNT(*) FROM results WHERE wire_flags != '' GROUP BY 1, 2")]
 
 

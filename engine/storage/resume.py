@@ -48,7 +48,7 @@ class ResumeQueries:
             "SELECT a.dataset, p.class, COALESCE(a.provider, ''), p.est_prompt_tokens, a.tokens_received, a.cost_usd "
             "FROM attempts a JOIN prompts p ON p.id = a.prompt_id WHERE a.outcome = 'aborted' "
             "AND a.cost_usd IS NOT NULL AND a.generation_id IS NOT NULL ORDER BY a.id DESC LIMIT ?", (limit,))
-        return [tuple(r) for r in await cur.fetchall()]  # type: ignore[misc]
+        return [tuple(r) for r in await cur.fetchall()]
 
     async def latest_results(self) -> dict[str, dict[str, Any]]:
         """The most recent stored result of each dataset that has one: ``{dataset: {key, reasoning,
@@ -76,7 +76,7 @@ class ResumeQueries:
         """``{dataset: Dollars}`` of every dataset billed anything: its results' and its lost attempts'
         USD (:mod:`engine.storage.dollars`, the same query as :func:`engine.storage.dollars.dataset_dollars`)."""
         cur = await self.conn.execute(DATASET_DOLLARS)
-        return dollars_from_rows(list(await cur.fetchall()))
+        return dollars_from_rows([tuple(r) for r in await cur.fetchall()])
 
     async def lost_costs(self) -> dict[str, float]:
         """USD billed for attempts that produced no result (failures, aborts), per dataset

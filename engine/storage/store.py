@@ -25,7 +25,15 @@ from engine.storage.ingest import IngestQueries
 from engine.storage.offline import failed_filter
 from engine.storage.resume import ResumeQueries
 from engine.storage.schema import (
-    ADDED_COLUMNS, DB_NAME, SCHEMA, SCHEMA_VERSION, StoreError, db_path, make_run_dir, migrate, migrate_sql,
+    ADDED_COLUMNS,
+    DB_NAME,
+    SCHEMA,
+    SCHEMA_VERSION,
+    StoreError,
+    db_path,
+    make_run_dir,
+    migrate,
+    migrate_sql,
     table_columns,
 )
 

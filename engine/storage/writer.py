@@ -202,7 +202,7 @@ class StoreWriter:
             except BaseException as e:
                 try:
                     await conn.execute("ROLLBACK")
-                except Exception:  # noqa: BLE001 - the connection may be gone; the batch is kept anyway
+                except Exception:  # the connection may be gone; the batch is kept anyway
                     pass
                 # Put the batch back in front so nothing paid for is dropped.
                 self._results[:0], self._done[:0], self._failed[:0] = results, done, failed
@@ -243,7 +243,7 @@ class StoreWriter:
             await self._wait(stop)
             try:
                 await self.flush()
-            except Exception as e:  # noqa: BLE001 - reported, retried next tick
+            except Exception as e:  # reported, retried next tick
                 log.error("store commit failed (will retry): %s", e)
                 self.failing = True
                 if self._on_error:
@@ -258,6 +258,6 @@ class StoreWriter:
             try:
                 await self.flush()
                 return
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 log.error("final store commit failed: %s", e)
                 await asyncio.sleep(self.interval_s)

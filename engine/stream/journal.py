@@ -34,7 +34,7 @@ SEGMENT_BYTES = 64 * 1024 * 1024
 JOURNAL_DIR = "journal"
 
 
-def journal_dir(run_dir: Path) -> Path:
+def journal_dir(run_dir: str | Path) -> Path:
     """``RUN_DIR/journal``."""
     return Path(run_dir) / JOURNAL_DIR
 

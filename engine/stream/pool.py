@@ -26,7 +26,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,7 +228,7 @@ class StreamWorkerPool:
             if w.writer is not None:
                 w.writer.close()
             w.alive = False
-        for rid, r in list(self._reqs.items()):
+        for r in list(self._reqs.values()):
             if not r.fut.done():
                 r.fut.set_exception(StreamWorkerLost(ErrorClass.DISCONNECT, "the run closed its stream workers"))
         self._reqs.clear()
@@ -363,7 +362,7 @@ class StreamWorkerPool:
         self._workers[w.slot] = fresh
         try:
             await self._spawn(fresh)
-        except Exception as e:  # noqa: BLE001 - the other workers go on; reported
+        except Exception as e:  # the other workers go on; reported
             self._emit("error", f"{msg}; a new worker could not start: {e}")
             return
         self._emit("warning", f"{msg}; a new worker (pid {fresh.pid}) took its place")

@@ -23,7 +23,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from engine.money.usage import account
 from engine.storage.store import Store
@@ -147,6 +147,11 @@ def _delete(paths: list[Path]) -> None:
         p.unlink(missing_ok=True)
 
 
+def _segment_refs(seg: Path) -> list[tuple[Any, Any]]:
+    """``(dataset, key)`` of every record in journal segment ``seg``."""
+    return [(r["d"], r["k"]) for r in journal.read_records(seg)]
+
+
 async def prune(run_dir: Path, store: Store, keep: Callable[[Path], bool] = lambda p: False) -> int:
     """Delete the journal segments of ``run_dir`` whose every prompt is no longer pending in ``store``
     (its result or failure is committed), except those ``keep(path)`` protects (a live worker's
@@ -156,7 +161,7 @@ async def prune(run_dir: Path, store: Store, keep: Callable[[Path], bool] = lamb
     for seg in await asyncio.to_thread(journal.segments, jdir):
         if keep(seg):
             continue
-        recs = await asyncio.to_thread(lambda s=seg: [(r["d"], r["k"]) for r in journal.read_records(s)])
+        recs = await asyncio.to_thread(_segment_refs, seg)
         states = await store.prompt_states(recs)
         if all(states.get(ref, (0, "gone", 0))[1] != "pending" for ref in recs):
             seg.unlink(missing_ok=True)

@@ -23,7 +23,6 @@ import os
 import socket
 import sys
 import time
-from typing import Any
 
 from engine.client.accumulate import StreamProgress
 from engine.client.chat import ChatClient
@@ -92,7 +91,7 @@ class Worker:
             self.streams.pop(s.rid, None)
             self.send(("err", s.rid, error_fields(e)))
             return
-        except Exception as e:  # noqa: BLE001 - a bug costs this attempt, not the worker
+        except Exception as e:  # a bug costs this attempt, not the worker
             self.streams.pop(s.rid, None)
             log.exception("unexpected error in a stream")
             self.send(("err", s.rid, error_fields(RequestError(ErrorClass.OTHER,

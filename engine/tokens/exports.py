@@ -39,6 +39,7 @@ import json
 from pathlib import Path
 from typing import Callable, Collection, Iterator
 
+from engine.client.conformance import FAILING as WIRE_REASONS
 from engine.config import TokenizerSection
 from engine.datasets.roles import specforge_problem
 from engine.errors import DatagenError, NothingToExport
@@ -46,7 +47,6 @@ from engine.storage import read, validations
 from engine.storage.handle import Handle
 from engine.tokens import vstore
 from engine.tokens.jsonrows import assistant_message, export_message, json_text
-from engine.client.conformance import FAILING as WIRE_REASONS
 from engine.tokens.reconstruct import count_tool_calls, native_tool_calls
 from engine.tokens.records import TokenRecord, write_jsonl, write_parquet
 
@@ -137,7 +137,7 @@ def _rows(conn: Handle, dataset: str, include_invalid: bool) -> Iterator[tuple]:
 
 def _json_lines(conn: Handle, dataset: str, fmt: str, include_invalid: bool, id_format: str,
                 on_left_out: Callable[[str, str], None] | None = None) -> Iterator[str]:
-    for pid, key, ok, pl, cl, blob, prov, fin, msgs, tools, reasoning, content, tcs in _rows(conn, dataset, include_invalid):
+    for _pid, key, _ok, _pl, _cl, _blob, _prov, _fin, msgs, tools, reasoning, content, tcs in _rows(conn, dataset, include_invalid):
         msgs, tools = json.loads(msgs), json.loads(tools)
         calls, _ = native_tool_calls(json.loads(tcs), count_tool_calls(msgs), id_format)
         rid = f"{dataset}:{key}"
@@ -156,7 +156,7 @@ def _json_lines(conn: Handle, dataset: str, fmt: str, include_invalid: bool, id_
 
 
 def _token_records(conn: Handle, dataset: str, include_invalid: bool) -> Iterator[TokenRecord]:
-    for pid, key, ok, pl, cl, blob, prov, fin, *_ in _rows(conn, dataset, include_invalid):
+    for _pid, key, _ok, pl, cl, blob, prov, fin, *_ in _rows(conn, dataset, include_invalid):
         ids = vstore.unpack_ids(blob)
         if len(ids) != pl + cl:
             raise ExportError(f"{dataset}:{key}: stored ids ({len(ids)}) != prompt_len + completion_len ({pl}+{cl})")

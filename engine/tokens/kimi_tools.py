@@ -314,5 +314,5 @@ def kimi_tool_vars(tools: list[Any] | None) -> tuple[list[Any] | None, str | Non
         return tools, None, None
     try:
         return tools, encode_tools_typescript(tools), None
-    except Exception as e:  # noqa: BLE001 - the tokenizer falls back on ANY exception
+    except Exception as e:  # the tokenizer falls back on ANY exception
         return tools, None, f"{type(e).__name__}: {e}"

@@ -156,8 +156,10 @@ class PromptChecker:
         out: list[SpecialText] = []
         seen: set[tuple[int, str, str]] = set()
 
+        pattern = self._pattern
+
         def scan(n: int, role: str, part: str, text: str) -> None:
-            for hit in self._pattern.findall(text):
+            for hit in pattern.findall(text):
                 if (n, part, hit) not in seen:
                     seen.add((n, part, hit))
                     out.append(SpecialText(hit, n, role, part))
@@ -184,7 +186,7 @@ class PromptChecker:
             msg = str(e)
             return PromptVerdict(error=msg if msg.startswith("chat template failed") else f"chat template failed: {msg}",
                                  special=special)
-        except Exception as e:  # noqa: BLE001 - whatever else a row can make rendering or encoding raise
+        except Exception as e:  # whatever else a row can make rendering or encoding raise
             return PromptVerdict(error=f"prompt cannot be rendered and encoded: {type(e).__name__}: {e}",
                                  special=special)
         return PromptVerdict(error=None, tokens=len(ids), special=special)

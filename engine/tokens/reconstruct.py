@@ -139,7 +139,7 @@ def native_tool_calls(tool_calls: list[dict[str, Any]], prior: int, id_format: s
     out: list[dict[str, Any]] = []
     rebuilt = 0
     for i, tc in enumerate(tool_calls):
-        fn = tc.get("function") if isinstance(tc.get("function"), dict) else {}
+        fn = _obj if isinstance(_obj := tc.get("function"), dict) else {}
         name = str(fn.get("name") or "")
         args = fn.get("arguments", "")
         if not isinstance(args, str):  # an object instead of the JSON string: serialise it compactly

@@ -93,11 +93,13 @@ def summarize(conn: Handle, *, worst: int = 10) -> dict[str, Any]:
         run also has ``worst`` (list of ``{id, dataset, provider, billing_diff, completion_len,
         billed_completion, reasons}``).
     """
-    run, per_ds, per_prov = _Acc(), {}, {}
+    run = _Acc()
+    per_ds: dict[str, _Acc] = {}
+    per_prov: dict[str, _Acc] = {}
     order = read.dataset_names(conn)
     rows = validations.verdict_rows(conn)
     worst_rows: list[tuple[int, dict[str, Any]]] = []
-    for pid, ds, key, prov, ok, reasons, notes, pl, cl, billed, bdiff, pdiff in rows:
+    for _pid, ds, key, prov, ok, reasons, notes, pl, cl, billed, bdiff, pdiff in rows:
         reasons, notes = json.loads(reasons), json.loads(notes)
         for acc in (run, per_ds.setdefault(ds, _Acc()), per_prov.setdefault(prov or "(unknown)", _Acc())):
             acc.add(bool(ok), reasons, notes, pl, cl, billed, bdiff, pdiff)

@@ -25,8 +25,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from engine.proc.childproc import quiet_child, spawn_context, spawn_guard
 from engine.config import TokenizerSection
+from engine.proc.childproc import quiet_child, spawn_context, spawn_guard
+from engine.storage.handle import Handle
 from engine.tokens import vstore
 from engine.tokens.reconstruct import Record, reconstruct
 from engine.tokens.report import summarize
@@ -113,7 +114,7 @@ class ReconstructionService:
         self.tok: Tokenizer | None = checked[0] if checked else None
         self.info: dict[str, Any] = dict(checked[1]) if checked else {}
         self._pool: cf.Executor | None = None
-        self._conn = None
+        self._conn: Handle | None = None
         self._rows: list[tuple] = []
         self._pending: set[asyncio.Future] = set()
         self._windows: dict[str, collections.deque] = {}
@@ -167,10 +168,12 @@ class ReconstructionService:
                 raise RuntimeError("live reconstruction stopped")
             loop = asyncio.get_running_loop()
             if self.section.executor == "thread":
+                if self.tok is None:
+                    raise RuntimeError("ReconstructionService: no tokenizer (submit before start())")
                 fut = loop.run_in_executor(pool, _work_with, self.tok, [r])
             else:  # a worker spawned here is born immune to terminal signals (QuietProcess)
                 fut = loop.run_in_executor(pool, _work, [r])
-        except Exception as e:  # noqa: BLE001 - BrokenExecutor, shut down, spawn failure: never lose the result
+        except Exception as e:  # BrokenExecutor, shut down, spawn failure: never lose the result
             if isinstance(e, cf.BrokenExecutor) and retries > 0 and self._replace_pool(pool, e):
                 self._enqueue(dataset, r, retries - 1)
             else:
@@ -197,7 +200,7 @@ class ReconstructionService:
                     self.replacements, _MAX_POOL_REPLACEMENTS)
         try:
             self._pool = _make_pool(self.section, self.tok, self.section.workers, self.section.executor)
-        except Exception as e:  # noqa: BLE001 - the run goes on without live reconstruction
+        except Exception as e:  # the run goes on without live reconstruction
             log.error("cannot start a new reconstruction pool (%s: %s); results are stored and `datagen validate` "
                       "rebuilds them", type(e).__name__, e)
             return False
@@ -237,7 +240,7 @@ class ReconstructionService:
             if self.on_verdict is not None:
                 try:
                     self.on_verdict(dataset, ok, reasons)
-                except Exception:  # noqa: BLE001 - a callback bug must not lose verdicts
+                except Exception:  # a callback bug must not lose verdicts
                     log.exception("[%s] on_verdict callback failed", dataset)
 
     def failure_rate(self, dataset: str) -> float | None:
@@ -265,6 +268,8 @@ class ReconstructionService:
             rows, self._rows = self._rows, []
             if rows:
                 try:
+                    if self._conn is None:
+                        raise RuntimeError("ReconstructionService.flush before start() or after close()")
                     await asyncio.to_thread(vstore.upsert, self._conn, rows)
                 except Exception:
                     self._rows[:0] = rows  # kept for the next commit
@@ -279,7 +284,7 @@ class ReconstructionService:
                 pass
             try:
                 await self.flush()
-            except Exception as e:  # noqa: BLE001 - retried at the next tick
+            except Exception as e:  # retried at the next tick
                 log.error("validations commit failed (will retry): %s", e)
 
     async def close(self, timeout_s: float | None = None) -> None:

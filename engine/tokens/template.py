@@ -85,7 +85,7 @@ def render(tok: Tokenizer, messages: list[dict[str, Any]], tools: list[dict[str,
         out = render_jinja_template(conversations=[clean_messages(messages)], tools=tools or None,
                                     chat_template=tok.chat_template, add_generation_prompt=add_generation_prompt,
                                     **kwargs)
-    except Exception as e:  # noqa: BLE001 - jinja raises TemplateError, TypeError, UndefinedError...
+    except Exception as e:  # jinja raises TemplateError, TypeError, UndefinedError...
         raise TemplateError(f"chat template failed: {type(e).__name__}: {e}") from None
     rendered = out[0] if isinstance(out, tuple) else out
     return rendered[0] if isinstance(rendered, list) else rendered

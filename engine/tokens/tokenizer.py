@@ -163,9 +163,11 @@ class _Tiktoken:
 
         model = d / "tiktoken.model"
         ranks: dict[bytes, int] = {}
+        n = 0  # the line number, for the ValueError message below
         try:
             with open(model, "rb") as f:
-                for n, line in enumerate(f, 1):
+                for line in f:
+                    n += 1
                     if not line.strip():
                         continue
                     tok, _, rank = line.partition(b" ")
@@ -240,7 +242,7 @@ class _HF:
         AutoTokenizer = transformers_module().AutoTokenizer
         try:
             self.tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        except Exception as e:  # noqa: BLE001 - transformers raises many types; the message says why
+        except Exception as e:  # transformers raises many types; the message says why
             raise TokenizerError(f"{path}: AutoTokenizer could not load it: {type(e).__name__}: {e}") from None
         self.vocab_size = len(self.tok)
         self.special_ids = frozenset(int(i) for i in getattr(self.tok, "added_tokens_decoder", {}) or {})

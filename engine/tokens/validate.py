@@ -7,7 +7,7 @@ are left out of exports unless asked. The checks (docs/eagle3-data.md, "checks t
 |---|---|
 | ``render_error`` | the chat template failed on the prompt or the full conversation |
 | ``truncated`` | ``finish_reason == "length"`` (cut by ``max_tokens``) |
-| ``unknown_finish`` | ``finish_reason`` is not one of ``stop``, ``length``, ``tool_calls``, ``content_filter``, ``function_call`` (kept verbatim; whether the text is complete is unknown) |
+| ``unknown_finish`` | ``finish_reason`` not in ``stop``, ``length``, ``tool_calls``, ``content_filter``, ``function_call`` |
 | ``empty`` | no content and no tool calls |
 | ``think_end_count`` | not exactly one ``think_end`` id (thinking mode) / any (thinking off) |
 | ``think_start`` | a ``think_start`` id in the completion |
@@ -18,7 +18,7 @@ are left out of exports unless asked. The checks (docs/eagle3-data.md, "checks t
 | ``reasoning_unexpected`` | thinking off, but reasoning text came back |
 | ``special_text`` | another special token's text inside a generated piece |
 | ``bad_tool_args`` | a tool call's ``arguments`` is not valid JSON |
-| ``unknown_tool`` | a tool call names a function that is not one of the request's declared ``tools`` (e.g. two calls glued into one by a misassembled stream) |
+| ``unknown_tool`` | a tool call names a function not among the request's ``tools`` (e.g. two calls glued into one) |
 | ``tool_layout`` | tool calls, but the tool-call markers are not configured/resolved |
 | ``prefix_unstable`` | the rendered prompt is not a prefix of the rendered full conversation |
 | ``method_disagree`` | method A ids != method B ids |
@@ -100,7 +100,7 @@ def declared_tool_names(tools: list) -> set[str]:
     for t in tools or ():
         if not isinstance(t, dict):
             continue
-        fn = t.get("function") if isinstance(t.get("function"), dict) else t
+        fn = _obj if isinstance(_obj := t.get("function"), dict) else t
         name = fn.get("name")
         if isinstance(name, str) and name:
             names.add(name)
@@ -112,7 +112,7 @@ def unknown_tool_calls(tool_calls: list, tools: list) -> list[int]:
     declared = declared_tool_names(tools)
     bad: list[int] = []
     for i, tc in enumerate(tool_calls or ()):
-        fn = tc.get("function") if isinstance(tc, dict) and isinstance(tc.get("function"), dict) else {}
+        fn = _obj if isinstance(tc, dict) and isinstance(_obj := tc.get("function"), dict) else {}
         if fn.get("name") not in declared:
             bad.append(i)
     return bad

@@ -15,7 +15,9 @@ from typing import Any, Iterator
 
 from engine.client.conformance import decode_flags
 from engine.storage import validations
-from engine.storage.handle import Handle, NoStoreError, get_meta as _get_meta, set_meta as _set_meta
+from engine.storage.handle import Handle, NoStoreError
+from engine.storage.handle import get_meta as _get_meta
+from engine.storage.handle import set_meta as _set_meta
 from engine.storage.validations import pack_ids, unpack_ids
 from engine.tokens.reconstruct import Reconstruction, Record
 from engine.tokens.validate import Verdict

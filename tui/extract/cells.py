@@ -13,21 +13,28 @@ from dataclasses import dataclass
 from rich.text import Text
 
 from engine.api import (
-    FINAL_JOB_STATES, DatasetExtractView, ExtractSnapshot, GpuRow, JobState, WorkerState, WorkerView, fmt_bytes,
+    FINAL_JOB_STATES,
+    DatasetExtractView,
+    ExtractSnapshot,
+    GpuRow,
+    JobState,
+    WorkerState,
+    WorkerView,
+    fmt_bytes,
     progress_percent,
 )
 from tui.fmt import GIB, bar_parts, fmt_count, fmt_duration, trim
 from tui.panes.gpus import level_style
 from tui.panes.header import fit
 
-JOB_STYLE = {
+JOB_STYLE: dict[str, str] = {  # keyed by JobState (a str: a snapshot's state looks it up)
     JobState.NOT_STARTED: "bold cyan", JobState.LOADING: "bold cyan", JobState.RUNNING: "bold green",
     JobState.RESTARTING: "bold magenta", JobState.PAUSED: "bold yellow", JobState.DRAINING: "bold yellow",
     JobState.WAITING: "bold cyan", JobState.DONE: "bold blue", JobState.FAILED: "bold red", JobState.STOPPED: "bold red",
 }
 """Rich style per job state (:class:`engine.extract.snapshot.JobState`)."""
 
-WORKER_STYLE = {
+WORKER_STYLE: dict[str, str] = {
     WorkerState.STARTING: "cyan", WorkerState.LOADING: "cyan", WorkerState.RUNNING: "green",
     WorkerState.PAUSED: "yellow", WorkerState.DRAINING: "yellow", WorkerState.DONE: "blue",
     WorkerState.FAILED: "bold red", WorkerState.RESTARTING: "bold magenta",
@@ -272,7 +279,7 @@ DATASET_COLUMNS: tuple[Column, ...] = (
 """The per-dataset table's columns (they fit 80 columns)."""
 
 
-IN_HAND = {JobState.PAUSED: "paused", JobState.DRAINING: "draining", JobState.STOPPED: "stopped",
+IN_HAND: dict[str, str] = {JobState.PAUSED: "paused", JobState.DRAINING: "draining", JobState.STOPPED: "stopped",
            JobState.FAILED: "stopped", JobState.WAITING: "waiting", JobState.NOT_STARTED: "waiting"}
 """What a dataset with samples left shows while the job is in one of these states (else ``running``
 once some of it is done, ``waiting`` before): a paused job's datasets read ``paused``, not ``running``."""

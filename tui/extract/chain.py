@@ -71,7 +71,7 @@ class ChainedExtraction:
     async def _main(self, task: asyncio.Task[int]) -> None:
         try:
             code = await asyncio.shield(task)
-        except Exception as e:  # noqa: BLE001 - say it; generation goes on
+        except Exception as e:  # say it; generation goes on
             log.error("chained extraction failed: %s: %s", type(e).__name__, e)
             code = 1
         if self.app.wants_exit or self.app.terminal_lost or self.engine.quit_mode:

@@ -8,7 +8,12 @@ from textual.widgets import DataTable, Static
 
 from engine.api import ExtractSnapshot
 from tui.extract.cells import (
-    DATASET_COLUMNS, Column, dataset_cells, gpu_columns, gpu_worker_rows, header_lines,
+    DATASET_COLUMNS,
+    Column,
+    dataset_cells,
+    gpu_columns,
+    gpu_worker_rows,
+    header_lines,
 )
 
 Rows = list[tuple[str, dict[str, Text]]]

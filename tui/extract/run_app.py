@@ -8,8 +8,8 @@ to ``run.interrupt`` (the first drains, the second kills the workers), and so do
 (a key in the terminal's raw mode, not a signal); SIGHUP, or a watchdog that
 finds the terminal gone, also stops drawing (:class:`tui.terminal.TerminalWatch`), and the drain
 finishes off-screen. The app exits with the run's exit code: 0 done or drained by ``q``, 1 failed,
-130 interrupted (a signal or Ctrl-C) with samples left, or aborted. :func:`run_extract_dashboard` runs it and re-raises what ``prepare`` raised
-once the terminal is restored, so the caller prints an ``error:`` line on a normal screen.
+130 interrupted (a signal or Ctrl-C) with samples left, or aborted. :func:`run_extract_dashboard` runs it and
+re-raises what ``prepare`` raised once the terminal is restored, so the caller prints an ``error:`` line on a normal screen.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class RunExtractApp(ExtractApp):
         self.metrics = open_metrics(run.cfg.run, extract=run.snapshot)  # MetricsError: before the app runs
         self.run_ = run
         self.error: BaseException | None = None
-        self.terminal = ExtractTerminalWatch(self)  # type: ignore[arg-type]
+        self.terminal = ExtractTerminalWatch(self)
         self._install_signals = install_signals
         self._task: asyncio.Task[int] | None = None
         self._exit_when_done = False
@@ -96,7 +96,7 @@ class RunExtractApp(ExtractApp):
     async def _main(self, task: asyncio.Task[int]) -> None:
         try:
             code = await asyncio.shield(task)
-        except Exception as e:  # noqa: BLE001 - prepare's errors: run_extract_dashboard re-raises them
+        except Exception as e:  # prepare's errors: run_extract_dashboard re-raises them
             self.error = e
             super().exit(1, return_code=1)
             return

@@ -28,9 +28,10 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.message import Message
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
-from engine.api import ExtractSnapshot, JobState
+from engine.api import ExtractCommands, ExtractSnapshot, JobState
 from tui.extract.cells import FINAL_STATES, exit_code
 from tui.extract.host import ExtractHost
 from tui.extract.panes import ExtractDatasetsTable, ExtractHeader, GpuWorkerTable
@@ -109,7 +110,7 @@ class ExtractScreen(Screen[None]):
     def compose(self) -> ComposeResult:
         try:  # the footer's keys depend on the state (pause, skip): composed right the first time
             self.snapshot = self.host.snapshot()
-        except Exception:  # noqa: BLE001 - on_mount's poll logs it
+        except Exception:  # on_mount's poll logs it
             pass
         yield ExtractHeader(id="x-header")
         yield GpuWorkerTable(id="x-gpus")
@@ -129,7 +130,7 @@ class ExtractScreen(Screen[None]):
         """Pull a snapshot and draw it; post :class:`Done` when the job ended after a quit."""
         try:
             snap = self.host.snapshot()
-        except Exception:  # noqa: BLE001 - a failing host must not kill the dashboard
+        except Exception:  # a failing host must not kill the dashboard
             log.exception("extraction snapshot failed")
             return
         self.snapshot = snap
@@ -233,7 +234,7 @@ class ExtractScreen(Screen[None]):
         self.interrupted = True
         self.post_message(self.Interrupt())
 
-    def _command(self, what: str, call: Callable[[object], str | Awaitable[str]]) -> None:
+    def _command(self, what: str, call: Callable[[ExtractCommands], str | Awaitable[str]]) -> None:
         """Call the host's commands object and toast its answer (a ``ValueError``'s message as an
         error); an awaitable answer is awaited in a worker."""
         commands = self.host.commands
@@ -245,7 +246,7 @@ class ExtractScreen(Screen[None]):
         except ValueError as e:
             self._toast(str(e), "error")
             return
-        except Exception as e:  # noqa: BLE001 - say it, keep the dashboard
+        except Exception as e:  # say it, keep the dashboard
             log.exception("extraction %s failed", what)
             self._toast(f"{what} failed: {type(e).__name__}: {e}", "error")
             return
@@ -260,11 +261,11 @@ class ExtractScreen(Screen[None]):
             self._toast(await result)
         except ValueError as e:
             self._toast(str(e), "error")
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             log.exception("extraction %s failed", what)
             self._toast(f"{what} failed: {type(e).__name__}: {e}", "error")
 
-    def _toast(self, message: str, severity: str = "information") -> None:
+    def _toast(self, message: str, severity: SeverityLevel = "information") -> None:
         # markup=False: dataset names and error texts are text, not markup
         self.app.notify(message, severity=severity, timeout=5 if severity == "error" else 3, markup=False)
 

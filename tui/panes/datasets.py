@@ -247,7 +247,7 @@ class DatasetsTable(DataTable):
             return None
         try:
             return self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
-        except Exception:  # noqa: BLE001 - cursor out of range during a rebuild
+        except Exception:  # cursor out of range during a rebuild
             return None
 
     def update_from(self, snapshot: RunSnapshot) -> None:

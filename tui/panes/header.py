@@ -68,7 +68,7 @@ def fit(segments: list[Segment], width: int, sep: str = "  ") -> Text:
     return line
 
 
-def _t(*parts: tuple[str, str] | str) -> Text:
+def _t(*parts: tuple[str, str] | str | Text) -> Text:
     t = Text()
     for p in parts:
         t.append(*(p if isinstance(p, tuple) else (p,)))

@@ -10,7 +10,7 @@ draining, down), in flight (/ its cap), requests, error %, p50 latency and tok/s
 
 from __future__ import annotations
 
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
@@ -26,8 +26,8 @@ def providers_table(providers: tuple[ProviderSnapshot, ...]) -> Table | Text:
     t = Table(box=None, expand=True, show_edge=False, pad_edge=False, header_style="bold")
     t.add_column("provider", no_wrap=True, overflow="ellipsis", ratio=1, min_width=6)
     show_flags = any(p.flags for p in providers)
-    for name in ("req", "err", "lat p50/95", "TTFT", "tok/s", "cost") + (("flags",) if show_flags else ()):
-        t.add_column(name, justify="right", no_wrap=True)
+    for col in ("req", "err", "lat p50/95", "TTFT", "tok/s", "cost") + (("flags",) if show_flags else ()):
+        t.add_column(col, justify="right", no_wrap=True)
     for p in providers:
         name = Text(p.name, style="strike dim" if p.excluded else "bold")
         if p.excluded:
@@ -88,7 +88,7 @@ class ProvidersPane(Static):
         key = (snapshot.providers, snapshot.endpoints)
         if key != self._last:
             self._last = key
-            body = providers_table(snapshot.providers)
+            body: RenderableType = providers_table(snapshot.providers)
             if snapshot.endpoints:
                 body = Group(body, Text(""), endpoints_table(snapshot.endpoints))
             self.update(body, layout=False)

@@ -64,7 +64,7 @@ def finish_layout(out: Any, table: Any, skipped: Any = frozenset()) -> bool:
     speculators dataset); a no-op for the other layouts. Samples of the ``skipped`` datasets (names;
     skipped by the user) are not waited for. Returns True when the output is complete."""
     index = {sid: i for i, sid in enumerate(table.ids)}
-    ids = [sid for sid, ds in zip(table.ids, table.datasets) if ds not in skipped]
+    ids = [sid for sid, ds in zip(table.ids, table.datasets, strict=True) if ds not in skipped]
     return out.layout.finish(out, ids, lambda sid: table.tokens(index[sid]))
 
 

@@ -230,7 +230,7 @@ class PerSampleLayout(Layout):
                 base = self._next_index(out)
                 lines = []
                 dirs = set()
-                for k, (tmp, e) in enumerate(zip(tmps, entries)):
+                for k, (tmp, e) in enumerate(zip(tmps, entries, strict=True)):
                     name = self.sample_file(base + k, e["id"])
                     dest = out.path / name
                     dest.parent.mkdir(parents=True, exist_ok=True)

@@ -43,7 +43,7 @@ import os
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, cast
 
 from engine.extract.layouts.base import Lookup, PerSampleLayout, states
 
@@ -132,7 +132,7 @@ class SpecForgeLayout(PerSampleLayout):
             import gzip
 
             with gzip.open(path, "wb", compresslevel=int(self.opts.get("compression_level") or 6)) as f:
-                torch.save(record, f)
+                torch.save(record, cast(IO[bytes], f))  # a GzipFile is a binary file; typeshed's is no IO[bytes]
         else:
             torch.save(record, path)
 

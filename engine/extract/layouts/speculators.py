@@ -170,7 +170,8 @@ class SpeculatorsLayout(PerSampleLayout):
                     return True
             except (OSError, ValueError, AttributeError):
                 pass
-            get = lookup or (lambda sid, by={e["id"]: e for e in entries}: _from_files(out.path, by[sid]))
+            by = {e["id"]: e for e in entries}
+            get = lookup or (lambda sid: _from_files(out.path, by[sid]))
             write_dataset(out.path, [get(e["id"]) for e in entries])
             tmp = done.with_name(done.name + ".tmp")
             tmp.write_text(json.dumps({"rows": len(entries), "layout": "speculators"}))
@@ -184,7 +185,7 @@ def mask_runs(mask: Any) -> list[list[int]]:
 
     m = np.concatenate([[0], np.asarray(mask, dtype=np.int8) != 0, [0]]).astype(np.int8)
     d = np.diff(m)
-    return [[int(a), int(b)] for a, b in zip(np.flatnonzero(d == 1), np.flatnonzero(d == -1))]
+    return [[int(a), int(b)] for a, b in zip(np.flatnonzero(d == 1), np.flatnonzero(d == -1), strict=True)]
 
 
 def _from_files(path: Path, entry: dict[str, Any]) -> tuple[Any, Any]:
@@ -215,7 +216,9 @@ def write_dataset(path: Path, rows: list[tuple[Any, Any]], chunk: int = 8192) ->
 
     feats = Features({"input_ids": Sequence(Value("int64")), "loss_mask": Sequence(Value("int64")),
                       "seq_len": Value("int64")})
-    ids_chunks, mask_chunks, freq = [], [], Counter()
+    ids_chunks: list[Any] = []
+    mask_chunks: list[Any] = []
+    freq: Counter[int] = Counter()
     for s in range(0, len(rows), chunk):
         part = rows[s:s + chunk]
         lens = np.array([len(r[0]) for r in part], dtype=np.int64)
@@ -225,7 +228,7 @@ def write_dataset(path: Path, rows: list[tuple[Any, Any]], chunk: int = 8192) ->
         ids_chunks.append(pa.ListArray.from_arrays(offsets, pa.array(flat_ids, pa.int64())))
         mask_chunks.append(pa.ListArray.from_arrays(offsets, pa.array(flat_mask, pa.int64())))
         u, c = np.unique(flat_ids[flat_mask != 0], return_counts=True)
-        freq.update(dict(zip(u.tolist(), c.tolist())))
+        freq.update(dict(zip(u.tolist(), c.tolist(), strict=True)))
     seq_len = pa.array(np.array([len(r[0]) for r in rows], dtype=np.int64), pa.int64())
     table = pa.table({"input_ids": pa.chunked_array(ids_chunks, pa.list_(pa.int64())),
                       "loss_mask": pa.chunked_array(mask_chunks, pa.list_(pa.int64())), "seq_len": seq_len})

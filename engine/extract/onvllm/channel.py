@@ -169,7 +169,7 @@ class CaptureClient:
                 self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 self._sock.connect(self.path)
             self._sock.sendall(_LEN.pack(len(meta)) + meta)
-            self._sock.sendall(memoryview(np.ascontiguousarray(raw)).cast("B"))
+            self._sock.sendall(np.ascontiguousarray(raw).data.cast("B"))
 
     def close(self) -> None:
         with self._lock:

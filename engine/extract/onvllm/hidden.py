@@ -128,7 +128,7 @@ class VllmHiddenStates:
                     llm = LLM(**llm_kwargs(job, self.server.path))
                 except ExtractError:
                     raise
-                except Exception as e:  # noqa: BLE001 - vLLM raises many kinds at start-up
+                except Exception as e:  # vLLM raises many kinds at start-up
                     raise ExtractError(f"vLLM could not start {job.model!r}: {type(e).__name__}: {e}") from None
             self.llm = llm
             self.norm = None
@@ -188,7 +188,7 @@ class VllmHiddenStates:
         dtype = getattr(torch, self.job.dtype)
         aux = torch.zeros((len(samples), tmax, self.n_aux * h), dtype=dtype)
         last = torch.zeros((len(samples), tmax, h), dtype=dtype)
-        for b, (key, s) in enumerate(zip(keys, samples)):
+        for b, (key, s) in enumerate(zip(keys, samples, strict=True)):
             ids, hidden = self.server.take(key)
             if len(ids) != len(s) or not np.array_equal(ids, np.asarray(s, dtype=np.int64)):
                 raise ExtractError(f"vLLM's capture {key} holds {len(ids)} token ids that differ from the sample's "
@@ -213,7 +213,7 @@ class VllmHiddenStates:
             shutdown = getattr(llm.llm_engine.engine_core, "shutdown", None)
             if shutdown is not None:
                 shutdown()
-        except Exception as e:  # noqa: BLE001 - best effort at exit
+        except Exception as e:  # best effort at exit
             log.debug("vLLM engine shutdown: %s", e)
         del llm
         try:
@@ -221,7 +221,7 @@ class VllmHiddenStates:
 
             destroy_model_parallel()
             destroy_distributed_environment()
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             log.debug("vLLM process groups: %s", e)
         import gc
 

@@ -32,7 +32,7 @@ def _model_file(model: str, name: str) -> Path | None:
 
     try:
         return Path(hf_hub_download(model, name))
-    except Exception:  # noqa: BLE001 - absent file, offline cache miss
+    except Exception:  # absent file, offline cache miss
         return None
 
 
