@@ -2,7 +2,7 @@
 
 One dataset with a completion-token budget (200,000 at 500 concurrency, 800,000 at 2,000), the
 simulator (own process) streaming completions of mean 2,000 tokens (``max_tokens`` 8,000) at
-4,000 tokens/s per stream after 50 ms (as ``tests/test_spend_e2e.py``). Each run is a full headless
+4,000 tokens/s per stream after 50 ms (as ``tests/e2e/test_spend_e2e.py``). Each run is a full headless
 engine run in a fresh process until the dataset is ``budget_met`` and in-flight requests drained.
 Used = completion tokens of stored results + tokens streamed by failed/aborted attempts.
 

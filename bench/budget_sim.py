@@ -7,7 +7,7 @@ simulator's (``8 + int(Exp(mean - 8))``, capped at ``max_tokens``), it streams a
 to the estimator as censored lengths every ``censor_every_s`` simulated seconds (the scheduler's
 ``CENSOR_EVERY_S``); a refused reservation stops the dataset for good when
 :meth:`~engine.money.budget.DatasetBudgets.budget_met` says so, else dispatch waits for the next
-completion. Used by ``tests/test_budget.py`` (the overshoot sweep) and ``bench/b9_hard_cap.py``.
+completion. Used by ``tests/engine/money/test_budget.py`` (the overshoot sweep) and ``bench/b9_hard_cap.py``.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ For each rope setting (``default``: the tiny model of ``make vllm-check``; ``kim
    the same ``vllm.LLM`` arguments ``datagen extract`` uses) on the same token ids (lengths 1 and 2 go
    through vLLM's MLA decode path, the others through its prefill path), capturing every layer;
 3. prints, per layer, the max abs diff between the engines and the largest value, and for layer 0 each
-   engine against the reference (``tests/test_mla_reference.py``, computed on the CPU in fp32), split into
+   engine against the reference (``tests/engine/extract/test_mla_reference.py``, computed on the CPU in fp32), split into
    position 0 and the later positions: position 0 attends to itself only, so a rope / softmax-scale / mask
    error shows at positions >= 1 alone.
 

@@ -92,9 +92,11 @@ def _undo_refused_start(run_dir: Path, fresh_dir: bool, fresh_log: bool, fresh_l
         return
     if fresh_lock and lock is not None:
         lock.release_and_remove()
+    from engine.run.headless import is_datagen_handler
+
     root = logging.getLogger()
     for h in list(root.handlers):
-        if getattr(h, "_datagen", False) and isinstance(h, logging.FileHandler):
+        if is_datagen_handler(h) and isinstance(h, logging.FileHandler):
             root.removeHandler(h)
             h.close()
     try:

@@ -1,4 +1,4 @@
-"""Helpers for testing and screenshotting the dashboard (used by ``tests/test_tui*.py``).
+"""Helpers for testing and screenshotting the dashboard (used by ``tests/tui/``).
 
 - :func:`sim_config`: a config on the built-in simulator with the bundled sample datasets.
 - :func:`fixed_snapshot` / :data:`FIXED_GPUS`: a literal engine state for snapshot tests.

@@ -102,7 +102,8 @@ def decode_payload(payload: bytes | str) -> Any:
     try:
         return json.loads(payload)
     except UnicodeDecodeError:
-        return decode_payload(payload.decode("utf-8", "replace"))  # type: ignore[union-attr]
+        assert isinstance(payload, bytes)  # only bytes can fail to decode
+        return decode_payload(payload.decode("utf-8", "replace"))
     except ValueError:
         raw = payload.encode() if isinstance(payload, str) else payload
         stripped = raw.strip()
@@ -155,7 +156,7 @@ class SSEParser:
         self._type = b""
         self._id = b""
         self._pending_cr = False
-        self._start = b""  # bytes held at stream start until the BOM question is decided (None once decided)
+        self._start: bytes | None = b""  # bytes held at stream start until the BOM question is decided (None once decided)
         self.events = 0
         """Number of events dispatched so far (including empty-data ones)."""
         self.comments = 0
@@ -196,7 +197,7 @@ class SSEParser:
         self._buf = b""
         self._data = []
         self._type = b""
-        self._start = None  # type: ignore[assignment]
+        self._start = None
         self._pending_cr = False
         return []
 
@@ -233,7 +234,7 @@ class SSEParser:
             if len(data) < 3 and _BOM.startswith(data):
                 self._start = data
                 return []
-            self._start = None  # type: ignore[assignment]
+            self._start = None
             if data.startswith(_BOM):
                 data = data[3:]
                 if not data:

@@ -1,6 +1,6 @@
 """``docs/configuration.md``, generated from the config schema so the page cannot drift from the code.
 
-Run ``python -m engine.config.docgen > docs/configuration.md`` (``make docs``); ``tests/test_docs.py``
+Run ``python -m engine.config.docgen > docs/configuration.md`` (``make docs``); ``tests/structure/test_docs.py``
 fails while the page differs from :func:`render`. Every table of ``config.toml`` reachable from
 :class:`engine.config.schema.Config` gets one section, every key one row: key, type (with its bounds),
 default and the field's ``description``. A field may set ``json_schema_extra={"doc_default": ...}``
@@ -29,7 +29,7 @@ PREAMBLE = f"""\
 # Configuration (`config.toml`)
 
 <!-- Generated from the config schema (engine/config/) by `{COMMAND}` (`make docs`).
-     Edit the fields' descriptions there, not this file: tests/test_docs.py compares the two. -->
+     Edit the fields' descriptions there, not this file: tests/structure/test_docs.py compares the two. -->
 
 `config.toml` is validated before any request is sent. Unknown keys, wrong types and missing files
 are errors that name the file, the key (e.g. `datasets[2].token_budget`) and what was expected; an

@@ -135,7 +135,7 @@ def check_integrity(path: Path, kind: str, shown: str) -> Integrity:
     return Integrity(kind, units, unchecked, size)
 
 
-def open_stream(path: Path, kind: str, shown: str, integrity: Integrity | None = None) -> BinaryIO:
+def open_stream(path: Path, kind: str, shown: str, integrity: Integrity | None = None) -> io.BufferedReader:
     """``path`` decompressed as it is read (buffered: ``readline``/iteration work). With a truncated
     file's ``integrity``, reading past its intact units raises :class:`Unverified`.
 

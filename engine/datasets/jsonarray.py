@@ -16,10 +16,11 @@ reasons count from the start of the text (after the byte-order mark).
 from __future__ import annotations
 
 import codecs
+import io
 import json
 import re
 from collections.abc import Iterator
-from typing import Any, BinaryIO
+from typing import Any
 
 from engine.prompts import Reject
 
@@ -37,7 +38,7 @@ class _Text:
     before a position once it is far behind.
     """
 
-    def __init__(self, fh: BinaryIO) -> None:
+    def __init__(self, fh: io.BufferedReader) -> None:
         self.fh = fh
         self.dec = codecs.getincrementaldecoder("utf-8-sig")(errors="surrogateescape")
         self.buf = ""
@@ -56,7 +57,7 @@ class _Text:
         size = 0
         while size < n:
             try:
-                data = self.fh.read1(n - size)  # type: ignore[attr-defined]  # one read of the raw stream at most
+                data = self.fh.read1(n - size)  # one read of the raw stream at most
             except Exception as e:
                 if not got:
                     raise
@@ -110,7 +111,7 @@ class _Text:
         return last == "]"
 
 
-def iter_array(fh: BinaryIO, shown: str) -> Iterator[tuple[str, Any] | Reject]:
+def iter_array(fh: io.BufferedReader, shown: str) -> Iterator[tuple[str, Any] | Reject]:
     """Yield ``(source, value)`` per element of the JSON array in ``fh`` (which starts, after a
     byte-order mark and spaces, with ``[``), then stop at ``]``; at the first element that cannot
     be decoded, yield one ``Reject`` and stop (the module docstring lists the reasons).

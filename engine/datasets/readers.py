@@ -17,11 +17,12 @@ Parquet rows come without null-valued object keys at any depth (Arrow's struct u
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from engine.datasets.arrow_nulls import drop_nulls
 from engine.datasets.compressed import Integrity, Unverified, check_integrity, open_stream, unchecked_note
@@ -129,7 +130,7 @@ class _Source:
     integrity: Integrity | None
     notes: list[str] | None
 
-    def open(self) -> BinaryIO:
+    def open(self) -> io.BufferedReader:
         if self.compression is None:
             return open(self.path, "rb")
         return open_stream(self.path, self.compression, self.shown, self.integrity)
@@ -153,7 +154,7 @@ def _read_head(src: _Source) -> bytes:
     with src.open() as fh:
         while len(head) < _SNIFF_BYTES:
             try:
-                chunk = fh.read1(_SNIFF_BYTES - len(head))  # type: ignore[attr-defined]
+                chunk = fh.read1(_SNIFF_BYTES - len(head))
             except Unverified:
                 break
             if not chunk:

@@ -38,7 +38,7 @@ computed in float64. Where ``1 - m`` is at the rounding level (``mean(x^2) >> ep
 not recoverable, but then it does not matter: RMSNorm is scale-invariant up to ``eps``, and the
 norm's output is insensitive to the scale in proportion to ``1 - m``. Either way
 ``norm(z) == y`` and speculators' targets ``lm_head(norm(z))`` are the verifier's logits
-(tests/test_extract_layouts.py checks it to 1e-5); the saved ``z`` may differ from the raw ``x`` in
+(tests/engine/extract/test_extract_layouts.py checks it to 1e-5); the saved ``z`` may differ from the raw ``x`` in
 scale, and it carries the rounding of the stored (normed) state, which the scale recovery amplifies
 (``1 - m = eps / (mean(x^2) + eps)`` is small), so it is not the pre-norm state a fresh extraction
 with ``layout = "speculators"`` saves (``x`` itself): on the tiny test model in fp32, ``max |z - x|``

@@ -1,6 +1,6 @@
 """The target model and one forward pass that returns EAGLE-3's hidden states.
 
-Convention (tested against hooks on the decoder layers in ``tests/test_extract.py``): with
+Convention (tested against hooks on the decoder layers in ``tests/engine/extract/test_extract.py``): with
 ``output_hidden_states`` transformers returns L + 1 states; ``hidden_states[0]`` is the embedding
 output, ``hidden_states[i + 1]`` the output of decoder layer ``i`` and, for the DeepSeek-V3 family
 in transformers 5.x (``capture_outputs(tie_last_hidden_states=True)``), ``hidden_states[L]`` is

@@ -201,7 +201,7 @@ class ExtractRun:
             self._lock = None
 
     # ------------------------------------------------------------------ workers
-    def _spawn(self, rank: int) -> None:
+    def _spawn(self, rank: int) -> subprocess.Popen:
         job = self.job
         env = dict(os.environ)
         if job.device == "cuda":
@@ -221,6 +221,7 @@ class ExtractRun:
                              stdout=out, stderr=subprocess.STDOUT if out is not None else None)
         self._procs[rank] = p
         self._lw[rank] = replace(lw, pid=p.pid, failed_at=None)
+        return p
 
     def _status_doc(self, rank: int) -> dict[str, Any] | None:
         return next((w for w in read_workers(self.job.out_dir) if w.get("worker") == rank), None)
@@ -279,8 +280,8 @@ class ExtractRun:
             if now >= at:
                 del self._restart_at[rank]
                 self._lw[rank] = replace(self._lw[rank], restarts=self._lw[rank].restarts + 1)
-                self._spawn(rank)
-                self.say(f"worker {rank} restarted (pid {self._procs[rank].pid})")  # type: ignore[union-attr]
+                p = self._spawn(rank)
+                self.say(f"worker {rank} restarted (pid {p.pid})")
 
     def _quitting(self) -> bool:
         """True once a quit is in the control file or a second signal arrived: no restart any more."""

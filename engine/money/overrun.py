@@ -21,7 +21,7 @@ from typing import Any, Callable
 OVERRUN_PERCENTILE = 0.75
 """A stream overruns by how far its conditional upper quartile (``P(final <= x | streamed r) = 0.75``)
 exceeds its reservation (near the end of a budget the reservation percentile is used instead, see
-:data:`engine.money.budget.END_SPAN`). Chosen on the pure sweep of ``tests/test_budget.py`` (500 and 2,000
+:data:`engine.money.budget.END_SPAN`). Chosen on the pure sweep of ``tests/engine/money/test_budget.py`` (500 and 2,000
 streams, budgets 0.1-2x concurrency x mean): the conditional median overshot 1.036x; the upper
 quartile alone 1.022x (a 200,000 budget, where one long stream is 2%); the reservation's own p90
 everywhere held within 1.015x but cost 10-30% of the prompts per second of the budget-bound phase

@@ -42,9 +42,11 @@ class Prices:
 
 
 def _parse_price(v: object) -> float | None:
+    if not isinstance(v, (int, float, str)):
+        return None
     try:
-        p = float(v)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+        p = float(v)
+    except ValueError:
         return None
     return p if math.isfinite(p) and p >= 0 else None
 

@@ -384,7 +384,8 @@ def _finishes(rows: list[EtaRow], tokens: Callable[[EtaRow], float | None]) -> d
 
 
 def _latest(values: list[float | None]) -> float | None:
-    return None if any(v is None for v in values) else max([0.0, *values])  # type: ignore[type-var]
+    known = [v for v in values if v is not None]
+    return None if len(known) < len(values) else max([0.0, *known])
 
 
 def schedule_eta(rows: list[EtaRow], *, blocked: str = "") -> RunEta:

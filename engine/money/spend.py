@@ -103,7 +103,7 @@ class SpendControl:
         #: USD accounted per dataset, the run's earlier processes included: results, failed and
         #: aborted attempts, late true-ups. THE dollars of a dataset (snapshots and status read them
         #: here); every method that records spend adds to it, so it cannot disagree with the budgets.
-        #: The store's figure has the same definition (engine.storage.dollars; tests/test_storage_dollars.py).
+        #: The store's figure has the same definition (engine.storage.dollars; tests/engine/storage/test_storage_dollars.py).
         self.dataset_usd: dict[str, float] = {d.name: 0.0 for d in cfg.datasets}
         #: what providers billed for streams this engine aborted (the abort estimate learns from it)
         self.aborts = AbortBilling()

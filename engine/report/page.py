@@ -118,9 +118,10 @@ def row_note(st: dict[str, Any], path: tuple[str, ...]) -> str:
 
 
 def _get(doc: dict[str, Any], path: tuple[str, ...]) -> Any:
+    value: Any = doc
     for k in path:
-        doc = doc.get(k) if isinstance(doc, dict) else None  # type: ignore[assignment]
-    return doc
+        value = value.get(k) if isinstance(value, dict) else None
+    return value
 
 
 def status_tables(st: dict[str, Any]) -> str:

@@ -22,8 +22,9 @@ Messages and kinds are part of the interface: events, notices, the status JSON a
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.run.runstate import Control, DatasetState, PauseKind
 
@@ -60,7 +61,7 @@ class Pausable(Protocol):
     """What :func:`apply` acts on."""
 
     def pause_all(self, reason: str, kind: PauseKind = PauseKind.USER) -> None: ...
-    def set_dataset_control(self, name: str, control: str, reason: str, guard: bool = False) -> Awaitable[None]: ...
+    def set_dataset_control(self, name: str, control: str, reason: str, guard: bool = False) -> Coroutine[Any, Any, None]: ...
 
 
 # ---- dataset rules ----------------------------------------------------------------------------
@@ -194,7 +195,7 @@ def apply(run: Pausable, decision: Pause | None) -> Any:
     import asyncio
 
     return asyncio.get_running_loop().create_task(
-        run.set_dataset_control(decision.dataset, Control.PAUSED, decision.reason, guard=True))  # type: ignore[arg-type]
+        run.set_dataset_control(decision.dataset, Control.PAUSED, decision.reason, guard=True))
 
 
 __all__ = ["Pause", "Pausable", "Stop", "anomaly", "apply", "calibration", "credits_floor", "exit_on_pause",

@@ -50,26 +50,36 @@ class SafeOut:
                 self.dead = True
 
 
+#: ``logging.Handler.name`` of the handlers :func:`setup_file_logging` adds (file, stderr): a rerun in the same
+#: process replaces them, and a caller closes them by this name (:func:`is_datagen_handler`).
+HANDLER_NAMES = ("datagen.file", "datagen.stderr")
+
+
+def is_datagen_handler(h: logging.Handler) -> bool:
+    """Whether ``h`` is one of the handlers :func:`setup_file_logging` added."""
+    return h.get_name() in HANDLER_NAMES
+
+
 def setup_file_logging(run_dir: Path, *, stderr_level: int | None = logging.WARNING) -> None:
     """Log to ``RUN_DIR/datagen.log`` (owner-only) and, optionally, warnings to stderr (except
     records marked :data:`~engine.run.runner.FILE_ONLY`)."""
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     for h in list(root.handlers):
-        if getattr(h, "_datagen", False):
+        if is_datagen_handler(h):
             root.removeHandler(h)
     path = Path(run_dir) / "datagen.log"
     fh = logging.FileHandler(path, encoding="utf-8")
     os.chmod(path, 0o600)
     fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    fh._datagen = True  # type: ignore[attr-defined]
+    fh.set_name(HANDLER_NAMES[0])
     root.addHandler(fh)
     if stderr_level is not None:
         sh = logging.StreamHandler(sys.stderr)
         sh.setLevel(stderr_level)
         sh.addFilter(lambda record: not getattr(record, FILE_ONLY, False))
         sh.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
-        sh._datagen = True  # type: ignore[attr-defined]
+        sh.set_name(HANDLER_NAMES[1])
         root.addHandler(sh)
     for noisy in ("httpx", "httpcore", "aiosqlite"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

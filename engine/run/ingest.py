@@ -172,7 +172,12 @@ def _read(d: DatasetSection, cfg: Config, checker: "PromptChecker | None" = None
     normalised: list[tuple[str, str]] = []
     became: list[tuple[str, Became]] = []
     seen: dict[str, str] = {}
-    source: Path | list[Shard] = hubs.download(rev) if rev is not None else d.path  # type: ignore[assignment]
+    source: Path | list[Shard]
+    if rev is not None:
+        source = hubs.download(rev)
+    else:
+        assert isinstance(d.path, Path), "a dataset without a Hub revision has a local path"
+        source = d.path
     for item in iter_prompts(source, d.format, d.fields or None, notes):
         if isinstance(item, Reject):
             rejects.append((item.source, item.reason))
@@ -244,9 +249,9 @@ async def _ingest_one(cfg: Config, store: Store, checker: "PromptChecker | None"
         await store.reclassify(d.name, lambda est, _n=d.name: cfg.class_for(_n, est))
         return IngestReport(d.name, True, prev["prompts"], rejected=prev["rejected"], **hub_info)
     old_sha = prev.get("revision") if prev is not None else None
-    if rev is not None and old_sha and old_sha != rev.sha:
+    if rev is not None and ref is not None and old_sha and old_sha != rev.sha:
         hub_info["moved_from"] = old_sha
-        log.warning("[%s] %s revision %s moved: %s -> %s; re-reading", d.name, ref.url, ref.revision,  # type: ignore[union-attr]
+        log.warning("[%s] %s revision %s moved: %s -> %s; re-reading", d.name, ref.url, ref.revision,
                     old_sha, rev.sha)
     notes: list[str] = []
     new_rows, rejects, normalised, became = await asyncio.to_thread(_read, d, cfg, checker, rev, notes)

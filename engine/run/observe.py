@@ -183,7 +183,9 @@ def _live_row(sched: "RunView", snap: RunSnapshot | None = None) -> dict[str, An
 def _workers_live(sched: "RunView") -> dict[str, Any]:
     """``status --json``'s ``stream_workers``: configured, alive, restarts, requests returned to
     pending by a worker's death, completions recovered from a dead worker's journal, per worker."""
-    f = sched.workers()  # type: ignore[misc]
+    workers = sched.workers
+    assert workers is not None  # the caller checks
+    f = workers()
     return {"configured": f.configured, "alive": f.alive, "restarts": f.restarts, "lost_requests": f.lost_requests,
             "recovered": f.recovered,
             "workers": [{"slot": w.slot, "pid": w.pid, "alive": w.alive, "in_flight": w.in_flight} for w in f.workers]}

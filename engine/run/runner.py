@@ -41,6 +41,7 @@ from engine.stream.pool import StreamWorkerPool, default_stream_workers
 from engine.stream.recover import prune, recover_cut_streams, recover_results
 
 if TYPE_CHECKING:
+    from engine.sim import SimThread
     from engine.tokens.service import ReconstructionService
 
 log = logging.getLogger("engine")
@@ -77,15 +78,15 @@ class Job:
     writer: StoreWriter
     scheduler: Scheduler
     client: "ChatClient | EndpointFleet"
-    sim: object | None
+    sim: SimThread | None
     writer_stop: asyncio.Event
     controller: Controller
     supervisor: Supervisor
-    recon: object | None = None
+    recon: ReconstructionService | None = None
     pool: StreamWorkerPool | None = None
     writer_task: asyncio.Task | None = None
     supervisor_task: asyncio.Task | None = None
-    lock: object | None = None  # engine.proc.runlock.DirLock on the run directory, released by close()
+    lock: runlock.DirLock | None = None  # on the run directory, released by close()
 
     async def close(self) -> None:
         """Stop supervision, flush, close the client, the store and the simulator."""
@@ -95,7 +96,7 @@ class Job:
         if self.recon is not None:  # finish queued reconstructions before the store closes
             # A stopped run waits 10 s at most: what is left stays stored, unvalidated, for `datagen validate`.
             stopped = self.scheduler.state in ("stopping", "stopped")
-            await self.recon.close(timeout_s=10.0 if stopped else None)  # type: ignore[attr-defined]
+            await self.recon.close(timeout_s=10.0 if stopped else None)
         if self.pool is not None:  # the scheduler is done: cancel whatever is left, let the workers exit
             await self.pool.aclose()
         self.writer_stop.set()
@@ -111,9 +112,9 @@ class Job:
                 log.warning("stream journals not pruned", exc_info=True)
         await self.store.close()
         if self.sim is not None:
-            self.sim.stop()  # type: ignore[attr-defined]
+            self.sim.stop()
         if self.lock is not None:
-            self.lock.release()  # type: ignore[attr-defined]
+            self.lock.release()
 
 
 async def prepare(cfg: Config, out: TextOut = sys.stdout) -> Job:
@@ -144,7 +145,8 @@ async def prepare(cfg: Config, out: TextOut = sys.stdout) -> Job:
         if checked is not None:
             from engine.tokens.promptcheck import PromptChecker
 
-            checker = PromptChecker(checked[0], cfg.tokenizer.prompt_special_text)  # type: ignore[union-attr]
+            assert cfg.tokenizer is not None  # a checked tokenizer comes from [tokenizer]
+            checker = PromptChecker(checked[0], cfg.tokenizer.prompt_special_text)
         try:
             reports = await ingest_all(cfg, store, checker)
         except DatasetError as e:  # the run is recorded as stopped by it, before any request

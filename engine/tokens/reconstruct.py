@@ -24,6 +24,7 @@ Everything here is CPU-bound and synchronous; :mod:`engine.tokens.service` runs 
 from __future__ import annotations
 
 import json
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,6 +152,10 @@ def native_tool_calls(tool_calls: list[dict[str, Any]], prior: int, id_format: s
     return out, rebuilt
 
 
+#: :func:`template_traits` per tokenizer, computed once (weak keys: a closed tokenizer's entry goes with it).
+_TRAITS: weakref.WeakKeyDictionary[Tokenizer, dict[str, bool]] = weakref.WeakKeyDictionary()
+
+
 def template_traits(tok: Tokenizer) -> dict[str, bool]:
     """How the template treats a generated final assistant turn (computed once per tokenizer).
 
@@ -161,7 +166,7 @@ def template_traits(tok: Tokenizer) -> dict[str, bool]:
     Raises:
         TemplateError: the probe conversation does not render.
     """
-    cached = getattr(tok, "_traits", None)
+    cached = _TRAITS.get(tok)
     if cached is not None:
         return cached
     user = [{"role": "user", "content": "Hi"}]
@@ -172,7 +177,7 @@ def template_traits(tok: Tokenizer) -> dict[str, bool]:
                                  tok.section.tool_id_format or "call_{index}")
     with_tools = render(tok, user + [assistant_turn(probe, "", calls)], tools, add_generation_prompt=False)
     traits = {"keeps_reasoning_plain": probe in plain, "keeps_reasoning_tools": probe in with_tools}
-    tok._traits = traits  # type: ignore[attr-defined]
+    _TRAITS[tok] = traits
     return traits
 
 

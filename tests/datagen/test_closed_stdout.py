@@ -11,7 +11,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from fixtures_tokens import kimi_dir
 
 PY = sys.executable
@@ -107,7 +106,7 @@ def test_every_subcommand_exits_quietly_without_stdout(run, mode):
         done.update({i: f.result() for i, f in futures.items()})
     results = [done[i] for i in range(len(cmds))]
     bad = []
-    for (args, code), (got, err) in zip(cmds, results):
+    for (args, code), (got, err) in zip(cmds, results, strict=True):
         noisy = "Traceback" in err or "Exception ignored" in err
         allowed = {code, 141} if mode == "pipe" else {code}
         if noisy or got not in allowed:

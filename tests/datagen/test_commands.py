@@ -25,15 +25,15 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from e2e import PY, SimProcess, run_cmd, status_json, write_prompts
+from fixtures_tokens import kimi_dir
+from helpers import REPO, SAMPLES
 
 from datagen.cli import main
 from engine.config import ProviderSection
 from engine.prompts import prompt_key
 from engine.run.apikey import resolve_api_key
 from engine.sim import SimConfig, SimThread
-from e2e import PY, SimProcess, run_cmd, status_json, write_prompts
-from fixtures_tokens import kimi_dir
-from helpers import REPO, SAMPLES
 
 #: README.md and every docs/*.md page, where the facts below are documented.
 DOCS = "\n".join(p.read_text(encoding="utf-8") for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))])
@@ -290,7 +290,7 @@ def test_demo_config_ends_with_a_validated_tokens_export(tmp_path):
     tok_dir = re.search(r"^DEMO_TOKENIZER := (\S+)$", make, re.M).group(1)
     demo = make[make.index("\ndemo:") + 1:].split("\n\n")[0].splitlines()
     assert "$(DEMO_TOKENIZER)/tokenizer_config.json" in demo[0]  # built before the run
-    assert f"$(BIN)/datagen make-tokenizer $(DEMO_TOKENIZER)" in make
+    assert "$(BIN)/datagen make-tokenizer $(DEMO_TOKENIZER)" in make
     steps = [line.strip().replace("$(BIN)/datagen", "datagen") for line in demo[1:]]
     assert steps == ["datagen run config.toml --headless", "datagen validate runs/demo",
                      "datagen export runs/demo --format tokens --out out/demo-tokens"], steps

@@ -26,10 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-
+import pytest
 from casesrv import CaseServer, case_config, chunk, run_case, stream, usage
 from waiting import wait_for
-import pytest
 
 TINY_VOCAB = 4200  # the shared `tiny` fixture's vocabulary
 
@@ -257,7 +256,7 @@ def test_a_restarted_run_decides_the_calibration_gate_before_any_request(tmp_pat
     assert r.returncode == 0, r.stdout + r.stderr
     r = run_case(cfg, "--exit-on-pause", timeout=90)
     assert r.returncode == 3, r.stdout + r.stderr
-    assert f"calibration gate: projected cost" in r.stdout and f"after {done} completions" in r.stdout
+    assert "calibration gate: projected cost" in r.stdout and f"after {done} completions" in r.stdout
     assert states(run_dir)["done"] == done and attempts(run_dir) == sent  # not one request left (before: dozens)
 
 
@@ -313,8 +312,9 @@ class QuitRun:
 
 
 def test_a_chained_quit_while_extraction_is_paused_says_what_is_left(tmp_path):
-    from engine.run.chain import ExtractChain
     from extract_jobs import chain_config
+
+    from engine.run.chain import ExtractChain
 
     cfg = chain_config(tmp_path, tmp_path, "run")
     run = QuitRun()
@@ -337,8 +337,9 @@ def test_a_chained_quit_while_extraction_is_paused_says_what_is_left(tmp_path):
 
 
 def test_a_chained_quit_before_the_next_extraction_names_the_datasets_left(tmp_path):
-    from engine.run.chain import ExtractChain
     from extract_jobs import chain_config
+
+    from engine.run.chain import ExtractChain
 
     chain = ExtractChain(chain_config(tmp_path, tmp_path, "dataset"), say=lambda line: None)
     chain.request_quit("drain")
@@ -349,9 +350,10 @@ def test_a_chained_quit_before_the_next_extraction_names_the_datasets_left(tmp_p
 def test_headless_chained_quit_of_a_paused_extraction_prints_the_samples_left(tmp_path, tiny, monkeypatch):
     """A real chained run (simulator, tokenizer, extraction workers on the tiny model): extraction
     paused before its first batch, then quit: exit 0 (a quit's drain) and the line says 9 are left."""
+    from extract_jobs import chain_config
+
     from engine.extract.run import ExtractRun
     from engine.run.chain import run_headless_chained
-    from extract_jobs import chain_config
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     cfg = chain_config(tmp_path, tiny, "run")

@@ -24,13 +24,12 @@ import subprocess
 import time
 
 import pytest
+from e2e import SimProcess, integrity, live_status, read_log, run_cmd, run_env, write_prompts
+from waiting import wait_for
 
 from engine.datasets import iter_prompts
 from engine.prompts import Prompt
 from engine.report.status import collect_status
-
-from e2e import SimProcess, integrity, live_status, read_log, run_cmd, run_env, write_prompts
-from waiting import wait_for
 
 KILLS = int(os.environ.get("CHAOS_KILLS", "5"))
 SEED = int(os.environ.get("CHAOS_SEED", "20260"))
@@ -226,7 +225,7 @@ def test_kill9_chaos_exactly_once(tmp_path):
               f"before kill {kill_of(e['t']) + 1}, ${e['cost_usd']:.6f}")
     if len(lost) > 40:
         print(f"  ... and {len(lost) - 40} more")
-    print(f"faults injected -> attempts stored by class: "
+    print("faults injected -> attempts stored by class: "
           + ", ".join(f"{k}: {injected[k]} -> {FAULT_CLASS[k]} {handled[FAULT_CLASS[k]]}" for k in FAULT_CLASS))
     print(f"spend: simulator billed ${billed:.5f}, store accounts ${accounted:.5f} (results ${acc_results:.5f} + "
           f"failed attempts ${acc_partial:.5f}); difference ${billed - accounted:.5f} = lost completions "
@@ -252,7 +251,8 @@ def test_a_kill_loses_almost_nothing_with_default_commit_interval(tmp_path):
             p = subprocess.Popen(run_cmd(cfg), env=run_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             start = collect_status(run_dir)["totals"]["done"] if (run_dir / "store.sqlite").exists() else 0
             try:
-                wait_for(lambda: (live_status(run_dir) or {"totals": {"done": 0}})["totals"]["done"] >= start + 60, 60, interval=0.02)
+                wait_for(lambda start=start: (live_status(run_dir) or {"totals": {"done": 0}})["totals"]["done"] >= start + 60,
+                         60, interval=0.02)
                 time.sleep(0.6)  # a commit was just seen: kill in the middle of the next window
             finally:
                 kills.append(time.time())

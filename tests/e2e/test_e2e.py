@@ -9,7 +9,6 @@ import sqlite3
 import subprocess
 import time
 
-
 from e2e import PY, SimProcess, eight_dataset_config, read_log, run_env, status_json
 from waiting import wait_for
 
@@ -49,7 +48,7 @@ def test_eight_datasets_with_faults_end_done_or_failed(tmp_path):
     assert errs["rate_limit"] == n429
     # A failed prompt carries its reason
     db = sqlite3.connect(tmp_path / "run" / "store.sqlite")
-    for state, ec, err, att in db.execute("SELECT state, error_class, error, attempts FROM prompts WHERE state='failed'"):
+    for _state, ec, err, att in db.execute("SELECT state, error_class, error, attempts FROM prompts WHERE state='failed'"):
         assert ec and err and att >= 1
     # Every stored result matches a completion the simulator fully sent
     sent = {e["generation_id"] for e in entries if e["outcome"] == "completed" and e["fully_sent"]}
@@ -76,8 +75,9 @@ def test_kill9_and_resume_exactly_once(tmp_path):
             except Exception:
                 pass
             try:
-                wait_for(lambda: p.poll() is not None or ((run_dir / "store.sqlite").exists()
-                                                           and status_json(run_dir)["totals"]["done"] >= before + target), 60, interval=0.2)
+                wait_for(lambda p=p, before=before, target=target: p.poll() is not None or (
+                    (run_dir / "store.sqlite").exists() and status_json(run_dir)["totals"]["done"] >= before + target),
+                    60, interval=0.2)
             except TimeoutError:
                 pass
             if p.poll() is None:
@@ -88,13 +88,14 @@ def test_kill9_and_resume_exactly_once(tmp_path):
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             out, _ = p.communicate(timeout=180)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as err:
             p.send_signal(signal.SIGUSR1)  # stack dump into the run directory, then fail with it
             time.sleep(2)
             p.kill()
             out, _ = p.communicate()
             stacks = (run_dir / "stacks.txt").read_text() if (run_dir / "stacks.txt").exists() else "(no dump)"
-            raise AssertionError(f"final run did not finish: {status_json(run_dir)['totals']}\n{out[-3000:]}\n{stacks[-8000:]}")
+            raise AssertionError(
+                f"final run did not finish: {status_json(run_dir)['totals']}\n{out[-3000:]}\n{stacks[-8000:]}") from err
         assert p.returncode == 0, out
     finally:
         sim.stop()

@@ -8,9 +8,9 @@ import signal
 import sqlite3
 import subprocess
 
+import pytest
 from e2e import PY, SimProcess, read_log, run_env, status_json, write_prompts
 from waiting import wait_for
-import pytest
 
 PROMPTS = 90
 

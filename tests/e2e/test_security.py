@@ -27,16 +27,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+from e2e import PY, SimProcess, integrity, live_status, run_cmd, status_json, write_prompts
+from waiting import wait_for
 
 from datagen import cli
 from engine.client.chat import ChatClient
 from engine.config import ConfigError, ProviderSection, parse_config
 from engine.run.apikey import resolve_api_key
-from engine.run.headless import run_headless
+from engine.run.headless import is_datagen_handler, run_headless
 from engine.sim import SimConfig, SimThread
-
-from e2e import PY, SimProcess, integrity, live_status, run_cmd, status_json, write_prompts
-from waiting import wait_for
 
 FAULTS = "429:0.05,502:0.05,midstream:0.04,disconnect:0.04,stall:0.02"
 CANARY = "sk-or-v1-CANARY-" + secrets.token_hex(16)
@@ -279,7 +278,7 @@ def no_datagen_log_handlers():
     yield
     root = logging.getLogger()
     for h in list(root.handlers):
-        if getattr(h, "_datagen", False):
+        if is_datagen_handler(h):
             root.removeHandler(h)
             h.close()
 

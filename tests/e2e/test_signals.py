@@ -26,12 +26,11 @@ import time
 import uuid
 
 import pytest
+from e2e import PY, SimProcess, integrity, live_status, read_log, run_cmd, run_env, socket_count, write_prompts
+from waiting import wait_for
 
 from engine.config import parse_config
 from engine.run.headless import run_headless
-
-from e2e import PY, SimProcess, integrity, live_status, read_log, run_cmd, run_env, socket_count, write_prompts
-from waiting import wait_for
 
 #: ``make chaos`` sets DATAGEN_LONG=1: the heavy 2,000-streams-in-flight run is part of the long suite only.
 LONG = os.environ.get("DATAGEN_LONG") == "1"

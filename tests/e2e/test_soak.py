@@ -26,7 +26,6 @@ import subprocess
 import time
 
 import pytest
-
 from e2e import PY, SimProcess, integrity, read_log, rss_kb, socket_count, status_json, write_prompts
 
 SOAK_S = float(os.environ.get("SOAK_S", "30"))

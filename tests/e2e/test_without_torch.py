@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import SAMPLES
 
 PY = sys.executable

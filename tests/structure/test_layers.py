@@ -5,8 +5,8 @@ helpers, and docs the code cites living in the repository."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import importlib.metadata
+import importlib.util
 import inspect
 import json
 import os
@@ -227,8 +227,8 @@ def test_any_datagen_error_is_one_error_line_with_the_commands_exit_status(argv,
 
 
 def test_nothing_to_export_keeps_exit_1_and_is_a_datagen_error(tmp_path, capsys, monkeypatch):
-    from engine.errors import DatagenError, NothingToExport
     import engine.report.export
+    from engine.errors import DatagenError, NothingToExport
 
     assert issubclass(NothingToExport, DatagenError)
 
@@ -243,10 +243,10 @@ def test_nothing_to_export_keeps_exit_1_and_is_a_datagen_error(tmp_path, capsys,
 # ---------------------------------------------------------------------------- one implementation each
 
 def test_pid_alive_is_one_function_and_never_addresses_a_group():
-    from engine.proc import pids
-    from engine.report import liveness
     from engine.extract import shards
     from engine.extract import status as xstatus
+    from engine.proc import pids
+    from engine.report import liveness
 
     assert liveness.pid_alive is shards.pid_alive is xstatus.pid_alive is pids.pid_alive
     p = subprocess.Popen([PY, "-c", "pass"])
@@ -270,8 +270,8 @@ def test_a_worker_status_without_a_pid_is_not_taken_for_alive(tmp_path):
 
 def test_one_loopback_predicate_for_the_client_and_the_key_check():
     from engine import loopback
-    from engine.run import apikey
     from engine.client import chat
+    from engine.run import apikey
 
     assert apikey.is_loopback_url is loopback.is_loopback_url and chat.is_loopback_host is loopback.is_loopback_host
     for url in ("http://localhost:8000/v1", "http://api.localhost/v1", "http://LOCALHOST./v1",

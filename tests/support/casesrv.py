@@ -19,11 +19,15 @@ Use it in a test as a context manager; ``base_url`` goes into the config's ``[pr
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import parse_qs, urlparse
 
@@ -159,7 +163,7 @@ class CaseServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def do_GET(self) -> None:  # noqa: N802 - stdlib name
+            def do_GET(self) -> None:
                 url = urlparse(self.path)
                 path = url.path.rstrip("/")
                 if path.endswith("/credits"):
@@ -180,7 +184,7 @@ class CaseServer:
                 else:
                     self._json(404, {"error": {"code": 404, "message": "not found"}})
 
-            def do_POST(self) -> None:  # noqa: N802 - stdlib name
+            def do_POST(self) -> None:
                 n = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(n) if n else b""
                 try:
@@ -228,17 +232,15 @@ class CaseServer:
         return Handler
 
 
-def case_config(tmp: "Path", base_url: str, prompts: list[dict] | None = None, *, kind: str = "openai",
-                max_tokens: int = 2048, concurrency: int = 4, max_attempts: int = 2, tokenizer: "Path | None" = None,
+def case_config(tmp: Path, base_url: str, prompts: list[dict] | None = None, *, kind: str = "openai",
+                max_tokens: int = 2048, concurrency: int = 4, max_attempts: int = 2, tokenizer: Path | None = None,
                 dataset_path: str = "prompts.jsonl", dataset_format: str = "openai", dataset_extra: str = "",
-                extra: str = "") -> "Path":
+                extra: str = "") -> Path:
     """Write ``tmp/config.toml`` shaped like the field cases' configs (run dir ``tmp/run``, key from
     ``$CASE_KEY``) and, when ``prompts`` is given, ``tmp/prompts.jsonl`` (one ``{"messages": ...}`` row each).
 
     ``extra`` is appended verbatim (more TOML sections); ``dataset_extra`` goes inside ``[[datasets]]``.
     """
-    from pathlib import Path
-
     tmp = Path(tmp)
     if prompts is not None:
         (tmp / dataset_path).write_text("".join(json.dumps(p) + "\n" for p in prompts), encoding="utf-8")
@@ -282,12 +284,8 @@ format = "{dataset_format}"
     return cfg
 
 
-def run_case(cfg: "Path", *args: str, timeout: float = 90.0) -> "subprocess.CompletedProcess[str]":
+def run_case(cfg: Path, *args: str, timeout: float = 90.0) -> subprocess.CompletedProcess[str]:
     """``datagen run CFG --headless ARGS`` in a subprocess with ``CASE_KEY`` set; output captured."""
-    import os
-    import subprocess
-    import sys
-
     env = dict(os.environ, CASE_KEY="case-key-123")
     return subprocess.run([sys.executable, "-m", "datagen", "run", str(cfg), "--headless", *args],
                           capture_output=True, text=True, timeout=timeout, env=env)

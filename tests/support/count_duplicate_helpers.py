@@ -1,9 +1,11 @@
 """Count top-level function/class names (not test_*/Test*) defined in more than one tests/**/*.py module.
 
 Usage: python tests/support/count_duplicate_helpers.py [tests] [-v]   (issue 27: the before/after figure)."""
-import ast, sys
+import ast
+import sys
 from collections import defaultdict
 from pathlib import Path
+
 root = Path(sys.argv[1] if len(sys.argv) > 1 else "tests")
 defs = defaultdict(set)
 for p in sorted(root.rglob("*.py")):

@@ -6,8 +6,8 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sqlite3
+import subprocess
 import sys
 import threading
 from collections import deque
@@ -34,7 +34,8 @@ SCHEMA_ROWS = {
     "b5_openthoughts": [
         {"system": "Your role as an assistant involves thoroughly exploring questions.",
          "conversations": [{"from": "user", "value": f"How many primes are below {10 * (i + 2)}?"},
-                           {"from": "assistant", "value": "<|begin_of_thought|>...<|end_of_thought|><|begin_of_solution|>4<|end_of_solution|>"}]}
+                           {"from": "assistant", "value": "<|begin_of_thought|>...<|end_of_thought|>"
+                                                          "<|begin_of_solution|>4<|end_of_solution|>"}]}
         for i in range(6)
     ],
     "b6_ultrachat": [

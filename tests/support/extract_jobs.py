@@ -12,14 +12,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from engine.config import parse_config
-from engine.extract.shards import OutDir
-from engine.extract.tiny import synth_records
-from engine.tokens.records import write_parquet
 from fixtures_tokens import HF_MARKERS, hf_dir
 from helpers import SAMPLES
 from tmuxterm import Tmux
 from waiting import wait_for
+
+from engine.config import parse_config
+from engine.extract.shards import OutDir
+from engine.extract.tiny import synth_records
+from engine.tokens.records import write_parquet
 
 REPO = Path(__file__).resolve().parents[2]
 DATAGEN = Path(sys.executable).with_name("datagen")

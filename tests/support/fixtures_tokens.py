@@ -30,9 +30,12 @@ HF_TEMPLATE = r"""
 {%- if tools -%}<|system|>Tools: {{ tools | tojson }}<|end|>{%- endif -%}
 {%- for m in messages -%}
 {%- if m.role == 'assistant' -%}<|assistant|>
-{%- if loop.last and not add_generation_prompt -%}<reasoning>{{ m.reasoning_content or '' }}</reasoning>{%- else -%}<reasoning></reasoning>{%- endif -%}
+{%- if loop.last and not add_generation_prompt -%}<reasoning>{{ m.reasoning_content or '' }}</reasoning>
+{%- else -%}<reasoning></reasoning>{%- endif -%}
 {{ m.content or '' }}
-{%- if m.tool_calls -%}<tool_calls>{%- for tc in m.tool_calls -%}<call>{{ tc.id }}<args>{{ tc.function.arguments }}</call>{%- endfor -%}</tool_calls>{%- endif -%}
+{%- if m.tool_calls -%}<tool_calls>
+{%- for tc in m.tool_calls -%}<call>{{ tc.id }}<args>{{ tc.function.arguments }}</call>{%- endfor -%}</tool_calls>
+{%- endif -%}
 <|end|>
 {%- elif m.role == 'tool' -%}<|tool|>{{ m.tool_call_id }}: {{ m.content }}<|end|>
 {%- else -%}<|{{ m.role }}|>{{ m.content }}<|end|>
@@ -93,7 +96,16 @@ def hf_dir() -> Path:
 
 #: Kimi-K2.5's pre-tokenizer split regex, written out again here (not imported from the engine) so
 #: the tests count tokens independently of the code under test.
-KIMI_PAT = "|".join([r"""[\p{Han}]+""", r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""", r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""", r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+"""])
+KIMI_PAT = "|".join([
+    r"""[\p{Han}]+""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""",
+    r""" ?[^\s\p{L}\p{N}]+[\r\n]*""",
+    r"""\s*[\r\n]+""",
+    r"""\s+(?!\S)""",
+    r"""\s+""",
+])
 
 
 @functools.cache

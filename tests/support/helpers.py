@@ -21,7 +21,8 @@ def make_config(tmp_path: Path, datasets: list[dict[str, Any]] | None = None, **
     data: dict[str, Any] = {
         "run": {"name": "t", "dir": str(tmp_path / "run"), "commit_interval_s": 0.05, "progress_interval_s": 0.2},
         "provider": {"kind": "simulated"},
-        "classes": {"short": {"max_tokens": 1000, "concurrency": 4}, "long": {"max_tokens": 2000, "concurrency": 2, "min_prompt_tokens": 1000}},
+        "classes": {"short": {"max_tokens": 1000, "concurrency": 4},
+                    "long": {"max_tokens": 2000, "concurrency": 2, "min_prompt_tokens": 1000}},
         "datasets": datasets or [{"name": "a", "path": "a.jsonl"}, {"name": "b", "path": "b.jsonl"}],
     }
     for k, v in sections.items():
@@ -64,8 +65,8 @@ def store_rows(run_dir: Path, sql: str) -> list[tuple]:
         db.close()
 
 
-def tool_fragment(index: int | None = None, id: str | None = None, name: str | None = None,  # noqa: A002
-                  args: Any = None, type: str | None = None, **extra: Any) -> dict[str, Any]:  # noqa: A002
+def tool_fragment(index: int | None = None, id: str | None = None, name: str | None = None,
+                  args: Any = None, type: str | None = None, **extra: Any) -> dict[str, Any]:
     """One streamed ``delta.tool_calls`` entry; a parameter left None is left out of the entry."""
     d: dict[str, Any] = dict(extra)
     for k, v in (("index", index), ("id", id), ("type", type)):

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
+from helpers import completion, make_config, seeded_store
+
 from engine.client.retry import RetryPolicy
 from engine.run.scheduler import Scheduler
 from engine.storage.writer import StoreWriter
-from helpers import completion, make_config, seeded_store
 
 
 class Fake:

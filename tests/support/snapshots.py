@@ -1,37 +1,49 @@
-"""Screenshot comparison for the dashboard and the extraction view: tests/tui/snapshots/*.svg.
+"""Screen snapshots of the dashboard and the extraction view, taken and compared by pytest-textual-snapshot.
 
-Regenerate after an intended change with ``UPDATE_SNAPSHOTS=1 pytest tests/tui/test_tui_snapshots.py
-tests/tui/test_tui_extract_snapshots.py`` and review the SVGs (open them in a browser). The comparison
-first diffs the visible text (a readable failure), then the whole SVG (colours, styles) with Textual's
-per-render ids normalised."""
+The snapshot tests (tests/tui/test_tui_snapshots.py, tests/tui/test_tui_extract_snapshots.py) call its
+``snap_compare(app, terminal_size=..., run_before=settle)`` fixture; syrupy keeps the accepted SVGs in
+tests/tui/__snapshots__/<test module>/<test>[<size>].svg. Regenerate after an intended change with
+``pytest tests/tui/test_tui_snapshots.py tests/tui/test_tui_extract_snapshots.py --snapshot-update`` and review
+the SVGs (open them in a browser). A failing run writes ``snapshot_report.html`` (the current working directory;
+``--snapshot-report PATH`` to move it): the saved and the new screenshot side by side.
+
+:func:`screenshot` and :func:`stored` let a test compare another state with a saved snapshot exactly as
+``snap_compare`` does, without writing, updating or reporting anything."""
 
 from __future__ import annotations
 
-import difflib
-import os
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pytest_textual_snapshot import SVGImageExtension, normalize_svg
+from syrupy.location import PyTestLocation
+from textual._doc import take_svg_screenshot  # what snap_compare itself calls
+from textual.app import App
+from textual.pilot import Pilot
 
-from tui.testing import svg_text
 
-SNAPSHOTS = Path(__file__).resolve().parents[1] / "tui" / "snapshots"
-UPDATE = os.environ.get("UPDATE_SNAPSHOTS") == "1"
+async def settle(pilot: Pilot) -> None:
+    """``run_before`` of every snapshot: a few polls at refresh_hz=50 (the footer composed), animations done."""
+    await pilot.pause(0.3)
+    await pilot.wait_for_scheduled_animations()
 
 
-def compare(name: str, svg: str, tmp_path: Path) -> None:
-    path = SNAPSHOTS / name
-    if UPDATE:
-        SNAPSHOTS.mkdir(exist_ok=True)
-        path.write_text(svg, encoding="utf-8")
-        return
-    if not path.exists():
-        pytest.fail(f"{path} is missing; run with UPDATE_SNAPSHOTS=1 to write it")
-    want = path.read_text(encoding="utf-8")
-    if svg == want:
-        return
-    (tmp_path / name).write_text(svg, encoding="utf-8")
-    diff = "\n".join(difflib.unified_diff(svg_text(want).splitlines(), svg_text(svg).splitlines(),
-                                          "expected", "actual", lineterm="", n=1))
-    pytest.fail(f"{name} differs from the saved snapshot (actual: {tmp_path / name}).\n"
-                + (diff or "the text is the same: styles or colours differ"))
+def screenshot(app: App[Any], size: tuple[int, int]) -> str:
+    """The SVG ``snap_compare(app, terminal_size=size, run_before=settle)`` compares: the same screenshot,
+    serialised (render ids normalised) by the same syrupy extension."""
+    svg = take_svg_screenshot(app=app, terminal_size=size, run_before=settle)
+    return str(SVGImageExtension().serialize(svg))
+
+
+def stored(request: pytest.FixtureRequest, name: str) -> str | None:
+    """The saved snapshot ``name`` (e.g. ``test_dashboard_snapshot[160x48]``) of the requesting test's module,
+    as ``snap_compare`` reads it (normalised); None when it has not been written."""
+    folder = Path(SVGImageExtension.dirname(test_location=PyTestLocation(request.node)))
+    path = folder / f"{name}.svg"
+    return normalize_svg(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def matches(svg: str, saved: str) -> bool:
+    """Whether ``snap_compare`` would pass for ``svg`` (from :func:`screenshot`) against ``saved``."""
+    return SVGImageExtension().matches(serialized_data=svg, snapshot_data=saved)

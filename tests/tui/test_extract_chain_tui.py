@@ -8,18 +8,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from extract_jobs import chain_config
+from waiting import until
 
 from engine.extract.control import read_control
-from engine.extract.snapshot import DatasetExtractView, ExtractSnapshot
 from engine.extract.shards import OutDir
+from engine.extract.snapshot import DatasetExtractView, ExtractSnapshot
 from engine.run.chain import ExtractChain
-from extract_jobs import chain_config
-from tui.extract.cells import header_lines
 from tui.app import DashboardApp
+from tui.extract.cells import header_lines
 from tui.extract.screen import ExtractScreen
 from tui.modals import QuitScreen
 from tui.testing import FIXED_GPUS
-from waiting import until
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the workers: the machine is shared
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from tui.app import DashboardApp
 from tui.actions import HELP
+from tui.app import DashboardApp
 from tui.detail import DetailScreen
 from tui.modals import ConfirmScreen, HelpScreen, QuitScreen
 from tui.testing import FIXED_GPUS, FakeController, fixed_snapshot, screen_text

@@ -9,12 +9,12 @@ import dataclasses
 import re
 
 import pytest
+from rich.text import Text
 
 from tui.app import DashboardApp
 from tui.panes.datasets import DatasetsTable
 from tui.panes.header import fit, header_lines
 from tui.testing import FIXED_GPUS, FakeController, fixed_snapshot, screen_text
-from rich.text import Text
 
 CUT_NUMBER = re.compile(r"[\d$.,/–-]…|…[\d$]")
 """An ellipsis right after or before a figure: a number cut in the middle."""

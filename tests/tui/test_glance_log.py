@@ -8,11 +8,11 @@ import asyncio
 import logging
 from pathlib import Path
 
+from helpers import make_config
 from rich.style import Style
 
 from engine.run.ingest import ingest_all
 from engine.storage.store import Store
-from helpers import make_config
 from tui.app import DashboardApp
 from tui.detail import detail_text
 from tui.host import _LogLines

@@ -12,12 +12,12 @@ import signal
 import sqlite3
 
 import pytest
+from waiting import until
 
 from engine.report.status import collect_status
 from tui.app import DashboardApp
 from tui.modals import ConfirmScreen, PickScreen, QuitScreen
 from tui.testing import FIXED_GPUS, FakeController, fixed_snapshot, screen_text, sim_config
-from waiting import until
 
 SIZE = (160, 48)
 
@@ -29,7 +29,7 @@ async def until_status(pilot, run_dir, cond, timeout: float = 10.0, what: str = 
     def check():
         try:
             box["doc"] = collect_status(run_dir)
-        except Exception:  # noqa: BLE001 - store not created yet
+        except Exception:
             return False
         return cond(box["doc"])
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 import dataclasses
 import time
 
+from fake_nvml import H200_MEM_BYTES, install
+
 from engine.extract.gpu import GpuPoller, read_gpus
 from engine.extract.gpurows import gpu_rows
 from engine.extract.snapshot import WorkerView
-from fake_nvml import H200_MEM_BYTES, install
 from tui.extract.app import ExtractApp
 from tui.extract.demo import fixed_extract_snapshot
 from tui.extract.host import StaticExtractHost
@@ -31,7 +32,7 @@ def test_read_gpus_finds_8_h200s_through_the_seam(monkeypatch):
 def test_readings_change_from_one_call_to_the_next(monkeypatch):
     install(monkeypatch)
     a, b = read_gpus(), read_gpus()
-    for ga, gb in zip(a.gpus, b.gpus):
+    for ga, gb in zip(a.gpus, b.gpus, strict=True):
         assert ga.util_pct != gb.util_pct and ga.mem_used_bytes != gb.mem_used_bytes
         assert ga.temp_c != gb.temp_c and ga.power_w != gb.power_w
 

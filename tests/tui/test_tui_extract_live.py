@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-
 from engine.extract.snapshot import ExtractSnapshot
 from tui.extract.demo import fixed_extract_snapshot, with_state
 from tui.extract.host import RecordingCommands

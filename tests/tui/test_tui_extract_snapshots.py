@@ -1,9 +1,10 @@
 """Screenshots of the extraction view showing a FIXED job state (tui.extract.demo.fixed_extract_snapshot)
-at 80x24 and 160x48, compared with tests/tui/snapshots/extract_*.svg.
+at 80x24 and 160x48, compared by pytest-textual-snapshot's ``snap_compare`` with
+tests/tui/__snapshots__/test_tui_extract_snapshots/*.svg.
 
-Regenerate after an intended change with ``UPDATE_SNAPSHOTS=1 pytest tests/tui/test_tui_extract_snapshots.py``
-and review the SVGs. The comparison diffs the visible text first (a readable failure), then the whole
-SVG (colours, styles) with Textual's per-render ids normalised.
+Regenerate after an intended change with ``pytest tests/tui/test_tui_extract_snapshots.py --snapshot-update``
+and review the SVGs. A mismatch fails the test and writes ``snapshot_report.html`` (saved and new screenshot
+side by side; see tests/support/snapshots.py).
 """
 
 from __future__ import annotations
@@ -11,36 +12,35 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from snapshots import matches, screenshot, settle, stored
 
 from tui.extract.app import ExtractApp
 from tui.extract.demo import fixed_extract_snapshot
 from tui.extract.host import RecordingCommands, StaticExtractHost
-from tui.testing import normalise_svg, svg_text
-from snapshots import SNAPSHOTS, compare
+from tui.testing import svg_text
 
-async def render(size: tuple[int, int], snap=None) -> str:
-    """The normalised SVG of the extraction view showing ``snap`` (default: the fixed snapshot)."""
+
+def extract_view(snap=None) -> ExtractApp:
+    """The extraction view showing ``snap`` (default: the fixed snapshot)."""
     snap = snap or fixed_extract_snapshot()
-    app = ExtractApp(StaticExtractHost(lambda: snap, RecordingCommands()), refresh_hz=50)
-    async with app.run_test(size=size) as pilot:
-        await pilot.pause(0.3)
-        await pilot.wait_for_scheduled_animations()
-        svg = app.export_screenshot(title="eagle-datagen extract")
-    return normalise_svg(svg)
+    return ExtractApp(StaticExtractHost(lambda: snap, RecordingCommands()), refresh_hz=50)
 
 
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)], ids=["80x24", "160x48"])
-async def test_extract_view_snapshot(size, tmp_path):
-    compare(f"extract_{size[0]}x{size[1]}.svg", await render(size), tmp_path)
+def test_extract_view_snapshot(size, snap_compare):
+    assert snap_compare(extract_view(), terminal_size=size, run_before=settle)
 
 
-async def test_snapshot_comparison_catches_a_changed_gpu_reading():
-    path = SNAPSHOTS / "extract_160x48.svg"
-    if not path.exists():
+def test_snapshot_comparison_catches_a_changed_gpu_reading(request):
+    """The saved 160x48 snapshot matches the fixed state as snap_compare takes it, and not a state where one
+    GPU's temperature changed."""
+    saved = stored(request, "test_extract_view_snapshot[160x48]")
+    if saved is None:
         pytest.skip("snapshot not written yet")
+    assert matches(screenshot(extract_view(), (160, 48)), saved)
     snap = fixed_extract_snapshot()
     gpus = list(snap.gpus)
     gpus[3] = dataclasses.replace(gpus[3], temp_c=88.0)
-    changed = await render((160, 48), dataclasses.replace(snap, gpus=tuple(gpus)))
-    assert changed != path.read_text(encoding="utf-8")
-    assert "88°C" in svg_text(changed)
+    changed = screenshot(extract_view(dataclasses.replace(snap, gpus=tuple(gpus))), (160, 48))
+    assert not matches(changed, saved)
+    assert "88°C" in svg_text(changed) and "88°C" not in svg_text(saved)

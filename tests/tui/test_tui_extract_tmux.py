@@ -2,8 +2,9 @@
 the extraction view appears, ``p`` pauses (the worker's status file says ``paused`` and the
 manifest stops growing), ``p`` resumes, ``q`` drains and the process exits 0 with every written
 sample in the manifest once (a rerun finishes the rest: every sample exactly once); Ctrl-C once
-drains and exits 130 (samples left), twice aborts (exit 130) and a rerun resumes exactly once; a start refused by prepare (not enough disk) prints an ``error:`` line on the
-restored terminal and exits 1. Marked slow: Ctrl-C once and twice, SIGINT twice to the process
+drains and exits 130 (samples left), twice aborts (exit 130) and a rerun resumes exactly once; a
+start refused by prepare (not enough disk) prints an ``error:`` line on the restored terminal and
+exits 1. Marked slow: Ctrl-C once and twice, SIGINT twice to the process
 group, the terminal lost (kill-session) and a signal after `q`."""
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-
-from waiting import wait_for
 from extract_jobs import DATAGEN, exit_code, extract_config, finish_headless, manifest_ids, worker_state
 from tmuxterm import Tmux
+from waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 

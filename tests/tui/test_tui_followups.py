@@ -13,6 +13,7 @@ import signal
 import time
 
 import pytest
+from waiting import until
 
 from tui.app import DashboardApp
 from tui.logbridge import PaneLogHandler
@@ -20,7 +21,6 @@ from tui.modals import QuitScreen
 from tui.panes import LogPane
 from tui.panes.log import MAX_LINES
 from tui.testing import FIXED_GPUS, FakeController, fixed_snapshot, screen_text, sim_config
-from waiting import until
 
 
 def injected(snap=None, **kw) -> DashboardApp:
@@ -49,7 +49,7 @@ async def test_log_pane_keeps_showing_new_lines_once_full(size):
             await until(pilot, lambda: len(app.query_one(LogPane).lines) >= MAX_LINES, what="a full pane", timeout=15.0)
             for i in range(5):
                 lg.info("class short concurrency set to %d", 2200 + i)
-                await until(pilot, lambda: f"set to {2200 + i}" in screen_text(app), 5, what=f"new line {i} shown")
+                await until(pilot, lambda i=i: f"set to {2200 + i}" in screen_text(app), 5, what=f"new line {i} shown")
             pane = app.query_one(LogPane)
             assert len(pane.lines) <= MAX_LINES  # bounded
             assert pane.scroll_y == pane.max_scroll_y  # following the newest line
@@ -339,7 +339,7 @@ def test_a_keyless_server_that_wants_a_key_refuses_the_start_and_creates_nothing
     import threading
 
     class Deny(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
+        def do_GET(self):
             self.send_response(401)
             self.end_headers()
 

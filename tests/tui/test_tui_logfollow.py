@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 
 import pytest
+from waiting import until
 
 from tui.app import DashboardApp
 from tui.logbridge import PaneLogHandler
 from tui.panes import LogPane
 from tui.testing import FIXED_GPUS, FakeController, fixed_snapshot, screen_text, sim_config
-from waiting import until
 
 
 @pytest.fixture
@@ -43,7 +43,7 @@ async def test_fresh_pane_follows_lines_wider_than_the_pane(logger):
         await until(pilot, lambda: "start-up line" in pane_text(app), 5, what="the start-up lines")
         for i in range(30):
             lg.info("class short concurrency set to %d", 2200 + i)
-            await until(pilot, lambda: f"set to {2200 + i}" in pane_text(app), 5, what=f"new line {i} on screen")
+            await until(pilot, lambda i=i: f"set to {2200 + i}" in pane_text(app), 5, what=f"new line {i} on screen")
         pane = app.query_one(LogPane)
         assert pane.scroll_y == pane.max_scroll_y
         # The newest line sits on the pane's bottom row: no horizontal scrollbar row (the stray ▍/▋)
@@ -69,7 +69,7 @@ async def test_pane_follows_across_resizes_and_stays_put_when_scrolled_up(logger
             await pilot.pause(0.3)
             for _ in range(3):
                 lg.info("after resize line %d", n)
-                await until(pilot, lambda: f"after resize line {n}" in pane_text(app), 5,
+                await until(pilot, lambda n=n: f"after resize line {n}" in pane_text(app), 5,
                             what=f"line {n} on screen at {size}")
                 n += 1
         pane = app.query_one(LogPane)

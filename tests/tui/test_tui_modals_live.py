@@ -9,8 +9,8 @@ import pytest
 
 from tui.app import DashboardApp
 from tui.detail import DetailScreen
-from tui.panes import HeaderPane
 from tui.modals import ConfirmScreen, QuitScreen
+from tui.panes import HeaderPane
 from tui.testing import FIXED_GPUS, FakeController, fixed_snapshot, screen_text
 
 

@@ -9,13 +9,14 @@ import io
 import logging
 import sqlite3
 
+import pytest
+from waiting import until
+
 from engine.report.progress import format_notices
 from engine.run.headless import run_headless
 from tui.app import DashboardApp
 from tui.panes import LogPane
 from tui.testing import SAMPLES, FakeController, fixed_snapshot, screen_text, sim_config
-from waiting import until
-import pytest
 
 GLAIVE = [{"name": "glaive", "path": str(SAMPLES / "b1_glaive.jsonl"), "format": "glaive"}]
 SHAREGPT = [{"name": "sharegpt", "path": str(SAMPLES / "b7_sharegpt.json"), "format": "sharegpt"}]

@@ -13,10 +13,10 @@ import statistics
 import time
 
 import pytest
+from waiting import until
 
 from tui.app import DashboardApp
 from tui.testing import sim_config
-from waiting import until
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]  # measurements: `make slow` runs them alone, with -s
 
@@ -93,7 +93,7 @@ async def test_key_to_state_latency_with_many_streams_in_flight(tmp_path, target
             seen = asyncio.get_running_loop().create_future()
             t0 = time.perf_counter()
 
-            async def watch() -> None:
+            async def watch(want: str = want, seen: asyncio.Future = seen, t0: float = t0) -> None:
                 while sched.snapshot().dataset("bulk").state != want:
                     await asyncio.sleep(0.002)
                 seen.set_result(time.perf_counter() - t0)

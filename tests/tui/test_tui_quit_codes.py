@@ -4,13 +4,12 @@ engine on the built-in simulator, Textual's pilot."""
 
 from __future__ import annotations
 
-
+import pytest
+from waiting import until
 
 from tui.app import DashboardApp
 from tui.modals import QuitScreen
 from tui.testing import FIXED_GPUS, SAMPLES, sim_config
-from waiting import until
-import pytest
 
 
 async def quit_with(app, pilot, key: str) -> None:

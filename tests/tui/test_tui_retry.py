@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import sqlite3
 
+from test_tui import SIZE
+from waiting import until
+
 from tui.app import DashboardApp
 from tui.modals import PickScreen
 from tui.testing import screen_text, sim_config
-
-from test_tui import SIZE
-from waiting import until
 
 
 def failed_by_class(run_dir, dataset: str) -> dict[str, int]:

@@ -1,8 +1,9 @@
-"""Screenshots of a FIXED engine state at 80x24, 100x30, 120x40 and 160x48, compared with tests/tui/snapshots/*.svg.
+"""Screenshots of a FIXED engine state at 80x24, 100x30, 120x40 and 160x48, compared by pytest-textual-snapshot's
+``snap_compare`` with tests/tui/__snapshots__/test_tui_snapshots/*.svg.
 
-Regenerate after an intended change with ``UPDATE_SNAPSHOTS=1 pytest tests/tui/test_tui_snapshots.py``
-and review the SVGs (open them in a browser). The comparison first diffs the visible text (a
-readable failure), then the whole SVG (colours, styles) with Textual's per-render ids normalised.
+Regenerate after an intended change with ``pytest tests/tui/test_tui_snapshots.py --snapshot-update`` and review
+the SVGs (open them in a browser). A mismatch fails the test and writes ``snapshot_report.html`` (saved and new
+screenshot side by side; see tests/support/snapshots.py).
 """
 
 from __future__ import annotations
@@ -10,28 +11,32 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from snapshots import matches, screenshot, settle, stored
 
 from tui.app import DashboardApp
 from tui.testing import FIXED_GPUS, FakeController, fixed_snapshot, normalise_svg, svg_text
-from snapshots import SNAPSHOTS, compare
+
+
+def dashboard(snap=None) -> DashboardApp:
+    """The dashboard showing ``snap`` (default: the fixed snapshot)."""
+    snap = snap or fixed_snapshot()
+    return DashboardApp(snapshot_source=lambda: snap, controller=FakeController(), gpu_source=lambda: FIXED_GPUS,
+                        refresh_hz=50)
+
 
 async def render(size: tuple[int, int], snap=None) -> str:
-    """The normalised SVG of the dashboard showing ``snap`` (default: the fixed snapshot)."""
-    snap = snap or fixed_snapshot()
-    app = DashboardApp(snapshot_source=lambda: snap, controller=FakeController(), gpu_source=lambda: FIXED_GPUS,
-                       refresh_hz=50)
+    """The normalised SVG of the dashboard showing ``snap`` (default: the fixed snapshot), for the text checks."""
+    app = dashboard(snap)
     async with app.run_test(size=size) as pilot:
-        await pilot.pause(0.3)  # a few polls, the footer composed
-        await pilot.wait_for_scheduled_animations()
+        await settle(pilot)
         svg = app.export_screenshot(title="eagle-datagen")
     return normalise_svg(svg)
 
 
 @pytest.mark.parametrize("size", [(80, 24), (100, 30), (120, 40), (160, 48)],
                          ids=["80x24", "100x30", "120x40", "160x48"])
-async def test_dashboard_snapshot(size, tmp_path):
-    svg = await render(size)
-    compare(f"dashboard_{size[0]}x{size[1]}.svg", svg, tmp_path)
+def test_dashboard_snapshot(size, snap_compare):
+    assert snap_compare(dashboard(), terminal_size=size, run_before=settle)
 
 
 async def test_small_layout_keeps_header_table_and_footer_and_hides_the_rest():
@@ -50,17 +55,19 @@ async def test_large_layout_shows_every_pane():
         assert shown in text, shown
 
 
-async def test_snapshot_comparison_catches_a_changed_cell(tmp_path):
-    """The saved 160x48 snapshot must not match a state where one dataset's done count changed."""
-    path = SNAPSHOTS / "dashboard_160x48.svg"
-    if not path.exists():
+def test_snapshot_comparison_catches_a_changed_cell(request):
+    """The saved 160x48 snapshot matches the fixed state as snap_compare takes it, and not a state where one
+    dataset's done count changed (the same screenshot, serialisation and comparison as snap_compare)."""
+    saved = stored(request, "test_dashboard_snapshot[160x48]")
+    if saved is None:
         pytest.skip("snapshot not written yet")
+    assert matches(screenshot(dashboard(), (160, 48)), saved)
     snap = fixed_snapshot()
     ds = list(snap.datasets)
     ds[0] = dataclasses.replace(ds[0], done=ds[0].done + 1)
-    changed = await render((160, 48), dataclasses.replace(snap, datasets=tuple(ds)))
-    assert changed != path.read_text(encoding="utf-8")
-    assert "4121/9800" in svg_text(changed)
+    changed = screenshot(dashboard(dataclasses.replace(snap, datasets=tuple(ds))), (160, 48))
+    assert not matches(changed, saved)
+    assert "4121/9800" in svg_text(changed) and "4121/9800" not in svg_text(saved)
 
 
 async def test_rendering_is_deterministic():

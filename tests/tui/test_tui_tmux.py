@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 import pytest
+from tmuxterm import Tmux
+from waiting import wait_for
 
 from tui.testing import SAMPLES
-from waiting import wait_for
-from tmuxterm import Tmux
 
 REPO = Path(__file__).resolve().parents[2]
 DATAGEN = Path(sys.executable).with_name("datagen")

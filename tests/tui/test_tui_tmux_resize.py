@@ -7,10 +7,10 @@ from __future__ import annotations
 import sys
 
 from test_tui_tmux import CONFIG, DATAGEN, REPO, pytestmark  # noqa: F401 - pytestmark: skip without tmux
+from tmuxterm import Tmux
+from waiting import wait_for
 
 from tui.testing import SAMPLES
-from waiting import wait_for
-from tmuxterm import Tmux
 
 SIZES = [(80, 24), (120, 40), (100, 30), (160, 48), (80, 24)]
 
@@ -60,8 +60,8 @@ def test_datagen_run_follows_every_resize_in_tmux(tmp_path):
         wait_for(lambda: fits(tmux.screen(), 160) is None, 30, "the dashboard at 160x48", show=tmux.screen)
         for w, h in SIZES:
             tmux("resize-window", "-t", "dash", "-x", str(w), "-y", str(h))
-            wait_for(lambda: fits(tmux.screen(), w) is None, 10, f"the layout for {w}x{h}",
-                 show=lambda: f"{fits(tmux.screen(), w)}\n{tmux.screen()}")
+            wait_for(lambda w=w: fits(tmux.screen(), w) is None, 10, f"the layout for {w}x{h}",
+                     show=lambda w=w: f"{fits(tmux.screen(), w)}\n{tmux.screen()}")
         tmux("send-keys", "-t", "dash", "i")
         wait_for(lambda: "dataset sharegpt" in tmux.screen() and "limits" in tmux.screen(), 10, "the detail view",
              show=tmux.screen)

@@ -12,7 +12,7 @@ fp8 (speculators' convention, vllm-project/speculators PR 1028, ``hs_connectors/
 ``quantize_tensor_to_fp8`` / ``dequantize_fp8_tensor``, in hs-connectors 0.9.0): per token, over all
 its layers together, ``scale = max(amax / 448, 1e-12)`` (float32) and ``q = (x.float() / scale)``
 cast to ``float8_e4m3fn``; ``x ~ q.float() * scale``. :func:`quantize_fp8` is that computation, bit
-for bit (tests/test_fp8_states.py checks it against hs-connectors' own function where installed).
+for bit (tests/engine/extract/test_fp8_states.py checks it against hs-connectors' own function where installed).
 
 Per-sample layouts number their files ``0, 1, 2...`` in commit order: each file is written to a
 temp name in ``out_dir`` and fsynced; then, holding the job lock, the batch's files are renamed to

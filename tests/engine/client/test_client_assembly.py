@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from helpers import tool_fragment as tc
 
 from engine.client.accumulate import StreamAccumulator, finish_value, parse_completion_body, usage_present

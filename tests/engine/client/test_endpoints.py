@@ -7,12 +7,12 @@ import asyncio
 import socket
 
 import pytest
+from helpers import make_config
 
 from engine.client.endpoints import EndpointSet, EndpointState, HealthPolicy
 from engine.client.retry import RetryPolicy, call_with_retries
 from engine.client.types import ChatRequest, ErrorClass, RequestError
 from engine.config import ConfigError
-from helpers import make_config
 
 
 def _set(caps, **policy):
@@ -379,6 +379,7 @@ async def test_credits_and_drift_are_summed_over_every_endpoint(tmp_path, monkey
     import logging
 
     from e2e import write_prompts
+
     from engine.report.status import collect_status
     from engine.run.headless import run_headless
     from engine.sim import SimConfig, SimThread

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from casesrv import DONE, CaseServer, Reply, case_config, chunk, last_user, run_case, sse, stream, usage
-from fixtures_tokens import kimi_dir, kimi_encoding as _enc, true_count
+from fixtures_tokens import kimi_dir, true_count
+from fixtures_tokens import kimi_encoding as _enc
 
 PY = sys.executable
 
@@ -198,7 +199,7 @@ def test_case09_empty_finish_reason_never_finishes(tmp_path):
     assert len(table) == 4
     for rec in table:
         ids, mask = rec["input_ids"], rec["loss_mask"]
-        supervised = [t for t, m in zip(ids, mask) if m]
+        supervised = [t for t, m in zip(ids, mask, strict=True) if m]
         assert supervised[-1] == im_end and supervised.count(im_end) == 1
 
 

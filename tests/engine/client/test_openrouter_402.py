@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from casesrv import CaseServer, Reply, case_config, chunk, error_reply, last_user, run_case, stream, usage
+
 from engine.client.chat import ChatClient
 from engine.client.errors import (
     IN_FLIGHT_EXHAUSTED,
@@ -367,7 +367,8 @@ def test_in_flight_budget_402s_are_retried_after_retry_after_and_every_prompt_co
         assert len(srv.requests) == 8 + 7
         assert {k: len(v) for k, v in times.items()} == {fact(i): 1 + i % 3 for i in range(8)}
         for i in range(7):  # HTTP 402s: the retry waited Retry-After (1 s, +10% jitter at most), not more
-            gaps = [b - a for a, b in zip(times[fact(i)], times[fact(i)][1:])]
+            ts = times[fact(i)]
+            gaps = [b - a for a, b in zip(ts, ts[1:], strict=False)]  # consecutive pairs: one shorter by design
             assert all(0.95 <= g < 5.0 for g in gaps), (i, gaps)
 
         rows = sql(run_dir, "SELECT error_class, status, message FROM attempts WHERE outcome='error'")

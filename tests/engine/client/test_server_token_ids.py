@@ -17,14 +17,14 @@ import subprocess
 import sys
 
 import pytest
-
 from casesrv import MODEL, CaseServer, Reply, case_config, chunk, last_user, run_case, stream, usage
+from fixtures_tokens import kimi_dir, kimi_encoding, true_count
+from helpers import store_rows
+
 from engine.client.accumulate import StreamAccumulator, parse_completion_body
 from engine.client.chat import ChatClient
 from engine.client.types import ChatRequest
 from engine.config.provider import ProviderSection
-from helpers import store_rows
-from fixtures_tokens import kimi_dir, kimi_encoding, true_count
 
 R, C = "Two and two make four.", "The answer is 4."
 
@@ -226,7 +226,7 @@ def test_run_stores_server_ids_and_validation_compares_them(tmp_path, streamed):
                run, "SELECT p.messages, r.token_ids, v.ok, v.reasons FROM results r "
                     "JOIN prompts p ON p.id = r.prompt_id JOIN validations v ON v.prompt_id = r.prompt_id")}
     wrong = server_ids("differ")
-    assert wrong != right and len(wrong) == len(right) and sum(a != b for a, b in zip(wrong, right)) == 1
+    assert wrong != right and len(wrong) == len(right) and sum(a != b for a, b in zip(wrong, right, strict=True)) == 1
     assert got == {
         "match: one": (right, 1, []),
         "differ: two": (wrong, 0, ["token_ids_disagree"]),

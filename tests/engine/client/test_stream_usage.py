@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
 from casesrv import CaseServer, case_config, chunk, run_case, stream, usage
+
 from engine.client.chat import ChatClient
 from engine.client.types import ChatRequest
 from engine.config import ProviderSection

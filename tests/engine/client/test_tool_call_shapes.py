@@ -7,8 +7,9 @@ rules of :mod:`engine.client.toolcalls` cannot assemble with certainty must rais
 
 from __future__ import annotations
 
-from engine.client.toolcalls import ToolCallAssembler
 from helpers import tool_fragment as frag
+
+from engine.client.toolcalls import ToolCallAssembler
 
 PARIS, OSLO = '{"city": "Paris"}', '{"city": "Oslo"}'
 AMBIGUOUS, ID_CHANGED, ARGS_OBJECT = "tool_call_ambiguous", "tool_id_changed", "tool_args_object"

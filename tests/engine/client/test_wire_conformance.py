@@ -12,15 +12,15 @@ import subprocess
 import sys
 
 import pytest
-
 from casesrv import DONE, CaseServer, Reply, case_config, chunk, last_user, run_case, sse, stream, usage
+from fixtures_tokens import kimi_dir, true_count
+from helpers import store_rows
+
 from engine.client.accumulate import StreamAccumulator
 from engine.client.chat import ChatClient
-from engine.client.conformance import (FAILING, NOTES, finalize, finish_aliases, read_usage, resolve_finish)
+from engine.client.conformance import FAILING, NOTES, finalize, finish_aliases, read_usage, resolve_finish
 from engine.client.types import ChatRequest, Completion, ToolCall, Usage
 from engine.tokens.validate import REASONS
-from helpers import store_rows
-from fixtures_tokens import kimi_dir, true_count
 
 
 def acc_of(*chunks: dict) -> StreamAccumulator:
@@ -183,7 +183,7 @@ def test_client_reads_usage_sent_after_done_in_the_same_read_and_in_a_later_one(
     late = sse(chunk(None, choices=False, usage=usage(4, 9, cost=0.02)))
     for pieces in ([sse(chunk({"content": "hi"})), sse(chunk({}, "stop")) + DONE + late],
                    [sse(chunk({"content": "hi"})), sse(chunk({}, "stop")), DONE, 0.05, late]):
-        c = _complete(lambda r, n: Reply(pieces=pieces), req())
+        c = _complete(lambda r, n, pieces=pieces: Reply(pieces=pieces), req())
         assert (c.usage.completion_tokens, c.usage.cost_usd, c.flags) == (9, 0.02, ("usage_after_done",))
 
 

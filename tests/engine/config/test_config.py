@@ -3,10 +3,9 @@
 from pathlib import Path
 
 import pytest
+from helpers import REPO, make_config
 
 from engine.config import ConfigError, load_config
-
-from helpers import REPO, make_config
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -102,12 +101,16 @@ def test_toml_syntax_and_missing_file(tmp_path):
 
 
 def test_routing_becomes_provider_object(tmp_path):
-    cfg = make_config(tmp_path, provider={"kind": "simulated", "routing": {"only": ["moonshotai"], "allow_fallbacks": False, "max_price": {"completion": 2.5}}})
-    assert cfg.provider.routing.to_provider_object() == {"only": ["moonshotai"], "allow_fallbacks": False, "max_price": {"completion": 2.5}}
+    routing = {"only": ["moonshotai"], "allow_fallbacks": False, "max_price": {"completion": 2.5}}
+    cfg = make_config(tmp_path, provider={"kind": "simulated", "routing": routing})
+    assert cfg.provider.routing.to_provider_object() == {"only": ["moonshotai"], "allow_fallbacks": False,
+                                                          "max_price": {"completion": 2.5}}
 
 
 def test_class_membership_by_dataset(tmp_path):
-    cfg = make_config(tmp_path, classes={"short": {"max_tokens": 10, "concurrency": 1}, "long": {"max_tokens": 20, "concurrency": 1, "min_prompt_tokens": 100, "datasets": ["b"]}})
+    cfg = make_config(tmp_path, classes={"short": {"max_tokens": 10, "concurrency": 1},
+                                         "long": {"max_tokens": 20, "concurrency": 1, "min_prompt_tokens": 100,
+                                                  "datasets": ["b"]}})
     assert cfg.class_for("b", 1) == "long" and cfg.class_for("a", 1) == "short" and cfg.class_for("a", 100) == "long"
     with pytest.raises(ConfigError) as ei:
         make_config(tmp_path, classes={"short": {"max_tokens": 10, "concurrency": 1, "datasets": ["zzz"]}})

@@ -17,14 +17,13 @@ import stat
 from pathlib import Path
 
 import pytest
+from e2e import read_log
 
 from datagen import cli
 from engine.config import parse_config
 from engine.datasets import DatasetError, iter_prompts
 from engine.prompts import Prompt, Reject, prompt_key
 from engine.run.headless import run_headless
-
-from e2e import read_log
 
 GOOD1 = json.dumps({"prompt": "good row one"}).encode()
 GOOD3 = json.dumps({"messages": [{"role": "user", "content": "good row three"}]}).encode()

@@ -26,7 +26,8 @@ def test_text_parts_join_with_nothing_between():
 
 
 @pytest.mark.parametrize("part, reason", [
-    ({"type": "image_url", "image_url": {"url": "https://x/y.png"}}, "content part 2 has type 'image_url'; only text parts can be sent as text"),
+    ({"type": "image_url", "image_url": {"url": "https://x/y.png"}},
+     "content part 2 has type 'image_url'; only text parts can be sent as text"),
     ({"type": "input_audio", "input_audio": {"data": "..."}}, "content part 2 has type 'input_audio'; only text parts can be sent as text"),
     ({"text": "no type"}, "content part 2 has no 'type' (expected 'text')"),
     ({"type": "text"}, "content part 2: 'text' is missing, expected a string"),

@@ -11,11 +11,11 @@ import subprocess
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from engine.prompts import prompt_key
 from e2e import read_log, run_cmd, run_env
 from fixtures_tokens import kimi_dir
 from promptcheck_helpers import write_config
+
+from engine.prompts import prompt_key
 
 PRICE = [{"type": "function", "function": {"name": "get_price", "description": "Price of a stock", "parameters": {
     "type": "object", "properties": {"ticker": {"type": "string"}}, "required": ["ticker"]}}}]
@@ -78,7 +78,8 @@ SWE = {"environment": "local", "trajectory": [], "info": {}, "history": [
 SWE_EXPECTED = ([{"role": "system", "content": "You are an autonomous programmer working in a shell."},
                  {"role": "user", "content": "Fix the failing test in tests/test_math.py."},
                  {"role": "assistant", "content": "Let me look at the test file.", "tool_calls": [
-                     {"id": "call_abc123", "type": "function", "function": {"name": "open", "arguments": '{"path":"tests/test_math.py"}'}}]},
+                     {"id": "call_abc123", "type": "function",
+                      "function": {"name": "open", "arguments": '{"path":"tests/test_math.py"}'}}]},
                  {"role": "tool", "content": "1:def test_add():\n2:    assert add(1, 1) == 3\n", "tool_call_id": "call_abc123"}], [])
 
 TIME = [{"type": "function", "function": {"name": "get_time", "description": "Time in a city", "parameters": {
@@ -89,7 +90,8 @@ PARQUET = [
     {"messages": [{"role": "system", "content": "Use tools when needed."}, {"role": "user", "content": "What time is it in Oslo?"},
                   {"role": "assistant", "content": "Let me check."}], "tools": TIME},
     {"messages": [{"role": "user", "content": "Add 2 and 40."},
-                  {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a":2,"b":40}'}}]},
+                  {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                                                        "function": {"name": "add", "arguments": '{"a":2,"b":40}'}}]},
                   {"role": "tool", "content": "42", "tool_call_id": "c1"}, {"role": "assistant", "content": "42."}], "tools": ADD},
 ]
 

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.datasets import FORMATS, DatasetError, detect_format, iter_prompts
-from engine.datasets import readers
+from engine.datasets import FORMATS, DatasetError, detect_format, iter_prompts, readers
 from engine.datasets.glaive import arguments_json, parse_call
 from engine.prompts import Prompt, Reject, prompt_key
 
@@ -86,7 +85,8 @@ def test_b1_glaive_content():
     call = second.messages[2]
     assert call["content"] == ""
     assert call["tool_calls"] == [
-        {"id": "functions.get_news_headlines:0", "type": "function", "function": {"name": "get_news_headlines", "arguments": '{"country": "United States"}'}}
+        {"id": "functions.get_news_headlines:0", "type": "function",
+         "function": {"name": "get_news_headlines", "arguments": '{"country": "United States"}'}}
     ]
     assert second.messages[3]["tool_call_id"] == "functions.get_news_headlines:0"
     assert second.messages[3]["content"].startswith('{"headlines": ["Biden announces')
@@ -146,7 +146,7 @@ def test_b8_swe_agent_history():
     first = prompts[0]
     assert roles(first) == "suatatatat"
     assert first.messages[-1]["content"].startswith("8.2\n(Open file: /SWE-agent__test-repo/tests/missing_colon.py)")
-    for call, result in zip(first.messages[2::2], first.messages[3::2]):
+    for call, result in zip(first.messages[2::2], first.messages[3::2], strict=True):
         assert result["tool_call_id"] == call["tool_calls"][0]["id"]
     assert first.messages[2]["tool_calls"][0]["function"] == {"arguments": '{"file_name":"missing_colon.py"}', "name": "find_file"}
     allowed = {"role", "content", "tool_calls", "tool_call_id"}
@@ -184,8 +184,10 @@ def schema_rows():
          [{"role": "user", "content": "What is 2+2?"}]),
         ("sharegpt", {"system": system_114k, "conversations": [
             {"from": "user", "value": "Return your final response within \\boxed{}. Compute 2+2."},
-            {"from": "assistant", "value": "<|begin_of_thought|>\n2+2=4\n<|end_of_thought|>\n\n<|begin_of_solution|>\n\\boxed{4}\n<|end_of_solution|>"}]},
-         [{"role": "system", "content": system_114k}, {"role": "user", "content": "Return your final response within \\boxed{}. Compute 2+2."}]),
+            {"from": "assistant", "value": "<|begin_of_thought|>\n2+2=4\n<|end_of_thought|>\n\n"
+                                           "<|begin_of_solution|>\n\\boxed{4}\n<|end_of_solution|>"}]},
+         [{"role": "system", "content": system_114k},
+          {"role": "user", "content": "Return your final response within \\boxed{}. Compute 2+2."}]),
         ("sharegpt", {"difficulty": 6, "source": "nvidia/OpenCodeReasoning", "domain": "code", "conversations": [
             {"from": "human", "value": "Reverse a string in Python."}, {"from": "gpt", "value": "<think>\nslice\n</think>\n\ns[::-1]"}]},
          [{"role": "user", "content": "Reverse a string in Python."}]),
@@ -245,7 +247,8 @@ def test_bad_jsonl_rows_cost_one_row_each(tmp_path):
         b"[1, 2]",                                                                     # 9 not an object
         json.dumps({"foo": 1, "bar": 2}).encode(),                                     # 10 unrecognised
         json.dumps({"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]}).encode(),  # 11
-        json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]}).encode(),  # 12 image part
+        json.dumps({"messages": [{"role": "user",
+                                  "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]}).encode(),  # 12 image part
         json.dumps({"messages": [{"role": "user", "content": "g2"}]}).encode(),        # 13 ok
         b'{"messages": [{"role": "user", "content": "cut',                             # 14 truncated, no newline
     ]
@@ -383,7 +386,8 @@ def test_glaive_edge_cases(tmp_path):
     no_functions = {"system": "SYSTEM: You are a helpful assistant, with no access to external functions.\n\n",
                     "chat": "USER: Hi\n\n\nline two\n\n\nASSISTANT: Hello <|endoftext|>\n\n\n"}
     apostrophe = {"system": "SYSTEM: x. Use them if required -\n{\"name\": \"say\", \"parameters\": {}}\n",
-                  "chat": "USER: Say it\n\n\nASSISTANT: <functioncall> {\"name\": \"say\", \"arguments\": '{\"text\": \"I'm here\"}'} <|endoftext|>\n\n\n"
+                  "chat": "USER: Say it\n\n\nASSISTANT: <functioncall> "
+                          "{\"name\": \"say\", \"arguments\": '{\"text\": \"I'm here\"}'} <|endoftext|>\n\n\n"
                           "FUNCTION RESPONSE: {\"ok\": true}\n\n\nASSISTANT: Done <|endoftext|>\n\n\n"}
     broken_last = {"system": "", "chat": "USER: a\n\n\nASSISTANT: <functioncall> {garbage <|endoftext|>\n\n\n"}
     broken_mid = {"system": "", "chat": "USER: a\n\n\nASSISTANT: <functioncall> {garbage\n\n\nFUNCTION RESPONSE: {}\n\n\nASSISTANT: b"}
@@ -430,7 +434,8 @@ def test_sharegpt_roles_tools_and_errors(tmp_path):
     prompts, rejects = load(write_jsonl(tmp_path / "s.jsonl", rows), "sharegpt")
     (p,) = prompts
     assert roles(p) == "uat" and p.tools[0]["function"]["name"] == "lookup"
-    assert p.messages[1]["tool_calls"] == [{"id": "functions.lookup:0", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}]
+    assert p.messages[1]["tool_calls"] == [{"id": "functions.lookup:0", "type": "function",
+                                            "function": {"name": "lookup", "arguments": '{"q": "x"}'}}]
     assert p.messages[2] == {"role": "tool", "content": "found", "tool_call_id": "functions.lookup:0"}
     assert [r.reason for r in rejects] == [
         "sharegpt: message 1: unknown role 'narrator'",

@@ -13,6 +13,9 @@ import subprocess
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from e2e import PY, run_cmd
+from fakehub import FakeHub
+from helpers import make_config
 
 from engine.config import ConfigError, HubPath, parse_config
 from engine.datasets import DatasetError, iter_prompts
@@ -21,9 +24,6 @@ from engine.datasets.hub import HubRef, pick_files
 from engine.prompts import Prompt
 from engine.run.ingest import ingest_all
 from engine.storage.store import Store
-from e2e import PY, run_cmd
-from fakehub import FakeHub
-from helpers import make_config
 
 
 def chat(text: str) -> dict:

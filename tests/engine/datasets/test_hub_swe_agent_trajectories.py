@@ -23,6 +23,8 @@ import tomllib
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from fakehub import FakeHub
+from helpers import REPO, make_config
 
 from engine.config import parse_config
 from engine.datasets import detect_format, iter_prompts
@@ -31,8 +33,6 @@ from engine.datasets.hub import HubRef
 from engine.prompts import Prompt, Reject
 from engine.run.ingest import ingest_all
 from engine.storage.store import Store
-from fakehub import FakeHub
-from helpers import REPO, make_config
 
 SMITH = "SWE-bench/SWE-smith-trajectories"
 NEBIUS = "nebius/SWE-agent-trajectories"

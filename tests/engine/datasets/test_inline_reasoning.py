@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from fixtures_tokens import kimi_dir
+from promptcheck_helpers import write_config
 
 from datagen.cli import main
 from engine.config import load_config
@@ -20,8 +22,6 @@ from engine.datasets.reasoning import ReasoningError, Split, move_reasoning, spl
 from engine.prompts import Prompt, Reject
 from engine.run.headless import run_headless
 from engine.tokens.tokenizer import load_tokenizer
-from fixtures_tokens import kimi_dir
-from promptcheck_helpers import write_config
 
 U = lambda t: {"role": "user", "content": t}  # noqa: E731
 A = lambda t: {"role": "assistant", "content": t}  # noqa: E731
@@ -203,7 +203,7 @@ def test_headless_run_tokens_export_holds_visible_answers_not_reasoning(tmp_path
     decoded = []
     for f in (tmp_path / "tok").glob("*.parquet"):
         for row in pq.read_table(f).to_pylist():
-            decoded.append(tok.decode([i for i, k in zip(row["input_ids"], row["loss_mask"]) if k == 0]))
+            decoded.append(tok.decode([i for i, k in zip(row["input_ids"], row["loss_mask"], strict=True) if k == 0]))
     assert len(decoded) == 3
     by_first = {next(q for q in ("17*23", "91 prime", "Peru") if q in p): p for p in decoded}
     gen = "<|im_assistant|>assistant<|im_middle|><think>"

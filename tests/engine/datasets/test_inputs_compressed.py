@@ -17,14 +17,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from helpers import make_config
 
-from engine.datasets import DatasetError, iter_prompts
-from engine.datasets import jsonarray
+from engine.datasets import DatasetError, iter_prompts, jsonarray
 from engine.datasets.readers import open_records
 from engine.prompts import Reject
 from engine.run.ingest import fingerprint, ingest_all
 from engine.storage.store import Store
-from helpers import make_config
 
 
 def row(text: str) -> dict:

@@ -3,12 +3,13 @@ SWE-agent rows get them; docs/dataset-rows.md)."""
 
 from __future__ import annotations
 
+from fixtures_tokens import kimi_dir
+
 from engine.datasets import row_to_prompt
 from engine.datasets.tool_calls import pair_openai_results
 from engine.prompts import Prompt
 from engine.tokens.template import render
 from engine.tokens.tokenizer import load_tokenizer
-from fixtures_tokens import kimi_dir
 
 
 def call(name: str, args: str, cid: str | None = None) -> dict:

@@ -65,7 +65,7 @@ def test_tools_and_messages_sent_equal_the_rows_own_json(tmp_path):
     path = write(tmp_path, ROWS)
     prompts = list(iter_prompts(path, "openai"))
     assert all(isinstance(p, Prompt) for p in prompts), prompts
-    for p, row in zip(prompts, ROWS):
+    for p, row in zip(prompts, ROWS, strict=True):
         messages, tools = own_prompt(row)
         assert p.messages == messages and p.tools == tools
         assert p.key == prompt_key(messages, tools)

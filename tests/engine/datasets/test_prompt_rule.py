@@ -10,12 +10,12 @@ import logging
 from pathlib import Path
 
 import pytest
+from helpers import make_config
 
 from engine.datasets import iter_prompts, row_to_prompt
-from engine.run.ingest import ingest_all
 from engine.prompts import Prompt, Reject
+from engine.run.ingest import ingest_all
 from engine.storage.store import Store
-from helpers import make_config
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{\"q\": \"x\"}"}}
 U = lambda t: {"role": "user", "content": t}  # noqa: E731

@@ -7,15 +7,15 @@ from __future__ import annotations
 import json
 
 import pytest
+from fixtures_tokens import kimi_dir
 
+from engine.config import TokenizerSection
 from engine.datasets import iter_prompts, row_to_prompt
 from engine.datasets.sharegpt import parse_calls, sharegpt_messages
 from engine.datasets.tool_calls import CALL_ID_FORMAT, CallQueue, native_call_id
-from engine.config import TokenizerSection
 from engine.prompts import Prompt, Reject
 from engine.tokens.template import render
 from engine.tokens.tokenizer import load_tokenizer
-from fixtures_tokens import kimi_dir
 
 PRICE_TOOL = json.dumps([{"name": "get_price", "description": "Price of a stock", "parameters": {
     "type": "object", "properties": {"ticker": {"type": "string"}}, "required": ["ticker"]}}])

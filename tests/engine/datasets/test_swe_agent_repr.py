@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from fixtures_tokens import kimi_dir
 
 from engine.datasets import iter_prompts, row_to_prompt
 from engine.datasets.swe_agent import parse_call_ids, parse_tool_calls, read_literal
 from engine.prompts import Prompt, Reject
 from engine.tokens.template import render
 from engine.tokens.tokenizer import load_tokenizer
-from fixtures_tokens import kimi_dir
 
 OPEN = {"function": {"arguments": '{"path":"tests/test_math.py"}', "name": "open"}, "id": "call_abc123", "type": "function"}
 EDIT = {"function": {"arguments": '{"start":2,"end":2}', "name": "edit"}, "id": "call_def456", "type": "function"}
@@ -63,7 +63,8 @@ def test_repr_row_renders_with_the_kimi_template():
     ("{'id': 'x'}", "tool_calls is not a list of calls: a dict"),
     ("['open']", "tool_calls is not a list of calls: call 1 is a str, expected an object"),
     (repr([{**OPEN, "id": ""}]), "tool_calls is not a list of calls: call 1 has no 'id' (a non-empty string)"),
-    (repr([{**OPEN, "type": "code_interpreter"}]), "tool_calls is not a list of calls: call 1 has type 'code_interpreter', expected 'function'"),
+    (repr([{**OPEN, "type": "code_interpreter"}]),
+     "tool_calls is not a list of calls: call 1 has type 'code_interpreter', expected 'function'"),
     (repr([{"id": "c", "type": "function", "function": "open"}]),
      "tool_calls is not a list of calls: call 1: 'function' is a str, expected an object {name, arguments}"),
     (repr([{"id": "c", "function": {"arguments": "{}"}}]),
@@ -98,8 +99,9 @@ def test_several_ids_on_one_tool_message_rejected():
 def test_ids_pair_first_in_first_out_when_absent_and_arguments_objects_become_json():
     row = {"history": [
         {"role": "user", "content": "go"},
-        {"role": "assistant", "content": "", "tool_calls": repr([{"id": "a", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}},
-                                                                 {"id": "b", "type": "function", "function": {"name": "g", "arguments": "{}"}}])},
+        {"role": "assistant", "content": "", "tool_calls": repr([
+            {"id": "a", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}},
+            {"id": "b", "type": "function", "function": {"name": "g", "arguments": "{}"}}])},
         {"role": "tool", "content": "ra"},
         {"role": "tool", "content": "rb", "tool_call_ids": "['b']"},
         {"role": "assistant", "content": "done"}]}

@@ -256,11 +256,12 @@ def test_extract_straight_from_a_run_directory(tmp_path: Path) -> None:
     import asyncio
     import io
 
+    from fixtures_tokens import HF_MARKERS, hf_dir
+    from helpers import SAMPLES
+
     from engine.extract.launch import run_extract
     from engine.run.headless import run_headless
     from engine.tokens.exports import export_validated, iter_token_records
-    from fixtures_tokens import HF_MARKERS, hf_dir
-    from helpers import SAMPLES
 
     tok = hf_dir()
     model = build_tiny_model(tmp_path / "tiny", seed=0, layers=LAYERS, vocab=4200)

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
+from extract_jobs import chain_config, manifest_ids
+from helpers import SAMPLES
 
 from engine.config import ConfigError, parse_config
 from engine.extract.job import ExtractError, resolve_job
@@ -21,10 +23,8 @@ from engine.extract.source import iter_source
 from engine.extract.tiny import synth_records
 from engine.run.chain import ExtractChain, combined_exit_code, readiness, run_headless_chained
 from engine.run.chainready import dataset_counts
-from engine.tokens.records import write_parquet
 from engine.tokens.exports import iter_token_records
-from helpers import SAMPLES
-from extract_jobs import chain_config, manifest_ids
+from engine.tokens.records import write_parquet
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the workers: the machine is shared
 
@@ -152,9 +152,10 @@ def test_after_run_refuses_a_missing_model_before_anything_is_bought(tmp_path: P
     generation ran first and extraction then failed (exit 1) on the model path. A bare or ``DIR/NAME``
     relative name (``runs`` exists beside the config) is a local path, refused at once: before, it went
     to the Hub and failed after its retries with a misleading "couldn't connect"."""
-    from datagen.cli import main
     from fixtures_tokens import kimi_dir
     from promptcheck_helpers import write_config
+
+    from datagen.cli import main
 
     cfg = write_config(tmp_path, kimi_dir(), [("b1", SAMPLES / "b1_glaive.jsonl", "glaive")])
     (tmp_path / "runs").mkdir(exist_ok=True)

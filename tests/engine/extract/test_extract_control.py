@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 import torch
+from extract_jobs import lines
+from waiting import async_wait_for
 
 from engine.config import parse_config
 from engine.extract.control import Control, ControlReader, ExtractControl, read_control, resolve_out_dir, send
@@ -29,8 +31,6 @@ from engine.extract.snapshot import ExtractSnapshot, LauncherWorker, build_snaps
 from engine.extract.status import read_workers
 from engine.extract.tiny import synth_records
 from engine.tokens.records import write_parquet
-from waiting import async_wait_for
-from extract_jobs import lines
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the workers: the machine is shared
 

@@ -17,12 +17,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+from extract_jobs import lines
 
 from engine.extract.shards import OutDir
 from engine.extract.tiny import synth_records
 from engine.tokens.records import write_parquet
-from extract_jobs import lines
-import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -97,8 +97,8 @@ def test_convert_says_what_a_wrong_source_is(tmp_path: Path, tiny: Path, capsys)
     """A missing directory (not created), a specforge output (its job.json's layout; without job.json,
     its manifest's per-sample files), a directory without a manifest."""
     from datagen.cli import main
-    from engine.extract.job import resolve_job
     from engine.config import parse_config
+    from engine.extract.job import resolve_job
     from engine.extract.worker import run_worker
 
     write_parquet(tmp_path / "data" / "a.parquet", synth_records(12, 5, 40, seed=3))

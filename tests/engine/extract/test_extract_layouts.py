@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_extract import direct  # the reference forward with hooks
+from test_extract_procs import kill_worker_then_launcher
 
 from engine.config import ConfigError, parse_config
 from engine.extract.convert import convert
@@ -30,8 +32,6 @@ from engine.extract.job import resolve_job
 from engine.extract.layouts import make_layout
 from engine.extract.plan import project
 from engine.extract.shards import OutDir
-from test_extract_procs import kill_worker_then_launcher
-from test_extract import direct  # the reference forward with hooks
 from engine.extract.tiny import synth_records
 from engine.extract.worker import run_worker
 from engine.tokens.records import read_parquet_dir, write_parquet
@@ -367,7 +367,7 @@ def test_convert_cli_delete_source_and_errors(work, tiny: Path, tmp_path: Path, 
     assert main(["extract", "--convert", str(src), "--to", "speculators"]) == 1
     assert "pass --model DIR" in capsys.readouterr().err  # no job.json beside these shards
     assert main(["extract", "--convert", str(src), "--to", "specforge", "--delete-source"]) == 0
-    assert f"30 converted, 0 already there" in capsys.readouterr().out
+    assert "30 converted, 0 already there" in capsys.readouterr().out
     assert not list(src.glob("shard-*.safetensors")) and n_shards > 1
     assert len(sf_list_feature_files(str(tmp_path / "shards-specforge"))) == 30
     assert main(["extract", "--convert", str(tmp_path / "nothing"), "--to", "specforge"]) == 1

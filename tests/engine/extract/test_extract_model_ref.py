@@ -18,11 +18,11 @@ import time
 from pathlib import Path
 
 import pytest
+from fakehub import FakeHub
 
 from engine.config import parse_config
 from engine.config.extract import hub_id_form, resolve_model
 from engine.extract.job import ExtractError, check_model
-from fakehub import FakeHub
 
 REPO = Path(__file__).resolve().parents[3]
 

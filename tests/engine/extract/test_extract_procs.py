@@ -11,14 +11,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+from extract_jobs import lines
 
 from engine.extract.loader import ExtractedDataset
 from engine.extract.shards import OutDir
 from engine.extract.tiny import synth_records
 from engine.proc.pids import pid_alive
 from engine.tokens.records import write_parquet
-from extract_jobs import lines
-import pytest
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -25,23 +25,29 @@ import torch
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make vllm-check)")
 
-from safetensors.torch import load_file  # noqa: E402
+from extract_jobs import lines
+from safetensors.torch import load_file
+from test_extract_procs import check_exactly_once, extract, kill_worker_then_launcher, setup_job
+from test_mla_reference import (
+    KIMI_ROPE,
+    build_mla_model,
+    load_checkpoint,
+    reference_layer0,
+    samples,
+    vllm_cpu_kernel_rope,
+)
+from waiting import wait_for
 
-from engine.config import parse_config  # noqa: E402
-from engine.extract.job import resolve_job  # noqa: E402
-from engine.extract.model import HiddenStates, load_model  # noqa: E402
-from engine.extract.onvllm import hidden  # noqa: E402
-from engine.extract.onvllm.hidden import VllmHiddenStates  # noqa: E402
-from engine.extract.shards import OutDir  # noqa: E402
-from engine.extract.status import collect  # noqa: E402
-from engine.extract.tiny import build_tiny_model, synth_records  # noqa: E402
-from engine.extract.worker import run_worker  # noqa: E402
-from engine.tokens.records import write_parquet  # noqa: E402
-from extract_jobs import lines  # noqa: E402
-from test_extract_procs import check_exactly_once, extract, kill_worker_then_launcher, setup_job  # noqa: E402
-from test_mla_reference import (KIMI_ROPE, build_mla_model, load_checkpoint, reference_layer0, samples,  # noqa: E402
-                                vllm_cpu_kernel_rope)
-from waiting import wait_for  # noqa: E402
+from engine.config import parse_config
+from engine.extract.job import resolve_job
+from engine.extract.model import HiddenStates, load_model
+from engine.extract.onvllm import hidden
+from engine.extract.onvllm.hidden import VllmHiddenStates
+from engine.extract.shards import OutDir
+from engine.extract.status import collect
+from engine.extract.tiny import build_tiny_model, synth_records
+from engine.extract.worker import run_worker
+from engine.tokens.records import write_parquet
 
 pytestmark = pytest.mark.vllm
 AUX = [0, 1, 2]
@@ -129,7 +135,7 @@ def test_vllm_mla_layer_by_layer_against_the_reference(tmp_path: Path, rope: str
         assert (t_layers[0] - ref).abs().max().item() <= 1e-6, ("transformers vs reference", rope, len(s))
         assert (v_layers[0] - ref).abs().max().item() <= 1e-6, ("vLLM vs reference", rope, len(s),
                                                                  (v_layers[0] - ref).abs().amax(-1).tolist())
-        worst = [max(w, (x - y).abs().max().item()) for w, x, y in zip(worst, t_layers, v_layers)]
+        worst = [max(w, (x - y).abs().max().item()) for w, x, y in zip(worst, t_layers, v_layers, strict=True)]
     print(f"{rope}: vLLM vs transformers per layer (0, 1, 2, final): " + ", ".join(f"{w:.1e}" for w in worst))
     assert max(worst) <= 1e-4, worst
 

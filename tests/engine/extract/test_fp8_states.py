@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_extract import direct
 
 from engine.config import parse_config
 from engine.extract.convert import convert
@@ -31,7 +32,6 @@ from engine.extract.status import collect, format_line
 from engine.extract.tiny import synth_records
 from engine.extract.worker import run_worker
 from engine.tokens.records import write_parquet
-from test_extract import direct
 
 LAYERS = 6
 TINY_LAYERS = LAYERS  # the shared `tiny` fixture (tests/conftest.py) builds this many layers
@@ -370,11 +370,10 @@ def test_speculators_trains_on_fp8_files_like_on_bf16(work, tiny: Path) -> None:
     trainer step body on CPU, as tests/engine/extract/test_train_check_speculators.py) on the bf16 files and on the fp8
     files (read through its ``FP8Transfer``), same seed: both losses finite and falling, side by side."""
     pytest.importorskip("speculators.train.dataloader", reason="speculators 0.9.0 is in .venv-train (make train-venv)")
+    import test_train_check_speculators as tc
     from hs_connectors import FileTransfer, FP8Transfer
     from speculators.models.eagle3.data import shift_batch
     from speculators.train.dataloader import create_train_val_loaders
-
-    import test_train_check_speculators as tc
 
     tmp, rows, jobs, _ = work
     curves = {}
@@ -393,7 +392,7 @@ def test_speculators_trains_on_fp8_files_like_on_bf16(work, tiny: Path) -> None:
         curves[sd] = tc._train(train, tc._drafter(tiny), 24)
     print("\nspeculators 0.9.0 EAGLE-3 drafter, same samples and seed: loss per AdamW step")
     print(f"{'step':>4}  {'bf16 files':>10}  {'fp8 files':>10}  {'fp8 - bf16':>10}")
-    for i, (a, b) in enumerate(zip(curves["model"], curves["fp8"])):
+    for i, (a, b) in enumerate(zip(curves["model"], curves["fp8"], strict=True)):
         print(f"{i:4d}  {a:10.5f}  {b:10.5f}  {b - a:+10.5f}")
     for c in curves.values():
         assert all(math.isfinite(x) for x in c) and sum(c[-4:]) / 4 < 0.8 * sum(c[:4]) / 4

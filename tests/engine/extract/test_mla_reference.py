@@ -266,7 +266,7 @@ def test_reference_layer0_equals_the_transformers_engine(tmp_path: Path, rope: s
     seqs = samples()
     ref = transformers_layer0(model, seqs)
     ck = load_checkpoint(model)
-    for s, r in zip(seqs, ref):
+    for s, r in zip(seqs, ref, strict=True):
         got = reference_layer0(model, s, checkpoint=ck)
         assert got.shape == r.shape
         d = (got - r).abs().max().item()

@@ -26,6 +26,9 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 import torch
+from fixtures_tokens import kimi_dir
+from promptcheck_helpers import RENDERABLE, run, write_config, write_jsonl
+from test_extract import direct
 
 from datagen.cli import main
 from engine.config import ConfigError, parse_config
@@ -36,9 +39,6 @@ from engine.extract.shards import OutDir
 from engine.extract.tiny import synth_records
 from engine.extract.worker import run_worker
 from engine.tokens.records import write_parquet
-from fixtures_tokens import kimi_dir
-from promptcheck_helpers import RENDERABLE, run, write_config, write_jsonl
-from test_extract import direct
 
 LAYERS = 6
 TINY_LAYERS = LAYERS  # the shared `tiny` fixture (tests/conftest.py) builds this many layers
@@ -181,7 +181,7 @@ def test_tokens_jsonl_rows_are_the_parquet_rows(exported) -> None:
         table = pq.read_table(tmp / "tokens" / f"{f.stem}.parquet").to_pylist()
         rows = [json.loads(line) for line in f.read_text().splitlines()]
         assert len(rows) == len(table) > 0
-        for row, want in zip(rows, table):
+        for row, want in zip(rows, table, strict=True):
             assert list(row) == ["input_ids", "loss_mask", "id"] and row["id"] == want["id"]
             assert row["input_ids"] == want["input_ids"] and row["loss_mask"] == want["loss_mask"]
             assert all(type(x) is int for x in row["input_ids"] + row["loss_mask"])
@@ -209,7 +209,7 @@ def test_speculators_prepare_data_passes_tokens_jsonl_through(exported) -> None:
                                                 render_endpoint=None, minimum_valid_tokens=None)
     want = [r for f in sorted((tmp / "tokens").iterdir()) for r in pq.read_table(f).to_pylist()]
     assert len(ds) == len(want) and set(ds.column_names) == {"input_ids", "loss_mask", "seq_len"}
-    for row, w in zip(ds, want):
+    for row, w in zip(ds, want, strict=True):
         assert row["input_ids"].tolist() == w["input_ids"] and row["loss_mask"].tolist() == w["loss_mask"]
         assert int(row["seq_len"]) == len(w["input_ids"])
 
@@ -255,7 +255,7 @@ def sf_count_effective_feature_tokens(hidden_states_path: str, *, max_length=Non
         if selected.numel() == 0:
             continue
         token_ids, frequencies = selected.unique(return_counts=True)
-        for token_id, frequency in zip(token_ids.tolist(), frequencies.tolist()):
+        for token_id, frequency in zip(token_ids.tolist(), frequencies.tolist(), strict=True):
             counts[int(token_id)] += int(frequency)
     return counts
 
@@ -311,7 +311,7 @@ def test_specforge_vocab_mapping_is_the_one_specforge_derives(work, name: str) -
     buffers["t2d"].copy_(mapping["t2d"])
     buffers["d2t"].copy_(mapping["d2t"])
     if name == "specforge":  # the 100 most frequent completion tokens are in the draft vocabulary
-        freq = Counter(t for r in rows.values() for t, m in zip(r.input_ids, r.loss_mask) if m)
+        freq = Counter(t for r in rows.values() for t, m in zip(r.input_ids, r.loss_mask, strict=True) if m)
         top = [t for t, c in freq.items() if c > sorted(freq.values(), reverse=True)[100]]
         assert all(t2d[t] for t in top) and int(t2d.sum()) == 100
     if os.environ.get("SPECFORGE_SRC"):  # its own modules over our files
@@ -457,7 +457,7 @@ def test_each_output_records_its_aux_layer_ids(work, tiny: Path) -> None:
     tmp, rows, jobs = work
     for name, job in jobs.items():
         doc = json.loads((Path(job.out_dir) / "job.json").read_text())
-        assert doc["aux_layers"] == AUX and doc["eagle_aux_hidden_state_layer_ids"] == AUX
+        assert doc["aux_layers"] == AUX and doc["eagle_aux_hidden_state_layer_ids"] == AUX, name
     sp = make_job(tmp, tiny, "speculators", "never")
     assert json.loads(sp.to_json())["eagle_aux_hidden_state_layer_ids"] == [1, 3, 5]  # hidden-state ids
     assert type(sp).from_json(sp.to_json()) == sp

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.run.anomaly import AnomalyGuard
 from engine.metrics.stats import ErrorRateWindow, ProviderStats, QuantileWindow
+from engine.run.anomaly import AnomalyGuard
 
 
 def test_quantile_window_nearest_rank_and_eviction():

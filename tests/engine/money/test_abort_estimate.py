@@ -20,8 +20,8 @@ import pytest
 
 from engine.config import parse_config
 from engine.money.inflight import AbortBilling, InFlightCost, abort_basis
-from engine.run.headless import run_headless
 from engine.report.status import collect_status
+from engine.run.headless import run_headless
 
 # Real-time billing by the simulator (true-ups within the exit wait): run alone, not beside a parallel worker.
 pytestmark = pytest.mark.serial

@@ -379,9 +379,8 @@ def test_settle_with_bad_figures_changes_nothing():
 
 # ----------------------------------------------------------------- survival curve, overrun, sweep
 
-from engine.metrics.survival import SurvivalCurve  # noqa: E402
-
 from bench.budget_sim import simulate  # noqa: E402
+from engine.metrics.survival import SurvivalCurve  # noqa: E402
 
 
 def test_survival_curve_and_conditional_quantile_hand_computed():
@@ -543,9 +542,10 @@ def test_sweep_40_seeds(tokens_per_s):
 
 
 def test_spend_hard_cap_config_reaches_the_budgets_and_bad_values_name_the_key(tmp_path):
+    from helpers import make_config
+
     from engine.config import ConfigError
     from engine.money.spend import SpendControl
-    from helpers import make_config
 
     sc = SpendControl(make_config(tmp_path, [{"name": "a", "path": "a.jsonl", "token_budget": 5000}],
                                   spend={"hard_cap": True}))
@@ -561,8 +561,9 @@ def test_spend_hard_cap_config_reaches_the_budgets_and_bad_values_name_the_key(t
 def test_a_recovered_cut_stream_counts_once_in_lost_and_in_the_datasets_dollars(tmp_path):
     """A stream an earlier process lost (recovered at start) adds its dollars once everywhere (before:
     twice to ``lost_usd``, once to ``dataset_usd``: the snapshot's lost figure disagreed with the store)."""
-    from engine.money.spend import SpendControl
     from helpers import make_config
+
+    from engine.money.spend import SpendControl
 
     cfg = make_config(tmp_path)
     spend = SpendControl(cfg)

@@ -24,13 +24,25 @@ import sys
 from pathlib import Path
 
 import pytest
+from casesrv import CaseServer, Reply, case_config, chunk, last_user, run_case, sse, stream, usage
+from fixtures_tokens import kimi_dir, true_count
+from fixtures_tokens import kimi_encoding as _enc
 
-from casesrv import CaseServer, Reply, chunk, case_config, last_user, run_case, sse, stream, usage
 from engine.client.types import Completion, ToolCall, Usage
 from engine.config import TokenizerSection
-from engine.money.usage import (COUNTED, ESTIMATED, GENERATION, REPORTED, SOURCES, account, correction,
-                          count_with_tokenizer, estimate_usage, from_generation, usage_usable)
-from fixtures_tokens import kimi_dir, kimi_encoding as _enc, true_count
+from engine.money.usage import (
+    COUNTED,
+    ESTIMATED,
+    GENERATION,
+    REPORTED,
+    SOURCES,
+    account,
+    correction,
+    count_with_tokenizer,
+    estimate_usage,
+    from_generation,
+    usage_usable,
+)
 
 P_IN, P_OUT = 0.6e-6, 2.5e-6  # casesrv.case_config's [pricing], USD per token
 R, C = ("Rivers " * 20).strip(), ("Water runs " * 12).strip()  # case 04's texts
@@ -164,8 +176,9 @@ def test_correction_is_the_difference():
 
 
 def test_spend_correct_replaces_a_provisional_figure_without_double_counting(tmp_path):
-    from engine.money.spend import SpendControl
     from helpers import make_config
+
+    from engine.money.spend import SpendControl
 
     cfg = make_config(tmp_path, [{"name": "d", "path": "d.jsonl", "token_budget": 1000}])
     spend = SpendControl(cfg)
@@ -493,10 +506,11 @@ class _Recon:
 
 
 async def _sched(tmp_path, n: int, complete, *, get_json=None, recon=None, budget: int | None = None):
+    from helpers import make_config, seeded_store
+
     from engine.client.retry import RetryPolicy
     from engine.run.scheduler import Scheduler
     from engine.storage.writer import StoreWriter
-    from helpers import make_config, seeded_store
 
     cfg = make_config(tmp_path, [{"name": "a", "path": "a.jsonl", "token_budget": budget}],
                       pricing={"prompt_usd_per_m": 0.6, "completion_usd_per_m": 2.5})

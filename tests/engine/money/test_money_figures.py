@@ -20,8 +20,8 @@ import pytest
 from engine.config import parse_config
 from engine.money.inflight import InFlightCost, LengthModel, abort_line, stream_cost
 from engine.money.projection import project_dataset
-from engine.run.headless import run_headless
 from engine.report.status import collect_status
+from engine.run.headless import run_headless
 
 PRICE_IN, PRICE_OUT = 0.40e-6, 1.90e-6  # the simulator's defaults (USD per token)
 
@@ -256,8 +256,9 @@ async def test_ctl_skip_abort_shows_only_that_datasets_streams_and_dollars(tmp_p
 def test_spend_projection_is_priced_per_token_not_from_lost_spend(tmp_path):
     """Before the fix the rest was priced at spend / completion tokens: $5 lost on aborted attempts
     against 100 completion tokens priced every token to come at $0.05 ($266 projected for $2)."""
-    from engine.money.spend import SpendControl
     from helpers import make_config
+
+    from engine.money.spend import SpendControl
 
     cfg = make_config(tmp_path, [{"name": "a", "path": "a.jsonl"}],
                       classes={"short": {"max_tokens": 10240, "concurrency": 4}},
@@ -287,8 +288,9 @@ def test_spend_rate_is_unknown_until_this_engine_billed_something():
 def test_high_end_uses_the_max_tokens_of_the_classes_left_not_the_largest_configured(tmp_path):
     """Seen by a user: short-class prompts (max_tokens 10,240) projected at the long class's 16,384
     ($3.23 high end where every prompt at its own cap costs at most $2.22)."""
-    from engine.money.spend import SpendControl
     from helpers import make_config
+
+    from engine.money.spend import SpendControl
 
     cfg = make_config(tmp_path, [{"name": "a", "path": "a.jsonl"}],
                       classes={"short": {"max_tokens": 10240, "concurrency": 4},

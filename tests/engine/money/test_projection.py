@@ -8,9 +8,9 @@ from engine.money.projection import (
     DatasetProjection,
     EtaRow,
     calibration_gate,
-    range_text,
     project_dataset,
     project_run,
+    range_text,
     schedule_eta,
     spend_rate_usd_per_h,
 )

@@ -17,23 +17,24 @@ import sqlite3
 import time
 
 import pytest
+from helpers import make_config
+from scheduling import Fake, build
 
-from engine.extract.snapshot import WorkerView, build_snapshot as extract_snapshot, rate_text, worker_view
+from engine.client.retry import RetryPolicy
+from engine.extract.snapshot import WorkerView, rate_text, worker_view
+from engine.extract.snapshot import build_snapshot as extract_snapshot
 from engine.extract.status import StatusWriter, collect, format_line
 from engine.money.projection import EtaRow, calibration_gate, project_dataset, project_run, schedule_eta
 from engine.report.page import status_tables
 from engine.report.snapshot import DatasetSnapshot, progress_percent
 from engine.report.status import collect_status, format_status
 from engine.report.statusserver import ELAPSED_EVERY_S, RUNTIME_FILE, persisted_elapsed
-from tui.extract.cells import header_lines as extract_header, worker_cells
-from tui.panes.datasets import dataset_cells
-
-from engine.client.retry import RetryPolicy
 from engine.run.scheduler import Scheduler
 from engine.storage.store import Store
 from engine.storage.writer import StoreWriter
-from helpers import make_config
-from scheduling import Fake, build
+from tui.extract.cells import header_lines as extract_header
+from tui.extract.cells import worker_cells
+from tui.panes.datasets import dataset_cells
 
 
 async def _reopen(tmp_path, **cfgkw):

@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from e2e import live_status, run_cmd, run_env
 from fixtures_tokens import kimi_dir
 from helpers import completion, make_config, seeded_store

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from casesrv import DONE, CaseServer, Reply, case_config, chunk, sse, usage
+
 from engine.proc import runlock
 
 PY = sys.executable
@@ -142,7 +142,7 @@ def test_second_run_on_a_live_directory_exits_1_at_once_and_sends_nothing(tmp_pa
         again = _cli("run", str(cfg_a), "--headless", timeout=120)  # the kernel released the lock: a new run goes
         assert again.returncode == 0, again.stdout + again.stderr
         doc = json.loads(_cli("status", str(run_dir), "--json").stdout)
-        assert doc["datasets"][0]["done"] == 8 and doc["lock"] is None
+        assert doc["datasets"][0]["done"] == 8 and doc["lock"] is None, (again.stdout, again.stderr, doc["datasets"])
         assert len(b.requests) == 0
 
 
@@ -214,11 +214,12 @@ async def test_status_after_the_end_with_the_dashboard_open_shows_the_live_holde
     (this engine's spend over 5 min), not 0; `ctl` applies commands offline (nothing reads them)."""
     import io
 
+    from helpers import SAMPLES, make_config
+
     from engine.report.status import collect_status, format_status
     from engine.run.ctl import send
     from engine.run.headless import run_headless
     from engine.storage.store import make_run_dir
-    from helpers import SAMPLES, make_config
 
     cfg = make_config(tmp_path, provider={"sim": {"seed": 2, "mean_completion_tokens": 40}},
                       datasets=[{"name": "b1", "path": str(SAMPLES / "b1_glaive.jsonl"), "format": "glaive",

@@ -9,11 +9,11 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from fixtures_tokens import kimi_dir
+from promptcheck_helpers import RENDERABLE, run, write_config, write_jsonl
 
 from datagen.cli import main
 from engine.tokens.records import SCHEMA
-from fixtures_tokens import kimi_dir
-from promptcheck_helpers import RENDERABLE, run, write_config, write_jsonl
 
 # "cut" is served with max_tokens = 1: every completion is truncated, so no record of it is valid.
 CLASSES = """[classes.short]
@@ -68,6 +68,7 @@ def test_include_invalid_exports_the_truncated_dataset(finished_run, tmp_path, c
     assert main(["export", str(finished_run), "--format", "tokens", "--out", str(out), "--include-invalid"]) == 0
     printed = capsys.readouterr().out
     assert sorted(p.name for p in out.iterdir()) == ["cut.parquet", "good.parquet"]
+    assert f"{out / 'cut.parquet'}: 2 rows" in printed and "no file written" not in printed, printed
     assert pq.read_table(out / "cut.parquet").num_rows == 2
 
 

@@ -19,8 +19,12 @@ import pytest
 
 datasets = pytest.importorskip("datasets")
 
-from datagen.cli import main  # noqa: E402
 from e2e import SAMPLE_DATASETS, SCHEMA_ROWS  # noqa: E402
+from fixtures_tokens import kimi_dir  # noqa: E402
+from helpers import SAMPLES  # noqa: E402
+from promptcheck_helpers import run, write_config, write_jsonl  # noqa: E402
+
+from datagen.cli import main  # noqa: E402
 from engine.config import TokenizerSection  # noqa: E402
 from engine.datasets import row_to_prompt  # noqa: E402
 from engine.prompts import Prompt  # noqa: E402
@@ -30,9 +34,6 @@ from engine.tokens.jsonrows import MESSAGE_KEYS  # noqa: E402
 from engine.tokens.reconstruct import count_tool_calls, native_tool_calls  # noqa: E402
 from engine.tokens.template import assistant_turn, render  # noqa: E402
 from engine.tokens.tokenizer import load_tokenizer  # noqa: E402
-from fixtures_tokens import kimi_dir  # noqa: E402
-from helpers import SAMPLES  # noqa: E402
-from promptcheck_helpers import run, write_config, write_jsonl  # noqa: E402
 
 datasets.disable_progress_bars()
 

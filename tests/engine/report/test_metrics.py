@@ -23,7 +23,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from helpers import SAMPLES
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import wait_for
 
 from engine.config import ConfigError, parse_config
 from engine.extract.snapshot import DatasetExtractView, ExtractSnapshot, GpuRow, WorkerView
@@ -33,8 +35,6 @@ from engine.report.metricsserver import MetricsError, MetricsServer, open_metric
 from engine.report.snapshot import ClassSnapshot, DatasetSnapshot, RunSnapshot
 from engine.report.status import collect_status
 from engine.run.ctl import send
-from helpers import SAMPLES
-from waiting import wait_for
 
 PY = sys.executable
 

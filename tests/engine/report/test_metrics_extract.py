@@ -17,15 +17,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+from extract_jobs import chain_config
+from test_metrics import get, parse, refused, value
+from waiting import wait_for
 
 from engine.extract.control import send
 from engine.extract.status import collect
 from engine.extract.tiny import synth_records
-from engine.tokens.records import write_parquet
 from engine.run.chain import run_headless_chained
-from extract_jobs import chain_config
-from test_metrics import get, parse, refused, value
-from waiting import wait_for
+from engine.tokens.records import write_parquet
 
 TINY_VOCAB = 4200  # the shared `tiny` fixture's vocabulary
 

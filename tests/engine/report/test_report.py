@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from e2e import PY, status_json
+from fixtures_tokens import kimi_dir
+from helpers import SAMPLES, make_config, seeded_store
 
 from datagen.cli import main
-from e2e import PY, status_json
 from engine.config import load_config
 from engine.extract.shards import OutDir
 from engine.extract.status import StatusWriter
@@ -31,8 +33,6 @@ from engine.money.spend import SpendControl
 from engine.report.runreport import gather
 from engine.report.series import bin_width, binned_sum, histogram
 from engine.storage.store import Store
-from fixtures_tokens import kimi_dir
-from helpers import SAMPLES, make_config, seeded_store
 
 CHROMIUM = shutil.which("chromium")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -266,6 +266,7 @@ def test_report_endpoints_table_equals_status(tmp_path: Path) -> None:
     import socket
 
     from e2e import write_prompts
+
     from engine.sim import SimConfig, SimThread
 
     sim = SimThread(SimConfig(seed=5, mean_completion_tokens=30, faults={"502": 0.2}, providers=("S",)))

@@ -16,13 +16,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from casesrv import CaseServer, Reply, case_config, chunk, run_case, sse, usage, DONE
+from casesrv import DONE, CaseServer, Reply, case_config, chunk, run_case, sse, usage
 from e2e import SAMPLE_DATASETS, SCHEMA_ROWS
+from fixtures_tokens import kimi_dir
+
 from engine.datasets import iter_prompts, row_to_prompt
 from engine.datasets.roles import SEPARATOR, normalise, specforge_parse, specforge_problem
 from engine.prompts import Prompt, Reject
-from fixtures_tokens import kimi_dir
 
 PY = sys.executable
 

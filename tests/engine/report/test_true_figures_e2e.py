@@ -18,11 +18,11 @@ import threading
 from pathlib import Path
 
 import httpx
-
-from engine.run.ctl import send
 from e2e import PY, write_prompts
 from test_metrics import get, parse, value
 from waiting import wait_for
+
+from engine.run.ctl import send
 
 
 def _config(tmp_path: Path) -> Path:

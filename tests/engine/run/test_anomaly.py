@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from engine.run.anomaly import AnomalyGuard
 from engine.metrics.stats import ErrorRateWindow
+from engine.run.anomaly import AnomalyGuard
 
 
 def simulate(error_rate: float, prompts: int = 128, seed: int = 7, window: int = 200, min_requests: int = 50):

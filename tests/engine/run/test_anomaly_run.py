@@ -6,12 +6,12 @@ a true rate well above it must."""
 
 from __future__ import annotations
 
-import pytest
-
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 SAMPLES = Path(__file__).resolve().parents[3] / "engine" / "samples"
 

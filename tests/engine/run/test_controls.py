@@ -12,16 +12,16 @@ import dataclasses
 import time
 
 import pytest
+from scheduling import Fake, build
 
+from engine.report.status import collect_status
 from engine.run.controller import Controller
 from engine.run.limiter import concurrency_cap
-from engine.report.status import collect_status
 from tui.app import DashboardApp
 from tui.panes.datasets import dataset_cells
 from tui.panes.header import eta_text, header_lines
 from tui.testing import FIXED_GPUS, FakeController, fixed_snapshot
 
-from scheduling import Fake, build
 
 # ---- 4. controls ----------------------------------------------------------------------------
 async def test_concurrency_is_bounded_and_each_class_limit_is_shown(tmp_path):

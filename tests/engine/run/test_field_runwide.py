@@ -18,12 +18,12 @@ import time
 from pathlib import Path
 
 import pytest
+from casesrv import CaseServer, case_config, chunk, error_reply, last_user, run_case, stream, usage
+from waiting import wait_for
 
-from casesrv import CaseServer, chunk, case_config, error_reply, last_user, run_case, stream, usage
 from engine.client.errors import class_for_status, classify_http_error
 from engine.client.types import ErrorClass
 from engine.run.runwide import ConfigMistakeDetector, condition_of, is_rejection, signature
-from waiting import wait_for
 
 NO_ENDPOINTS = "No endpoints found for moonshotai/kimi-k2.5."
 
@@ -391,12 +391,13 @@ async def test_401_in_the_dashboard_pauses_the_run_and_waits(tmp_path, monkeypat
 async def test_resume_after_a_config_mistake_pause_fails_those_prompts_one_by_one(tmp_path):
     import asyncio
 
+    from helpers import make_config, seeded_store
+
     from engine.client.retry import RetryPolicy
     from engine.client.types import RequestError
     from engine.run.controller import Controller
     from engine.run.scheduler import Scheduler
     from engine.storage.writer import StoreWriter
-    from helpers import make_config, seeded_store
 
     calls: list[str] = []
 

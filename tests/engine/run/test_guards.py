@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import asyncio
 
-from engine.run import guards
+from helpers import make_config, seeded_store
+
 from engine.client.retry import RetryPolicy
-from engine.money.spend import CreditsReading
 from engine.money.creditsfloor import CreditsFloorReached
+from engine.money.spend import CreditsReading
+from engine.report.snapshot import DatasetSnapshot, RunSnapshot
+from engine.run import guards
 from engine.run.runstate import Control, DatasetRuntime, PauseKind, RunState
 from engine.run.runwide import Condition
 from engine.run.scheduler import Scheduler
-from engine.report.snapshot import DatasetSnapshot, RunSnapshot
 from engine.storage.writer import StoreWriter
-
-from helpers import make_config, seeded_store
 
 
 def _rt(control=Control.ACTIVE) -> DatasetRuntime:

@@ -17,12 +17,12 @@ import sqlite3
 import subprocess
 
 import pytest
+from e2e import run_cmd
+from helpers import make_config
 
 from datagen import cli
 from engine.report.status import collect_status
 from engine.storage.store import Store
-from e2e import run_cmd
-from helpers import make_config
 
 ROWS = b"".join(json.dumps({"prompt": f"question {i}"}).encode() + b"\n" for i in range(6))
 

@@ -6,13 +6,12 @@ import asyncio
 import sqlite3
 
 import pytest
-
-from engine.client.types import ErrorClass, RequestError
-from engine.run.controller import Controller
-from engine.report.status import collect_status
-
 from helpers import completion
 from scheduling import Fake, build, run_all
+
+from engine.client.types import ErrorClass, RequestError
+from engine.report.status import collect_status
+from engine.run.controller import Controller
 
 
 def db(cfg):

@@ -13,8 +13,8 @@ import io
 from pathlib import Path
 
 from engine.config import load_config
-from engine.run.headless import run_headless
 from engine.report.status import collect_status
+from engine.run.headless import run_headless
 
 SAMPLES = Path(__file__).resolve().parents[3] / "engine" / "samples"
 

@@ -8,12 +8,12 @@ import re
 from pathlib import Path
 
 import httpx
+from helpers import make_config
 
 from datagen.parser import build_parser
 from engine.report.page import status_tables
 from engine.run.runner import sim_config_from_section
 from engine.sim import SimThread
-from helpers import make_config
 from tui.testing import sim_config
 
 REPO = Path(__file__).resolve().parents[3]

@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator
 
 import httpx
 import pytest
+from waiting import async_wait_for
 
 from engine.prompts import prompt_key
 from engine.sim import (
@@ -28,7 +29,6 @@ from engine.sim import (
     parse_faults,
     sim_config_from_args,
 )
-from waiting import async_wait_for
 
 AUTH = {"Authorization": "Bearer sk-or-test"}
 ROOT = Path(__file__).resolve().parents[3]

@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 import os
 
+from helpers import make_config
+
 from engine.run.ingest import ingest_all
 from engine.storage.store import Store, failed_filter
-from helpers import make_config
 
 
 def rows(*texts: str) -> str:

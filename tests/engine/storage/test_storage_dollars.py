@@ -6,16 +6,14 @@ Status, the spend rate, the report's timeline and a restart's seed all read that
 from __future__ import annotations
 
 import pytest
+from helpers import completion
+from scheduling import Fake, build, run_all
 
 from engine.client.types import ErrorClass, RequestError
 from engine.report.runreport import timeline
-from engine.report.status import collect_status, provider_costs
+from engine.report.status import StatusError, collect_status, provider_costs
 from engine.storage.dollars import Dollars, bills, dataset_dollars, spend_window
 from engine.storage.handle import NoStoreError, connect_ro
-from engine.report.status import StatusError
-
-from helpers import completion
-from scheduling import Fake, build, run_all
 
 
 def _err(cost: float | None, cls: ErrorClass = ErrorClass.SERVER) -> RequestError:

@@ -12,6 +12,7 @@ import os
 import signal
 
 import pytest
+from helpers import completion, make_config, seeded_store
 
 from engine.client.accumulate import StreamProgress
 from engine.client.types import ChatRequest, ErrorClass, RequestError
@@ -20,8 +21,6 @@ from engine.stream import journal
 from engine.stream.pool import StreamWorkerPool, default_stream_workers
 from engine.stream.recover import KILLED_MESSAGE, prune, recover_cut_streams, recover_results
 from engine.stream.wire import StreamWorkerLost
-
-from helpers import completion, make_config, seeded_store
 
 
 def _req(i: int, max_tokens: int = 200) -> ChatRequest:

@@ -9,6 +9,18 @@ import shutil
 import sqlite3
 
 import pytest
+from fixtures_tokens import kimi_dir
+from promptcheck_helpers import (
+    LATE_SYSTEM,
+    RAISING_PREFIX,
+    RENDERABLE,
+    UNRENDERABLE,
+    rejects,
+    run,
+    sim_requests,
+    write_config,
+    write_jsonl,
+)
 
 from datagen.cli import main
 from engine.datasets import Reject, iter_prompts
@@ -17,9 +29,6 @@ from engine.tokens.demo_tokenizer import KIMI_TEMPLATE
 from engine.tokens.promptcheck import PromptChecker
 from engine.tokens.reconstruct import prompt_ids
 from engine.tokens.tokenizer import load_tokenizer
-from fixtures_tokens import kimi_dir
-from promptcheck_helpers import (LATE_SYSTEM, RAISING_PREFIX, RENDERABLE, UNRENDERABLE, rejects, run, sim_requests,
-                                 write_config, write_jsonl)
 
 
 def _prompts(path):
@@ -31,7 +40,7 @@ def test_checker_rejects_each_unrenderable_kind_and_counts_renderable_ones(tmp_p
     checker = PromptChecker(tok)
     bad = _prompts(write_jsonl(tmp_path / "bad.jsonl", [r for r, _ in UNRENDERABLE]))
     assert len(bad) == len(UNRENDERABLE)  # the adapter accepts them: only rendering finds the problem
-    for p, (_, why) in zip(bad, UNRENDERABLE):
+    for p, (_, why) in zip(bad, UNRENDERABLE, strict=True):
         v = checker.check(p.messages, p.tools)
         assert v.tokens is None and v.error is not None
         assert v.error.startswith("chat template failed: ") and why in v.error, v.error
@@ -72,7 +81,7 @@ def test_run_rejects_unrenderable_rows_at_ingest_and_buys_nothing_for_them(tmp_p
     assert f"[agent] ingested {len(RENDERABLE)} prompts ({len(RENDERABLE)} new), {n_bad} rejected rows" in printed
     got = rejects(tmp_path / "run")
     assert [s for _, s, _ in got] == [f"{data}:{i}" for i in range(1, n_bad + 1)]
-    for (_, _, reason), (_, why) in zip(got, UNRENDERABLE):
+    for (_, _, reason), (_, why) in zip(got[:-1], UNRENDERABLE, strict=True):  # got[-1] is LATE_SYSTEM, checked below
         assert reason.startswith("chat template failed: ") and why in reason
     assert got[-1][2] == "chat template failed: TemplateError: System message must be at the beginning."
     # the simulator received exactly the renderable prompts, none of the rejected ones

@@ -24,14 +24,14 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from fixtures_tokens import KIMI_OFFSETS, TEKKEN_BASE, hf_dir, kimi_dir
+from promptcheck_helpers import write_config
 
 from datagen.cli import main
 from engine.config import TokenizerSection
 from engine.tokens.kimi_tools import ToolSchemaError, deep_sort, encode_tools_typescript, kimi_tool_vars
 from engine.tokens.template import render
 from engine.tokens.tokenizer import is_kimi_dir, kimi_pieces, load_tokenizer
-from fixtures_tokens import KIMI_OFFSETS, TEKKEN_BASE, hf_dir, kimi_dir
-from promptcheck_helpers import write_config
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +212,7 @@ def rule_pieces(text: str) -> list[str]:
             cuts.update(pos + k for k in range(25_000, n, 25_000))
             pos += n
     cuts = sorted(cuts)
-    return [text[a:b] for a, b in zip(cuts, cuts[1:])]
+    return [text[a:b] for a, b in zip(cuts, cuts[1:], strict=False)]  # consecutive pairs: one shorter by design
 
 
 def _word_text(n: int, at: int, insert: str) -> str:

@@ -10,6 +10,8 @@ import sqlite3
 
 import pyarrow.parquet as pq
 import pytest
+from fixtures_tokens import kimi_dir
+from promptcheck_helpers import RENDERABLE, SPECIAL, rejects, run, sim_requests, write_config, write_jsonl
 
 from datagen.cli import main
 from engine.config import ConfigError, load_config
@@ -17,8 +19,6 @@ from engine.report.status import collect_status
 from engine.storage.store import Store
 from engine.tokens.promptcheck import PromptChecker, SpecialText
 from engine.tokens.tokenizer import load_tokenizer
-from fixtures_tokens import kimi_dir
-from promptcheck_helpers import RENDERABLE, SPECIAL, rejects, run, sim_requests, write_config, write_jsonl
 
 
 def test_find_special_names_token_message_and_role():
@@ -119,7 +119,7 @@ def test_reject_rejects_rows_at_ingest_with_token_and_message(tmp_path, capsys):
     assert f"[chat] ingested 1 prompts (1 new), {n} rejected rows" in printed
     got = rejects(tmp_path / "run")
     assert [s for _, s, _ in got] == [f"{data}:{i}" for i in range(1, n + 1)]
-    for (_, _, reason), (_, token, msg, role) in zip(got, SPECIAL):
+    for (_, _, reason), (_, token, msg, role) in zip(got, SPECIAL, strict=True):
         assert reason.startswith(f"special-token text {token!r} in message {msg} ({role})")
         assert 'prompt_special_text = "reject"' in reason
     assert len(sim_requests(tmp_path)) == 1

@@ -6,6 +6,19 @@ import json
 import random
 
 import pytest
+from fixtures_tokens import (
+    HF_MARKERS,
+    HF_TEMPLATE,
+    KIMI_OFFSETS,
+    KIMI_REAL_BASE,
+    KIMI_TEMPLATE,
+    TEKKEN_BASE,
+    hf_dir,
+    kimi_dir,
+    write_hf_dir,
+    write_kimi_dir,
+)
+from helpers import make_config
 
 from engine.config import ConfigError, TokenizerSection
 from engine.tokens import vstore
@@ -13,9 +26,6 @@ from engine.tokens.reconstruct import Record, native_tool_calls, reconstruct
 from engine.tokens.startup import startup_check
 from engine.tokens.tokenizer import KIMI_SPLIT_REGEX, TokenizerError, load_tokenizer
 from engine.tokens.validate import check
-from fixtures_tokens import (HF_MARKERS, HF_TEMPLATE, KIMI_OFFSETS, KIMI_REAL_BASE, KIMI_TEMPLATE, TEKKEN_BASE, hf_dir,
-                             kimi_dir, write_hf_dir, write_kimi_dir)
-from helpers import make_config
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
@@ -229,8 +239,8 @@ def test_config_tokenizer_section(tmp_path):
 
 
 def test_simulator_counts_with_the_same_tokenizer(kimi):
-    from engine.sim.generator import TokenCounter, make_plan, inject_data_fault
     from engine.prompts import prompt_key
+    from engine.sim.generator import TokenCounter, inject_data_fault, make_plan
 
     counter = TokenCounter(str(kimi_dir()))
     msgs = [{"role": "user", "content": "Weather in Rome?"}]

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from e2e import TOOLS, read_log, write_run_config
+from fixtures_tokens import HF_MARKERS, KIMI_OFFSETS, TEKKEN_BASE, hf_dir, kimi_dir
+from helpers import completion, make_config, seeded_store
 
 from datagen.cli import main
 from engine.client.types import ToolCall
@@ -24,10 +27,7 @@ from engine.tokens.service import ReconstructionService
 from engine.tokens.template import render
 from engine.tokens.tokenizer import load_tokenizer
 from engine.tokens.validate import REASONS, structural
-from e2e import read_log
-from fixtures_tokens import HF_MARKERS, KIMI_OFFSETS, TEKKEN_BASE, hf_dir, kimi_dir
-from helpers import completion, make_config, seeded_store
-from e2e import TOOLS, write_run_config
+
 
 def run(cfg_path: Path) -> None:
     out = io.StringIO()
@@ -101,8 +101,8 @@ def test_eight_datasets_canonical_zero_errors_exact_billing_and_token_export(tmp
                          f"{m['tool_call_end']}" for c in calls)
             want = r["reasoning"] + m["think_end"] + r["content"] + (f"{m['tool_calls_begin']}{tc}{m['tool_calls_end']}"
                                                                      if calls else "") + m["end_of_turn"]
-            assert tok.decode([i for i, k in zip(ids, mask) if k == 1]) == want
-            prompt = tok.decode([i for i, k in zip(ids, mask) if k == 0])
+            assert tok.decode([i for i, k in zip(ids, mask, strict=True) if k == 1]) == want
+            prompt = tok.decode([i for i, k in zip(ids, mask, strict=True) if k == 0])
             assert prompt == render(tok, r["messages"], r["tools"], add_generation_prompt=True)
             if family == "kimi" and r["dataset"] == "b6_ultrachat":  # earlier assistant turns: <think></think>
                 assert "<|im_assistant|>assistant<|im_middle|><think></think>Sure.<|im_end|>" in prompt
@@ -189,7 +189,7 @@ async def test_live_service_off_the_loop_stores_verdicts_and_feeds_the_guard(tmp
         await store.close()
         verdicts = []
         svc = ReconstructionService(cfg.tokenizer, cfg.run.dir, commit_interval_s=0.05,
-                                    on_verdict=lambda ds, ok, reasons: verdicts.append((ds, ok, reasons)))
+                                    on_verdict=lambda ds, ok, reasons, verdicts=verdicts: verdicts.append((ds, ok, reasons)))
         info = await svc.start()
         assert info["special_ids"]["<|im_end|>"] == TEKKEN_BASE + KIMI_OFFSETS["<|im_end|>"]
         call = ToolCall(id="call_9", name="get_weather", arguments='{"city":"Rome"}')
