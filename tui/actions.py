@@ -31,7 +31,7 @@ HELP = [
     ("p", "pause / resume the selected dataset (pause drains: in-flight requests finish; un-skipping asks first)"),
     ("s", "skip the selected dataset (confirm): its pending prompts count as skipped"),
     ("P", "pause the whole run (drain)"),
-    ("R", "resume the whole run"),
+    ("R", "resume the whole run and every paused dataset"),
     ("a", "abort in-flight requests now (confirm, shows the dollars in flight)"),
     ("+ / -", "raise / lower the concurrency of the selected dataset's request class by ~10% (1 to 4x configured)"),
     ("x", "exclude a provider, or include an excluded one again (pick from the providers seen so far)"),
@@ -165,8 +165,8 @@ class DashboardActions:
             return None if d is None else True
         if action == "pause_all":
             return snap is None or snap.state != "paused"
-        if action == "resume_all":
-            return snap is not None and snap.state == "paused"
+        if action == "resume_all":  # the run's pause and every paused dataset
+            return snap is not None and (snap.state == "paused" or any(d.state == "paused" for d in snap.datasets))
         return True
 
     # ---- dataset actions --------------------------------------------------------------------
@@ -232,7 +232,7 @@ class DashboardActions:
             self.run_command(ctl, RunCommand.pause())
 
     def resume_all(self) -> None:
-        """Resume the whole run."""
+        """Resume the whole run and every paused dataset (:meth:`engine.run.controller.Controller.resume`)."""
         if (ctl := self.commands()) is not None:
             self.run_command(ctl, RunCommand.resume())
 

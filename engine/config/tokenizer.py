@@ -58,7 +58,8 @@ class TokenizerSection(_Strict):
     billing_tolerance_pct: float = Field(0.5, ge=0, description="the same in percent of the rebuilt length")
     max_failure_rate: float = Field(0.2, ge=0, lt=1, description=(
         "a dataset whose share of invalid records among its last `failure_window` validated records passes this is "
-        "paused by the anomaly guard (0 disables); also the share past which a chained extraction leaves the "
+        "paused by the anomaly guard (0 disables; records cut at `max_tokens`, `truncated`, do not count: they are "
+        "the config's choice and finish last); also the share past which a chained extraction leaves the "
         "dataset out"))
     failure_window: int = Field(200, ge=10, description="validated records `max_failure_rate` is measured over")
     workers: int = Field(1, ge=1, le=64, description="reconstruction pool size (off the event loop)")

@@ -83,7 +83,9 @@ class Controller:
         return f"{dataset} paused"
 
     async def resume(self, dataset: str | None = None) -> str:
-        """Resume one dataset (paused, skipped or budget_met), or the whole run when ``dataset`` is None.
+        """Resume one dataset (paused, skipped or budget_met), or the whole run when ``dataset`` is None:
+        the run's pause and every paused dataset (by the user or a guard: "resume all"; skipped and
+        budget-met datasets stay as they are).
 
         Resuming a run paused for credits (402 or the credits floor) first re-reads the credits
         (when a ``credits_check`` is set) and refuses while they are still below the floor.
@@ -96,7 +98,10 @@ class Controller:
                 if cr is not None and cr.remaining_usd is not None and cr.remaining_usd <= max(floor, 0.0):
                     return f"not resumed: credits ${cr.remaining_usd:.2f} are still at or below the floor ${floor:.2f}"
             self._s.resume_all()
-            return "run resumed"
+            paused = [rt.name for rt in self._s.datasets.values() if rt.control == Control.PAUSED]
+            for name in paused:
+                await self._s.set_dataset_control(name, "active", "")
+            return "run resumed" + (f"; {len(paused)} paused dataset(s) resumed: {', '.join(paused)}" if paused else "")
         await self._s.set_dataset_control(self._ds(dataset), "active", "")
         return f"{dataset} resumed"
 

@@ -135,7 +135,8 @@ class Supervisor:
         A dataset the gate paused in an earlier process is judged again with this config: when its
         cap was raised or removed since, so that the gate no longer fires, it is made active again,
         in the store too (``datagen status`` must not keep quoting a cap the config no longer has);
-        else it stays paused, with the gate's reason in today's figures."""
+        else it stays paused, with the gate's reason in today's figures. Every dataset still paused by an
+        earlier process (the user, a guard) with prompts left is announced, with how to resume it."""
         snap = self.s.snapshot()
         for d in snap.datasets:
             rt = self.s.runstate.datasets[d.name]
@@ -150,6 +151,11 @@ class Supervisor:
             else:
                 rt.reason = f"{guards.CALIBRATION_PREFIX}{still}"
             await self.s.store.set_dataset_state(d.name, rt.control, rt.reason, time.time())
+        for rt in self.s.runstate.datasets.values():  # a pause kept from an earlier process is a decision to see
+            if rt.control == Control.PAUSED and any(rt.pending.values()):
+                self.s.event("warning", "paused", rt.name,
+                             f"still paused (an earlier run paused it: {rt.reason or 'by the user'}); resume: p on its "
+                             f"row, or datagen ctl {self.s.cfg.run.dir} resume {rt.name}")
         for t in self.calibration(self.s.snapshot()):
             await t
 

@@ -37,6 +37,9 @@ from engine.tokens.validate import check
 
 log = logging.getLogger(__name__)
 
+#: The validation reason of a completion cut at ``max_tokens`` (finish reason ``length``).
+_CUT = "truncated"
+
 _CHUNK = 32  # records per pool task in validate_run
 _MIN_GUARD = 50  # records a dataset needs before its failure rate is reported to the guard
 _MAX_POOL_REPLACEMENTS = 5  # dead pools replaced per run before live reconstruction is given up
@@ -232,7 +235,7 @@ class ReconstructionService:
             self._rows.append(row)
             ok, reasons = bool(row[5]), json.loads(row[6])
             w = self._windows.setdefault(dataset, collections.deque(maxlen=self.section.failure_window))
-            w.append(ok)
+            w.append(ok or _CUT in reasons)  # the guard's window: see failure_rate
             c = self.counts.setdefault(dataset, collections.Counter())
             c["validated"] += 1
             c["invalid"] += not ok
@@ -245,7 +248,11 @@ class ReconstructionService:
 
     def failure_rate(self, dataset: str) -> float | None:
         """Share of invalid records among the dataset's last ``failure_window`` validated records
-        (None before ``min(50, failure_window)`` records)."""
+        (None before ``min(50, failure_window)`` records), not counting records cut at ``max_tokens``
+        (``truncated``, whatever else a cut causes): a cut is the config's choice, not an anomaly of the
+        tokenizer, the template or the provider, and cut records come last in a dataset (the longest
+        completions finish last), so a window over its tail would pause every dataset near its end.
+        They stay invalid (left out of exports) and are counted by ``datagen validate``."""
         w = self._windows.get(dataset)
         if not w or len(w) < min(_MIN_GUARD, self.section.failure_window):
             return None

@@ -224,3 +224,38 @@ def test_ctl_and_status_on_a_live_engine(tmp_path):
         for proc in (p, watch):
             if proc is not None and proc.poll() is None:
                 proc.kill()
+
+
+def test_a_restart_names_the_datasets_an_earlier_run_left_paused_and_how_to_resume(tmp_path):
+    """A dataset paused in an earlier process (here by ctl, as a guard would) with prompts left is announced
+    at the next start, with its reason and the resume command, not left silently idle."""
+    cfg = _config(tmp_path, latency_ms=200, tokens_per_s=20, concurrency=2)
+    run = tmp_path / "run"
+    first = subprocess.Popen([PY, "-m", "datagen", "run", str(cfg), "--headless"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (run / "store.sqlite").exists() and datagen("ctl", str(run), "pause", "glaive").returncode == 0,
+                 60, "the live run paused glaive")
+        first.send_signal(signal.SIGTERM)  # drain and exit: glaive keeps its pause and its pending prompts
+        first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert status(run)["datasets"][0]["state"] == "paused" and status(run)["datasets"][0]["pending"] > 0
+    second = subprocess.Popen([PY, "-m", "datagen", "run", str(cfg), "--headless"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        lines: list[str] = []
+        assert second.stderr is not None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any("still paused" in x for x in lines):
+            lines.append(second.stderr.readline())
+        said = next((x for x in lines if "still paused" in x), "")
+        assert (f"[glaive] still paused (an earlier run paused it: paused by user); resume: p on its row, or "
+                f"datagen ctl {run} resume glaive") in said, lines
+    finally:
+        second.send_signal(signal.SIGTERM)
+        try:
+            second.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            second.kill()

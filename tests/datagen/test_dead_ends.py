@@ -27,21 +27,12 @@ import time
 from pathlib import Path
 
 import pytest
-from casesrv import CaseServer, case_config, chunk, run_case, stream, usage
+from casesrv import CaseServer, case_config, cli, ok_reply, prompts, run_case, states, status, status_when_there
 from waiting import wait_for
 
 TINY_VOCAB = 4200  # the shared `tiny` fixture's vocabulary
 
 PY = sys.executable
-
-
-def prompts(n: int) -> list[dict]:
-    return [{"messages": [{"role": "user", "content": f"Give me fun fact number {i}."}]} for i in range(n)]
-
-
-def ok_reply(req: dict, n: int = 1):
-    return stream(chunk({"role": "assistant"}), chunk({"content": "Octopuses have three hearts."}),
-                  chunk({}, "stop", usage=usage(15, 12, cost=0.0001)))
 
 
 def closed_port() -> int:
@@ -51,23 +42,6 @@ def closed_port() -> int:
     port = s.getsockname()[1]
     s.close()
     return port
-
-
-def states(run_dir: Path) -> dict[str, int]:
-    with sqlite3.connect(run_dir / "store.sqlite") as c:
-        return dict(c.execute("SELECT state, COUNT(*) FROM prompts GROUP BY state").fetchall())
-
-
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    env = dict(os.environ, CASE_KEY="case-key-123")
-    return subprocess.run([PY, "-m", "datagen", *args], capture_output=True, text=True, timeout=timeout, env=env)
-
-
-def status(run_dir: Path) -> dict | None:
-    if not (run_dir / "store.sqlite").exists():
-        return None
-    r = cli("status", str(run_dir), "--json")
-    return json.loads(r.stdout) if r.returncode == 0 else None
 
 
 # ---- an unreachable endpoint ------------------------------------------------------------------
@@ -122,7 +96,8 @@ def test_unreachable_endpoint_headless_stays_paused_and_completes_after_resume(t
     proc = subprocess.Popen([PY, "-m", "datagen", "run", str(cfg), "--headless"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env)
     try:
-        doc = wait_for(lambda: (d := status(run_dir)) and d["run"]["state"] == "paused" and d, 60, "the run to pause")
+        doc = wait_for(lambda: (d := status_when_there(run_dir)) and d["run"]["state"] == "paused" and d, 60,
+                       "the run to pause")
         assert f"cannot reach {url}" in doc["run"]["state_reason"]
         assert doc["datasets"][0]["failed"] == 0
         time.sleep(1.5)

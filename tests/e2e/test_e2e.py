@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import time
 
+import pytest
 from e2e import PY, SimProcess, eight_dataset_config, read_log, run_env, status_json
 from waiting import wait_for
 
@@ -56,6 +57,7 @@ def test_eight_datasets_with_faults_end_done_or_failed(tmp_path):
     assert len(gids) == t["done"] and set(gids) <= sent
 
 
+@pytest.mark.slow  # 20 s; `make slow` (CI runs it). The chaos tests kill -9 at full load there too
 def test_kill9_and_resume_exactly_once(tmp_path):
     log = tmp_path / "sim.jsonl"
     sim = SimProcess("--faults", FAULTS, "--seed", "3", "--mean-completion-tokens", "300", "--tokens-per-s", "600",

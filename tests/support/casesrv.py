@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -289,3 +290,44 @@ def run_case(cfg: Path, *args: str, timeout: float = 90.0) -> subprocess.Complet
     env = dict(os.environ, CASE_KEY="case-key-123")
     return subprocess.run([sys.executable, "-m", "datagen", "run", str(cfg), "--headless", *args],
                           capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def prompts(n: int) -> list[dict]:
+    """``n`` distinct one-turn prompts (``Give me fun fact number I.``) for :func:`case_config`."""
+    return [{"messages": [{"role": "user", "content": f"Give me fun fact number {i}."}]} for i in range(n)]
+
+
+def ok_reply(req: dict | None = None, n: int = 1) -> Reply:
+    """A complete streamed answer with reasoning and usage (what a healthy provider sends); a ``respond``
+    function as it is, or what one returns."""
+    return stream(chunk({"role": "assistant", "reasoning": "A fact."}), chunk({"content": "Octopuses have three hearts."}),
+                  chunk({}, "stop", usage=usage(15, 12, 3, cost=0.0001)))
+
+
+def states(run_dir: Path) -> dict[str, int]:
+    """The run's prompts counted by state (``{"done": 8, "failed": 4}``), read from its store."""
+    with sqlite3.connect(run_dir / "store.sqlite") as c:
+        return dict(c.execute("SELECT state, COUNT(*) FROM prompts GROUP BY state").fetchall())
+
+
+def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """``datagen ARGS`` in a subprocess with ``CASE_KEY`` set; output captured."""
+    env = dict(os.environ, CASE_KEY="case-key-123")
+    return subprocess.run([sys.executable, "-m", "datagen", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def status(run_dir: Path) -> dict:
+    """``datagen status RUN_DIR --json``, parsed (it must succeed)."""
+    r = cli("status", str(run_dir), "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def status_when_there(run_dir: Path) -> dict | None:
+    """``status --json`` of a run being started, for polling: None until its store exists and while
+    ``status`` cannot read it."""
+    if not (run_dir / "store.sqlite").exists():
+        return None
+    r = cli("status", str(run_dir), "--json")
+    return json.loads(r.stdout) if r.returncode == 0 else None

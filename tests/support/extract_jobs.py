@@ -1,16 +1,18 @@
 """Extraction jobs the extraction tests share: the chained generation + extraction config on the
-simulator, a tiny-model job for the terminal tests, and what they read back (manifest, worker status,
-exit code)."""
+simulator, a tiny-model job for the terminal tests, a job per output layout, and what they read back
+(manifest, worker status, exit code, SpecForge's feature files through its own quoted reader)."""
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import os
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fixtures_tokens import HF_MARKERS, hf_dir
 from helpers import SAMPLES
@@ -18,12 +20,17 @@ from tmuxterm import Tmux
 from waiting import wait_for
 
 from engine.config import parse_config
+from engine.extract.job import resolve_job
 from engine.extract.shards import OutDir
 from engine.extract.tiny import synth_records
 from engine.tokens.records import write_parquet
 
+if TYPE_CHECKING:
+    import torch
+
 REPO = Path(__file__).resolve().parents[2]
 DATAGEN = Path(sys.executable).with_name("datagen")
+AUX = [0, 2, 4]  # the aux layers of :func:`make_job` (0-based layer outputs of the 6-layer tiny model)
 
 
 def chain_config(tmp: Path, tiny: Path, after_run: str, slow_prompts: int = 4, latency_ms: int = 0) -> Any:
@@ -105,3 +112,41 @@ def lines(path: Path) -> int:
     except FileNotFoundError:
         return 0
 
+
+def make_job(tmp: Path, tiny: Path, layout: str, out: str, **extract: Any):
+    """The resolved extraction job of the tiny model over ``tmp/data`` in ``layout``, written under ``tmp/<out>``
+    (aux layers :data:`AUX`, batches of 400 tokens; ``extract`` overrides any ``[extract]`` key)."""
+    data = {"run": {"dir": str(tmp / "run")}, "datasets": [{"name": "a", "path": "a.jsonl"}],
+            "extract": {"model": str(tiny), "aux_layers": AUX, "max_tokens_per_batch": 400, "disk_margin_gb": 0,
+                        "layout": layout, "out_dir": str(tmp / out), **extract}}
+    return resolve_job(parse_config(data, tmp / "config.toml", check_files=False), data=tmp / "data")
+
+
+# SpecForge's reading calls, quoted from sgl-project/SpecForge at commit a6b6b0230009d15ec2a97a57384e6f53f0f96946
+# (SpecForge pins another torch and SGLang, so it is not installed).
+
+_FEATURE_SUFFIXES = (".ckpt", ".ckpt.gz")
+
+
+def sf_list_feature_files(path: str) -> list[str]:
+    """SpecForge runtime/data_plane/offline_reader.py ``list_feature_files`` (verbatim)."""
+    if os.path.isfile(path):
+        return [os.path.abspath(path)]
+    files: list[str] = []
+    for root, _dirs, names in os.walk(path):
+        for name in names:
+            if name.endswith(_FEATURE_SUFFIXES):
+                files.append(os.path.abspath(os.path.join(root, name)))
+    files.sort()
+    return files
+
+
+def sf_load_feature_file(path: str) -> dict[str, torch.Tensor]:
+    """SpecForge runtime/data_plane/feature_store.py ``load_feature_file`` (verbatim; torch imported here, so
+    the modules that import this one without reading features do not load it)."""
+    import torch
+
+    if path.endswith(".gz"):
+        with gzip.open(path, "rb") as f:
+            return torch.load(io.BytesIO(f.read()), weights_only=False)
+    return torch.load(path, weights_only=False, mmap=True)

@@ -13,15 +13,32 @@ Answers (read from huggingface_hub's source: ``HfApi.dataset_info``, ``HfApi.lis
 
 A repository is a dict of commits (sha -> {path: bytes}) and refs (name -> sha); :meth:`FakeHub.commit`
 adds a commit and moves a branch to it. Every request is logged in :attr:`FakeHub.requests`.
+:func:`parquet` and :func:`jsonl` give a data file's bytes for such a commit.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def parquet(rows: list[dict]) -> bytes:
+    """``rows`` as the bytes of a Parquet file (one column per key)."""
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), buf)
+    return buf.getvalue()
+
+
+def jsonl(rows: list[dict]) -> bytes:
+    """``rows`` as JSON Lines bytes."""
+    return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
 
 
 class FakeHub:

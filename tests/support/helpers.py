@@ -1,4 +1,4 @@
-"""Shared test helpers: configs, a prepared store, fake completions."""
+"""Shared test helpers: configs, a prepared store, fake completions, streamed chunks accumulated."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from engine.client.accumulate import StreamAccumulator
 from engine.client.types import Completion, Usage
 from engine.config import Config, parse_config
 from engine.storage.store import Store
@@ -54,6 +55,14 @@ def completion(text: str = "hello world", completion_tokens: int = 10, cost: flo
         usage=Usage(prompt_tokens=5, completion_tokens=completion_tokens, reasoning_tokens=1, cost_usd=cost),
         provider=provider, model="m", generation_id="gen-1", latency_s=0.01, ttft_s=0.005,
     )
+
+
+def acc_of(*chunks: dict) -> StreamAccumulator:
+    """A StreamAccumulator fed ``chunks`` in order (``.completion()`` assembles them)."""
+    acc = StreamAccumulator()
+    for c in chunks:
+        acc.feed(c)
+    return acc
 
 
 def store_rows(run_dir: Path, sql: str) -> list[tuple]:

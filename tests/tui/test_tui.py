@@ -12,6 +12,7 @@ import signal
 import sqlite3
 
 import pytest
+from tui_helpers import footer, toasts
 from waiting import until
 
 from engine.report.status import collect_status
@@ -35,11 +36,6 @@ async def until_status(pilot, run_dir, cond, timeout: float = 10.0, what: str = 
 
     await until(pilot, check, timeout, step=0.05, what=what)
     return box["doc"]
-
-
-def footer(app) -> str:
-    """The footer row's text."""
-    return screen_text(app).split("\n")[-1]
 
 
 def ds_status(doc, name):
@@ -109,6 +105,22 @@ async def test_P_pauses_run_and_R_resumes(cfg):
         await pilot.press("R")
         await until(pilot, lambda: sched.snapshot().state == "running", 2, what="run resumed")
         await until_status(pilot, cfg.run.dir, lambda d: d["run"]["state"] == "running")
+
+
+async def test_R_resumes_every_paused_dataset_when_the_run_itself_is_not_paused(cfg):
+    """A dataset paused (by p, or a guard) while the run runs: R ("resume all") shows and resumes it."""
+    app = DashboardApp(cfg)
+    async with app.run_test(size=SIZE) as pilot:
+        sched = await started(app, pilot)
+        name = app.selected_dataset
+        assert "R Resume all" not in footer(app)
+        await pilot.press("p")
+        await until(pilot, lambda: sched.snapshot().dataset(name).state == "paused", 2, what="dataset paused")
+        await until(pilot, lambda: "R Resume all" in footer(app), 3, what="footer R")
+        await pilot.press("R")
+        await until(pilot, lambda: sched.snapshot().dataset(name).state == "running", 2, what="dataset resumed")
+        await until(pilot, lambda: f"run resumed; 1 paused dataset(s) resumed: {name}" in toasts(app), 2, what="toast")
+        assert sched.snapshot().state == "running"
 
 
 async def test_plus_and_minus_change_the_selected_dataset_class_concurrency(cfg):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from tui_helpers import footer, toasts
 
 from engine.extract.snapshot import ExtractSnapshot
 from tui.extract.app import ExtractApp
@@ -35,14 +36,6 @@ def make_app(snap: ExtractSnapshot | None = None, datasets=DATASETS):
     box = Box(snap if snap is not None else fixed_extract_snapshot())
     cmds = RecordingCommands(datasets)
     return ExtractApp(StaticExtractHost(box, cmds), refresh_hz=20), box, cmds
-
-
-def toasts(app) -> list[str]:
-    return [str(n.message) for n in app._notifications]
-
-
-def footer(app) -> str:
-    return screen_text(app).split("\n")[-1]
 
 
 async def settle(pilot, s: float = 0.15) -> None:

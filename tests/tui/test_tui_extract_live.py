@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from tui_helpers import toasts
+
 from engine.extract.snapshot import ExtractSnapshot
 from tui.extract.demo import fixed_extract_snapshot, with_state
 from tui.extract.host import RecordingCommands
@@ -54,10 +56,6 @@ class ScriptedRun:
         await self.end.wait()
         self.exit_code = self.code
         return self.code
-
-
-def toasts(app) -> list[str]:
-    return [str(n.message) for n in app._notifications]
 
 
 async def test_q_on_a_failed_looking_job_whose_launcher_still_runs_drains_it():

@@ -31,6 +31,7 @@ def test_extract_view_snapshot(size, snap_compare):
     assert snap_compare(extract_view(), terminal_size=size, run_before=settle)
 
 
+@pytest.mark.slow  # 13 s (two 160x48 screenshots); the dashboard's twin stays in `make test`
 def test_snapshot_comparison_catches_a_changed_gpu_reading(request):
     """The saved 160x48 snapshot matches the fixed state as snap_compare takes it, and not a state where one
     GPU's temperature changed."""

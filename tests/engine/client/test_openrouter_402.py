@@ -19,16 +19,26 @@ store and ``datagen status --json``.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from casesrv import CaseServer, Reply, case_config, chunk, error_reply, last_user, run_case, stream, usage
+from casesrv import (
+    CaseServer,
+    Reply,
+    case_config,
+    chunk,
+    error_reply,
+    last_user,
+    ok_reply,
+    prompts,
+    run_case,
+    states,
+    status,
+    stream,
+)
 
 from engine.client.chat import ChatClient
 from engine.client.errors import (
@@ -282,11 +292,6 @@ def weight_402(meta: dict | None = None) -> Reply:
     return error_reply(402, WEIGHT_MSG, metadata=meta or WEIGHT_META)
 
 
-def ok_reply() -> Reply:
-    return stream(chunk({"role": "assistant", "reasoning": "A fact."}), chunk({"content": "Octopuses have three hearts."}),
-                  chunk({}, "stop", usage=usage(15, 12, 3, cost=0.0001)))
-
-
 async def test_chat_client_classifies_the_402_variants_from_the_wire():
     replies = {"http": in_flight_402("1"), "chunk": in_flight_chunk(), "weight": weight_402(),
                "credits": error_reply(402, CREDITS_MSG, metadata={"limit_source": "openrouter_credits"})}
@@ -308,30 +313,13 @@ async def test_chat_client_classifies_the_402_variants_from_the_wire():
 
 
 # ---- end to end: a real headless run ----------------------------------------------------------------
-def prompts(n: int) -> list[dict]:
-    return [{"messages": [{"role": "user", "content": f"Give me fun fact number {i}."}]} for i in range(n)]
-
-
 def fact(i: int) -> str:
     return f"Give me fun fact number {i}."
-
-
-def states(run_dir: Path) -> dict[str, int]:
-    with sqlite3.connect(run_dir / "store.sqlite") as c:
-        return dict(c.execute("SELECT state, COUNT(*) FROM prompts GROUP BY state").fetchall())
 
 
 def sql(run_dir: Path, q: str, *args) -> list[tuple]:
     with sqlite3.connect(run_dir / "store.sqlite") as c:
         return c.execute(q, args).fetchall()
-
-
-def status(run_dir: Path) -> dict:
-    env = dict(os.environ, CASE_KEY="case-key-123")
-    r = subprocess.run([sys.executable, "-m", "datagen", "status", str(run_dir), "--json"], capture_output=True,
-                       text=True, timeout=60, env=env)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
 
 
 def pause_events(run_dir: Path) -> list[str]:

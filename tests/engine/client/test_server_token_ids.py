@@ -19,21 +19,14 @@ import sys
 import pytest
 from casesrv import MODEL, CaseServer, Reply, case_config, chunk, last_user, run_case, stream, usage
 from fixtures_tokens import kimi_dir, kimi_encoding, true_count
-from helpers import store_rows
+from helpers import acc_of, store_rows
 
-from engine.client.accumulate import StreamAccumulator, parse_completion_body
+from engine.client.accumulate import parse_completion_body
 from engine.client.chat import ChatClient
 from engine.client.types import ChatRequest
 from engine.config.provider import ProviderSection
 
 R, C = "Two and two make four.", "The answer is 4."
-
-
-def acc_of(*chunks: dict) -> StreamAccumulator:
-    acc = StreamAccumulator()
-    for c in chunks:
-        acc.feed(c)
-    return acc
 
 
 def with_ids(c: dict, ids: list | None) -> dict:

@@ -14,20 +14,12 @@ import sys
 import pytest
 from casesrv import DONE, CaseServer, Reply, case_config, chunk, last_user, run_case, sse, stream, usage
 from fixtures_tokens import kimi_dir, true_count
-from helpers import store_rows
+from helpers import acc_of, store_rows
 
-from engine.client.accumulate import StreamAccumulator
 from engine.client.chat import ChatClient
 from engine.client.conformance import FAILING, NOTES, finalize, finish_aliases, read_usage, resolve_finish
 from engine.client.types import ChatRequest, Completion, ToolCall, Usage
 from engine.tokens.validate import REASONS
-
-
-def acc_of(*chunks: dict) -> StreamAccumulator:
-    acc = StreamAccumulator()
-    for c in chunks:
-        acc.feed(c)
-    return acc
 
 
 def completion(content: str = "ok", reasoning: str = "", finish: str = "stop", completion_tokens: int = 5,

@@ -6,15 +6,12 @@ Nothing here leaves 127.0.0.1."""
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import subprocess
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from e2e import PY, run_cmd
-from fakehub import FakeHub
+from fakehub import jsonl, parquet
 from helpers import make_config
 
 from engine.config import ConfigError, HubPath, parse_config
@@ -30,16 +27,6 @@ def chat(text: str) -> dict:
     return {"messages": [{"role": "user", "content": text}, {"role": "assistant", "content": "answer"}]}
 
 
-def parquet(rows: list[dict]) -> bytes:
-    buf = io.BytesIO()
-    pq.write_table(pa.Table.from_pylist(rows), buf)
-    return buf.getvalue()
-
-
-def jsonl(rows: list[dict]) -> bytes:
-    return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
-
-
 FILES_V1 = {
     "README.md": b"---\nconfigs: ...\n---\n# card",
     ".gitattributes": b"*.parquet filter=lfs",
@@ -47,24 +34,6 @@ FILES_V1 = {
     "data/train-00001-of-00002.jsonl.gz": gzip.compress(jsonl([chat("q2")])),
     "data/test-00000-of-00001.parquet": parquet([chat("test q")]),
 }
-
-
-@pytest.fixture
-def hub(tmp_path, monkeypatch):
-    """A running FakeHub, with huggingface_hub pointed at it and at a fresh cache (both the environment
-    and the constants huggingface_hub read at import, so no call can go to huggingface.co)."""
-    from huggingface_hub import constants
-
-    with FakeHub() as fake:
-        for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN", "HF_HUB_CACHE"):
-            monkeypatch.delenv(k, raising=False)
-        monkeypatch.setenv("HF_ENDPOINT", fake.endpoint)
-        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-        monkeypatch.setattr(constants, "ENDPOINT", fake.endpoint)
-        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", fake.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
-        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-        monkeypatch.setattr(constants, "AGENT_HARNESSES_PATH", str(tmp_path / "hf" / "agents.json"))
-        yield fake
 
 
 def offline(monkeypatch) -> None:

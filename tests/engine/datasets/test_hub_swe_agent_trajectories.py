@@ -16,14 +16,10 @@ written.
 
 from __future__ import annotations
 
-import io
 import json
 import tomllib
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-import pytest
-from fakehub import FakeHub
+from fakehub import jsonl, parquet
 from helpers import REPO, make_config
 
 from engine.config import parse_config
@@ -194,16 +190,6 @@ NEBIUS_NULL_TEXT_REASON = "swe_agent: message 4: null content"
 # ----------------------------------------------------------------------------- helpers
 
 
-def jsonl(rows: list[dict]) -> bytes:
-    return b"".join(json.dumps(r).encode() + b"\n" for r in rows)
-
-
-def parquet(rows: list[dict]) -> bytes:
-    buf = io.BytesIO()
-    pq.write_table(pa.Table.from_pylist(rows), buf)
-    return buf.getvalue()
-
-
 def split(items) -> tuple[list[tuple[str, list[dict]]], list[tuple[str, str]]]:
     items = list(items)
     assert all(isinstance(i, (Prompt, Reject)) for i in items)
@@ -225,23 +211,6 @@ NEBIUS_FILES = {
     "data/train-00000-of-00002.parquet": parquet([NEBIUS_GOOD, NEBIUS_WRONG_ROLE]),
     "data/train-00001-of-00002.parquet": parquet([NEBIUS_NULL_TEXT, NEBIUS_OPEN]),
 }
-
-
-@pytest.fixture
-def hub(tmp_path, monkeypatch):
-    """A running FakeHub with huggingface_hub pointed at it and at a fresh cache (as tests/engine/datasets/test_hub.py)."""
-    from huggingface_hub import constants
-
-    with FakeHub() as fake:
-        for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_TOKEN", "HF_HUB_CACHE"):
-            monkeypatch.delenv(k, raising=False)
-        monkeypatch.setenv("HF_ENDPOINT", fake.endpoint)
-        monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-        monkeypatch.setattr(constants, "ENDPOINT", fake.endpoint)
-        monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", fake.endpoint + "/{repo_id}/resolve/{revision}/{filename}")
-        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-        monkeypatch.setattr(constants, "AGENT_HARNESSES_PATH", str(tmp_path / "hf" / "agents.json"))
-        yield fake
 
 
 # ----------------------------------------------------------------------------- the adapters, local files

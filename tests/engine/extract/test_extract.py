@@ -37,13 +37,6 @@ TINY_LAYERS = LAYERS  # the shared `tiny` fixture (tests/conftest.py) builds thi
 AUX = [0, 2, 4]  # 0-based layer outputs; the default for 6 layers ([1, 2, 2]) repeats a layer
 
 
-@pytest.fixture(scope="module")
-def hf(tiny: Path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
-
-
 def make_cfg(tmp: Path, tiny: Path, **extract):
     data = {"run": {"dir": str(tmp / "run")}, "datasets": [{"name": "a", "path": "a.jsonl"}],
             "extract": {"model": str(tiny), "aux_layers": AUX, "max_tokens_per_batch": 1024, "disk_margin_gb": 0,

@@ -23,12 +23,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from extract_jobs import AUX, make_job, sf_list_feature_files, sf_load_feature_file
 from test_extract import direct  # the reference forward with hooks
 from test_extract_procs import kill_worker_then_launcher
 
 from engine.config import ConfigError, parse_config
 from engine.extract.convert import convert
-from engine.extract.job import resolve_job
 from engine.extract.layouts import make_layout
 from engine.extract.plan import project
 from engine.extract.shards import OutDir
@@ -38,22 +38,7 @@ from engine.tokens.records import read_parquet_dir, write_parquet
 
 LAYERS = 6
 TINY_LAYERS = LAYERS  # the shared `tiny` fixture (tests/conftest.py) builds this many layers
-AUX = [0, 2, 4]
 SPECFORGE_COMMIT = "a6b6b0230009d15ec2a97a57384e6f53f0f96946"
-
-
-@pytest.fixture(scope="module")
-def hf(tiny: Path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
-
-
-def make_job(tmp: Path, tiny: Path, layout: str, out: str, **extract):
-    data = {"run": {"dir": str(tmp / "run")}, "datasets": [{"name": "a", "path": "a.jsonl"}],
-            "extract": {"model": str(tiny), "aux_layers": AUX, "max_tokens_per_batch": 400, "disk_margin_gb": 0,
-                        "layout": layout, "out_dir": str(tmp / out), **extract}}
-    return resolve_job(parse_config(data, tmp / "config.toml", check_files=False), data=tmp / "data")
 
 
 @pytest.fixture(scope="module")
@@ -123,27 +108,7 @@ def test_speculators_files_equal_direct_forward(work, hf) -> None:
 
 
 # --- SpecForge (its calls, quoted) -----------------------------------------------------------------
-
-_FEATURE_SUFFIXES = (".ckpt", ".ckpt.gz")
-
-
-def sf_list_feature_files(path: str) -> list[str]:
-    """SpecForge offline_reader.py ``list_feature_files`` (verbatim)."""
-    if os.path.isfile(path):
-        return [os.path.abspath(path)]
-    files: list[str] = []
-    for root, _dirs, names in os.walk(path):
-        for name in names:
-            if name.endswith(_FEATURE_SUFFIXES):
-                files.append(os.path.abspath(os.path.join(root, name)))
-    files.sort()
-    return files
-
-
-def sf_load_feature_file(path: str) -> dict[str, torch.Tensor]:
-    """SpecForge feature_store.py ``load_feature_file`` (the non-gzip branch, verbatim)."""
-    return torch.load(path, weights_only=False, mmap=True)
-
+# (list_feature_files and load_feature_file: sf_list_feature_files, sf_load_feature_file in tests/support/extract_jobs.py)
 
 def sf_normalize_offline_sample(raw, max_len: int):
     """SpecForge algorithms/eagle3/data.py ``normalize_offline_sample`` (verbatim)."""

@@ -79,6 +79,7 @@ def check_exactly_once(out: Path, ids: set[str]) -> None:
     assert len(ds) == len(ids) and ds[len(ds) - 1]["input_ids"].shape[0] == ds.entries[-1]["length"]
 
 
+@pytest.mark.slow  # 17 s; `make slow` (CI runs it)
 def test_kill9_worker_then_restart_exactly_once(tmp_path: Path, tiny: Path) -> None:
     out, ids = setup_job(tmp_path, tiny, 60, 8, 160, 256)
     p = extract(tmp_path)

@@ -12,9 +12,7 @@ pointing at a checkout its own modules run as well.
 
 from __future__ import annotations
 
-import gzip
 import importlib.util
-import io
 import json
 import os
 from collections import Counter
@@ -26,6 +24,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 import torch
+from extract_jobs import AUX, make_job, sf_list_feature_files, sf_load_feature_file
 from fixtures_tokens import kimi_dir
 from promptcheck_helpers import RENDERABLE, run, write_config, write_jsonl
 from test_extract import direct
@@ -33,7 +32,7 @@ from test_extract import direct
 from datagen.cli import main
 from engine.config import ConfigError, parse_config
 from engine.extract.convert import convert
-from engine.extract.job import ExtractError, resolve_job
+from engine.extract.job import ExtractError
 from engine.extract.layouts.modelopt import sample_file_name
 from engine.extract.shards import OutDir
 from engine.extract.tiny import synth_records
@@ -42,25 +41,10 @@ from engine.tokens.records import write_parquet
 
 LAYERS = 6
 TINY_LAYERS = LAYERS  # the shared `tiny` fixture (tests/conftest.py) builds this many layers
-AUX = [0, 2, 4]
 VOCAB = 1000
 
 
 # --- the tiny model and one extraction per layout ---------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def hf(tiny: Path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
-
-
-def make_job(tmp: Path, tiny: Path, layout: str, out: str, **extract: Any):
-    data = {"run": {"dir": str(tmp / "run")}, "datasets": [{"name": "a", "path": "a.jsonl"}],
-            "extract": {"model": str(tiny), "aux_layers": AUX, "max_tokens_per_batch": 400, "disk_margin_gb": 0,
-                        "layout": layout, "out_dir": str(tmp / out), **extract}}
-    return resolve_job(parse_config(data, tmp / "config.toml", check_files=False), data=tmp / "data")
 
 
 @pytest.fixture(scope="module")
@@ -215,30 +199,7 @@ def test_speculators_prepare_data_passes_tokens_jsonl_through(exported) -> None:
 
 
 # --- SpecForge: vocabulary mapping and gzip --------------------------------------------------------------
-
-_FEATURE_SUFFIXES = (".ckpt", ".ckpt.gz")
-
-
-def sf_list_feature_files(path: str) -> list[str]:
-    """SpecForge runtime/data_plane/offline_reader.py ``list_feature_files`` (verbatim)."""
-    if os.path.isfile(path):
-        return [os.path.abspath(path)]
-    files: list[str] = []
-    for root, _dirs, names in os.walk(path):
-        for name in names:
-            if name.endswith(_FEATURE_SUFFIXES):
-                files.append(os.path.abspath(os.path.join(root, name)))
-    files.sort()
-    return files
-
-
-def sf_load_feature_file(path: str) -> dict[str, torch.Tensor]:
-    """SpecForge runtime/data_plane/feature_store.py ``load_feature_file`` (verbatim)."""
-    if path.endswith(".gz"):
-        with gzip.open(path, "rb") as f:
-            return torch.load(io.BytesIO(f.read()), weights_only=False)
-    return torch.load(path, weights_only=False, mmap=True)
-
+# (list_feature_files and load_feature_file: sf_list_feature_files, sf_load_feature_file in tests/support/extract_jobs.py)
 
 def sf_count_effective_feature_tokens(hidden_states_path: str, *, max_length=None, target_vocab_size=None) -> Counter:
     """SpecForge training/vocab_mapping.py ``count_effective_feature_tokens`` (verbatim)."""

@@ -18,7 +18,19 @@ import time
 from pathlib import Path
 
 import pytest
-from casesrv import CaseServer, case_config, chunk, error_reply, last_user, run_case, stream, usage
+from casesrv import (
+    CaseServer,
+    case_config,
+    cli,
+    error_reply,
+    last_user,
+    ok_reply,
+    prompts,
+    run_case,
+    states,
+    status,
+    status_when_there,
+)
 from waiting import wait_for
 
 from engine.client.errors import class_for_status, classify_http_error
@@ -26,21 +38,6 @@ from engine.client.types import ErrorClass
 from engine.run.runwide import ConfigMistakeDetector, condition_of, is_rejection, signature
 
 NO_ENDPOINTS = "No endpoints found for moonshotai/kimi-k2.5."
-
-
-def prompts(n: int) -> list[dict]:
-    return [{"messages": [{"role": "user", "content": f"Give me fun fact number {i}."}]} for i in range(n)]
-
-
-def ok_reply(req: dict, n: int = 1):
-    """A complete streamed answer with usage (what a healthy provider sends)."""
-    return stream(chunk({"role": "assistant", "reasoning": "A fact."}), chunk({"content": "Octopuses have three hearts."}),
-                  chunk({}, "stop", usage=usage(15, 12, 3, cost=0.0001)))
-
-
-def states(run_dir: Path) -> dict[str, int]:
-    with sqlite3.connect(run_dir / "store.sqlite") as c:
-        return dict(c.execute("SELECT state, COUNT(*) FROM prompts GROUP BY state").fetchall())
 
 
 def dataset_row(run_dir: Path) -> tuple[str, str]:
@@ -51,23 +48,6 @@ def dataset_row(run_dir: Path) -> tuple[str, str]:
 def events(run_dir: Path, kind: str) -> list[str]:
     with sqlite3.connect(run_dir / "store.sqlite") as c:
         return [m for (m,) in c.execute("SELECT message FROM events WHERE kind=? ORDER BY id", (kind,))]
-
-
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    env = dict(os.environ, CASE_KEY="case-key-123")
-    return subprocess.run([sys.executable, "-m", "datagen", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
-
-
-def status(run_dir: Path) -> dict:
-    r = cli("status", str(run_dir), "--json")
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
-
-
-def status_when_there(run_dir: Path) -> dict | None:
-    """``status --json`` of a run being started (None until its store exists)."""
-    return status(run_dir) if (run_dir / "store.sqlite").exists() else None
 
 
 def start_run(cfg: Path, *args: str) -> subprocess.Popen:

@@ -34,11 +34,6 @@ from engine.tokens.template import render
 from engine.tokens.tokenizer import is_kimi_dir, kimi_pieces, load_tokenizer
 
 
-@pytest.fixture(scope="module")
-def kimi():
-    return load_tokenizer(TokenizerSection(path=str(kimi_dir())))
-
-
 def fn(name, params, desc=None):
     f = {"name": name, "parameters": params}
     if desc is not None:

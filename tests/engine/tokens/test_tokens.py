@@ -32,11 +32,6 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
 
 
 @pytest.fixture(scope="module")
-def kimi():
-    return load_tokenizer(TokenizerSection(path=str(kimi_dir())))
-
-
-@pytest.fixture(scope="module")
 def hf():
     return load_tokenizer(TokenizerSection(path=str(hf_dir()), **HF_MARKERS))
 

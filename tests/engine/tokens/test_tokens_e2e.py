@@ -208,4 +208,35 @@ async def test_live_service_off_the_loop_stores_verdicts_and_feeds_the_guard(tmp
         assert len(rows) == n == len(verdicts) and meta["info"]["special_ids"]["</think>"] == TEKKEN_BASE + KIMI_OFFSETS["</think>"]
         assert rows[0] == (1, "[]", '["tool_id_rebuilt", "no_usage"]') and json.loads(rows[1][1]) == ["truncated"]
         if executor == "thread":
-            assert svc.failure_rate("a") == 0.5 and "truncated" in svc.guard("a") and svc.guard("b") is None
+            # half the records are invalid, all of them only cut at max_tokens: not an anomaly, the guard holds
+            assert [ok for _, ok, _ in verdicts].count(False) == n // 2
+            assert svc.failure_rate("a") == 0.0 and svc.guard("a") is None and svc.guard("b") is None
+
+
+async def test_the_guard_counts_anomalies_and_not_a_tail_of_cuts_at_max_tokens(tmp_path):
+    """A billed count the rebuilt ids disagree with trips the validation guard; a dataset's tail of
+    completions cut at max_tokens (they finish last) does not: the window is judged without them."""
+    msgs = [{"role": "user", "content": "Weather in Rome?"}]
+    n = 60
+    cfg = make_config(tmp_path, datasets=[{"name": "a", "path": "a.jsonl"}],
+                      tokenizer={"path": str(kimi_dir()), "executor": "thread", "failure_window": 10,
+                                 "max_failure_rate": 0.3})
+    store = await seeded_store(cfg, {"a": n})
+    await store.close()
+    verdicts: list[tuple[str, bool, list[str]]] = []
+    svc = ReconstructionService(cfg.tokenizer, cfg.run.dir, commit_interval_s=0.05,
+                                on_verdict=lambda ds, ok, reasons: verdicts.append((ds, ok, reasons)))
+    await svc.start()
+    for i in range(40):  # every other one billed 999 tokens for a short answer
+        svc.submit(i + 1, "a", f"k{i}", msgs, None, completion("It is sunny.", completion_tokens=999 if i % 2 else 0))
+    await svc.flush()
+    while len(verdicts) < 40:
+        await asyncio.sleep(0.01)
+    assert [r for _, ok, r in verdicts if not ok] == [["billing_diff"]] * 20
+    assert svc.failure_rate("a") == 0.5 and "billing_diff 20" in (svc.guard("a") or "")
+    for i in range(40, n):  # the tail: cut at max_tokens, invalid
+        c = dataclasses.replace(completion("It is sunny and", completion_tokens=0), finish_reason="length")
+        svc.submit(i + 1, "a", f"k{i}", msgs, None, c)
+    await svc.close()
+    assert len(verdicts) == n and all(not ok and "truncated" in r for _, ok, r in verdicts[40:])
+    assert svc.failure_rate("a") == 0.0 and svc.guard("a") is None
