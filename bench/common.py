@@ -328,7 +328,7 @@ def summary(values: Sequence[float]) -> dict[str, Any]:
     if not v:
         return {"median": None, "min": None, "max": None, "n": 0, "values": []}
     out: dict[str, Any] = {"median": statistics.median(v), "min": v[0], "max": v[-1], "n": len(v),
-                           "values": [round(x, 6) for x in values]}
+                           "values": [None if x is None else round(x, 6) for x in values]}  # a failed run: None
     if len(v) >= 4:
         q = statistics.quantiles(v, n=4)
         out["iqr"] = [q[0], q[2]]

@@ -160,7 +160,7 @@ async def worker(a: argparse.Namespace) -> dict[str, Any]:
     if a.mode == "dashboard":
         import tui.host
 
-        tui.host.prepare = prepare
+        tui.host.prepare_job = prepare  # the name tui.host imported from engine.api
         from tui.app import DashboardApp
 
         app = DashboardApp(cfg, refresh_hz=2.0, install_signals=False)
