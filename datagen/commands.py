@@ -133,7 +133,8 @@ def _say_left_out(run_dir: Path, live: "runlock.Holder | None" = None) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    """0 every stored result valid; 1 some invalid (or none stored); 2 error."""
+    """0 every stored result valid, or invalid only by a cut at ``max_tokens`` the config asked for;
+    1 some invalid by a fault, some not validated, or none stored; 2 error."""
     from engine.tokens.report import format_report
     from engine.tokens.service import section_for_run, validate_run
 
@@ -162,11 +163,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if not doc["records"]:
         print(f"{run_dir} stores no completed result yet: nothing validated", file=sys.stderr)
         return EXIT_INVALID
-    if doc["invalid"] or doc["unvalidated"]:
+    cuts = (f"{doc['cut_at_max_tokens']} of {doc['records']} record(s) cut at max_tokens as the config asks "
+            f"(finish length): left out of exports unless --include-invalid") if doc["cut_at_max_tokens"] else ""
+    if doc["faults"] or doc["unvalidated"]:
         extra = f", {doc['unvalidated']} not validated" if doc["unvalidated"] else ""
-        print(f"{doc['invalid']} of {doc['records']} record(s) invalid{extra}: "
+        print(f"{doc['faults']} of {doc['records']} record(s) invalid by a fault{extra}: "
               f"left out of exports unless --include-invalid", file=sys.stderr)
+        if cuts:
+            print(cuts, file=sys.stderr)
         return EXIT_INVALID
+    if cuts:
+        print(cuts, file=sys.stderr)
     return EXIT_OK
 
 

@@ -13,9 +13,7 @@ from typing import Any
 
 from engine.config import Config, SpendSection
 from engine.storage.handle import Handle, get_meta
-
-#: ``meta`` key under which ``datagen run`` stores :func:`run_settings` at every start.
-SETTINGS_KEY = "run_settings"
+from engine.storage.validations import SETTINGS_KEY  # ``meta`` key of run_settings (``validate`` reads it too)
 
 
 def _spend(s: SpendSection) -> dict[str, Any]:

@@ -120,6 +120,29 @@ def verdict_rows(h: Handle) -> Iterator[tuple]:
         yield row
 
 
+#: ``meta`` key under which ``datagen run`` stores its settings at every start (the request classes'
+#: ``max_tokens`` among them; :func:`engine.report.settings.run_settings` writes it).
+SETTINGS_KEY = "run_settings"
+
+
+def class_max_tokens(h: Handle) -> dict[str, int]:
+    """Each request class's ``max_tokens`` as the run's latest start stored it (``meta[SETTINGS_KEY]``);
+    ``{}`` when the run stored none (older run directories) or it cannot be read."""
+    row = h._db.execute("SELECT value FROM meta WHERE key=?", (SETTINGS_KEY,)).fetchone()
+    try:
+        classes = json.loads(row[0]).get("classes", {}) if row is not None else {}
+        return {str(n): int(c["max_tokens"]) for n, c in classes.items() if c.get("max_tokens")}
+    except (ValueError, TypeError, AttributeError, KeyError):
+        return {}
+
+
+def cut_classes(h: Handle) -> dict[int, str]:
+    """Prompt id -> request class of each validated record cut by ``finish_reason`` ``length``."""
+    return {int(pid): cls for pid, cls in h._db.execute(
+        "SELECT v.prompt_id, p.class FROM validations v JOIN prompts p ON p.id = v.prompt_id "
+        "WHERE v.finish_reason = 'length'")}
+
+
 def invalid_reasons(h: Handle, dataset: str | None = None) -> list[tuple[str | None, list[str]]]:
     """``(provider, failed checks)`` of each invalid record (of ``dataset``; None: all)."""
     rows = h._db.execute("SELECT provider, reasons FROM validations WHERE "

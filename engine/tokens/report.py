@@ -8,6 +8,13 @@ billed completion tokens x 100), ``p99_abs`` (tokens), ``worst`` (the largest ab
 level only). Supervised fraction = completion tokens / (prompt + completion tokens) over valid
 records; ``zero_supervised`` counts records with no completion token, ``low_supervised`` those under
 1% (docs/eagle3-data.md pitfall 2: a wrong template silently supervises nothing).
+
+Invalid records are of two kinds (``datagen validate``'s exit status tells them apart): ``cut_at_max_tokens``,
+completions the config asked to cut (finish ``length`` at the class's ``max_tokens``, failing only the checks
+such a cut explains, :data:`CUT_EXPLAINED`), and ``faults``, every other invalid record (a provider's cut well
+below ``max_tokens`` included). A cut is "at ``max_tokens``" when its billed completion tokens (its rebuilt
+length when none were billed) reach ``max_tokens`` minus :func:`cut_slack`; the classes' ``max_tokens`` are
+those the run stored at its latest start (``meta['run_settings']``). Without them every cut is a fault.
 """
 
 from __future__ import annotations
@@ -22,10 +29,27 @@ from engine.tokens.validate import NON_STRUCTURAL, REASONS
 
 LOW_SUPERVISED = 0.01
 
+#: The checks a cut at ``max_tokens`` explains: the cut itself, and no answer yet when it came during reasoning.
+CUT_EXPLAINED: frozenset[str] = frozenset({"truncated", "empty"})
+
+
+def cut_slack(max_tokens: int) -> float:
+    """Tokens below ``max_tokens`` at which a ``length`` finish still counts as the requested cut:
+    ``max(16, 2% of max_tokens)`` (the last piece that did not fit, and counts that differ slightly)."""
+    return max(16.0, 0.02 * max_tokens)
+
+
+def requested_cut(reasons: list[str], billed: int, completion_len: int, max_tokens: int | None) -> bool:
+    """Whether an invalid record is a cut the config asked for: ``truncated`` with nothing but
+    :data:`CUT_EXPLAINED` failing, at ``max_tokens`` (tokens; None: unknown, then False)."""
+    if max_tokens is None or "truncated" not in reasons or not set(reasons) <= CUT_EXPLAINED:
+        return False
+    return (billed or completion_len) >= max_tokens - cut_slack(max_tokens)
+
 
 class _Acc:
     def __init__(self) -> None:
-        self.records = self.ok = self.structural = 0
+        self.records = self.ok = self.structural = self.cuts = 0
         self.checks = {r: 0 for r in REASONS}
         self.notes: dict[str, int] = {}
         self.diffs: list[int] = []
@@ -35,9 +59,10 @@ class _Acc:
         self.zero = self.low = 0
 
     def add(self, ok: bool, reasons: list[str], notes: list[str], pl: int, cl: int, billed: int,
-            bdiff: int | None, pdiff: int | None) -> None:
+            bdiff: int | None, pdiff: int | None, cut: bool = False) -> None:
         self.records += 1
         self.ok += ok
+        self.cuts += cut and not ok
         for r in reasons:
             self.checks[r] = self.checks.get(r, 0) + 1
         if any(r not in NON_STRUCTURAL for r in reasons):
@@ -63,6 +88,7 @@ class _Acc:
         total = self.prompt_tok + self.completion_tok
         return {
             "records": self.records, "ok": self.ok, "invalid": self.records - self.ok,
+            "cut_at_max_tokens": self.cuts, "faults": self.records - self.ok - self.cuts,
             "structural_errors": self.structural, "checks": dict(self.checks), "notes": dict(self.notes),
             "billing": {
                 "rows": len(d), "mean": sum(d) / len(d) if d else None,
@@ -81,13 +107,15 @@ class _Acc:
         }
 
 
-def summarize(conn: Handle, *, worst: int = 10) -> dict[str, Any]:
+def summarize(conn: Handle, *, worst: int = 10, max_tokens: dict[str, int] | None = None) -> dict[str, Any]:
     """Build the report from the ``validations`` table of an open store.
 
+    ``max_tokens``: each class's ``max_tokens``, used where the run stored none (see the module docstring).
+
     Returns:
-        ``{"records", "ok", "invalid", "structural_errors", "checks", "notes", "billing",
+        ``{"records", "ok", "invalid", "cut_at_max_tokens", "faults", "structural_errors", "checks", "notes", "billing",
         "prompt_diff", "tokens", "supervised_fraction", "zero_supervised", "low_supervised",
-        "unvalidated", "special_text_in_prompt", "datasets": {name: same + special_text_in_prompt},
+        "unvalidated", "special_text_in_prompt", "max_tokens", "datasets": {name: same + special_text_in_prompt},
         "providers": {name: same}}`` (``special_text_in_prompt``: validated records whose prompt was
         flagged at ingest, :mod:`engine.tokens.promptcheck`); ``billing`` of the
         run also has ``worst`` (list of ``{id, dataset, provider, billing_diff, completion_len,
@@ -97,12 +125,15 @@ def summarize(conn: Handle, *, worst: int = 10) -> dict[str, Any]:
     per_ds: dict[str, _Acc] = {}
     per_prov: dict[str, _Acc] = {}
     order = read.dataset_names(conn)
+    limits = validations.class_max_tokens(conn) or dict(max_tokens or {})
+    classes = validations.cut_classes(conn)
     rows = validations.verdict_rows(conn)
     worst_rows: list[tuple[int, dict[str, Any]]] = []
-    for _pid, ds, key, prov, ok, reasons, notes, pl, cl, billed, bdiff, pdiff in rows:
+    for pid, ds, key, prov, ok, reasons, notes, pl, cl, billed, bdiff, pdiff in rows:
         reasons, notes = json.loads(reasons), json.loads(notes)
+        cut = not ok and requested_cut(reasons, billed, cl, limits.get(classes.get(pid, "")))
         for acc in (run, per_ds.setdefault(ds, _Acc()), per_prov.setdefault(prov or "(unknown)", _Acc())):
-            acc.add(bool(ok), reasons, notes, pl, cl, billed, bdiff, pdiff)
+            acc.add(bool(ok), reasons, notes, pl, cl, billed, bdiff, pdiff, cut)
         if bdiff and "truncated" not in reasons:
             worst_rows.append((abs(bdiff), {"id": f"{ds}:{key}", "dataset": ds, "provider": prov, "billing_diff": bdiff,
                                             "completion_len": cl, "billed_completion": billed, "reasons": reasons}))
@@ -110,6 +141,7 @@ def summarize(conn: Handle, *, worst: int = 10) -> dict[str, Any]:
     worst_rows.sort(key=lambda x: -x[0])
     doc["billing"]["worst"] = [w for _, w in worst_rows[:worst]]
     doc["unvalidated"] = validations.unvalidated_count(conn)
+    doc["max_tokens"] = limits or None
     names = [n for n in order if n in per_ds] + sorted(n for n in per_ds if n not in order)
     doc["datasets"] = {n: per_ds[n].doc() for n in names}
     flagged = validations.flagged_special_text(conn)
@@ -135,6 +167,11 @@ def format_report(doc: dict[str, Any]) -> str:
                      + ", ".join(f"{k}={v}" for k, v in t["special_ids"].items()))
     lines.append(f"records {doc['records']}: ok {doc['ok']}, invalid {doc['invalid']} "
                  f"(structural errors {doc['structural_errors']}), unvalidated {doc['unvalidated']}")
+    if doc.get("invalid"):
+        limit = ("max_tokens " + ", ".join(f"{k} {v:,}" for k, v in doc["max_tokens"].items())
+                 if doc.get("max_tokens") else "max_tokens unknown: no settings stored with the run, every cut counts as a fault")
+        lines.append(f"invalid: {doc['cut_at_max_tokens']} cut at max_tokens as the config asks "
+                     f"(finish length; {limit}), {doc['faults']} fault(s)")
     failed = {k: v for k, v in doc["checks"].items() if v}
     lines.append("failed checks: " + (", ".join(f"{k} {v}" for k, v in failed.items()) or "none")
                  + ("; notes: " + ", ".join(f"{k} {v}" for k, v in doc["notes"].items()) if doc["notes"] else ""))
@@ -153,6 +190,7 @@ def format_report(doc: dict[str, Any]) -> str:
         for name, d in group.items():
             f = ", ".join(f"{k} {v}" for k, v in d["checks"].items() if v) or "-"
             flag = f"; special_text_in_prompt {d['special_text_in_prompt']}" if d.get("special_text_in_prompt") else ""
-            lines.append(f"  {title} {name}: {d['ok']}/{d['records']} ok; billing mean abs "
+            cuts = f"; {d['cut_at_max_tokens']} cut at max_tokens" if d["cut_at_max_tokens"] else ""
+            lines.append(f"  {title} {name}: {d['ok']}/{d['records']} ok{cuts}; billing mean abs "
                          f"{_f(d['billing']['mean_abs'])}; supervised {_f(d['supervised_fraction'], '{:.3f}')}; {f}{flag}")
     return "\n".join(lines)
