@@ -466,6 +466,11 @@ def range_text(
     return text if short else f"{text} (calibrating {n}/{need})"
 
 
+#: Share of a dataset's prompts at or below which what is left is a small remainder: the calibration
+#: gate lets it finish (its dollar cap still ends it at the cap, ``budget_met``, with the cap's reason).
+SMALL_REMAINDER = 0.05
+
+
 def calibration_gate(
     done: int,
     prompts: int,
@@ -473,16 +478,27 @@ def calibration_gate(
     cost_cap: float | None,
     min_samples: int = 50,
     fraction: float = 0.01,
+    *,
+    left: int | None = None,
+    spent: float | None = None,
 ) -> str | None:
     """Pause reason once early completions project the dataset past its dollar cap.
 
     After ``max(min_samples, ceil(fraction * prompts))`` completions, returns e.g.
     ``"projected cost $123.45 exceeds max_cost_usd $100.00 after 50 completions"`` when a cap is
     set and ``projected_cost`` (USD) exceeds it. None otherwise: too few completions, no cap,
-    unknown projection, or within the cap.
+    unknown projection, or within the cap; and never where a pause would leave the dataset with
+    nothing to decide (a run that sits with nothing it can do): when the prompts ``left`` to send
+    are a small remainder (at most :data:`SMALL_REMAINDER` of ``prompts``: they are sent, and the cap
+    stops them where it binds), or when what is ``spent`` (USD) already reached the cap (dispatch
+    ends the dataset ``budget_met``, with the cap's reason).
     """
     needed = max(min_samples, math.ceil(fraction * prompts - 1e-9))
     if done < needed or cost_cap is None or projected_cost is None or projected_cost <= cost_cap:
+        return None
+    if left is not None and left <= SMALL_REMAINDER * prompts:
+        return None
+    if spent is not None and spent >= cost_cap:
         return None
     return (
         f"projected cost {fmt_usd(projected_cost)} exceeds max_cost_usd {fmt_usd(cost_cap)} "

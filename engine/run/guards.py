@@ -8,7 +8,8 @@ to pause, why, and which guard) or None. :func:`apply` carries a decision out on
   :mod:`engine.run.anomaly`, :mod:`engine.run.telemetry`);
 - :func:`validation`: a dataset's token-validation failure rate passed ``tokenizer.max_failure_rate``;
 - :func:`calibration`: after its first 1% / 50 completions a dataset projects past its cost cap
-  (:func:`engine.money.projection.calibration_gate`);
+  (:func:`engine.money.projection.calibration_gate`; not when what is left is a small remainder or
+  its cap is already met: it then finishes, or its cap ends it ``budget_met`` with the cap's reason);
 - :func:`credits_floor`: credits minus the dollars in flight fell below ``spend.credits_floor_usd``
   (the supervisor's backstop; dispatch checks the floor itself: :func:`reserve_refused`);
 - :func:`reserve_refused`: a reservation was refused for credits, or could not be priced;

@@ -3,7 +3,8 @@
 - every ``TICK_S`` (1 s): apply control commands queued by ``datagen ctl`` (the store's
   ``commands`` table; each row read back as a :class:`~engine.run.commands.RunCommand` and applied
   through the controller, :func:`engine.run.commands.apply`), measure event-loop lag, sample throughput history, run the calibration gate
-  (pause a dataset whose projected cost exceeds its cap after its first 1% / 50 completions) and
+  (pause a dataset whose projected cost exceeds its cap after its first 1% / 50 completions, never
+  one with only a small remainder left or its cap already met: :func:`gate`) and
   the credits floor as a backstop (pause everything when credits minus the dollars in flight fall
   below ``spend.credits_floor_usd``; dispatch itself checks the floor first, :mod:`engine.money.creditsfloor`);
 - every ``spend.credits_poll_s``: read credits from ``/key`` (fallback ``/credits``): of the one
@@ -19,6 +20,7 @@ from typing import Awaitable, Callable
 
 from engine.money.projection import calibration_gate
 from engine.money.spend import CreditsReading
+from engine.report.snapshot import DatasetSnapshot
 from engine.run import guards
 from engine.run.commands import CommandResult, RunCommand
 from engine.run.controller import Controller
@@ -30,6 +32,13 @@ log = logging.getLogger(__name__)
 TICK_S = 1.0
 #: Store meta key of the provider's usage (USD) before the run's first dollar (:meth:`SpendControl.usage_baseline`).
 USAGE_BASELINE_KEY = "credits_usage_baseline"
+
+
+def gate(d: DatasetSnapshot) -> str | None:
+    """The calibration gate's reason for dataset ``d`` (:func:`engine.money.projection.calibration_gate`
+    on its figures: what is left to send and what is spent count), or None."""
+    return calibration_gate(d.done, d.prompts, d.projected_cost_uncapped_usd, d.max_cost_usd,
+                            left=d.pending, spent=d.cost_usd)
 
 
 class Supervisor:
@@ -121,8 +130,7 @@ class Supervisor:
             rt = self.s.runstate.datasets[d.name]
             if rt.gate_fired or rt.control != Control.ACTIVE:
                 continue
-            t = guards.apply(self.s, guards.calibration(
-                rt, calibration_gate(d.done, d.prompts, d.projected_cost_uncapped_usd, d.max_cost_usd)))
+            t = guards.apply(self.s, guards.calibration(rt, gate(d)))
             if t is not None:
                 tasks.append(t)
         return tasks
@@ -142,11 +150,11 @@ class Supervisor:
             rt = self.s.runstate.datasets[d.name]
             if rt.control != Control.PAUSED or not rt.reason.startswith(guards.CALIBRATION_PREFIX):
                 continue
-            still = calibration_gate(d.done, d.prompts, d.projected_cost_uncapped_usd, d.max_cost_usd)
+            still = gate(d)
             rt.gate_fired = True  # judged now: not again in this process
             if still is None:
-                log.info("dataset %s: calibration gate lifted (now: dataset cap %s); it runs again", d.name,
-                         "none" if d.max_cost_usd is None else f"${d.max_cost_usd:,.2f}")
+                log.info("dataset %s: calibration gate lifted (now: dataset cap %s, %d prompt(s) left); it runs again",
+                         d.name, "none" if d.max_cost_usd is None else f"${d.max_cost_usd:,.2f}", d.pending)
                 rt.control, rt.reason = Control.ACTIVE, ""
             else:
                 rt.reason = f"{guards.CALIBRATION_PREFIX}{still}"
