@@ -28,7 +28,8 @@ Running the engine
 
 Formatting helpers (the headless lines and the dashboard say the same)
     :func:`fmt_count`, :func:`fmt_duration`, :func:`fmt_bytes`, :func:`fmt_limit`, :func:`range_text`,
-    :func:`progress_percent`, :func:`final_report`, :data:`FAILING` (the record flags kept out of training).
+    :func:`progress_percent`, :func:`final_report`, :data:`FAILING` (the record flags kept out of training);
+    while paused or draining: :func:`ends_text`, :func:`abort_at_end_text`, :func:`abort_hint`.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from engine.metrics.rates import fmt_count, fmt_duration
 from engine.metrics.stats import ProviderSnapshot
 from engine.money.projection import range_text
 from engine.report.metricsserver import MetricsServer, open_metrics, start_metrics
-from engine.report.progress import final_report
+from engine.report.progress import abort_at_end_text, abort_hint, ends_text, final_report
 from engine.report.snapshot import ClassSnapshot, DatasetSnapshot, RunSnapshot, SampleSnapshot, progress_percent
 from engine.run import runner as _runner
 from engine.run.chain import ExtractChain, combined_exit_code
@@ -103,6 +104,7 @@ __all__ = [
     "ExtractChain", "ExtractRun", "Job", "MetricsServer", "Scheduler", "combined_exit_code", "interrupt_action",
     "open_metrics", "prepare_job", "run_job", "start_metrics",
     # formatting helpers
-    "FAILING", "final_report", "fmt_bytes", "fmt_count", "fmt_duration", "fmt_limit", "progress_percent",
+    "FAILING", "abort_at_end_text", "abort_hint", "ends_text", "final_report", "fmt_bytes", "fmt_count",
+    "fmt_duration", "fmt_limit", "progress_percent",
     "range_text",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from engine.metrics.rates import fmt_count, fmt_duration
 from engine.report.snapshot import DatasetSnapshot, RunSnapshot
@@ -47,8 +47,50 @@ def format_notices(notices: Iterable[tuple[int, str]], after: int) -> tuple[list
     return lines, last
 
 
+def ends_text(snap: RunSnapshot) -> str:
+    """When the streams in flight are expected to have ended (:attr:`RunSnapshot.drain`), e.g.
+    ``"all end in ~33m20s"``; ``"end unknown (measuring rate)"`` before any stream rate is known;
+    "" without an outlook."""
+    o = snap.drain
+    if o is None:
+        return ""
+    if o.expected_s is None:
+        return "end unknown (measuring rate)"
+    return f"all end in ~{fmt_duration(o.expected_s)}"
+
+
+def abort_at_end_text(snap: RunSnapshot, fmt: Callable[[float], str] = lambda usd: f"${usd:.4f}") -> str:
+    """What the abort at the end of a drain's countdown would cut and bill, e.g. ``"~310 cut, est.
+    $2.1000"`` (a figure under 0.5 streams reads ``"~0 cut"``; ``fmt`` formats the USD); while no stream
+    rate is known, the abort of everything in flight now (``"up to 1,222 cut, est. up to $8.8500"``);
+    "" while no drain runs or with no outlook."""
+    o = snap.drain
+    if o is None or o.deadline_s is None:
+        return ""
+    if o.expected_s is None:
+        return f"up to {o.streams:,} cut, est. up to {fmt(snap.abort_cost_usd)}"
+    return f"~{o.cut_streams:,.0f} cut, est. {fmt(o.abort_usd)}"
+
+
+def abort_hint(snap: RunSnapshot) -> str:
+    """How to abort the streams in flight from a shell: ``"datagen ctl RUN_DIR abort"``."""
+    return f"datagen ctl {snap.run_dir or 'RUN_DIR'} abort"
+
+
+def streaming_note(snap: RunSnapshot) -> str:
+    """While the run is paused or draining with streams in flight: the dollars still streaming and how
+    to stop them, e.g. ``"$8.8500 still streaming in 1,222 stream(s), all end in ~33m20s; abort them:
+    datagen ctl runs/x abort"``; "" otherwise (nothing in flight, or the run neither paused nor draining)."""
+    if not snap.in_flight or (snap.state != "paused" and snap.drain_left_s is None):
+        return ""
+    ends = ends_text(snap)
+    return (f"${snap.cost_in_flight_usd:.4f} still streaming in {snap.in_flight:,} stream(s)"
+            + (f", {ends}" if ends else "") + f"; abort them: {abort_hint(snap)}")
+
+
 def format_progress(snap: RunSnapshot, printed_final: set[str], final: bool = False) -> list[str]:
-    """Lines for datasets that started and are not finished; finished ones are printed once.
+    """Lines for datasets that started and are not finished; finished ones are printed once; then
+    the run's line (with :func:`streaming_note` while paused: the headless drain has its own line).
 
     ``printed_final`` is updated with datasets already reported as done/skipped. With ``final``
     every dataset is printed.
@@ -68,6 +110,7 @@ def format_progress(snap: RunSnapshot, printed_final: set[str], final: bool = Fa
             f"[run {snap.name}] {snap.state}{' (' + snap.state_reason + ')' if snap.state_reason else ''} | "
             f"{snap.in_flight} in flight | {snap.req_per_s:.1f} req/s | ${snap.cost_usd:.4f} | "
             f"elapsed {fmt_duration(snap.elapsed_s)}"
+            + (f" | {note}" if (note := streaming_note(snap)) and snap.drain_left_s is None else "")
         )
     return out
 

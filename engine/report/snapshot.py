@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from engine.client.endpoints import EndpointSnapshot  # part of the snapshot API
 from engine.metrics.stats import ProviderSnapshot  # part of the snapshot API
+from engine.money.drain import DrainOutlook  # part of the snapshot API
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +191,10 @@ class RunSnapshot:
         stream_workers: the stream-worker processes holding the HTTP streams (``[run] stream_workers``;
             0: none, e.g. a test's scheduler alone); stream_workers_alive: those up now;
             stream_worker_restarts: workers that died and were replaced since start.
+        drain: while the run is paused or draining with streams in flight, how long they are expected
+            to take and, draining, what the abort at the end of the countdown would bill
+            (:class:`engine.money.drain.DrainOutlook`); None otherwise.
+        run_dir: the run directory (what ``datagen ctl RUN_DIR ...`` takes).
     """
 
     name: str
@@ -234,6 +239,8 @@ class RunSnapshot:
     stream_worker_restarts: int = 0
     eta_reason: str = ""
     projection_capped: bool = False
+    drain: DrainOutlook | None = None
+    run_dir: str = ""
 
     def dataset(self, name: str) -> DatasetSnapshot:
         """Return the snapshot of dataset ``name`` (KeyError if unknown)."""

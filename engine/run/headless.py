@@ -17,7 +17,14 @@ from typing import Callable
 
 from engine.config import Config
 from engine.report.metricsserver import open_metrics, printer, serving
-from engine.report.progress import final_report, format_notices, format_progress
+from engine.report.progress import (
+    abort_at_end_text,
+    abort_hint,
+    ends_text,
+    final_report,
+    format_notices,
+    format_progress,
+)
 from engine.run.runner import FILE_ONLY, Job, prepare, run_job
 from engine.run.runstate import RunPhase
 from engine.run.scheduler import Scheduler
@@ -120,13 +127,19 @@ def fmt_limit(seconds: float) -> str:
 
 
 def drain_line(snap) -> str:
-    """The headless line shown while a drain runs: in-flight count, their estimated USD, time left.
+    """The headless line shown while a drain runs: in-flight count, their estimated USD, time left,
+    what that abort would cut and bill, when the streams are expected to end, and how to abort now, e.g.
+    ``draining: 1,222 in flight (est. $8.8500); aborting them in 14m12s (~310 cut, est. $2.1000); all end
+    in ~33m20s; abort now: Ctrl-C again or datagen ctl runs/x abort``.
 
     Args:
         snap: an ``engine.report.snapshot.RunSnapshot`` with ``drain_left_s`` set.
     """
+    cut = abort_at_end_text(snap)
+    ends = ends_text(snap)
     return (f"draining: {snap.in_flight:,} in flight (est. ${snap.cost_in_flight_usd:.4f}); "
-            f"aborting them in {fmt_limit(snap.drain_left_s or 0.0)}")
+            f"aborting them in {fmt_limit(snap.drain_left_s or 0.0)}" + (f" ({cut})" if cut else "")
+            + (f"; {ends}" if ends else "") + f"; abort now: Ctrl-C again or {abort_hint(snap)}")
 
 
 async def run_headless(

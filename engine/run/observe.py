@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from engine.money.inflight import abort_basis
 from engine.money.projection import EtaRow, project_run, schedule_eta
 from engine.report.snapshot import ClassSnapshot, DatasetSnapshot, RunSnapshot
+from engine.run.drainview import outlook
 from engine.run.limiter import concurrency_cap
 from engine.run.runstate import TERMINAL_CONTROLS, Control, DatasetState, RunPhase, RunState
 
@@ -260,6 +261,8 @@ def build_snapshot(sched: "RunView") -> RunSnapshot:
     run_proj = project_run(projections, spend_rate, cost, cost_cap=rc.limit)
     cr = sched.spend.credits
     fly = sched.ending.in_flight_cost()
+    providers, drain_left = tel.providers.snapshot(), sched.ending.drain_left_s()
+    waiting = fly.streams and (drain_left is not None or run.phase == RunPhase.PAUSED)  # the streams' outlook
     return RunSnapshot(
         name=sched.cfg.run.name, state=run.phase, state_reason=run.reason, elapsed_s=run_elapsed_s(sched),
         datasets=tuple(dss), classes=classes, in_flight=sum(d.in_flight for d in dss),
@@ -270,8 +273,9 @@ def build_snapshot(sched: "RunView") -> RunSnapshot:
         abort_cost_usd=fly.abort_usd, abort_cost_basis=abort_basis(fly, sched.spend.aborts),
         eta_s=sched_eta.eta_s, eta_reason=sched_eta.reason, projection_capped=run_proj.capped,
         tok_per_s=tel.tok_rate.rate(now), loop_lag_ms=tel.loop_lag_ms,
-        providers=tel.providers.snapshot(), latest_errors=dict(tel.latest_errors), history=tuple(tel.history),
-        events=tuple(list(tel.events)[-50:]), notices=tuple(tel.notices), drain_left_s=sched.ending.drain_left_s(),
+        providers=providers, latest_errors=dict(tel.latest_errors), history=tuple(tel.history),
+        events=tuple(list(tel.events)[-50:]), notices=tuple(tel.notices), drain_left_s=drain_left,
+        drain=outlook(sched, providers, drain_left) if waiting else None, run_dir=str(sched.cfg.run.dir),
         events_total=tel.events_total,
         projected_cost_low_usd=run_proj.cost_low_usd, projected_cost_high_usd=run_proj.cost_high_usd,
         eta_s_low=sched_eta.eta_s_low, eta_s_high=sched_eta.eta_s_high,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from engine.api import RunSnapshot, range_text
+from engine.api import RunSnapshot, abort_at_end_text, abort_hint, ends_text, range_text
 from tui.fmt import fmt_count, fmt_duration, money
 
 STATE_STYLE = {
@@ -75,13 +75,46 @@ def _t(*parts: tuple[str, str] | str | Text) -> Text:
     return t
 
 
-def drain_segment(s: RunSnapshot) -> Text:
-    """While a drain runs: the requests still in flight, their estimated dollars and the countdown
-    to the abort of what is left (``draining 14 in flight ($0.4210) · abort in 29m12s``); else empty."""
+def drain_segment(s: RunSnapshot) -> Segment:
+    """While a drain runs: the requests still in flight, their estimated dollars, the countdown to the
+    abort of what is left with what that abort would cut and bill, when the streams are expected to
+    end, and the key that aborts now (``draining 1,222 in flight ($8.85) · abort in 14m12s: ~310 cut,
+    est. $2.10 · all end in ~33m20s · a: abort now``); narrow, shorter words first, then the end, then
+    the abort's figures. While the run is paused with streams in flight: :func:`paused_segment`. Else empty."""
     if s.drain_left_s is None:
-        return Text()
-    return _t(("draining ", "bold yellow"), (f"{s.in_flight:,} in flight", "bold"),
-              f" ({money(s.cost_in_flight_usd)}) · abort in ", (fmt_duration(s.drain_left_s), "bold"))
+        return paused_segment(s)
+    left = (fmt_duration(s.drain_left_s), "bold")
+    dollars = f" ({money(s.cost_in_flight_usd)})"
+    head = _t(("draining ", "bold yellow"), (f"{s.in_flight:,} in flight", "bold"), f"{dollars} · abort in ", left)
+    short_head = head  # "N in flight ... abort in T" stays whole at 80 columns
+    cut, ends = abort_at_end_text(s, money), ends_text(s)
+    o = s.drain
+    cost = f": {money(o.abort_usd if o.expected_s is not None else s.abort_cost_usd)}" if cut and o is not None else ""
+    end = f" · end ~{fmt_duration(o.expected_s)}" if o is not None and o.expected_s is not None else ""
+    key, short_key = _t(" · ", ("a", "bold reverse"), ": abort now"), _t(" · ", ("a", "bold reverse"), " aborts")
+    full = _t(head, (f": {cut}", "yellow") if cut else "", f" · {ends}" if ends else "", key)
+    return (0, full, (1.2, _t(short_head, (f" ({cut})", "yellow") if cut else "", end, short_key)),
+            (1.1, _t(short_head, (cost, "yellow"), end, short_key)), (0.5, _t(short_head, (cost, "yellow"), short_key)),
+            (0.4, _t(short_head, short_key)))
+
+
+def paused_segment(s: RunSnapshot) -> Segment:
+    """While the run is paused with streams in flight: the dollars still streaming, when they are
+    expected to end, and how to stop them, the key ``a`` and the command from a shell (``paused:
+    1,222 still streaming ($8.85) · all end in ~33m20s · a: abort them (or datagen ctl runs/x abort)``);
+    narrow, the command goes first, then shorter words, then the end. Empty otherwise."""
+    if s.state != "paused" or not s.in_flight:
+        return (0, Text())
+    dollars = f" ({money(s.cost_in_flight_usd)})"
+    head = _t(("paused: ", "bold yellow"), (f"{s.in_flight:,} still streaming", "bold"), dollars)
+    short_head = _t(("paused: ", "bold yellow"), (f"{s.in_flight:,} streaming", "bold"), dollars)
+    ends = ends_text(s)
+    o = s.drain
+    end = f" · end ~{fmt_duration(o.expected_s)}" if o is not None and o.expected_s is not None else ""
+    key, short_key = _t(" · ", ("a", "bold reverse"), ": abort them"), _t(" · ", ("a", "bold reverse"), " aborts")
+    with_end = _t(head, f" · {ends}" if ends else "", key)
+    return (0, _t(with_end, (f" (or {abort_hint(s)})", "dim")), (1.05, with_end),
+            (1.2, _t(short_head, end, short_key)), (0.5, _t(short_head, short_key)))
 
 
 def header_lines(s: RunSnapshot | None, note: str = "", width: int = 160) -> list[Text]:
@@ -115,7 +148,7 @@ def header_lines(s: RunSnapshot | None, note: str = "", width: int = 160) -> lis
         eta_segment(s),
     ], width)
 
-    line3 = fit([(0, drain_segment(s)), errors_segment(s), tokens_segment(s), (2, limits_text(s)),
+    line3 = fit([drain_segment(s), errors_segment(s), tokens_segment(s), (2, limits_text(s)),
                  (5, _t((f"writer queue {s.writer_queue:,}", "dim")) if s.writer_queue else Text())], width)
     return [line1, line2, line3]
 
@@ -212,7 +245,8 @@ def errors_segment(s: RunSnapshot) -> Segment:
 def tokens_segment(s: RunSnapshot) -> Segment:
     """Completion tokens vs token budget summed over the datasets that have one
     (``tokens 1.71M/4M budget``), for terminals too narrow for the table's column; empty without
-    budgets. Red once a budget is used up, yellow from 90 %."""
+    budgets. Red once a budget is used up, yellow from 90 %. Narrow, it goes after the errors shrink to
+    their total (priority 0.9), so the paused/draining line's short form and it both fit 80 columns."""
     budgeted = [d for d in s.datasets if d.token_budget]
     if not budgeted:
         return (1, Text())
@@ -220,7 +254,7 @@ def tokens_segment(s: RunSnapshot) -> Segment:
     budget = sum(d.token_budget or 0 for d in budgeted)
     full = max(((d.completion_tokens + d.reserved_tokens) / (d.token_budget or 1)) for d in budgeted)
     style = "bold red" if full >= 1 else "yellow" if full >= 0.9 else "bold"
-    return (1, _t("tokens ", (f"{fmt_count(used)}/{fmt_count(budget)}", style), " budget"),
+    return (0.9, _t("tokens ", (f"{fmt_count(used)}/{fmt_count(budget)}", style), " budget"),
             (2, _t("tok ", (f"{fmt_count(used)}/{fmt_count(budget)}", style))))
 
 
