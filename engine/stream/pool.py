@@ -9,7 +9,10 @@ each connected by a socket pair, and offers the one call the scheduler makes of 
   :class:`~engine.client.accumulate.StreamProgress` is updated from the worker's batched progress
   (every 100 ms), so budgets, censored lengths and the dollars in flight read it as before.
 - Cancelling the awaiting task (abort, skip with abort, a drain's deadline) sends ``cancel``: the
-  worker closes that stream's connection at once.
+  worker closes that stream's connection at once and answers ``gone``. The task waits for that
+  answer (up to :data:`CANCEL_WAIT_S`): a completion that finished before the cancel reached the
+  worker (already received, or waiting for its journal's group commit) is returned instead, and the
+  cancellation withdrawn, so a paid completion is stored, never bought again.
 - A worker that dies (its socket ends): its requests whose completion is already in its journal
   are answered from the journal; the others raise :class:`~engine.stream.wire.StreamWorkerLost`
   with the tokens they had received (the run returns them to pending and counts that spend); a new
@@ -43,6 +46,10 @@ log = logging.getLogger(__name__)
 START_TIMEOUT_S = 60.0
 #: Seconds a closing worker may take to cancel its streams and exit before it is killed.
 CLOSE_TIMEOUT_S = 5.0
+
+#: Seconds a cancelled request waits for its worker's answer (``gone``, or the completion that
+#: finished before the cancel arrived) before it gives up on it.
+CANCEL_WAIT_S = 5.0
 
 #: ``on_event(level, message)``: a worker died, was replaced, or could not start.
 OnEvent = Callable[[str, str], None]
@@ -257,13 +264,30 @@ class StreamWorkerPool:
         w.in_flight.add(rid)
         w.send(("req", rid, endpoint, req))
         try:
-            return await fut
+            return await asyncio.shield(fut)  # a cancellation of the caller leaves `fut` to its answer
         except asyncio.CancelledError:
-            if self._reqs.pop(rid, None) is not None:
-                w.send(("cancel", rid))
-            raise
+            c = await self._cancel(rid, w, fut)
+            if c is None:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # the stream finished before it was cut: its completion is the answer
+            return c
         finally:
             w.in_flight.discard(rid)
+
+    async def _cancel(self, rid: int, w: "_Worker", fut: asyncio.Future) -> Completion | None:
+        """Cut request ``rid`` (its caller was cancelled): the completion when it finished before the
+        cut (received already, or answered by the worker to the ``cancel``); None when it was cut."""
+        if self._reqs.get(rid) is not None and not fut.done():
+            w.send(("cancel", rid))
+            await asyncio.wait({fut}, timeout=CANCEL_WAIT_S)  # `gone`, `done`, `err`, or the worker's death
+        self._reqs.pop(rid, None)
+        if fut.done() and not fut.cancelled() and fut.exception() is None:
+            return fut.result()
+        if not fut.done():
+            fut.cancel()
+        return None
 
     async def _pick(self) -> _Worker:
         while True:
@@ -296,7 +320,7 @@ class StreamWorkerPool:
                 elif verb == "done":
                     r = reqs.pop(msg[1], None)
                     if r is None:
-                        self.late_results += 1  # cancelled as it finished: kept in the journal (recovered at start)
+                        self.late_results += 1  # answered after its cancel gave up waiting: kept in the journal (recovered at start)
                     elif not r.fut.done():
                         _finished(r.progress, msg[2])
                         r.fut.set_result(msg[2])
@@ -304,6 +328,10 @@ class StreamWorkerPool:
                     r = reqs.pop(msg[1], None)
                     if r is not None and not r.fut.done():
                         r.fut.set_exception(error_from_fields(msg[2]))
+                elif verb == "gone":  # the worker cut the stream (its answer to a cancel)
+                    r = reqs.pop(msg[1], None)
+                    if r is not None and not r.fut.done():
+                        r.fut.cancel()
         except (asyncio.IncompleteReadError, ConnectionError, ValueError, EOFError):
             pass
         except asyncio.CancelledError:
