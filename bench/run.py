@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m bench.run                 # everything (about 13 minutes on 2 cores)
+    python -m bench.run                 # everything (about 30 minutes on 2 cores, B11 ~14 of them)
     python -m bench.run --only B4,B5    # a subset (B2, B3, B7 and B10 share their runs)
     python -m bench.run --quick         # shorter windows, one repetition (development)
     python -m bench.run --reps 5        # more repetitions than the default 3
@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-ALL = ("B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9", "B10")
+ALL = ("B1", "B2", "B3", "B4", "B5", "B6", "B7", "B8", "B9", "B10", "B11")
 
 
 def main(argv=None) -> int:
@@ -75,6 +75,11 @@ def main(argv=None) -> int:
         from bench import b9_hard_cap
 
         step("B9 hard_cap", lambda: b9_hard_cap.run(reps))
+    if "B11" in only:
+        from bench import b11_projection
+
+        # one full run is ~5-8 minutes: at most 2 repetitions unless --reps asks for more
+        step("B11 projection", lambda: b11_projection.run(a.reps or min(reps, 2)))
     hold_ids = [x for x in ("B2", "B3", "B7", "B10") if x in only]
     if hold_ids:
         from bench import b2_loop_lag, b3_memory, b7_dashboard_cpu, b10_keys, hold
