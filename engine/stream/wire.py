@@ -45,9 +45,6 @@ class WorkerInit:
         progress_s: seconds between batched progress messages.
         ledger_s: seconds between rewrites of the in-flight ledger.
         fsync_s: longest wait (s) before a finished completion is written and fsynced (group commit).
-        cut_grace_s: seconds a cancelled stream may still finish before its connection is closed: a
-            stream whose last bytes are already on their way (billed in full by the provider) is
-            stored instead of bought again.
     """
 
     slot: int
@@ -58,7 +55,6 @@ class WorkerInit:
     progress_s: float = 0.1
     ledger_s: float = 1.0
     fsync_s: float = 0.05
-    cut_grace_s: float = 0.5
 
     def __repr__(self) -> str:  # never show the key
         return f"WorkerInit(slot={self.slot}, endpoints={self.endpoints!r}, api_key={'<set>' if self.api_key else None})"

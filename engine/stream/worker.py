@@ -7,10 +7,7 @@ every decision stay with the run) and answers with one message:
 - a finished completion is appended to the journal and fsynced first (:mod:`engine.stream.journal`),
   then sent as ``done``: whatever is killed afterwards, the paid completion is on disk;
 - a failure is sent as ``err`` with the :class:`~engine.client.types.RequestError`'s fields;
-- a ``cancel`` closes the stream's connection (the provider sees the disconnect) and answers ``gone``,
-  after a grace of ``cut_grace_s`` (0.5 s) in which a stream whose last bytes were already sent
-  finishes and is answered ``done`` like any other (the provider bills it in full: it is stored,
-  not bought again).
+- a ``cancel`` closes the stream's connection (the provider sees the disconnect) and answers ``gone``.
 
 Progress (tokens received, generation id, provider, status) goes to the run in one batched ``prog``
 message every ``progress_s`` (100 ms), not one per SSE event; the in-flight ledger is rewritten every
@@ -71,7 +68,6 @@ class Worker:
         self._wake = asyncio.Event()
         self._closing = False
         self._journal_failed = False
-        self._cuts: set[asyncio.Task] = set()  # cancels waiting out their grace
 
     def send(self, msg: tuple) -> None:
         """Queue one frame to the run (the socket's buffer absorbs bursts)."""
@@ -110,19 +106,11 @@ class Worker:
         self._wake.set()
 
     def cancel(self, rid: int) -> None:
-        """Cut stream ``rid`` after the grace (see the module docstring); its answer follows."""
         s = self.streams.get(rid)
         if s is not None and s.task is not None and not s.task.done():
-            t = asyncio.get_running_loop().create_task(self._cut(s.task))
-            self._cuts.add(t)
-            t.add_done_callback(self._cuts.discard)
+            s.task.cancel()
         elif s is None:
             self.send(("gone", rid))
-
-    async def _cut(self, task: asyncio.Task) -> None:
-        await asyncio.wait({task}, timeout=self.init.cut_grace_s)
-        if not task.done():
-            task.cancel()
 
     # ---- background loops --------------------------------------------------------------------
     async def journal_loop(self) -> None:
@@ -201,8 +189,6 @@ class Worker:
                 elif verb == "close":
                     return
         finally:
-            for t in list(self._cuts):
-                t.cancel()
             tasks = [s.task for s in self.streams.values() if s.task is not None]
             for t in tasks:
                 t.cancel()
