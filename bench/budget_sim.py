@@ -38,6 +38,8 @@ class SimOutcome:
         completed: requests completed (all of them: none is aborted).
         closed_at: simulated time (s) at which the budget closed (no further dispatch).
         ended_at: simulated time (s) at which the last request finished.
+        in_flight_mean: requests in flight on average (time-weighted) from the first calibrated
+            completion until the budget closed: how much of ``concurrency`` the budget let run.
     """
 
     used: int
@@ -45,6 +47,8 @@ class SimOutcome:
     completed: int
     closed_at: float
     ended_at: float
+    in_flight_mean: float = 0.0
+    in_flight_peak: int = 0
 
     @property
     def ratio(self) -> float:
@@ -80,6 +84,9 @@ def simulate(*, concurrency: int, budget: int, seed: int, mean: int = 2000, max_
     closed_at: float | None = None
     completed = 0
     progress: dict[int, _Progress] = {}
+    area = 0.0  # integral of in-flight requests over time, from calibration until the budget closed
+    area_from: float | None = None
+    peak = 0
 
     def length() -> int:
         n = 8 + int(rng.expovariate(1.0 / (mean - 8)))
@@ -107,12 +114,20 @@ def simulate(*, concurrency: int, budget: int, seed: int, mean: int = 2000, max_
                 heapq.heappush(heap, (now + latency_s + ln / tokens_per_s, seq, ln, now, r))
                 progress[seq] = _Progress()
                 db.track(r, progress[seq])
+        if area_from is not None:
+            peak = max(peak, len(heap))
         if not heap:
             break
         finish, sq, ln, _st, r = heapq.heappop(heap)
+        if area_from is not None and closed_at is None:
+            area += len(heap) * (finish - now) + (finish - now)
         del progress[sq]
         now = finish
+        if area_from is None and completed + 1 >= calibrate_after:
+            area_from = now
         db.settle(r, 0, ln, None, None)  # type: ignore[arg-type]
         completed += 1
     assert db.tokens.reserved == 0
-    return SimOutcome(int(db.tokens.used), budget, completed, closed_at if closed_at is not None else now, now)
+    end = closed_at if closed_at is not None else now
+    span = end - area_from if area_from is not None else 0.0
+    return SimOutcome(int(db.tokens.used), budget, completed, end, now, area / span if span > 0 else 0.0, peak)

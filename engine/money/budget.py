@@ -21,18 +21,13 @@ from typing import Any
 
 from engine.errors import DatagenError
 from engine.money.estimator import UCB_Z, CompletionEstimator, km_quantile  # noqa: F401 - re-exported
-from engine.money.overrun import OVERRUN_PERCENTILE, OverrunTracker
+from engine.money.overrun import OverrunTracker
 from engine.money.prices import Prices  # re-exported: callers price reservations with it
 
 HARD_CAP_PROMPT_FACTOR = 4
 """``hard_cap`` reserves the prompt at this multiple of its estimate (characters / 4 + 4 per
 message), i.e. up to one token per character, where prompt tokens count (``budget_counts = "total"``,
 dollar caps)."""
-
-
-END_SPAN = 50
-"""Near the end of a budget (less than ``END_SPAN x max_tokens`` left: one stream could pass it by
-2%), a stream's hold grows at the reservation percentile instead of :data:`OVERRUN_PERCENTILE`."""
 
 
 class BudgetExceeded(DatagenError):
@@ -87,16 +82,20 @@ class Budget:
         """True when unlimited or ``used + reserved + amount <= limit``."""
         return self.limit is None or self.used + self._reserved + amount <= self.limit
 
-    def reserve(self, amount: float) -> Reservation:
+    def reserve(self, amount: float, hold: float = 0.0) -> Reservation:
         """Hold ``amount`` units for a request about to be sent.
+
+        ``hold``: what the streams in flight are expected to take beyond their reservations (units;
+        negative when they reserved more than expected, see :mod:`engine.money.overrun`), counted
+        in the check as :meth:`can_reserve` ``(amount + hold)``.
 
         Raises:
             ValueError: negative or NaN ``amount``.
-            BudgetExceeded: :meth:`can_reserve` is False.
+            BudgetExceeded: :meth:`can_reserve` is False for ``amount + hold``.
         """
         if not amount >= 0:
             raise ValueError(f"amount must be >= 0, got {amount!r}")
-        if not self.can_reserve(amount):
+        if not self.can_reserve(amount + hold):
             raise BudgetExceeded(
                 f"cannot reserve {amount:g}: used {self.used:g} + reserved {self._reserved:g} "
                 f"> limit {self.limit:g}"
@@ -199,8 +198,8 @@ class DatasetBudgets:
             in flight near the end (see ``bench/b9_hard_cap.py`` for the throughput cost).
 
     Without ``hard_cap``, the reservation of a stream still running grows with its progress
-    (:mod:`engine.money.overrun`): after :meth:`track` and each :meth:`refresh`, a stream whose
-    conditional upper quartile exceeds what it reserved holds the difference too.
+    (:mod:`engine.money.overrun`): after :meth:`track` and each :meth:`refresh`, the streams in flight
+    hold their expected final lengths plus a noise margin instead of what they reserved at dispatch.
     """
 
     def __init__(self, max_tokens: Mapping[str, int], *, token_budget: int | None = None,
@@ -217,6 +216,7 @@ class DatasetBudgets:
         self.counts_total = counts_total
         self.hard_cap = hard_cap
         self.overrun = OverrunTracker()
+        self._open_order: dict[str, dict[int, None]] = {cls: {} for cls in max_tokens}  # dispatch order of each open request
         self._reason = ""
 
     def _estimator(self, cls: str) -> CompletionEstimator:
@@ -262,8 +262,10 @@ class DatasetBudgets:
         if not (self.tokens.can_reserve(tok + over_tok) and self.cost.can_reserve(cost + over_usd)
                 and self.run_cost.can_reserve(cost + over_usd)):
             return None
-        return Reservations(cls, est_prompt_tokens, expected, self.tokens.reserve(tok),
-                            self.cost.reserve(cost), self.run_cost.reserve(cost))
+        r = Reservations(cls, est_prompt_tokens, expected, self.tokens.reserve(tok, over_tok),
+                         self.cost.reserve(cost, over_usd), self.run_cost.reserve(cost, over_usd))
+        self._open_order[cls][r.tokens.rid] = None
+        return r
 
     def _check_open(self, r: Reservations) -> None:
         if not (self.tokens.is_open(r.tokens) and self.cost.is_open(r.cost)
@@ -285,8 +287,9 @@ class DatasetBudgets:
             cost_usd = prices.cost(prompt_tokens, completion_tokens) if prices is not None else 0.0
         if not cost_usd >= 0:
             raise ValueError(f"cost_usd must be >= 0, got {cost_usd!r}")
-        self._estimator(r.cls).observe(completion_tokens)
-        self.overrun.close(r.tokens.rid)
+        self._estimator(r.cls).observe(completion_tokens, r.tokens.rid)
+        self._open_order[r.cls].pop(r.tokens.rid, None)
+        self.overrun.close(r.tokens.rid, completion_tokens)
         self.tokens.settle(r.tokens, completion_tokens + (prompt_tokens if self.counts_total else 0))
         self.cost.settle(r.cost, cost_usd)
         self.run_cost.settle(r.run_cost, cost_usd)
@@ -302,7 +305,10 @@ class DatasetBudgets:
         self._check_open(r)
         if not (tokens_spent >= 0 and cost_spent >= 0):
             raise ValueError("spent amounts must be >= 0")
-        self.overrun.close(r.tokens.rid)
+        self._open_order[r.cls].pop(r.tokens.rid, None)
+        streamed = tokens_spent - (r.est_prompt_tokens if self.counts_total else 0)
+        self._estimator(r.cls).observe_cut(streamed, r.tokens.rid)
+        self.overrun.close(r.tokens.rid, streamed)
         self.tokens.release(r.tokens, tokens_spent)
         self.cost.release(r.cost, cost_spent)
         self.run_cost.release(r.run_cost, cost_spent)
@@ -315,27 +321,16 @@ class DatasetBudgets:
             self.overrun.track(r.tokens.rid, r.cls, r.expected_completion_tokens, progress)
 
     def refresh(self, prices: Prices | None = None) -> int:
-        """Recompute the overrun of the tracked streams from their progress and each class's
-        estimator (call after :meth:`CompletionEstimator.set_censored`). Returns it (tokens).
-
-        The conditional quantile is :data:`OVERRUN_PERCENTILE`, or the class's reservation
-        percentile near the end of a budget: when what is left of it is under :data:`END_SPAN` x
-        the class's ``max_tokens`` (in dollars at ``prices``' completion price, for the cost caps),
-        one stream running to ``max_tokens`` could pass it by more than ``1 / END_SPAN`` of it."""
+        """Recompute the hold of the tracked streams (:mod:`engine.money.overrun`) from their progress
+        and each class's length distribution (call after :meth:`CompletionEstimator.set_censored`).
+        Returns it (tokens, may be negative: the dispatch-time percentiles reserved more than the
+        streams are expected to take). ``prices`` is unused (kept for the callers' signature)."""
+        for cls, est in self.estimators.items():
+            est.set_oldest_in_flight(next(iter(self._open_order[cls]), None))
         if not len(self.overrun):
             return 0
-        level = {cls: (est.reservation_percentile() if self._near_end(est.max_tokens, prices) else OVERRUN_PERCENTILE)
-                 for cls, est in self.estimators.items()}
-        return self.overrun.refresh(lambda cls, got: self.estimators[cls].conditional(got, level[cls]))
-
-    def _near_end(self, max_tokens: int, prices: Prices | None) -> bool:
-        t = self.tokens
-        if t.limit is not None and t.limit - t.used < END_SPAN * max_tokens:
-            return True
-        if prices is None:
-            return False
-        span = END_SPAN * max_tokens * prices.completion_usd_per_token
-        return any(b.limit is not None and b.limit - b.used < span for b in (self.cost, self.run_cost))
+        return self.overrun.refresh(lambda cls, got: self.estimators[cls].moments(got),
+                                    lambda cls: self.estimators[cls].mean_relative_error())
 
     def budget_met(self, cls_next: str, prices: Prices | None = None, est_prompt_tokens: int = 0) -> bool:
         """True when this dataset can never dispatch another request of ``cls_next``: a budget's

@@ -10,13 +10,12 @@ Per stream, with ``r`` the completion tokens received so far and ``P`` its promp
   abort now if it stops generating when the client disconnects (a lower bound of the bill).
 - ``expected_usd`` = ``price_prompt * P + price_completion * E[min(L, max_tokens) | L > r]``: what
   the stream costs when it completes, which is also what an abort costs on providers that keep
-  generating after a disconnect (they bill the whole completion). The remaining length is modelled
-  as exponential (memoryless) with mean ``theta`` = (sum of the completed lengths + sum of the
-  tokens streamed so far by the requests in flight) / completed requests of the same dataset and
-  class: the maximum-likelihood mean with in-flight streams as right-censored observations, so the
-  first (short) completions do not make the long streams still in flight look cheap. Then
-  ``E = r + theta * (1 - exp(-(max_tokens - r) / theta))``. Exponential lengths are what the
-  simulator generates; for lighter-tailed real lengths the figure errs high (an upper estimate).
+  generating after a disconnect (they bill the whole completion). The length distribution is
+  :class:`engine.metrics.lengths.LengthDistribution`: Kaplan-Meier over the completed lengths with
+  the requests in flight as right-censored observations (so the first, short completions do not
+  make the long streams still in flight look cheap), with an exponential tail beyond the longest
+  completed length whose mean ``theta`` is the censored maximum-likelihood one (sum of completed
+  lengths + sum of tokens streamed so far by the requests in flight, over completed requests).
   While nothing has completed the answer is ``max_tokens`` (an upper bound).
 
 Spend of aborted or failed attempts plays no part (it was the source of estimates that grew after
@@ -35,9 +34,10 @@ pooled over every provider's observations (else the prior).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
+
+from engine.metrics.lengths import LengthDistribution
 
 MIN_ABORT_OBSERVATIONS = 5
 """Billed aborted streams of a provider before its observed share replaces the prior."""
@@ -88,25 +88,20 @@ class LengthModel:
         censored: tokens streamed so far by that dataset+class's requests in flight.
         max_tokens: the class's ``max_tokens`` (tokens, >= 1): the answer while nothing completed,
             and the cap of every answer.
+
+    The distribution is :class:`engine.metrics.lengths.LengthDistribution` (Kaplan-Meier with the
+    in-flight streams as censored lengths, an exponential tail beyond the longest finished one).
     """
 
     def __init__(self, observed: Iterable[float], censored: Iterable[float], max_tokens: int) -> None:
-        obs = list(observed)
         self.max_tokens = int(max_tokens)
-        #: the mean completion length (tokens), censoring accounted for; None before any completion.
-        self.theta: float | None = (sum(obs) + sum(max(0.0, c) for c in censored)) / len(obs) if obs else None
+        self.dist = LengthDistribution(sorted(observed), sorted(max(0.0, c) for c in censored), self.max_tokens)
+        #: the exponential tail's mean (tokens), censoring accounted for; None before any completion.
+        self.theta: float | None = self.dist.theta
 
     def expected_total(self, received: float) -> float:
         """``E[min(L, max_tokens) | L > received]`` (tokens), at least ``received``."""
-        r = max(0.0, float(received))
-        m = float(self.max_tokens)
-        if r >= m:
-            return r
-        if self.theta is None:
-            return m
-        if self.theta <= 0:
-            return r
-        return r + self.theta * -math.expm1(-(m - r) / self.theta)
+        return self.dist.expected_total(received)
 
 
 def stream_cost(prompt_tokens: float, received: float, model: LengthModel, prompt_usd_per_token: float,
@@ -125,7 +120,8 @@ def stream_cost(prompt_tokens: float, received: float, model: LengthModel, promp
 
 def streams_cost(streams: Iterable[tuple[str, Any, float]], lengths: Callable[[str], list[float]],
                  max_tokens: Callable[[str], int], prompt_usd_per_token: float, completion_usd_per_token: float,
-                 share_for: Callable[[str], float | None] = lambda _p: None) -> list[tuple[Any, InFlightCost]]:
+                 share_for: Callable[[str], float | None] = lambda _p: None,
+                 model: Callable[[str, list[float]], Any] | None = None) -> list[tuple[Any, InFlightCost]]:
     """Per stream of one dataset, its progress object and :class:`InFlightCost`.
 
     Args:
@@ -135,12 +131,16 @@ def streams_cost(streams: Iterable[tuple[str, Any, float]], lengths: Callable[[s
         max_tokens: a class's ``max_tokens``.
         prompt_usd_per_token / completion_usd_per_token: prices (USD per token).
         share_for: a provider's observed abort share (:meth:`AbortBilling.share_for`).
+        model: ``model(class, tokens streamed by its streams) -> distribution`` (anything with
+            ``expected_total``), e.g. :meth:`engine.money.spend.SpendControl.length_model`, which has
+            the cut streams too; None: :class:`LengthModel` over ``lengths(class)``.
     """
     streams = list(streams)
     got: dict[str, list[float]] = {}
     for cls, prog, _p in streams:
         got.setdefault(cls, []).append(prog.tokens_received)
-    models = {cls: LengthModel(lengths(cls), r, max_tokens(cls)) for cls, r in got.items()}
+    models = {cls: (model(cls, r) if model is not None else LengthModel(lengths(cls), r, max_tokens(cls)))
+              for cls, r in got.items()}
     return [(prog, stream_cost(p, prog.tokens_received, models[cls], prompt_usd_per_token, completion_usd_per_token,
                                share_for(getattr(prog, "provider", "") or "")))
             for cls, prog, p in streams]

@@ -63,6 +63,9 @@ class DatasetProjection:
         cap_usd: the dollar figure the cost was clamped at (USD), None when no dollar cap bound it.
         uncapped_cost_usd: the projected cost before any dollar clamp (USD; None when unknown): what
             the work would cost, compared with the cap by the calibration gate and ``over_cap``.
+        floor_usd: what is spent plus what the streams in flight are expected to cost (USD; None
+            when the price is unknown): no projection or clamp goes below it.
+        eta_tail_s / eta_floor_s: the drain of the last streams (seconds, see :class:`EtaRow`).
     """
 
     tokens_to_come: float
@@ -85,6 +88,9 @@ class DatasetProjection:
     capped_by: str = ""
     cap_usd: float | None = None
     uncapped_cost_usd: float | None = None
+    floor_usd: float | None = None
+    eta_tail_s: float = 0.0
+    eta_floor_s: float = 0.0
 
     @property
     def capped(self) -> bool:
@@ -126,6 +132,10 @@ def project_dataset(
     fallback_mean_tokens: float | None = None,
     prompt_usd_per_request: float = 0.0,
     run_room_usd: float | None = None,
+    in_flight_tokens: float | None = None,
+    tokens_sd: float = 0.0,
+    eta_tail_s: float = 0.0,
+    eta_floor_s: float = 0.0,
 ) -> DatasetProjection:
     """Project one dataset's final tokens, cost and time to finish.
 
@@ -150,6 +160,16 @@ def project_dataset(
         run_room_usd: what the run's dollar cap leaves (USD: its ``max_cost_usd`` less the run's
             spend so far, may be negative after an overshoot); None without a run cap. With
             ``cost_cap``, it clamps the projected costs (:func:`clamp_cost`, ``capped_by``).
+        in_flight_tokens: the expected FINAL completion tokens of the ``in_flight`` streams (tokens:
+            per stream ``E[length | streamed so far]``, censoring accounted for, see
+            :class:`engine.metrics.lengths.LengthDistribution`); None: each counts ``mean``. They are
+            to come whatever the budgets say (nothing of a stream in flight is in ``used_tokens`` or
+            ``cost_so_far`` yet), so the projected cost is never below ``cost_so_far`` plus their
+            cost (``floor_usd``), clamped or not; the token budget binds only the prompts left.
+        tokens_sd: standard deviation of the tokens to come (tokens; the lengths' noise and the
+            mean's own error): once calibrated the range is the point figure +- 1.96 of it (a 95%
+            interval), narrowing as completions arrive.
+        eta_tail_s / eta_floor_s: the drain of the last streams (seconds; see :class:`EtaRow`).
 
     Raises:
         ValueError: negative counts.
@@ -161,24 +181,43 @@ def project_dataset(
     mean = float(mean_completion_tokens) if mean_completion_tokens is not None else float(max_tokens)
     left = prompts_left + in_flight
     room = None if token_budget is None else max(0.0, float(token_budget - used_tokens))
+    flying = None if in_flight_tokens is None else max(0.0, float(in_flight_tokens))
 
     def tokens(per_request: float) -> float:
-        t = left * per_request
-        return t if room is None else min(t, room)
+        if flying is None:
+            t = left * per_request
+            return t if room is None else min(t, room)
+        rest = prompts_left * per_request  # the prompts not sent yet: what the token budget leaves
+        return flying + (rest if room is None else min(rest, max(0.0, room - flying)))
 
     def cost_of(t: float | None, per_request: float) -> float | None:
         if t is None or cost_per_completion_token is None:
             return None
-        requests = min(float(left), t / per_request) if per_request > 0 else float(left)
+        if flying is None:
+            requests = min(float(left), t / per_request) if per_request > 0 else float(left)
+        else:
+            rest = max(0.0, t - flying)
+            requests = in_flight + (min(float(prompts_left), rest / per_request) if per_request > 0 else prompts_left)
         return cost_so_far + t * cost_per_completion_token + requests * max(0.0, prompt_usd_per_request)
 
+    floor = None
+    if cost_per_completion_token is not None:
+        floor = cost_so_far + ((flying or 0.0) * cost_per_completion_token
+                               + (in_flight if flying is not None else 0) * max(0.0, prompt_usd_per_request))
     to_come = tokens(mean)
     cost = cost_of(to_come, mean)
-    budget_bound = room is not None and left * mean > room
+    budget_bound = room is not None and (left * mean > room if flying is None else flying + prompts_left * mean > room)
     if calibrated:
         low: float | None = to_come
         high = to_come
         cost_low, cost_high = cost, cost
+        if tokens_sd > 0 and cost is not None and cost_per_completion_token is not None:
+            half = 1.96 * tokens_sd
+            low = max(flying or 0.0, to_come - half)
+            high = to_come + half if room is None or flying is None else min(to_come + half, max(room, flying))
+            high = max(high, to_come)
+            cost_low = cost - (to_come - low) * cost_per_completion_token
+            cost_high = cost + (high - to_come) * cost_per_completion_token
     else:
         low_mean = mean_completion_tokens if mean_completion_tokens is not None else fallback_mean_tokens
         low_per = min(float(low_mean), float(max_tokens)) if low_mean is not None else None
@@ -192,13 +231,14 @@ def project_dataset(
             cost_low, cost_high = cost_high, cost_low
     caps = [cost_cap, None if run_room_usd is None else cost_so_far + run_room_usd]
     uncapped = cost
-    cost, clamp = clamp_cost(cost, cost_so_far, caps)
-    cost_low = clamp_cost(cost_low, cost_so_far, caps)[0]
-    cost_high, clamp_high = clamp_cost(cost_high, cost_so_far, caps)
+    base = cost_so_far if floor is None else floor
+    cost, clamp = clamp_cost(cost, base, caps)
+    cost_low = clamp_cost(cost_low, base, caps)[0]
+    cost_high, clamp_high = clamp_cost(cost_high, base, caps)
     clamp = clamp if clamp is not None else clamp_high  # while calibrating the high end may bind alone
     capped_by = ""
     if clamp is not None:
-        capped_by = "max_cost_usd" if cost_cap is not None and clamp == max(cost_so_far, cost_cap) else "run max_cost_usd"
+        capped_by = "max_cost_usd" if cost_cap is not None and clamp == max(base, cost_cap) else "run max_cost_usd"
     elif budget_bound:
         capped_by = "token_budget"
     return DatasetProjection(
@@ -222,6 +262,9 @@ def project_dataset(
         capped_by=capped_by,
         cap_usd=clamp,
         uncapped_cost_usd=uncapped,
+        floor_usd=floor,
+        eta_tail_s=max(0.0, eta_tail_s),
+        eta_floor_s=max(0.0, eta_floor_s),
     )
 
 
@@ -284,16 +327,18 @@ def project_run(
         spend_rate_usd_per_h: recent spend rate (USD per hour), reported as is.
         cost_so_far: run spend so far (USD), including finished datasets.
         cost_cap: run-wide cost cap (USD) or None: the projections are clamped at it
-            (:func:`clamp_cost`).
+            (:func:`clamp_cost`), never below what is spent plus the streams in flight (the
+            datasets' ``floor_usd``).
     """
     live = [d for d in datasets if d.tokens_to_come_high > 0 or d.tokens_to_come > 0]
     to_come = sum(d.tokens_to_come for d in datasets)
     uncapped = _sum_cost(cost_so_far, [(d.cost_so_far, d.projected_cost_usd) for d in live if d.tokens_to_come > 0])
     low = _sum_cost(cost_so_far, [(d.cost_so_far, d.cost_low_usd) for d in live])
     high = _sum_cost(cost_so_far, [(d.cost_so_far, d.cost_high_usd) for d in live])
-    cost, clamp = clamp_cost(uncapped, cost_so_far, [cost_cap])
-    low = clamp_cost(low, cost_so_far, [cost_cap])[0]
-    high, clamp_high = clamp_cost(high, cost_so_far, [cost_cap])
+    floor = cost_so_far + sum(d.floor_usd - d.cost_so_far for d in live if d.floor_usd is not None)
+    cost, clamp = clamp_cost(uncapped, floor, [cost_cap])
+    low = clamp_cost(low, floor, [cost_cap])[0]
+    high, clamp_high = clamp_cost(high, floor, [cost_cap])
     clamp = clamp if clamp is not None else clamp_high
     if clamp is None and any(d.capped_by == "run max_cost_usd" for d in live):
         clamp = high if cost is None else cost  # a dataset took what the run's cap leaves: the run is at its cap
@@ -328,7 +373,15 @@ class EtaRow:
         lane: the request class most of its remaining prompts use (its class's dispatcher serves it).
         tokens: tokens still to come (tokens; the projection's point figure).
         tokens_low / tokens_high: the range while calibrating (tokens; ``tokens_low`` None: unknown).
-        tok_per_s: its own recent completion-token rate (tokens per second).
+        tok_per_s: its own recent rate of completion tokens streamed (tokens per second: every
+            stream's tokens as they arrive, not only finished completions').
+        tail_s: how much longer than ``tokens / rate`` its last streams take (seconds): while prompts
+            are left, the drain at the end (the streams in flight then end one by one and the rate
+            falls), ``(x - E[residual]) / v`` with ``x`` the tokens until the longest of them is
+            expected to end and ``v`` one stream's rate
+            (:meth:`engine.metrics.lengths.LengthDistribution.drain_tokens`).
+        floor_s: with no prompt left, when its longest stream in flight is expected to end (seconds):
+            the row never finishes before it.
     """
 
     name: str
@@ -338,12 +391,14 @@ class EtaRow:
     tokens_low: float | None
     tokens_high: float
     tok_per_s: float
+    tail_s: float = 0.0
+    floor_s: float = 0.0
 
     @classmethod
     def of(cls, name: str, state: str, lane: str, proj: DatasetProjection, tok_per_s: float) -> "EtaRow":
         """The row of a dataset from its :class:`DatasetProjection`."""
         return cls(name, state, lane, proj.tokens_to_come, proj.tokens_to_come_low, proj.tokens_to_come_high,
-                   tok_per_s)
+                   tok_per_s, proj.eta_tail_s, proj.eta_floor_s)
 
 
 @dataclass(frozen=True)
@@ -379,7 +434,8 @@ def _finishes(rows: list[EtaRow], tokens: Callable[[EtaRow], float | None]) -> d
         for r in lane_rows:
             t = tokens(r)
             cum = None if cum is None or t is None else cum + max(0.0, t)
-            out[r.name] = None if cum is None else eta_seconds(cum, rate)
+            eta = None if cum is None else eta_seconds(cum, rate)
+            out[r.name] = None if eta is None else max(eta + (r.tail_s if eta > 0 else 0.0), r.floor_s)
     return out
 
 
@@ -400,8 +456,9 @@ def schedule_eta(rows: list[EtaRow], *, blocked: str = "") -> RunEta:
 
     - a lane's rate is the sum of its running datasets' own recent token rates (tokens/s);
     - a row finishes when its lane has done the tokens of the rows before it (config order) and its
-      own, at the lane's rate: ``(tokens before + own tokens) / lane rate`` seconds. A dataset
-      running alone in its class gets exactly its own ``tokens / own rate``;
+      own, at the lane's rate, then its last streams drain: ``(tokens before + own tokens) / lane
+      rate + tail_s`` seconds, never before ``floor_s`` (its longest stream in flight). A dataset
+      running alone in its class gets its own ``tokens / own rate + tail_s``;
     - the run's ETA is the latest finish: the max of the rows' ETAs, so it is never below a row's
       ETA and, with one dataset left, equals it. Paused, finished, skipped and budget-met datasets
       take no part (they do not progress: a paused dataset's work is not in the ETA).

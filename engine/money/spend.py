@@ -13,13 +13,14 @@ what providers bill for aborted streams.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from engine.config import Config
 from engine.money.budget import Budget, DatasetBudgets, Reservations, fmt_usd
 from engine.money.creditsfloor import CreditsFloorReached, CreditsHolds  # noqa: F401 - re-exported
-from engine.money.inflight import AbortBilling
+from engine.money.inflight import AbortBilling, LengthModel
 from engine.money.prices import PriceObserver, Prices
 from engine.money.projection import DatasetProjection, project_dataset
 
@@ -138,8 +139,13 @@ class SpendControl:
     def seed_aborts(self, rows: list[tuple[str, str, str, int, int, float]]) -> None:
         """Bills of streams earlier processes aborted, ``(dataset, class, provider, prompt tokens,
         tokens received, billed USD)`` (:meth:`engine.storage.store.Store.aborted_bills`); priced into
-        :attr:`aborts` once a price is known (:meth:`abort_share`)."""
+        :attr:`aborts` once a price is known (:meth:`abort_share`). The tokens received are cut
+        lengths of their class (:meth:`CompletionEstimator.observe_cut`)."""
         self._abort_rows = list(rows)
+        for ds, cls, _prov, _prompt, got, _billed in rows:
+            est = self.budgets[ds].estimators.get(cls) if ds in self.budgets else None
+            if est is not None:
+                est.observe_cut(got)
 
     def abort_share(self, provider: str) -> float | None:
         """The observed share of a dropped stream's rest that ``provider`` bills
@@ -250,6 +256,20 @@ class SpendControl:
         if dataset in self.dataset_usd:
             self.add_partial(dataset, usd, tokens=tokens)  # counts it in lost_usd too (once)
 
+    def true_up_lost(self, dataset: str, delta_usd: float) -> None:
+        """Replace an estimated bill of an attempt that produced no result (a cut stream's, a failed
+        attempt's) by the billed figure: add ``delta_usd`` = billed - estimated (USD; may be
+        negative) to the dataset's lost spend, its dollars, the caps and this process's spend.
+        ``used`` never drops below 0."""
+        if dataset not in self.dataset_usd:
+            return
+        b = self.budgets[dataset]
+        for budget in (b.cost, self.run_cost):
+            budget.used = max(0.0, budget.used + delta_usd)
+        self.spent_since_start += delta_usd
+        self.lost_usd[dataset] += delta_usd
+        self.dataset_usd[dataset] += delta_usd
+
     def correct(self, dataset: str, prompt_tokens: int, completion_tokens: int, cost_usd: float) -> None:
         """Correct a settled result's figures by the given differences (tokens, USD; may be negative),
         e.g. when a ``/generation`` true-up replaces counted or estimated usage: the budgets then hold
@@ -310,6 +330,15 @@ class SpendControl:
                 out += est.recent_lengths()
         return out
 
+    def length_model(self, dataset: str, cls: str, in_flight: list[float]) -> Any:
+        """The length distribution of ``dataset``'s class ``cls`` with ``in_flight`` (tokens streamed
+        so far by its requests in flight) as censored lengths, cut streams included
+        (:meth:`CompletionEstimator.lengths_with`); before this dataset has a completion of the class,
+        the class's lengths over every dataset (:class:`engine.money.inflight.LengthModel`)."""
+        est = self.budgets[dataset].estimators[cls]
+        dist = est.lengths_with(in_flight)
+        return dist if dist is not None else LengthModel(self.observed_lengths(dataset, cls), in_flight, est.max_tokens)
+
     def reserved_tokens(self, dataset: str) -> int:
         """Tokens reserved by the dataset's in-flight requests."""
         return int(self.budgets[dataset].tokens.reserved)
@@ -351,9 +380,17 @@ class SpendControl:
                 completion_tokens: int, recent_tok_per_s: float, since_start_tok_per_s: float,
                 fallback_mean_tokens: float | None = None, mean_prompt_tokens: float = 0.0,
                 pending_by_class: Mapping[str, int] | None = None,
-                run_room_usd: float | None = None) -> DatasetProjection:
+                run_room_usd: float | None = None, stream_tok_per_s: float = 0.0) -> DatasetProjection:
         """Project the dataset's final tokens, cost and ETA (see :func:`engine.money.projection.project_dataset`;
         calibrated after ``spend.calibrate_after`` completions, a range before).
+
+        Lengths come from each class's :meth:`CompletionEstimator.lengths`: finished completions AND
+        the streams in flight (censored at what they streamed, as last given by
+        :meth:`CompletionEstimator.set_censored`), so the first, short completions do not make the
+        rest look cheap. The streams in flight count at their expected final lengths, the prompts
+        left at each class's mean; ``tokens_sd`` combines the lengths' own noise with the error of
+        the estimated means. ``stream_tok_per_s`` (one stream's rate, tokens per second; 0: unknown)
+        turns the drain of the last streams into the ETA's ``eta_tail_s`` / ``eta_floor_s``.
 
         The rest is priced at :meth:`prices` (observed from billed results, else ``[pricing]`` or
         ``/models``; the fit over whatever results were seen when none of those is known), never
@@ -366,8 +403,11 @@ class SpendControl:
         ``run_room_usd``: what the run's dollar cap leaves (USD; None: no run cap): with the
         dataset's own ``max_cost_usd`` it clamps the projected costs (``capped_by``)."""
         b = self.budgets[dataset]
-        means = [m for e in b.estimators.values() if (m := e.mean()) is not None]
-        mean = (sum(means) / len(means)) if means else None
+        fig = _length_figures(b.estimators, pending_by_class, prompts_left, stream_tok_per_s)
+        mean = fig.mean
+        if mean is None:
+            means = [m for e in b.estimators.values() if (m := e.mean()) is not None]
+            mean = (sum(means) / len(means)) if means else None
         budget = b.tokens.limit
         p = self.prices() or self.observer.fitted()
         return project_dataset(
@@ -379,8 +419,79 @@ class SpendControl:
             observed=sum(e.count for e in b.estimators.values()), calibrate_after=self.cfg.spend.calibrate_after,
             fallback_mean_tokens=fallback_mean_tokens,
             prompt_usd_per_request=(p.prompt_usd_per_token * mean_prompt_tokens) if p else 0.0,
-            run_room_usd=run_room_usd,
+            run_room_usd=run_room_usd, in_flight_tokens=_flying(fig, in_flight, mean, b.estimators, pending_by_class),
+            tokens_sd=fig.sd, eta_tail_s=fig.tail_s, eta_floor_s=fig.floor_s,
         )
+
+
+def _flying(fig: "_LengthFigures", in_flight: int, mean: float | None, estimators: Mapping[str, Any],
+            pending_by_class: Mapping[str, int] | None) -> float | None:
+    """Expected final tokens of ``in_flight`` streams: the censored figure of those the estimators
+    were last told of, ``mean`` (else the classes' ``max_tokens``) for any dispatched since; None
+    when none is known (the projection then counts ``mean`` per stream)."""
+    if not in_flight or not fig.streams:
+        return None
+    per = mean if mean is not None else _weighted_max_tokens(estimators, pending_by_class)
+    return fig.in_flight_tokens + max(0, in_flight - fig.streams) * per
+
+
+@dataclass(frozen=True)
+class _LengthFigures:
+    mean: float | None  # tokens per prompt left (classes weighted by what is left of each)
+    in_flight_tokens: float  # expected final tokens of the streams in flight the estimators know of
+    streams: int  # how many those are
+    sd: float  # of the tokens to come
+    tail_s: float
+    floor_s: float
+
+
+def _length_figures(estimators: Mapping[str, Any], pending_by_class: Mapping[str, int] | None, prompts_left: int,
+                    stream_tok_per_s: float) -> _LengthFigures:
+    """A dataset's length figures from its classes' censored length distributions (see :meth:`SpendControl.project`)."""
+    pending = {c: n for c, n in (pending_by_class or {}).items() if n > 0 and c in estimators}
+    weights = pending or {c: 1 for c in estimators}
+    total_w = sum(weights.values())
+    mean_sum = 0.0
+    known = True
+    flying = 0.0
+    var = 0.0
+    tail_s = floor_s = 0.0
+    for cls, est in estimators.items():
+        dist = est.lengths() if est.count else None
+        if dist is None or not dist.known:
+            known = known and cls not in weights
+            flying += len(est.censored) * est.max_tokens
+            continue
+        m = dist.mean()
+        mean_sum += weights.get(cls, 0) * m
+        left = pending.get(cls, 0)
+        rem_sum = 0.0
+        for r in est.censored:
+            e, v = dist.remaining_moments(r)
+            flying += r + e
+            rem_sum += e
+            var += v
+        se = dist.mean_standard_error()
+        var += left * dist.variance() + (left * se) ** 2 + (rem_sum * se / m if m > 0 else 0.0) ** 2
+        if stream_tok_per_s > 0 and est.censored:
+            if left > 0:
+                x = dist.drain_tokens([], steady=len(est.censored))
+                tail_s = max(tail_s, (x - _mean_residual(dist)) / stream_tok_per_s)
+            else:
+                floor_s = max(floor_s, dist.drain_tokens(est.censored) / stream_tok_per_s)
+    mean = mean_sum / total_w if known and total_w else None
+    streams = sum(len(e.censored) for e in estimators.values())
+    return _LengthFigures(mean, flying, streams, math.sqrt(var), max(0.0, tail_s), floor_s)
+
+
+def _mean_residual(dist: Any) -> float:
+    """Mean remaining length of a stream caught at a random moment of its life (tokens):
+    ``E[L^2] / (2 E[L])`` of the capped lengths (the equilibrium residual of a renewal process)."""
+    m = dist.mean()
+    if m <= 0:
+        return 0.0
+    second = dist.variance() + m * m
+    return second / (2.0 * m)
 
 
 def _weighted_max_tokens(estimators: Mapping[str, Any], pending_by_class: Mapping[str, int] | None) -> float:

@@ -154,7 +154,7 @@ async def run_request(host: AttemptHost, rt: "DatasetRuntime", p: "PendingPrompt
     """Run prompt ``p``'s request ``req`` to one outcome (see the module docstring), holding one slot
     of ``lim`` and the budget reservation ``res`` until then; the caller applies the outcome (and,
     for an :class:`Aborted` that was ``cancelled``, lets the cancellation go on)."""
-    progress = StreamProgress()
+    progress = StreamProgress(rt.chars_per_token)
     spent = Spent()
     at = AttemptClock(p.attempts, started=time.time())
     rt.streams[p.id] = (p.cls, progress, p.est_prompt_tokens)

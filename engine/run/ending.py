@@ -76,7 +76,8 @@ class RunEnding:
             out += streams_cost(
                 rt.streams.values(), functools.partial(self.spend.observed_lengths, rt.name),
                 lambda cls: self.cfg.classes[cls].max_tokens, prices.prompt_usd_per_token,
-                prices.completion_usd_per_token, self.spend.abort_share)
+                prices.completion_usd_per_token, self.spend.abort_share,
+                model=functools.partial(self.spend.length_model, rt.name))
         return out
 
     # ---- commands ---------------------------------------------------------------------------

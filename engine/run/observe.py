@@ -215,6 +215,7 @@ def build_snapshot(sched: "RunView") -> RunSnapshot:
             since_start_tok_per_s=rt.tok_rate.rate_since_start(now), fallback_mean_tokens=run_mean,
             mean_prompt_tokens=(rt.prompt_tokens / rt.done) if rt.done else run_prompt,
             pending_by_class=rt.pending, run_room_usd=run_room,
+            stream_tok_per_s=rt.tok_rate.rate(now) / rt.in_flight if rt.in_flight else 0.0,
         )
         projections.append(proj)
         state = stopping_state(rt.state(run.paused), run.phase, rt.in_flight)

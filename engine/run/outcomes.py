@@ -125,7 +125,8 @@ class Outcomes:
         rt.completion_tokens += u.completion_tokens
         rt.reasoning_tokens += u.reasoning_tokens
         rt.rate.add(now)
-        rt.tok_rate.add(now, u.completion_tokens)
+        rt.chars_per_token.observe(len(c.reasoning) + len(c.content) + sum(len(t.arguments) for t in c.tool_calls),
+                                   u.completion_tokens)
         self.run.rate.add(now)
         last = p.messages[-1].get("content") if p.messages else ""
         guards.apply(self.pausable, guards.anomaly(rt, self.telemetry.on_success(

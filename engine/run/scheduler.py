@@ -385,11 +385,18 @@ class Scheduler:
 
     def _censor(self, rt: DatasetRuntime) -> None:
         by_cls: dict[str, list[float]] = {c: [] for c in self.cfg.classes}
+        streamed = 0.0
         for cls, prog, _est in rt.streams.values():
-            by_cls[cls].append(prog.tokens_received)
+            got = prog.tokens_received
+            by_cls[cls].append(got)
+            streamed += got
         for cls, vals in by_cls.items():
             self.spend.budgets[rt.name].estimators[cls].set_censored(vals)
         self.spend.refresh(rt.name)
+        now = self.clock()
+        delta = rt.note_streamed(now, streamed)  # the rates count tokens as they stream
+        if delta:
+            self.telemetry.tok_rate.add(now, delta)
 
     # ---- control (used by engine.run.controller) ----------------------------------------------
     def pause_all(self, reason: str, kind: PauseKind | str = PauseKind.USER) -> None:

@@ -55,6 +55,8 @@ class Telemetry:
         self.validation: dict[str, str] = {}
         self.loop_lag_ms = 0.0
         self.req_rate = RateWindow(60)
+        #: completion tokens streamed per second over the run (the datasets' streamed tokens, see
+        #: :meth:`engine.run.runstate.DatasetRuntime.note_streamed`)
         self.tok_rate = RateWindow(180)
         self.usd_rate = RateWindow(SPEND_WINDOW_S)
         self._last_history = -HISTORY_EVERY_S
@@ -125,7 +127,6 @@ class Telemetry:
                       else self.anomaly.resolve(dataset, seq, False))
         self.samples[dataset] = (key, prompt_tail, c)
         self.req_rate.add(now)
-        self.tok_rate.add(now, u.completion_tokens)
         if u.cost_usd:
             self.usd_rate.add(now, u.cost_usd)
         return reason

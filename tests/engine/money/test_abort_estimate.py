@@ -151,9 +151,12 @@ async def test_abort_estimate_follows_each_providers_observed_billing(tmp_path, 
           f"${c.expected_usd:.4f}, est. abort ${c.abort_usd:.4f}; billed ${billed:.4f} ({len(rows)} aborted)\n"
           f"basis: {holder['basis']}")
     if "SimA" in providers:
-        assert obs["SimA"][1] is not None and obs["SimA"][1] <= 0.1  # stops billing at the disconnect
-    # keeps billing; under 1 here: the client counts received tokens as characters / 4 (an estimate)
-    assert obs["SimC"][1] is not None and obs["SimC"][1] >= 0.3
+        # stops billing at the disconnect: what it bills beyond what we read is what it had generated
+        # and sent but the client had not read yet (socket buffers, the workers' 100 ms progress batches):
+        # measured 0.21 here at 500 tokens/s per stream, once tokens are counted at the run's own
+        # characters per token (at characters / 4, 1.4x the count, it read 0)
+        assert obs["SimA"][1] is not None and obs["SimA"][1] <= 0.35
+    assert obs["SimC"][1] is not None and obs["SimC"][1] >= 0.6  # keeps billing: the rest, in full
     assert holder["basis"].startswith("from the billing of ")
     st = holder["status"]
     assert st["abort_cost_basis"].startswith("from the billing of ")
@@ -163,7 +166,9 @@ async def test_abort_estimate_follows_each_providers_observed_billing(tmp_path, 
     assert abs(c.abort_usd - billed) <= 0.25 * billed, (c.abort_usd, billed)  # stated tolerance: 25%
     assert c.generated_usd < billed  # what was generated under-states the bill
     if "SimA" in providers:
-        assert c.expected_usd > 1.3 * billed  # the old figure (billed in full) over-states this mix
+        # the old figure (billed in full) over-states this mix: 1.17x measured (1.3x+ while tokens were
+        # counted as characters / 4, which over-counted what every stream had streamed)
+        assert c.expected_usd > 1.1 * billed
 
 
 async def test_abort_estimate_after_a_restart_uses_the_earlier_processes_bills(tmp_path):
