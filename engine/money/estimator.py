@@ -247,6 +247,11 @@ class CompletionEstimator:
         return d.mean_standard_error() / mean if mean > 0 else 1.0
 
     @property
+    def censored_set(self) -> bool:
+        """True once :meth:`set_censored` was called."""
+        return self._censored_count is not None
+
+    @property
     def censored(self) -> list[float]:
         """Tokens streamed so far by the requests in flight, as last given to :meth:`set_censored`
         (tokens, sorted; the list itself: do not change it)."""

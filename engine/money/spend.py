@@ -331,12 +331,13 @@ class SpendControl:
         return out
 
     def length_model(self, dataset: str, cls: str, in_flight: list[float]) -> Any:
-        """The length distribution of ``dataset``'s class ``cls`` with ``in_flight`` (tokens streamed
-        so far by its requests in flight) as censored lengths, cut streams included
-        (:meth:`CompletionEstimator.lengths_with`); before this dataset has a completion of the class,
-        the class's lengths over every dataset (:class:`engine.money.inflight.LengthModel`)."""
+        """The length distribution of ``dataset``'s class ``cls``: :meth:`CompletionEstimator.lengths`
+        (its streams in flight censored as the scheduler last gave them, at most a tick old, and the cut
+        streams), else, before any ``set_censored``, :meth:`CompletionEstimator.lengths_with` ``in_flight``
+        (tokens streamed so far by its requests in flight); before this dataset has a completion of the
+        class, the class's lengths over every dataset (:class:`engine.money.inflight.LengthModel`)."""
         est = self.budgets[dataset].estimators[cls]
-        dist = est.lengths_with(in_flight)
+        dist = est.lengths() if est.count and est.censored_set else est.lengths_with(in_flight)
         return dist if dist is not None else LengthModel(self.observed_lengths(dataset, cls), in_flight, est.max_tokens)
 
     def reserved_tokens(self, dataset: str) -> int:
