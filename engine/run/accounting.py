@@ -24,6 +24,7 @@ from engine.money.usage import (
 
 if TYPE_CHECKING:
     from engine.client.types import Completion
+    from engine.money.inflight import InFlightCost
     from engine.money.spend import SpendControl
     from engine.run.runstate import DatasetRuntime
     from engine.run.seams import GetJsonFn, Reconstructor
@@ -47,6 +48,7 @@ class Accounting:
 
     Attributes:
         trueups: the ``/generation`` reads in progress (the run waits for them before it ends).
+        settled / settled_usd: estimated bills trued up so far, and the sum of their corrections (USD).
     """
 
     def __init__(self, spend: "SpendControl", telemetry: "Telemetry", writer: "StoreWriter",
@@ -59,38 +61,98 @@ class Accounting:
         self.get_json = get_json
         self.recon = recon
         self.trueups: set[asyncio.Task] = set()
+        #: estimated bills of attempts without a result, awaiting their ``/generation`` true-up: made by
+        #: this process (cut streams, failed attempts) or read from the store (:meth:`trueup_stored`)
+        self.estimated = 0
+        #: true-ups of estimated bills that landed, and what they changed (USD: billed - estimated)
+        self.settled = 0
+        self.settled_usd = 0.0
 
     def partial_spend(self, rt: "DatasetRuntime", err_or_progress: Any, est_prompt_tokens: int,
-                      provider: str | None = None) -> tuple[int, float]:
-        """Tokens/USD a failed or aborted attempt may have been billed (a lower bound): the cost the
-        error or stream reported; else 0 now and a true-up from ``/generation`` when its generation
-        id is known; else the estimate at the best known prices."""
+                      provider: str | None = None, cut: "InFlightCost | None" = None) -> tuple[int, float, bool]:
+        """Tokens, USD and whether the USD is an estimate awaiting its true-up, of a failed or aborted
+        attempt that produced no result:
+
+        - the cost the error or stream reported (billed);
+        - else, with a generation id and ``/generation``: an estimate now, replaced by the billed
+          figure when ``/generation`` answers (:meth:`_trueup`): for a cut stream (``cut``, its figures
+          at the cut) its estimated bill (``abort_usd``: what was generated plus its provider's
+          observed share of the rest, in full before any observation), for an error what was generated;
+        - else what was generated at the best known prices (a lower bound; for a cut stream with no
+          generation id, its estimated bill once its provider's billing was observed).
+        """
         tokens = int(getattr(err_or_progress, "tokens_received", 0) or 0)
         gid = getattr(err_or_progress, "generation_id", "") or ""
         cost = getattr(err_or_progress, "partial_cost_usd", None)
         if cost is None:
             cost = getattr(err_or_progress, "cost_usd", None)
         if cost is not None:
-            return tokens, float(cost)
+            return tokens, float(cost), False
+        generated = self.spend.estimate_cost(est_prompt_tokens if tokens else 0, tokens)
         if gid and self.get_json is not None:
-            self._trueup(rt, gid, provider)
-            return tokens, 0.0
-        return tokens, self.spend.estimate_cost(est_prompt_tokens if tokens else 0, tokens)
+            est = cut.abort_usd if cut is not None else generated
+            self.estimated += 1
+            self._trueup(rt.name, gid, est, provider)
+            return tokens, est, True
+        if cut is not None and cut.abort_observed:  # a learned share; before any bill: the lower bound
+            return tokens, max(generated, cut.abort_usd), False
+        return tokens, generated, False
 
-    def _trueup(self, rt: "DatasetRuntime", gid: str, provider: str | None = None) -> None:
+    def _trueup(self, dataset: str, gid: str, estimate_usd: float, provider: str | None = None,
+                taught: "tuple[float, float] | None" = None, first_wait_s: float = 1.0, tries: int = 5,
+                gate: "asyncio.Semaphore | None" = None) -> None:
+        """Replace the estimated bill ``estimate_usd`` (USD) of an attempt that produced no result by
+        what ``/generation`` says it was billed: the spend ledger, the telemetry and the attempt row
+        (``cost_source`` ``generation``) take the difference. Unanswered, the estimate stays (the
+        next start tries again, :meth:`trueup_stored`). ``taught``: the stream's ``(generated,
+        expected)`` USD, which teach its provider's abort billing (this process's aborts were noted
+        at the abort instead)."""
         from engine.money.credits import generation_cost
 
         async def run() -> None:
-            cost = await generation_cost(self.get_json, gid)
-            if cost:
+            if gate is not None:
+                async with gate:
+                    cost = await generation_cost(self.get_json, gid, tries=tries, first_wait_s=first_wait_s)
+            else:
+                cost = await generation_cost(self.get_json, gid, tries=tries, first_wait_s=first_wait_s)
+            if cost is None:
+                return
+            if taught is not None:
+                self.spend.aborts.add(provider or "", taught[0], taught[1], cost)
+            else:
                 self.spend.aborts.billed(gid, cost)
-                self.spend.add_partial(rt.name, cost)
-                self.telemetry.on_cost(provider, cost, self.clock())
-                self.writer.set_attempt_cost(gid, cost)
+            delta = cost - estimate_usd
+            self.spend.true_up_lost(dataset, delta)
+            if delta > 0:
+                self.telemetry.on_cost(provider, delta, self.clock())
+            elif delta < 0:  # the estimate was high: the provider's figure comes down (the rate keeps what it saw)
+                self.telemetry.providers.record_cost(provider or None, delta)
+            self.writer.set_attempt_cost(gid, cost)
+            self.settled_usd += delta
+            self.settled += 1
 
-        self._track(asyncio.get_running_loop().create_task(run()))
+        self.track(asyncio.get_running_loop().create_task(run()))
 
-    def _track(self, t: asyncio.Task) -> None:
+    def trueup_stored(self, rows: list[tuple[str, str, str, str, int, int, float]],
+                      cut_costs: Callable[[str, list[tuple[str, str, int, int]]], list["InFlightCost"]],
+                      concurrency: int = 16) -> int:
+        """True up the estimated bills the store holds (:meth:`engine.storage.store.Store.estimated_attempts`:
+        streams cut by a kill of an earlier process, or whose ``/generation`` had not answered when
+        their process ended), ``concurrency`` reads at a time, in the background (tracked in
+        :attr:`trueups`). ``cut_costs``: :meth:`engine.run.ending.RunEnding.cut_costs`, whose
+        generated and expected figures teach each provider's abort billing. Returns how many were started."""
+        if self.get_json is None or not rows:
+            return 0
+        gate = asyncio.Semaphore(max(1, concurrency))
+        self.estimated += len(rows)
+        for ds, cls, provider, gid, prompt, tokens, usd in rows:
+            c = cut_costs(ds, [(cls, provider, prompt, tokens)])[0]
+            self._trueup(ds, gid, float(usd or 0.0), provider, taught=(c.generated_usd, c.expected_usd),
+                         first_wait_s=0.5, tries=3, gate=gate)
+        return len(rows)
+
+    def track(self, t: asyncio.Task) -> None:
+        """Count ``t`` among the true-ups the run waits for (bounded) before it ends."""
         self.trueups.add(t)
         t.add_done_callback(self.trueups.discard)
 
@@ -140,7 +202,7 @@ class Accounting:
                 self.telemetry.on_cost(provider, dusd, self.clock())
             self.writer.set_result_usage(prompt_id, u, GENERATION)
 
-        self._track(asyncio.get_running_loop().create_task(run()))
+        self.track(asyncio.get_running_loop().create_task(run()))
 
 
 __all__ = ["Accounting"]

@@ -214,13 +214,14 @@ def _on_attempt(host: AttemptHost, rt: "DatasetRuntime", p: "PendingPrompt", spe
         if err is None or not isinstance(err, RequestError):
             return
         rt.errors[err.error_class.value] += 1
-        tok, usd = host.accounting.partial_spend(rt, err, p.est_prompt_tokens, err.provider)
+        tok, usd, estimated = host.accounting.partial_spend(rt, err, p.est_prompt_tokens, err.provider)
         host.telemetry.on_cost(err.provider, usd, host.clock())
         spent.tokens += tok
         spent.usd += usd
         host.writer.add_attempt(
             p.id, rt.name, at.attempts, at.started, now, "error", err.error_class.value, err.status or None,
-            err.message, err.provider or None, err.generation_id or None, err.tokens_received, usd or None,
+            err.message, err.provider or None, err.generation_id or None, err.tokens_received,
+            usd if usd or estimated else None, estimated,
         )
         # an endpoint's fault (several base_urls: a replica unreachable or gone) says nothing about the dataset,
         # nor does a request too expensive for OpenRouter's in-flight budget (refused before any provider saw it)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from engine.config import Config
@@ -21,6 +22,16 @@ log = logging.getLogger(__name__)
 
 #: Seconds the run may still take once everything was aborted (tasks that ignore cancellation).
 ABORT_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class CutStream:
+    """A stream cut before it finished, read as :func:`engine.money.inflight.streams_cost` reads a
+    stream's progress: ``tokens_received`` (completion tokens it had streamed) and ``provider``
+    (``""``: unknown)."""
+
+    tokens_received: float
+    provider: str = ""
 
 
 class RunEnding:
@@ -43,9 +54,10 @@ class RunEnding:
         self.spend = spend
         self.clock = clock
         self._event = event
-        #: abort estimates (USD) of aborted streams that had no generation id yet (keyed by the id() of
-        #: their StreamProgress), from observed abort billing: no true-up can reach them.
-        self.unidentified_aborts: dict[int, float] = {}
+        #: the cost figures of each stream at its abort (keyed by the id() of its StreamProgress), taken
+        #: by :meth:`abort_cost` when the aborted outcome is applied: its estimated bill is accounted
+        #: at once and trued up from ``/generation``.
+        self.abort_costs: dict[int, tuple[Any, InFlightCost]] = {}
         #: the task that ends the run within the grace after an abort of everything (None: none yet).
         self.ender: asyncio.Task | None = None
 
@@ -80,6 +92,34 @@ class RunEnding:
                 model=functools.partial(self.spend.length_model, rt.name))
         return out
 
+    def cut_costs(self, dataset: str, streams: list[tuple[str, str, int, int]]) -> list[InFlightCost]:
+        """Cost figures (:class:`~engine.money.inflight.InFlightCost`, USD) of streams of ``dataset``
+        cut before they finished, one per ``(class, provider, prompt tokens, completion tokens
+        received)``: what was generated, the expected completion, and the estimated bill
+        (``abort_usd``: its provider's observed share of the rest, billed in full before any
+        observation). The cut streams are the length model's censored observations. Zero dollars
+        while no price is known; what was generated when the dataset or class is no longer configured."""
+        prices = self.spend.prices()
+        if prices is None:
+            return [InFlightCost(1) for _ in streams]
+        if dataset not in self.spend.budgets:
+            return [InFlightCost(1, g, g, g) for g in (prices.cost(p, t) for _c, _pv, p, t in streams)]
+        top = max(k.max_tokens for k in self.cfg.classes.values())
+        got = streams_cost(
+            [(cls, CutStream(float(tokens), provider), prompt) for cls, provider, prompt, tokens in streams],
+            lambda cls: self.spend.observed_lengths(dataset, cls) if cls in self.cfg.classes else [],
+            lambda cls: self.cfg.classes[cls].max_tokens if cls in self.cfg.classes else top,
+            prices.prompt_usd_per_token, prices.completion_usd_per_token, self.spend.abort_share)
+        return [c for _p, c in got]
+
+    def abort_cost(self, dataset: str, cls: str, progress: Any, prompt_tokens: int) -> InFlightCost:
+        """The cost figures of an aborted stream (USD): those taken by :meth:`abort` when it cut it,
+        else (a stream cut otherwise: its worker died, the run's end) estimated now (:meth:`cut_costs`)."""
+        got = self.abort_costs.pop(id(progress), None)
+        if got is not None and got[0] is progress:
+            return got[1]
+        return self.cut_costs(dataset, [(cls, progress.provider or "", prompt_tokens, progress.tokens_received)])[0]
+
     # ---- commands ---------------------------------------------------------------------------
     def abort(self, dataset: str | None = None) -> int:
         """Cancel in-flight requests (of ``dataset`` or all); they return to pending. Returns the count.
@@ -89,11 +129,13 @@ class RunEnding:
         the run is stopping, the run ends within :data:`ABORT_GRACE_S` of an abort of everything even
         if a request ignores its cancellation."""
         cost = InFlightCost()
+        live = {id(prog) for rt in self.run.datasets.values() for _c, prog, _p in rt.streams.values()}
+        for k in [k for k in self.abort_costs if k not in live]:  # applied, or finished within the cut's grace
+            del self.abort_costs[k]
         for prog, c in self.stream_costs(dataset):
             cost = cost + c
             self.spend.aborts.note(prog.generation_id, prog.provider, c)  # its bill teaches the abort estimate
-            if not prog.generation_id and c.abort_observed:  # a learned share; before any bill: the lower bound
-                self.unidentified_aborts[id(prog)] = c.abort_usd
+            self.abort_costs[id(prog)] = (prog, c)  # its estimated bill, accounted when its outcome is applied
         n = 0
         for rt in self.run.datasets.values():
             if dataset is None or rt.name == dataset:

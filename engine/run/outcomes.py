@@ -82,17 +82,19 @@ class Outcomes:
             self.run.unblock()
 
     def _aborted(self, rt: "DatasetRuntime", p: "PendingPrompt", res: Any, o: Aborted) -> None:
-        """Aborted: back to pending; what was streamed is counted as spent (a lower bound). A stream
-        cut before its generation id arrived can never be trued up, yet providers that keep
-        generating bill it: once aborted streams' bills were observed, its abort estimate (from
-        that share, labelled so in the abort line) is accounted; before, what it generated."""
+        """Aborted: back to pending; the cut stream's bill is counted as spent. With a generation id
+        and ``/generation``, its estimated bill (what it generated plus its provider's observed share
+        of the rest: a provider that keeps generating after a disconnect bills the completion in
+        full) is accounted at once and trued up when ``/generation`` answers; a stream cut before its
+        generation id arrived can never be trued up: once aborted streams' bills were observed, its
+        estimated bill is accounted, before that what it generated (a lower bound)."""
         progress, at = o.progress, o.at
-        tok, usd = self.accounting.partial_spend(rt, progress, p.est_prompt_tokens, progress.provider)
-        usd = max(usd, self.ending.unidentified_aborts.pop(id(progress), 0.0))
+        cut = self.ending.abort_cost(rt.name, p.cls, progress, p.est_prompt_tokens)
+        tok, usd, estimated = self.accounting.partial_spend(rt, progress, p.est_prompt_tokens, progress.provider, cut)
         self.telemetry.on_cost(progress.provider, usd, self.clock())
         self.writer.add_attempt(p.id, rt.name, at.attempts, at.started, time.time(), "aborted",
                                 provider=progress.provider or None, generation_id=progress.generation_id or None,
-                                tokens_received=tok, cost_usd=usd or None)
+                                tokens_received=tok, cost_usd=usd if usd or estimated else None, estimated=estimated)
         self.spend.release(rt.name, res, o.spent.tokens + tok, o.spent.usd + usd)
         self.writer.set_attempts(p.id, at.attempts)
         self.run.return_to_pending(rt, p, at.attempts)

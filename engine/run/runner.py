@@ -53,6 +53,12 @@ FILE_ONLY = "datagen_file_only"
 #: Seconds between prunings of the stream workers' journals while a run is running.
 JOURNAL_PRUNE_S = 60.0
 
+#: Longest wait (s) at the end of a run for the bills of cut streams to land (their ``/generation``
+#: true-ups, the provider's usage) before spend is reconciled with the provider's usage.
+RECONCILE_WAIT_S = 30.0
+#: Seconds between credits readings while waiting for the bills to land.
+RECONCILE_POLL_S = 2.0
+
 
 def sim_config_from_section(cfg: Config):
     """Build the simulator's :class:`~engine.sim.SimConfig` from ``[provider.sim]``."""
@@ -238,12 +244,18 @@ async def prepare(cfg: Config, out: TextOut = sys.stdout) -> Job:
         recovered = await recover_results(cfg.run.dir, store, sched.accounting.price)  # before the counters load
         await sched.load()
         await discover_prices(cfg, sched, client, out)
-        cut, streams = await recover_cut_streams(cfg.run.dir, store, sched.accounting.price)  # priced now
+        cut, streams = await recover_cut_streams(cfg.run.dir, store, sched.accounting.price,  # priced now
+                                                 sched.ending.cut_costs if account_api else None)
         for dataset, tokens, usd in streams:
             sched.spend.count_lost(dataset, tokens, usd)
         for rec in (recovered, cut):
             if rec.line():
                 print(rec.line(), file=out)
+        stored = 0
+        if account_api:  # estimated bills (cut streams, of earlier processes too) trued up from /generation
+            stored = sched.accounting.trueup_stored(await store.estimated_attempts(), sched.ending.cut_costs)
+            if stored:
+                log.info("truing up %d estimated bill(s) of cut streams from /generation", stored)
         sup: Supervisor
         ctl = Controller(sched, credits_check=lambda: sup.poll_credits())
         # Credits from /key (fallback /credits) wherever the server offers them, kind openai included
@@ -258,6 +270,10 @@ async def prepare(cfg: Config, out: TextOut = sys.stdout) -> Job:
             sched.spend.seed_baseline(float(base))
         sup = Supervisor(sched, ctl, reader)
         await sup.poll_credits()  # credits known before the first dispatch: the floor is checked at each one
+        if stored and base is not None:  # the last process's reconciliation, corrected once its bills are known
+            sched.accounting.track(asyncio.get_running_loop().create_task(
+                reconcile_spend(sched, sup, wait_s=RECONCILE_WAIT_S, after=f"{stored} estimated bill(s) of "
+                                "earlier processes' cut streams were trued up")))
         await sup.gate_before_dispatch()  # a restarted run: the calibration gate decided on the stored results
         if recon is not None:
             print(format_startup_line(await recon.start()), file=out)
@@ -407,6 +423,51 @@ def guard_pause_reason(sched: Scheduler) -> str | None:
     return guards.guard_paused(sched.snapshot(), sched.runstate)
 
 
+async def reconcile_spend(sched: Scheduler, sup: Supervisor, *, wait_s: float = RECONCILE_WAIT_S,
+                          poll_s: float = RECONCILE_POLL_S, after: str = "") -> float | None:
+    """Reconcile the run's accounted spend with the provider's usage, once the bills of the streams
+    cut in this process have landed, and log it: ``spend reconciliation: provider usage minus
+    accounted spend = $D`` (USD; positive: the provider billed more than was accounted), then a line
+    saying which way it goes and how many estimated bills were trued up.
+
+    The bill of a cut stream lands after the cut (``/generation`` true-ups, the provider's usage), so
+    when this process made estimated bills (:attr:`engine.run.accounting.Accounting.estimated`), or
+    ``after`` is given (a start truing up earlier processes' estimates: waits for them first), the
+    credits are read again every ``poll_s`` seconds until the usage stops moving and no true-up is
+    pending, at most ``wait_s`` seconds. Returns the drift (USD; None when it cannot be computed)."""
+    acc = sched.accounting
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    if after:
+        while acc.trueups - {asyncio.current_task()} and loop.time() < deadline:
+            await asyncio.sleep(min(poll_s, max(0.0, deadline - loop.time())))
+    await sup.poll_credits()
+    cr = sched.spend.credits
+    if acc.estimated and cr is not None and cr.usage_usd is not None:
+        prev = cr.usage_usd
+        while loop.time() < deadline:
+            await asyncio.sleep(min(poll_s, max(0.0, deadline - loop.time())))
+            await sup.poll_credits()
+            cr = sched.spend.credits
+            now = cr.usage_usd if cr is not None else None
+            if now is None or (now == prev and not acc.trueups - {asyncio.current_task()}):
+                break
+            prev = now
+    d = sched.spend.drift_usd()
+    if d is not None:
+        left = acc.estimated - acc.settled
+        log.info("spend reconciliation: provider usage minus accounted spend = $%.6f", d)
+        log.info("spend reconciliation %s: %s%s", f"(after {after})" if after else "at the end",
+                 "the provider billed more than was accounted" if d > 0 else "accounted at or above what was billed",
+                 f"; {acc.settled} estimated bill(s) of cut streams trued up from /generation "
+                 f"({acc.settled_usd:+.6f} USD)" + (f", {left} still estimated" if left > 0 else "")
+                 if acc.estimated else "")
+    elif cr is not None and cr.partial:
+        log.info("spend reconciliation: not done, credits partial (%d of %d endpoints gave none: %s)",
+                 len(cr.missing), cr.endpoints, ", ".join(cr.missing))
+    return d
+
+
 async def run_job(job: Job, *, exit_on_pause: bool = False, stop_on_auth: bool = False,
                   out: TextOut = sys.stdout) -> int:
     """Run a prepared job to its end: writer, supervisor and scheduler; closes the job. Returns the exit code.
@@ -447,14 +508,7 @@ async def run_job(job: Job, *, exit_on_pause: bool = False, stop_on_auth: bool =
     pruner = asyncio.create_task(prune_journals())
     try:
         code = await sched.run()
-        await job.supervisor.poll_credits()  # final reading: reconcile spend with the provider's usage
-        d = sched.spend.drift_usd()
-        cr = sched.spend.credits
-        if d is not None:
-            log.info("spend reconciliation: provider usage minus accounted spend = $%.6f", d)
-        elif cr is not None and cr.partial:
-            log.info("spend reconciliation: not done, credits partial (%d of %d endpoints gave none: %s)",
-                     len(cr.missing), cr.endpoints, ", ".join(cr.missing))
+        await reconcile_spend(sched, job.supervisor)  # final readings, once the bills of cut streams landed
         return code
     finally:
         pruner.cancel()

@@ -56,21 +56,21 @@ class DispatchQueries:
             for i, k, m, t, a, e in await cur.fetchall()
         ]
 
-    async def prompt_states(self, refs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], tuple[int, str, int]]:
-        """``{(dataset, key): (prompt id, state, est_prompt_tokens)}`` of the prompts among ``refs``
+    async def prompt_states(self, refs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], tuple[int, str, int, str]]:
+        """``{(dataset, key): (prompt id, state, est_prompt_tokens, class)}`` of the prompts among ``refs``
         that exist (a stream worker's journal names its completions by dataset and key)."""
         by_ds: dict[str, list[str]] = {}
         for ds, key in refs:
             by_ds.setdefault(ds, []).append(key)
-        out: dict[tuple[str, str], tuple[int, str, int]] = {}
+        out: dict[tuple[str, str], tuple[int, str, int, str]] = {}
         for ds, keys in by_ds.items():
             for i in range(0, len(keys), 500):
                 part = keys[i:i + 500]
                 cur = await self.conn.execute(
-                    f"SELECT key, id, state, est_prompt_tokens FROM prompts WHERE dataset=? AND key IN "
+                    f"SELECT key, id, state, est_prompt_tokens, class FROM prompts WHERE dataset=? AND key IN "
                     f"({','.join('?' * len(part))})", (ds, *part))
-                for key, pid, state, est in await cur.fetchall():
-                    out[(ds, key)] = (pid, state, est)
+                for key, pid, state, est, cls in await cur.fetchall():
+                    out[(ds, key)] = (pid, state, est, cls)
         return out
 
     async def attempted_generations(self, generation_ids: Iterable[str]) -> set[str]:

@@ -42,12 +42,25 @@ class ResumeQueries:
 
     async def aborted_bills(self, limit: int = 2000) -> list[tuple[str, str, str, int, int, float]]:
         """The latest ``limit`` aborted attempts whose bill is known (a generation id and a cost, set by
-        the ``/generation`` true-up): ``(dataset, class, provider, est_prompt_tokens, tokens_received,
+        the ``/generation`` true-up; our estimates left out): ``(dataset, class, provider, est_prompt_tokens, tokens_received,
         cost_usd)`` (tokens, USD), newest first."""
         cur = await self.conn.execute(
             "SELECT a.dataset, p.class, COALESCE(a.provider, ''), p.est_prompt_tokens, a.tokens_received, a.cost_usd "
             "FROM attempts a JOIN prompts p ON p.id = a.prompt_id WHERE a.outcome = 'aborted' "
-            "AND a.cost_usd IS NOT NULL AND a.generation_id IS NOT NULL ORDER BY a.id DESC LIMIT ?", (limit,))
+            "AND a.cost_usd IS NOT NULL AND a.generation_id IS NOT NULL AND a.cost_source IS NOT 'estimate' "
+            "ORDER BY a.id DESC LIMIT ?", (limit,))
+        return [tuple(r) for r in await cur.fetchall()]
+
+    async def estimated_attempts(self, limit: int = 20_000) -> list[tuple[str, str, str, str, int, int, float]]:
+        """The latest ``limit`` failed or aborted attempts whose cost is still our estimate
+        (``cost_source`` ``estimate``) and which have a generation id to true it up with:
+        ``(dataset, class, provider, generation_id, est_prompt_tokens, tokens_received, estimated USD)``
+        (tokens, USD), newest first."""
+        cur = await self.conn.execute(
+            "SELECT a.dataset, p.class, COALESCE(a.provider, ''), a.generation_id, p.est_prompt_tokens, "
+            "a.tokens_received, a.cost_usd FROM attempts a JOIN prompts p ON p.id = a.prompt_id "
+            "WHERE a.cost_source = 'estimate' AND a.outcome != 'ok' AND a.generation_id IS NOT NULL "
+            "AND a.generation_id != '' ORDER BY a.id DESC LIMIT ?", (limit,))
         return [tuple(r) for r in await cur.fetchall()]
 
     async def latest_results(self) -> dict[str, dict[str, Any]]:

@@ -75,7 +75,7 @@ CREATE TABLE IF NOT EXISTS attempts(
   id INTEGER PRIMARY KEY, prompt_id INTEGER NOT NULL, dataset TEXT NOT NULL, n INTEGER NOT NULL,
   started_at REAL NOT NULL, ended_at REAL NOT NULL, outcome TEXT NOT NULL, error_class TEXT,
   status INTEGER, message TEXT, provider TEXT, generation_id TEXT,
-  tokens_received INTEGER NOT NULL DEFAULT 0, cost_usd REAL);
+  tokens_received INTEGER NOT NULL DEFAULT 0, cost_usd REAL, cost_source TEXT);
 CREATE INDEX IF NOT EXISTS attempts_dataset ON attempts(dataset, outcome, error_class);
 CREATE TABLE IF NOT EXISTS rejects(
   id INTEGER PRIMARY KEY, dataset TEXT NOT NULL, source TEXT NOT NULL, reason TEXT NOT NULL);
@@ -113,6 +113,9 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("results", "wire_flags", "TEXT NOT NULL DEFAULT ''"),
     ("results", "token_ids", "TEXT"),
     ("commands", "ok", "INTEGER"),  # whether the command was applied (1) or not (0), as the engine decided
+    # an attempt's cost_usd: NULL as billed (reported, or set by a /generation true-up: 'generation');
+    # 'estimate' our estimate of a cut stream's bill, trued up from /generation when it answers
+    ("attempts", "cost_source", "TEXT"),
 )
 
 

@@ -110,11 +110,15 @@ class StoreWriter:
         generation_id: str | None = None,
         tokens_received: int = 0,
         cost_usd: float | None = None,
+        estimated: bool = False,
     ) -> None:
-        """Queue one finished attempt (``outcome`` is ``ok`` | ``error`` | ``aborted``)."""
+        """Queue one finished attempt (``outcome`` is ``ok`` | ``error`` | ``aborted``). ``estimated``:
+        ``cost_usd`` (USD) is our estimate of the bill (``cost_source`` ``estimate``), to be replaced
+        by :meth:`set_attempt_cost` when ``/generation`` answers."""
         self._attempts.append(
             (prompt_id, dataset, n, started_at, ended_at, outcome, error_class, status,
-             (message or "")[:2000] or None, provider, generation_id, tokens_received, cost_usd)
+             (message or "")[:2000] or None, provider, generation_id, tokens_received, cost_usd,
+             "estimate" if estimated else None)
         )
 
     def set_attempts(self, prompt_id: int, attempts: int) -> None:
@@ -127,7 +131,8 @@ class StoreWriter:
                             usage_source, prompt_id))
 
     def set_attempt_cost(self, generation_id: str, cost_usd: float) -> None:
-        """Queue the late-known cost (USD) of a failed/aborted attempt, by generation id."""
+        """Queue the late-known cost (USD) of a failed/aborted attempt, by generation id (its
+        ``cost_source`` becomes ``generation``: billed)."""
         self._costs.append((cost_usd, generation_id))
 
     def add_event(self, level: str, kind: str, dataset: str | None, message: str, now: float | None = None) -> None:
@@ -180,13 +185,14 @@ class StoreWriter:
                 if attempts:
                     await conn.executemany(
                         "INSERT INTO attempts(prompt_id, dataset, n, started_at, ended_at, outcome, error_class, "
-                        "status, message, provider, generation_id, tokens_received, cost_usd) "
-                        "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                        "status, message, provider, generation_id, tokens_received, cost_usd, cost_source) "
+                        "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                         attempts,
                     )
                 if costs:
                     await conn.executemany(
-                        "UPDATE attempts SET cost_usd=? WHERE generation_id=? AND outcome!='ok'", costs)
+                        "UPDATE attempts SET cost_usd=?, cost_source='generation' WHERE generation_id=? AND outcome!='ok'",
+                        costs)
                 if events:
                     await conn.executemany("INSERT INTO events(ts, level, kind, dataset, message) VALUES(?,?,?,?,?)", events)
                 if live is not None:

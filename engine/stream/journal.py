@@ -13,8 +13,9 @@ every line is in the store is deleted (:func:`prune`).
 
 Beside the journal each worker keeps its in-flight ledger, ``inflight-w{slot}-{pid}.json``, rewritten
 every ``WorkerInit.ledger_s``: the streams it has open with the tokens received so far. After a kill
-of the whole run those streams are gone, billed for what was generated: the ledger is how that spend
-is counted (lost spend, :mod:`engine.stream.recover`).
+of the whole run those streams are gone, billed for what was generated (or in full, by a provider
+that keeps generating after a disconnect): the ledger is how that spend is counted (lost spend,
+:mod:`engine.stream.recover`, estimated, then trued up from ``/generation`` by generation id).
 
 A line cut by a kill in the middle of a write is skipped when read (it was never fsynced, so its
 result was never sent: the prompt is still pending and is requested again).

@@ -5,9 +5,11 @@
   killed between the worker's fsync and the store's commit): it is stored now, with an ``ok`` attempt.
 - :func:`recover_cut_streams` runs once prices are known: every stream in the in-flight ledgers whose
   prompt is still pending was cut by the kill: it is recorded as an ``aborted`` attempt with the
-  tokens it had received and their estimated cost, and added to the run's spend, so the lost spend
-  counts in ``status``, the report, the caps and the credits drift (a stream whose generation id
-  already has an attempt row, one that failed after the ledger's last rewrite, is counted there).
+  tokens it had received and its estimated bill (a provider that keeps generating after a
+  disconnect bills the whole completion), and added to the run's spend, so the lost spend counts in
+  ``status``, the report, the caps and the credits drift (a stream whose generation id already has
+  an attempt row, one that failed after the ledger's last rewrite, is counted there); the run then
+  trues each estimate up from ``/generation`` (:meth:`engine.run.accounting.Accounting.trueup_stored`).
 - :func:`prune` deletes the journal segments whose every prompt is no longer pending (its result or
   failure is committed): periodically while running, and at the end.
 
@@ -33,7 +35,11 @@ from engine.stream import journal
 log = logging.getLogger(__name__)
 
 #: Message of the attempt row of a stream cut by a kill of the whole run.
-KILLED_MESSAGE = "stream cut when the run ended without a drain (kill); billed for what was generated"
+KILLED_MESSAGE = "stream cut when the run ended without a drain (kill); bill estimated, trued up from /generation when known"
+
+#: ``estimate(dataset, [(class, provider, prompt tokens, tokens received)])`` -> the cut streams' cost
+#: figures (:class:`engine.money.inflight.InFlightCost`), as :meth:`engine.run.ending.RunEnding.cut_costs`.
+CutEstimate = Callable[[str, list[tuple[str, str, int, int]]], list[Any]]
 
 
 @dataclass(frozen=True)
@@ -101,11 +107,20 @@ async def recover_results(run_dir: Path, store: Store, price: Callable[[int, int
     return Recovery(len(stored), segments=len(segs))
 
 
-async def recover_cut_streams(run_dir: Path, store: Store, price: Callable[[int, int], "float | None"]
+async def recover_cut_streams(run_dir: Path, store: Store, price: Callable[[int, int], "float | None"],
+                              estimate: "CutEstimate | None" = None
                               ) -> tuple[Recovery, list[tuple[str, int, float]]]:
     """Record every stream in the in-flight ledgers of ``run_dir`` whose prompt is still pending (cut
-    by a kill of the whole run) as an ``aborted`` attempt with its tokens and their estimated cost,
+    by a kill of the whole run) as an ``aborted`` attempt with its tokens and its estimated bill,
     then delete the ledgers. Run it once prices are known (``price`` as in :func:`recover_results`).
+
+    ``estimate(dataset, [(class, provider, prompt tokens, tokens received)])``: the cost figures of
+    a dataset's cut streams (:meth:`engine.run.ending.RunEnding.cut_costs`): a stream with a
+    generation id is recorded at its estimated bill (``abort_usd``: its provider's observed share of
+    the rest of its expected completion, in full before any observation), marked ``estimate`` so
+    that ``/generation`` trues it up (:meth:`engine.run.accounting.Accounting.trueup_stored`). Without
+    ``estimate`` (no ``/generation`` to true it up), or with no generation id, what it generated
+    (``price``; no prompt charge before a token came).
 
     Returns:
         the :class:`Recovery` figures and ``(dataset, tokens, USD)`` per cut stream, for the spend
@@ -122,18 +137,32 @@ async def recover_cut_streams(run_dir: Path, store: Store, price: Callable[[int,
     states = await store.prompt_states({(s[1], s[2]) for s in streams})
     # a stream that failed after the ledger's last rewrite has its attempt row (and spend) already
     counted = await store.attempted_generations(s[4] for s in streams)
-    writer = StoreWriter(store)
-    cut: list[tuple[str, int, float]] = []
+    todo = []
     for _pid, ds, key, tokens, gid, provider, started, *_ in streams:
         st = states.get((ds, key))
         if st is None or st[1] != "pending" or (gid and gid in counted):
             continue
-        tokens = int(tokens or 0)
-        usd = price(st[2] if tokens else 0, tokens)  # as a live abort: no prompt charge before a token came
-        cut.append((ds, tokens, usd or 0.0))
+        todo.append((st, ds, int(tokens or 0), gid or "", provider or "", started))
+    bills: dict[int, float] = {}
+    if estimate is not None:
+        by_ds: dict[str, list[int]] = {}
+        for i, (_st, ds, _t, gid, _pv, _s) in enumerate(todo):
+            if gid:
+                by_ds.setdefault(ds, []).append(i)
+        for ds, idx in by_ds.items():
+            costs = estimate(ds, [(todo[i][0][3], todo[i][4], todo[i][0][2], todo[i][2]) for i in idx])
+            bills.update((i, c.abort_usd) for i, c in zip(idx, costs, strict=True))
+    writer = StoreWriter(store)
+    cut: list[tuple[str, int, float]] = []
+    for i, (st, ds, tokens, gid, provider, started) in enumerate(todo):
+        usd = bills.get(i)
+        estimated = usd is not None
+        if usd is None:
+            usd = price(st[2] if tokens else 0, tokens) or 0.0  # as a live abort: no prompt charge before a token came
+        cut.append((ds, tokens, usd))
         writer.add_attempt(st[0], ds, 0, float(started or time.time()), time.time(), "aborted",
                            message=KILLED_MESSAGE, provider=provider or None, generation_id=gid or None,
-                           tokens_received=tokens, cost_usd=usd)
+                           tokens_received=tokens, cost_usd=usd, estimated=estimated)
     rec = Recovery(lost_streams=len(cut), lost_usd=sum(u for _, _, u in cut))
     if cut:
         writer.add_event("warning", "recovered", None, rec.line() or "")
