@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from engine.config import Config
-from engine.money.inflight import InFlightCost, abort_basis, abort_line, streams_cost
+from engine.money.inflight import InFlightCost, LengthModel, abort_basis, abort_line, streams_cost
 from engine.money.spend import SpendControl
 from engine.run.runstate import RunPhase, RunState
 
@@ -109,7 +109,9 @@ class RunEnding:
             [(cls, CutStream(float(tokens), provider), prompt) for cls, provider, prompt, tokens in streams],
             lambda cls: self.spend.observed_lengths(dataset, cls) if cls in self.cfg.classes else [],
             lambda cls: self.cfg.classes[cls].max_tokens if cls in self.cfg.classes else top,
-            prices.prompt_usd_per_token, prices.completion_usd_per_token, self.spend.abort_share)
+            prices.prompt_usd_per_token, prices.completion_usd_per_token, self.spend.abort_share,
+            model=lambda cls, r: (self.spend.length_model(dataset, cls, r) if cls in self.cfg.classes
+                                  else LengthModel([], r, top)))
         return [c for _p, c in got]
 
     def abort_cost(self, dataset: str, cls: str, progress: Any, prompt_tokens: int) -> InFlightCost:
