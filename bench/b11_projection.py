@@ -208,12 +208,12 @@ async def worker(a: argparse.Namespace) -> dict:
     except Exception:  # an older engine
         drift = None
     st = collect_status(cfg.run.dir)
-    ds_final = {d["name"]: {"cost": d["cost_usd"], "lost": d["lost_cost_usd"], "state": d["state"],
+    ds_final = {d["name"]: {"cost": d["cost_usd"], "lost": d.get("lost_cost_usd"), "state": d["state"],
                             "done": d["done"], "skipped": d["skipped"], "failed": d["failed"],
                             "ctok": d["completion_tokens"]} for d in st["datasets"]}
     return {"code": code, "wall_s": wall, "deadline_hit": hit_deadline[0], "engine_file": engine.__file__,
             "samples": samples, "final": ds_final, "used": used_tokens(cfg.run.dir),
-            "store_cost": st["totals"]["cost_usd"], "store_lost": st["totals"]["lost_cost_usd"],
+            "store_cost": st["totals"]["cost_usd"], "store_lost": st["totals"].get("lost_cost_usd", 0.0),
             "drift": drift, "status_drift": st.get("credits_drift_usd"), "run_state": st["run"]["state"],
             "resumed": resumed}
 
@@ -377,8 +377,10 @@ ROWS = (  # (key, what, unit, goal)
     ("eta10", "run ETA at 10% of the wall time vs the true time left", "% error", "(report)"),
     ("eta25", "run ETA at 25% vs the true time left", "% error", "(report)"),
     ("eta50", "run ETA at 50% vs the true time left", "% error", "(report)"),
+    ("etatail", "worst run ETA shown between 50% and 90% of the run / the true time left then", "x", "(report)"),
     ("floor", "share of the samples whose projected total is below spent + in flight", "share", "0"),
     ("toks10", "header tok/s at 10% / tokens being streamed (in flight x per-stream rate)", "x", "(report)"),
+    ("wall", f"run wall time, start to the last stream's end (x{COMPRESS}: the real run's)", "s", "(report)"),
     ("inflight", "most streams in flight / configured concurrency", "x", "1.0"),
     ("alpha", "token budget: completion tokens used / token_budget (alpha)", "x budget", "<= 1.02x"),
     ("beta", "dataset dollar cap: spend / max_cost_usd (beta)", "x cap", "<= 1.02x"),
@@ -404,10 +406,18 @@ def values(fig: dict) -> dict[str, float | None]:
             "cost50": cps["50"]["cost_err_pct"], "dscost25": _worst_ds(cps["25"]), "dscost50": _worst_ds(cps["50"]),
             "eta10": cps["10"]["eta_err_pct"], "eta25": cps["25"]["eta_err_pct"], "eta50": cps["50"]["eta_err_pct"],
             "toks10": (tk["tok_s"] or 0) / tk["streamed_tok_s"] if tk["streamed_tok_s"] else None,
-            "inflight": fig["max_in_flight"] / CONC, "alpha": fig["alpha_over"], "beta": fig["beta_over"],
-            "run": fig["run_over"], "dollars": fig["dollars"]["gap_pct"],
+            "inflight": fig["max_in_flight"] / CONC, "wall": fig["wall_s"], "alpha": fig["alpha_over"], "beta": fig["beta_over"],
+            "run": fig["run_over"], "dollars": fig["dollars"]["gap_pct"], "etatail": eta_tail(fig),
             "dollars_nodrift": (100.0 * fig["dollars"]["unaccounted_without_drift_usd"] / fig["ledger_usd"]
                                 if fig["ledger_usd"] else None), "floor": below_floor_share(fig)}
+
+
+def eta_tail(fig: dict) -> float | None:
+    """The largest run ETA / true time left over the (thinned) samples from 50% to 90% of the run."""
+    w = fig["wall_s"]
+    r = [s["eta"] / (w - s["t"]) for s in fig["samples"]
+         if "error" not in s and s.get("eta") is not None and w / 2 <= s["t"] <= 0.9 * w]
+    return max(r) if r else None
 
 
 def below_floor_share(fig: dict) -> float | None:
