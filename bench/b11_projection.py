@@ -111,7 +111,8 @@ def compression_note(scale: float) -> str:
             f"max_cost_usd ${ds[1]['max_cost_usd']:.2f}, gamma {ds[2]['prompts']:,} prompts, run max_cost_usd "
             f"${RUN_CAP_USD * CONC_SCALE * scale:.2f}; mean {MEAN:,}, max_tokens {MAX_TOKENS:,}, first token after "
             f"{LATENCY_MS:.0f} ms, faults {FAULTS}; a calibration-gate pause is resumed at once (the user accepts "
-            f"spending up to the cap)")
+            f"spending up to the cap); the engine's rate windows (tok/s: 180 s) are wall-clock, not compressed, so "
+            f"figures from recent rates lag ~{COMPRESS}x more than in the real run")
 
 
 # ---- the worker: one headless run, sampled --------------------------------------------------------
@@ -382,6 +383,8 @@ ROWS = (  # (key, what, unit, goal)
     ("toks10", "header tok/s at 10% / tokens being streamed (in flight x per-stream rate)", "x", "(report)"),
     ("wall", f"run wall time, start to the last stream's end (x{COMPRESS}: the real run's)", "s", "(report)"),
     ("inflight", "most streams in flight / configured concurrency", "x", "1.0"),
+    ("alphaflight", "most streams in flight of the budget-held dataset (alpha) / concurrency (its budget at "
+     "max_tokens reservations: 0.375)", "x", "(report)"),
     ("alpha", "token budget: completion tokens used / token_budget (alpha)", "x budget", "<= 1.02x"),
     ("beta", "dataset dollar cap: spend / max_cost_usd (beta)", "x cap", "<= 1.02x"),
     ("run", "run dollar cap: spend / max_cost_usd (should not bind)", "x cap", "(report)"),
@@ -406,7 +409,10 @@ def values(fig: dict) -> dict[str, float | None]:
             "cost50": cps["50"]["cost_err_pct"], "dscost25": _worst_ds(cps["25"]), "dscost50": _worst_ds(cps["50"]),
             "eta10": cps["10"]["eta_err_pct"], "eta25": cps["25"]["eta_err_pct"], "eta50": cps["50"]["eta_err_pct"],
             "toks10": (tk["tok_s"] or 0) / tk["streamed_tok_s"] if tk["streamed_tok_s"] else None,
-            "inflight": fig["max_in_flight"] / CONC, "wall": fig["wall_s"], "alpha": fig["alpha_over"], "beta": fig["beta_over"],
+            "inflight": fig["max_in_flight"] / CONC, "wall": fig["wall_s"],
+            "alphaflight": max((s["ds"]["alpha"]["in_flight"] or 0 for s in fig["samples"] if "ds" in s),
+                               default=0) / CONC,
+            "alpha": fig["alpha_over"], "beta": fig["beta_over"],
             "run": fig["run_over"], "dollars": fig["dollars"]["gap_pct"], "etatail": eta_tail(fig),
             "dollars_nodrift": (100.0 * fig["dollars"]["unaccounted_without_drift_usd"] / fig["ledger_usd"]
                                 if fig["ledger_usd"] else None), "floor": below_floor_share(fig)}
@@ -472,7 +478,9 @@ def rows_from(figs: list[dict], scale: float, before: dict | None) -> list[dict]
         out[-1]["key"] = key
     out[0]["details"] = {"key": "cost10", "runs": figs, "sim": SIM, "conc": CONC, "compress": COMPRESS,
                          "conc_scale": CONC_SCALE, "scale": scale, "faults": FAULTS,
-                         "before": before, "per_run": [describe(f) for f in figs]}
+                         "before": ({"file": str(BEFORE_FILE.relative_to(BENCH.parent)), "commit": bcommit}
+                                    if before else None),
+                         "per_run": [describe(f) for f in figs]}
     return out
 
 
@@ -510,6 +518,18 @@ def recompute(path: Path) -> None:
     Path(path).write_text(json.dumps(doc, indent=1, default=str) + "\n")
 
 
+def recompute_results(path: Path) -> None:
+    """Rebuild the B11 rows of a ``bench.run`` results.json (and its results.md) from their runs."""
+    from bench import run as runner
+
+    doc = json.loads(Path(path).read_text())
+    b11 = [r for r in doc["rows"] if r["id"] == "B11"]
+    d = b11[0]["details"]
+    rows = rows_from(d["runs"], d.get("scale", 1.0), load_before())
+    doc["rows"] = [r for r in doc["rows"] if r["id"] != "B11"] + rows
+    runner.write(Path(path).parent, doc["machine"], doc["rows"], doc["timings_s"], doc["total_s"], doc["reps"])
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="B11 projected cost and ETA at the real stream shape")
     p.add_argument("--worker", action="store_true")
@@ -521,10 +541,14 @@ def main(argv=None) -> int:
     p.add_argument("--scale", type=float, default=1.0, help="budgets, caps and prompts x this (development)")
     p.add_argument("--save-before", type=Path, default=None,
                    help=f"write the figures as the 'before' entry (normally {BEFORE_FILE})")
-    p.add_argument("--recompute", type=Path, default=None, help="recompute a saved 'before' file's rows and exit")
+    p.add_argument("--recompute", type=Path, default=None, help="recompute a saved 'before' file's rows (or a results.json's B11 rows, its "
+                        "results.md) and exit")
     a = p.parse_args(argv)
     if a.recompute:
-        recompute(a.recompute)
+        if a.recompute.name == "results.json":
+            recompute_results(a.recompute)
+        else:
+            recompute(a.recompute)
         return 0
     if a.worker:
         emit(asyncio.run(worker(a)))
