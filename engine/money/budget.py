@@ -21,7 +21,7 @@ from typing import Any
 
 from engine.errors import DatagenError
 from engine.money.estimator import UCB_Z, CompletionEstimator, km_quantile  # noqa: F401 - re-exported
-from engine.money.overrun import OverrunTracker
+from engine.money.overrun import HOLD_ERROR_FACTOR, OverrunTracker
 from engine.money.prices import Prices  # re-exported: callers price reservations with it
 
 HARD_CAP_PROMPT_FACTOR = 4
@@ -330,7 +330,7 @@ class DatasetBudgets:
         if not len(self.overrun):
             return 0
         return self.overrun.refresh(lambda cls, got: self.estimators[cls].moments(got),
-                                    lambda cls: self.estimators[cls].mean_relative_error())
+                                    lambda cls: HOLD_ERROR_FACTOR * self.estimators[cls].mean_relative_error())
 
     def budget_met(self, cls_next: str, prices: Prices | None = None, est_prompt_tokens: int = 0) -> bool:
         """True when this dataset can never dispatch another request of ``cls_next``: a budget's

@@ -66,6 +66,11 @@ class DatasetProjection:
         floor_usd: what is spent plus what the streams in flight are expected to cost (USD; None
             when the price is unknown): no projection or clamp goes below it.
         eta_tail_s / eta_floor_s: the drain of the last streams (seconds, see :class:`EtaRow`).
+        eta_tokens: the tokens still to come that the dataset's time is spent on (tokens; None: as
+            ``tokens_to_come``): a dollar cap or what the run's leaves, and the token budget less the
+            next request's reservation (below it the dataset is ``budget_met``), bind the prompts
+            left here, where the uncapped cost keeps them (the calibration gate asks what the work
+            would cost). Without it a capped dataset's ETA ran to hours while its last streams ended.
     """
 
     tokens_to_come: float
@@ -91,6 +96,7 @@ class DatasetProjection:
     floor_usd: float | None = None
     eta_tail_s: float = 0.0
     eta_floor_s: float = 0.0
+    eta_tokens: float | None = None
 
     @property
     def capped(self) -> bool:
@@ -136,6 +142,7 @@ def project_dataset(
     tokens_sd: float = 0.0,
     eta_tail_s: float = 0.0,
     eta_floor_s: float = 0.0,
+    next_request_tokens: float = 0.0,
 ) -> DatasetProjection:
     """Project one dataset's final tokens, cost and time to finish.
 
@@ -170,6 +177,8 @@ def project_dataset(
             mean's own error): once calibrated the range is the point figure +- 1.96 of it (a 95%
             interval), narrowing as completions arrive.
         eta_tail_s / eta_floor_s: the drain of the last streams (seconds; see :class:`EtaRow`).
+        next_request_tokens: what the next request reserves (tokens): a token budget closes when less
+            than that is left (``eta_tokens``).
 
     Raises:
         ValueError: negative counts.
@@ -230,6 +239,17 @@ def project_dataset(
             # completions then mean more requests, so more prompt cost. The range is [min, max].
             cost_low, cost_high = cost_high, cost_low
     caps = [cost_cap, None if run_room_usd is None else cost_so_far + run_room_usd]
+    eta_tokens = None
+    if flying is not None:
+        rest = prompts_left * mean
+        if room is not None:
+            rest = min(rest, max(0.0, room - flying - max(0.0, next_request_tokens)))
+        limits = [c for c in caps if c is not None]
+        if limits and floor is not None and cost_per_completion_token is not None:
+            per_token = cost_per_completion_token + (max(0.0, prompt_usd_per_request) / mean if mean > 0 else 0.0)
+            if per_token > 0:
+                rest = min(rest, max(0.0, min(limits) - floor) / per_token)
+        eta_tokens = flying + rest
     uncapped = cost
     base = cost_so_far if floor is None else floor
     cost, clamp = clamp_cost(cost, base, caps)
@@ -265,6 +285,7 @@ def project_dataset(
         floor_usd=floor,
         eta_tail_s=max(0.0, eta_tail_s),
         eta_floor_s=max(0.0, eta_floor_s),
+        eta_tokens=eta_tokens,
     )
 
 
@@ -397,6 +418,9 @@ class EtaRow:
     @classmethod
     def of(cls, name: str, state: str, lane: str, proj: DatasetProjection, tok_per_s: float) -> "EtaRow":
         """The row of a dataset from its :class:`DatasetProjection`."""
+        if proj.eta_tokens is not None and proj.calibrated:  # what the caps let it send
+            t = min(proj.tokens_to_come, proj.eta_tokens)
+            return cls(name, state, lane, t, t, t, tok_per_s, proj.eta_tail_s, proj.eta_floor_s)
         return cls(name, state, lane, proj.tokens_to_come, proj.tokens_to_come_low, proj.tokens_to_come_high,
                    tok_per_s, proj.eta_tail_s, proj.eta_floor_s)
 

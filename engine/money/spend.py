@@ -422,6 +422,8 @@ class SpendControl:
             prompt_usd_per_request=(p.prompt_usd_per_token * mean_prompt_tokens) if p else 0.0,
             run_room_usd=run_room_usd, in_flight_tokens=_flying(fig, in_flight, mean, b.estimators, pending_by_class),
             tokens_sd=fig.sd, eta_tail_s=fig.tail_s, eta_floor_s=fig.floor_s,
+            next_request_tokens=max((e.expected() for c, e in b.estimators.items()
+                                     if (pending_by_class or {}).get(c, 0) > 0), default=0),
         )
 
 

@@ -383,7 +383,7 @@ def test_settle_with_bad_figures_changes_nothing():
 from bench.budget_sim import simulate  # noqa: E402
 from engine.metrics.lengths import SE_FACTOR  # noqa: E402
 from engine.metrics.survival import SurvivalCurve  # noqa: E402
-from engine.money.overrun import HOLD_Z  # noqa: E402
+from engine.money.overrun import HOLD_ERROR_FACTOR, HOLD_Z  # noqa: E402
 
 
 def test_survival_curve_and_conditional_quantile_hand_computed():
@@ -416,7 +416,7 @@ def _calibrated(db: DatasetBudgets, lengths) -> None:
 # Lengths 1..100, no stream in flight: mean 50.5, variance (100^2 - 1) / 12 = 833.25, the mean's relative
 # standard error sqrt(833.25 / 100) / 50.5; a request reserves 95 (the p90's upper bound over 100).
 MEAN, VAR = 50.5, 833.25
-REL = SE_FACTOR * math.sqrt(VAR / 100) / MEAN
+REL = HOLD_ERROR_FACTOR * SE_FACTOR * math.sqrt(VAR / 100) / MEAN
 
 
 def test_hold_is_the_expected_final_lengths_plus_a_margin_minus_what_was_reserved():
@@ -441,7 +441,7 @@ def test_a_negative_hold_gives_back_what_dispatch_time_percentiles_reserved():
         db.track(db.try_reserve("short", 0, None), _Prog(0))
     assert db.try_reserve("short", 0, None) is None  # 10 x 95 + 95 > 1000 on the reservations alone
     hold = db.refresh()
-    # the sum of 10 lengths is 505 +- 91 (+- 58 more for the mean's error): 950 reserved is far more than it needs
+    # the sum of 10 lengths is 505 +- 91 (+- 115 more for the mean's error): 950 reserved is far more than it needs
     assert hold == math.ceil(10 * (MEAN - 95) + HOLD_Z * math.sqrt(10 * VAR + (REL * 10 * MEAN) ** 2)) < 0
     assert db.try_reserve("short", 0, None) is not None  # 950 + 95 - 222 <= 1000: an 11th fits
 
@@ -458,7 +458,7 @@ def test_a_stream_that_ends_early_frees_nothing_until_the_next_refresh():
     assert db.tokens.used + db.tokens.reserved + db.overrun.total == pytest.approx(committed, abs=1)
     db.settle(rs[1], 0, 90, None, None)  # above its expectation: counted at once
     assert db.tokens.used + db.tokens.reserved + db.overrun.total == pytest.approx(committed + 90 - MEAN, abs=1)
-    assert before < 0
+    assert before == math.ceil(3 * (MEAN - 95) + HOLD_Z * math.sqrt(3 * VAR + (REL * 3 * MEAN) ** 2))
     db.settle(rs[2], 0, 50, None, None)
     assert db.overrun.total == 0  # nothing in flight: nothing held
 
