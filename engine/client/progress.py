@@ -10,6 +10,8 @@ dollars in flight +32%); text of other languages, code and reasoning differ as m
 
 from __future__ import annotations
 
+import math
+
 __all__ = ["StreamProgress", "TokenRatio", "estimate_tokens"]
 
 #: Characters per completion token before any completion finished (a rough lower bound for English).
@@ -45,7 +47,7 @@ class TokenRatio:
 
     def tokens_for(self, chars: int) -> int:
         """Estimated tokens for ``chars`` characters (rounded up)."""
-        return int(-(-chars // self.chars_per_token))
+        return math.ceil(chars / self.chars_per_token - 1e-9)
 
 
 _DEFAULT_RATIO = TokenRatio()
@@ -85,7 +87,7 @@ class StreamProgress:
     def tokens_received(self) -> int:
         """Estimated completion tokens received so far: ``ceil(chars_received / chars per token)``
         (:attr:`ratio`; see the module docstring)."""
-        return int(-(-self.chars_received // self.ratio.chars_per_token))
+        return self.ratio.tokens_for(self.chars_received)
 
     def reset(self) -> None:
         """Clear all fields (``ChatClient.complete`` does this at the start of every attempt)."""

@@ -336,6 +336,7 @@ class Scheduler:
                 rt.rate.start(self.clock())
                 rt.tok_rate.start(self.clock())
                 self.telemetry.usd_rate.start(self.clock())  # the spend rate counts from the first dispatch
+                self.telemetry.tok_rate.start(self.clock())  # so does the token rate
             task = asyncio.get_running_loop().create_task(self._request(rt, p, lim, res))
             rt.tasks.add(task)
             task.add_done_callback(functools.partial(self._task_done, rt=rt, p=p, lim=lim, res=res))
