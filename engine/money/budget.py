@@ -239,14 +239,17 @@ class DatasetBudgets:
             cost = prices.cost(prompt, expected)
         return expected, tok, cost
 
-    def try_reserve(self, cls: str, est_prompt_tokens: int, prices: Prices | None) -> Reservations | None:
+    def try_reserve(self, cls: str, est_prompt_tokens: int, prices: Prices | None,
+                    run_hold_tokens: float | None = None) -> Reservations | None:
         """Reserve one request of class ``cls`` on all budgets, or nothing.
 
         Token amount: expected completion tokens (+ ``est_prompt_tokens`` when ``counts_total``).
         Cost amount (USD): ``prices.cost(est_prompt_tokens, expected)`` when any cost cap is set,
         else 0. (``hard_cap``: ``max_tokens`` and the prompt estimate x :data:`HARD_CAP_PROMPT_FACTOR`.)
-        It fits when each budget holds it on top of ``used + reserved`` and the streams' overrun
-        (:attr:`overrun`; priced at the completion price for dollar budgets).
+        It fits when each budget holds it on top of ``used + reserved`` and the streams' hold
+        (:attr:`overrun`; priced at the completion price for dollar budgets). ``run_hold_tokens``: the
+        hold of every dataset sharing the run's cost cap (tokens; None: this dataset's alone): the
+        run cap is checked against all of them.
 
         Returns:
             The :class:`Reservations`, or None (nothing reserved) when any budget refuses.
@@ -258,12 +261,14 @@ class DatasetBudgets:
         """
         expected, tok, cost = self._amounts(cls, est_prompt_tokens, prices)
         over_tok = self.overrun.total
-        over_usd = over_tok * prices.completion_usd_per_token if (over_tok and prices is not None) else 0.0
+        price = prices.completion_usd_per_token if prices is not None else 0.0
+        over_usd = over_tok * price
+        run_over = over_usd if run_hold_tokens is None else run_hold_tokens * price
         if not (self.tokens.can_reserve(tok + over_tok) and self.cost.can_reserve(cost + over_usd)
-                and self.run_cost.can_reserve(cost + over_usd)):
+                and self.run_cost.can_reserve(cost + run_over)):
             return None
         r = Reservations(cls, est_prompt_tokens, expected, self.tokens.reserve(tok, over_tok),
-                         self.cost.reserve(cost, over_usd), self.run_cost.reserve(cost, over_usd))
+                         self.cost.reserve(cost, over_usd), self.run_cost.reserve(cost, run_over))
         self._open_order[cls][r.tokens.rid] = None
         return r
 

@@ -66,8 +66,9 @@ class DatasetProjection:
         floor_usd: what is spent plus what the streams in flight are expected to cost (USD; None
             when the price is unknown): no projection or clamp goes below it.
         eta_tail_s / eta_floor_s: the drain of the last streams (seconds, see :class:`EtaRow`).
-        eta_tokens: the tokens still to come that the dataset's time is spent on (tokens; None: as
-            ``tokens_to_come``): a dollar cap or what the run's leaves, and the token budget less the
+        eta_tokens: the tokens still to STREAM that the dataset's time is spent on (tokens; None: as
+            ``tokens_to_come``): what the streams in flight streamed already is left out; a dollar cap
+            or what the run's leaves, and the token budget less the
             next request's reservation (below it the dataset is ``budget_met``), bind the prompts
             left here, where the uncapped cost keeps them (the calibration gate asks what the work
             would cost). Without it a capped dataset's ETA ran to hours while its last streams ended.
@@ -143,6 +144,7 @@ def project_dataset(
     eta_tail_s: float = 0.0,
     eta_floor_s: float = 0.0,
     next_request_tokens: float = 0.0,
+    in_flight_received: float = 0.0,
 ) -> DatasetProjection:
     """Project one dataset's final tokens, cost and time to finish.
 
@@ -179,6 +181,8 @@ def project_dataset(
         eta_tail_s / eta_floor_s: the drain of the last streams (seconds; see :class:`EtaRow`).
         next_request_tokens: what the next request reserves (tokens): a token budget closes when less
             than that is left (``eta_tokens``).
+        in_flight_received: what the streams in flight have streamed so far (tokens): still to be
+            paid for, no longer to be waited for (``eta_tokens`` leaves it out).
 
     Raises:
         ValueError: negative counts.
@@ -249,7 +253,7 @@ def project_dataset(
             per_token = cost_per_completion_token + (max(0.0, prompt_usd_per_request) / mean if mean > 0 else 0.0)
             if per_token > 0:
                 rest = min(rest, max(0.0, min(limits) - floor) / per_token)
-        eta_tokens = flying + rest
+        eta_tokens = max(0.0, flying - max(0.0, in_flight_received)) + rest
     uncapped = cost
     base = cost_so_far if floor is None else floor
     cost, clamp = clamp_cost(cost, base, caps)
@@ -414,15 +418,18 @@ class EtaRow:
     tok_per_s: float
     tail_s: float = 0.0
     floor_s: float = 0.0
+    limited: bool = False
 
     @classmethod
-    def of(cls, name: str, state: str, lane: str, proj: DatasetProjection, tok_per_s: float) -> "EtaRow":
-        """The row of a dataset from its :class:`DatasetProjection`."""
-        if proj.eta_tokens is not None and proj.calibrated:  # what the caps let it send
+    def of(cls, name: str, state: str, lane: str, proj: DatasetProjection, tok_per_s: float,
+           limited: bool = False) -> "EtaRow":
+        """The row of a dataset from its :class:`DatasetProjection` (``limited``: a budget holds its
+        dispatch below the class's slots, see :func:`schedule_eta`)."""
+        if proj.eta_tokens is not None and proj.calibrated:  # what is left to stream, as far as the caps go
             t = min(proj.tokens_to_come, proj.eta_tokens)
-            return cls(name, state, lane, t, t, t, tok_per_s, proj.eta_tail_s, proj.eta_floor_s)
+            return cls(name, state, lane, t, t, t, tok_per_s, proj.eta_tail_s, proj.eta_floor_s, limited)
         return cls(name, state, lane, proj.tokens_to_come, proj.tokens_to_come_low, proj.tokens_to_come_high,
-                   tok_per_s, proj.eta_tail_s, proj.eta_floor_s)
+                   tok_per_s, proj.eta_tail_s, proj.eta_floor_s, limited)
 
 
 @dataclass(frozen=True)
@@ -449,9 +456,14 @@ def _finishes(rows: list[EtaRow], tokens: Callable[[EtaRow], float | None]) -> d
     """Each row's finish (seconds from now) by request class: the class's remaining work in config
     order at the class's rate (the summed own rates of its running datasets); None where unknown."""
     lanes: dict[str, list[EtaRow]] = {}
-    for r in rows:
-        lanes.setdefault(r.lane, []).append(r)
     out: dict[str, float | None] = {}
+    for r in rows:
+        if r.limited and r.state == "running" and r.tok_per_s > 0:  # at its own pace, beside the lane
+            t = tokens(r)
+            eta = None if t is None else eta_seconds(max(0.0, t), r.tok_per_s)
+            out[r.name] = None if eta is None else max(eta + (r.tail_s if eta > 0 else 0.0), r.floor_s)
+            continue
+        lanes.setdefault(r.lane, []).append(r)
     for lane_rows in lanes.values():
         rate = sum(r.tok_per_s for r in lane_rows if r.state == "running" and r.tok_per_s > 0)
         cum: float | None = 0.0
@@ -482,7 +494,9 @@ def schedule_eta(rows: list[EtaRow], *, blocked: str = "") -> RunEta:
     - a row finishes when its lane has done the tokens of the rows before it (config order) and its
       own, at the lane's rate, then its last streams drain: ``(tokens before + own tokens) / lane
       rate + tail_s`` seconds, never before ``floor_s`` (its longest stream in flight). A dataset
-      running alone in its class gets its own ``tokens / own rate + tail_s``;
+      running alone in its class gets its own ``tokens / own rate + tail_s``. A running row whose
+      budget holds its dispatch below the class's slots (``limited``) goes at its own rate instead,
+      beside the lane (the class's dispatcher gives the rest of the slots to the next datasets);
     - the run's ETA is the latest finish: the max of the rows' ETAs, so it is never below a row's
       ETA and, with one dataset left, equals it. Paused, finished, skipped and budget-met datasets
       take no part (they do not progress: a paused dataset's work is not in the ETA).
@@ -504,12 +518,16 @@ def schedule_eta(rows: list[EtaRow], *, blocked: str = "") -> RunEta:
     if not active:
         if any(r.state == "paused" for r in rows):
             return RunEta(None, None, None, "all datasets paused")
-        return RunEta(0.0, 0.0, 0.0)
+        tail = max([0.0] + [r.floor_s for r in rows if r.state != "paused"])  # the last streams still end
+        return RunEta(tail, tail, tail)
     point = _finishes(active, lambda r: r.tokens)
     low = _finishes(active, lambda r: r.tokens_low)
     high = _finishes(active, lambda r: r.tokens_high)
-    eta = _latest(list(point.values()))
-    return RunEta(eta, _latest(list(low.values())), _latest(list(high.values())),
+    # streams still in flight of datasets that send nothing more (skipped, budget met) end too
+    draining: list[float | None] = [r.floor_s for r in rows
+                                    if r.state not in ETA_STATES and r.state != "paused" and r.floor_s > 0]
+    eta = _latest(list(point.values()) + draining)
+    return RunEta(eta, _latest(list(low.values()) + draining), _latest(list(high.values()) + draining),
                   "" if eta is not None else "measuring rate",
                   {r.name: (point[r.name], low[r.name], high[r.name]) for r in active})
 

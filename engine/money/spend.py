@@ -189,7 +189,8 @@ class SpendControl:
                 self.run_cost.limit is not None and self.run_cost.used >= self.run_cost.limit)
             r: Reservations | _Naive | None = None if over else _Naive(cls)
         else:
-            r = b.try_reserve(cls, est_prompt_tokens, self.prices() if self.has_cost_cap else None)
+            run_hold = sum(d.overrun.total for d in self.budgets.values()) if self.run_cost.limit is not None else None
+            r = b.try_reserve(cls, est_prompt_tokens, self.prices() if self.has_cost_cap else None, run_hold)
         if r is not None:
             self.credit_holds.hold(id(r), usd)
         return r
@@ -341,8 +342,10 @@ class SpendControl:
         return dist if dist is not None else LengthModel(self.observed_lengths(dataset, cls), in_flight, est.max_tokens)
 
     def reserved_tokens(self, dataset: str) -> int:
-        """Tokens reserved by the dataset's in-flight requests."""
-        return int(self.budgets[dataset].tokens.reserved)
+        """Tokens the dataset's in-flight requests hold: what they reserved at dispatch plus the hold
+        (:mod:`engine.money.overrun`: their expected final lengths and margin in place of that), >= 0."""
+        b = self.budgets[dataset]
+        return max(0, int(b.tokens.reserved + (b.overrun.total if len(b.overrun) else 0)))
 
     # ---- credits ----------------------------------------------------------------------------
     def usage_baseline(self) -> float | None:
@@ -424,6 +427,7 @@ class SpendControl:
             tokens_sd=fig.sd, eta_tail_s=fig.tail_s, eta_floor_s=fig.floor_s,
             next_request_tokens=max((e.expected() for c, e in b.estimators.items()
                                      if (pending_by_class or {}).get(c, 0) > 0), default=0),
+            in_flight_received=fig.received,
         )
 
 
@@ -443,6 +447,7 @@ class _LengthFigures:
     mean: float | None  # tokens per prompt left (classes weighted by what is left of each)
     in_flight_tokens: float  # expected final tokens of the streams in flight the estimators know of
     streams: int  # how many those are
+    received: float  # what they have streamed so far
     sd: float  # of the tokens to come
     tail_s: float
     floor_s: float
@@ -484,7 +489,8 @@ def _length_figures(estimators: Mapping[str, Any], pending_by_class: Mapping[str
                 floor_s = max(floor_s, dist.drain_tokens(est.censored) / stream_tok_per_s)
     mean = mean_sum / total_w if known and total_w else None
     streams = sum(len(e.censored) for e in estimators.values())
-    return _LengthFigures(mean, flying, streams, math.sqrt(var), max(0.0, tail_s), floor_s)
+    received = sum(sum(e.censored) for e in estimators.values())
+    return _LengthFigures(mean, flying, streams, received, math.sqrt(var), max(0.0, tail_s), floor_s)
 
 
 def _mean_residual(dist: Any) -> float:

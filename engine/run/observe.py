@@ -221,7 +221,8 @@ def build_snapshot(sched: "RunView") -> RunSnapshot:
         state = stopping_state(rt.state(run.paused), run.phase, rt.in_flight)
         parts.append((rt, proj, state))
     # the rows' ETAs and the run's: one schedule (engine.money.projection.schedule_eta), so they agree
-    sched_eta = schedule_eta([EtaRow.of(rt.name, state, lane_of(sched, rt), proj, rt.tok_rate.rate(now))
+    sched_eta = schedule_eta([EtaRow.of(rt.name, state, lane_of(sched, rt), proj, rt.tok_rate.rate(now),
+                                        limited=bool(_limit_reason(sched, rt, state, now)))
                               for rt, proj, state in parts], blocked=eta_blocked(sched))
     for rt, proj, state in parts:
         terminal = rt.control in TERMINAL_CONTROLS

@@ -586,3 +586,22 @@ def test_a_recovered_cut_stream_counts_once_in_lost_and_in_the_datasets_dollars(
     assert spend.dataset_usd[name] == pytest.approx(0.75) and spend.run_cost.used == pytest.approx(0.75)
     spend.count_lost("not-a-dataset", 10, 1.0)  # a ledger entry of a dataset no longer configured
     assert spend.run_cost.used == pytest.approx(0.75)
+
+
+def test_the_run_cost_cap_counts_every_datasets_hold():
+    """Issue 33's trial: three datasets under a $20 run cap ended at $20.85 (1.043x): each checked the run cap
+    against its own streams' hold only, so the others' long streams running past their reservations were not
+    counted. Dataset a's stream at 99 tokens will end at 100 (5 over its 95): b's request must see that."""
+    run = Budget(0.00039)
+    a = DatasetBudgets({"short": 1000}, run_cost=run, calibrate_after=100)
+    b = DatasetBudgets({"short": 1000}, run_cost=run, calibrate_after=100)
+    _calibrated(a, range(1, 101))
+    _calibrated(b, range(1, 101))
+    a.track(a.try_reserve("short", 0, P), _Prog(99))
+    assert a.refresh() == 6  # 100 - 95 + the margin's ceiling
+    # b's own hold is 0: the run cap sees 95 + 95 tokens reserved ($0.00038 <= $0.00039) and lets it go...
+    r = b.try_reserve("short", 0, P, run_hold_tokens=None)
+    assert r is not None
+    b.release(r)
+    # ...with a's hold counted (6 x $2e-6 more: $0.000392) it does not fit
+    assert b.try_reserve("short", 0, P, run_hold_tokens=a.overrun.total + b.overrun.total) is None

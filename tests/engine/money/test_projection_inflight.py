@@ -87,3 +87,28 @@ def test_survivorship_the_censored_mean_is_what_projections_use():
     assert fig.mean == pytest.approx(est.censored_mean())
     assert fig.in_flight_tokens > sum(censored) + len(censored) * 1500  # each at r + ~2,000 (memoryless)
     assert fig.tail_s > 0  # the drain of ~1,200 streams of 4 tokens/s
+
+
+def test_the_eta_waits_only_for_what_the_streams_in_flight_still_have_to_stream():
+    # B11/trial: 12 streams left at ~5,000 tokens each read as 2h37m: their streamed tokens counted as work
+    p = _proj(prompts_left=0, in_flight=12, in_flight_tokens=12 * 7_000.0, in_flight_received=12 * 5_000.0)
+    assert p.eta_tokens == pytest.approx(12 * 2_000)
+    assert p.tokens_to_come == pytest.approx(12 * 7_000)  # the cost still counts all of it
+
+
+def test_a_budget_limited_dataset_goes_at_its_own_pace_beside_the_lane():
+    a = EtaRow("a", "running", "short", 50_000, 50_000, 50_000, 100.0, limited=True)  # trickling at its budget
+    b = EtaRow("b", "running", "short", 100_000, 100_000, 100_000, 1_000.0)
+    eta = schedule_eta([a, b])
+    assert eta.rows["a"][0] == pytest.approx(500)  # its own 50,000 at its own 100 tok/s
+    assert eta.rows["b"][0] == pytest.approx(100)  # not behind a's budget room: 100,000 at 1,000 tok/s
+    lane = schedule_eta([EtaRow("a", "running", "short", 50_000, 50_000, 50_000, 100.0), b])
+    assert lane.rows["b"][0] == pytest.approx(150_000 / 1_100)  # unlimited: one after another in the class
+
+
+def test_streams_of_a_skipped_dataset_still_count_in_the_run_eta():
+    # the trial: `s` left 2 streams in flight for ~4 minutes while the ETA read 0s
+    skipped = EtaRow("a", "skipped", "short", 0, 0, 0, 0.0, floor_s=240.0)
+    assert schedule_eta([skipped]).eta_s == pytest.approx(240)
+    other = EtaRow("b", "running", "short", 10_000, 10_000, 10_000, 100.0)
+    assert schedule_eta([skipped, other]).eta_s == pytest.approx(240)
