@@ -337,7 +337,11 @@ def format_status(doc: dict[str, Any]) -> str:
                       doc.get("projected_total_cost_high_usd"), cal, _usd)
     if doc.get("projection_capped"):  # spend cannot pass the cap: never a projection above it
         at = doc.get("projected_total_cost_usd") if cal is None else doc.get("projected_total_cost_high_usd")
-        proj = f"capped at {_usd(at if at is not None else doc.get('max_cost_usd'))}"
+        cap = doc.get("max_cost_usd")
+        if at is not None and cap is not None and at > cap + 0.005:  # the streams in flight pass the cap
+            proj = f"{_usd(at)} (over the {_usd(cap)} cap: streams in flight)"
+        else:
+            proj = f"capped at {_usd(at if at is not None else cap)}"
     if not r["alive"] and r["state"] == "completed":
         eta = "0s"
     elif doc.get("eta_s") is None:

@@ -88,6 +88,10 @@ def test_capped_projection_and_eta_reason():
     assert "ETA --" in header_lines(s, width=60)[1].plain  # the reason goes before any figure
     over = dataclasses.replace(fixed_snapshot(), projected_total_cost_usd=30.1)
     assert "projected $30.10 > cap!" in header_lines(over, width=118)[1].plain
+    # issue 33's trial: spent + streams in flight already past the cap read "capped at $21.23" under a $20 cap
+    past = dataclasses.replace(s, projected_total_cost_usd=25.4)
+    line = header_lines(past, width=118)[1].plain
+    assert "$25.40 > cap $25.00 (in flight)" in line and "capped at" not in line
 
 
 def test_fit_shortens_before_it_drops_and_never_cuts_a_number():

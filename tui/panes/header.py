@@ -193,7 +193,10 @@ def projected_segment(s: RunSnapshot) -> Segment:
     cal = s.calibration
     if getattr(s, "projection_capped", False):  # the clamped figure (the range's high end while calibrating)
         capped = s.projected_cost_high_usd if cal is not None and s.projected_cost_high_usd is not None else proj
-        return (0, _t("capped at ", (money(capped if capped is not None else s.max_cost_usd), "bold yellow")))
+        cap = s.max_cost_usd
+        if capped is not None and cap is not None and capped > cap + 0.005:  # the streams in flight pass it
+            return (0, _t((money(capped), "bold yellow"), f" > cap {money(cap)} (in flight)"))
+        return (0, _t("capped at ", (money(capped if capped is not None else cap), "bold yellow")))
     # while calibrating, warn on the low end only: the high end assumes max_tokens per request
     warn_at = proj if cal is None else s.projected_cost_low_usd
     over_cap = warn_at is not None and s.max_cost_usd is not None and warn_at > s.max_cost_usd
