@@ -82,7 +82,9 @@ def test_extract_metrics_follow_the_job_and_the_port_closes(tmp_path: Path, tiny
 def test_chained_run_serves_generation_then_extraction_on_one_port(tmp_path: Path, tiny: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    cfg = chain_config(tmp_path, tiny, "run")
+    # 300 ms before each first token (4 slow prompts one at a time): generation runs >= 1.2 s, so the scraper
+    # (every 0.2 s, once the metrics line is out) sees it running; instant answers left it to chance under load
+    cfg = chain_config(tmp_path, tiny, "run", latency_ms=300)
     cfg = cfg.model_copy(update={"run": cfg.run.model_copy(update={"metrics_port": 0})})
     out = io.StringIO()
     seen: list[dict] = []
