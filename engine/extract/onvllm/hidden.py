@@ -16,9 +16,11 @@ final norm) is captured too, and :class:`engine.extract.onvllm.norm.FinalNorm` g
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,6 +46,13 @@ FIXED_KEYS = ("model", "skip_tokenizer_init", "enable_prefix_caching", "speculat
 #: Off on CPU only: the CUDA kernel (csrc/pos_encoding_kernels.cu) reads the token stride at the positions' dim and
 #: the head stride at -2; bench/mla_check_gpu.py checks that on a GPU.
 CPU_CUSTOM_OPS = ("-rotary_embedding",)
+#: vLLM's CPU attention backend for MLA models in any dtype but bfloat16. On an x86 CPU with AMX tiles vLLM 0.32.0
+#: picks ``AMX_MLA`` for every MLA model (``CpuPlatform.get_attn_backend_cls``, vllm/platforms/cpu.py), whose
+#: ``supported_dtypes`` is ``[bfloat16]`` only: in float32 its weight packing (``convert_weight_packed``,
+#: csrc/cpu/sgl-kernels/gemm.cpp) fails at start with "expect weight to be bfloat16, float16, int8, fp8_e4m3 or
+#: uint8". ``CPU_MLA``, the reference MLA backend, takes any dtype. The choice depends on the host's CPU: the same
+#: test passed on a CI machine without AMX and failed on one with it.
+CPU_MLA_BACKEND = "CPU_MLA"
 #: seconds without a new capture before a batch is declared lost
 CAPTURE_TIMEOUT_S = 120.0
 
@@ -51,6 +60,20 @@ CAPTURE_TIMEOUT_S = 120.0
 def vllm_layer_ids(aux_layers: tuple[int, ...] | list[int], num_layers: int) -> list[int]:
     """vLLM's capture ids for ``aux_layers`` (0-based layer outputs) plus the final state: ``[i + 1 ...] + [L]``."""
     return [i + 1 for i in aux_layers] + [num_layers]
+
+
+def uses_mla(model: str) -> bool:
+    """Whether the model at local directory ``model`` uses multi-head latent attention (its ``config.json``, or
+    its ``text_config``, sets ``kv_lora_rank``: DeepSeek-V2/V3, Kimi-K2). False for a hub id or an unreadable
+    config (vLLM then chooses its backend itself)."""
+    try:
+        cfg = json.loads((Path(model) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(cfg, dict):
+        return False
+    text = cfg.get("text_config")
+    return bool(cfg.get("kv_lora_rank") or (isinstance(text, dict) and text.get("kv_lora_rank")))
 
 
 def llm_kwargs(job: ExtractJob, socket_path: str) -> dict[str, Any]:
@@ -82,6 +105,8 @@ def llm_kwargs(job: ExtractJob, socket_path: str) -> dict[str, Any]:
         kw["gpu_memory_utilization"] = 0.5  # on vLLM's CPU backend: of the CPU memory
         kw["enforce_eager"] = True
         kw["compilation_config"] = {"custom_ops": list(CPU_CUSTOM_OPS)}
+        if job.dtype != "bfloat16" and uses_mla(job.model):
+            kw["attention_config"] = {"backend": CPU_MLA_BACKEND}
     kw.update(user)
     return kw
 

@@ -161,6 +161,20 @@ def test_llm_arguments_turn_off_the_cpu_rotary_kernel(tmp_path: Path) -> None:
     assert "compilation_config" not in llm_kwargs(gpu, "/tmp/x.sock")
 
 
+@pytest.mark.parametrize(("family", "dtype", "backend"), [
+    ("deepseek_mla", "float32", "CPU_MLA"), ("deepseek_mla", "bfloat16", None), ("llama", "float32", None)])
+def test_mla_on_cpu_pins_the_reference_backend_outside_bfloat16(tmp_path: Path, family: str, dtype: str,
+                                                                backend: str | None) -> None:
+    """vLLM 0.32.0 picks ``AMX_MLA`` (bfloat16 only) for MLA on any CPU with AMX tiles, which refuses a float32
+    model at start; datagen pins ``CPU_MLA`` there (CI failed on an AMX host, passed on one without)."""
+    model = build_tiny_model(tmp_path / "m", family=family, layers=4)
+    job = resolve_job(cfg(tmp_path, str(model), engine="vllm", dtype=dtype), data=tmp_path, device="cpu")
+    kw = llm_kwargs(job, "/tmp/x.sock")
+    assert kw.get("attention_config") == (None if backend is None else {"backend": backend})
+    gpu = resolve_job(cfg(tmp_path, str(model), engine="vllm", dtype=dtype), data=tmp_path, device="cuda", gpus=[0])
+    assert "attention_config" not in llm_kwargs(gpu, "/tmp/x.sock")
+
+
 @pytest.mark.parametrize("version", ["0.32.0", "0.32.0+cpu", "0.32.1rc1.dev7+g1234", "0.33.0", "1.0.0"])
 def test_vllm_version_accepted(version: str) -> None:
     check_vllm_version(version)
