@@ -8,7 +8,10 @@ what happened                                          raised
 =====================================================  ==============================================
 HTTP status >= 300 (body read and classified)          see :func:`~engine.client.errors.classify_http_error`
 cannot connect / connect timeout                       ``CONNECT``
-no bytes for ``stall_timeout_s`` (httpx read timeout)  ``STALL`` (carries ``tokens_received``)
+no bytes for ``stall_timeout_s`` (httpx read timeout)  ``STALL`` (carries ``tokens_received``); with
+                                                       :attr:`~RequestError.no_answer` when not one byte
+                                                       of a response came (no status line, or headers
+                                                       and no body byte): the endpoint does not answer
 whole request over ``total_timeout_s``                 ``TIMEOUT`` (carries ``tokens_received``)
 reset / peer closed before ``[DONE]`` and finish       ``DISCONNECT`` (carries ``tokens_received``)
 stream ended (``[DONE]`` or not) without a finish      ``DISCONNECT`` (retried; ``""``/null never finish)
@@ -334,13 +337,19 @@ class ChatClient:
         e.args = tuple(redact(a, self._secrets) if isinstance(a, str) else a for a in e.args)
         return e
 
-    def _transport_error(self, exc: BaseException, progress: StreamProgress, phase: str) -> RequestError:
-        """Map an httpx / OS exception to a :class:`RequestError` (never stringifies the request)."""
+    def _transport_error(self, exc: BaseException, progress: StreamProgress, phase: str,
+                         silent: str | None = None) -> RequestError:
+        """Map an httpx / OS exception to a :class:`RequestError` (never stringifies the request).
+        ``silent``: the message of a stall in which no byte of a response came (the error is then
+        :attr:`~RequestError.no_answer`); None when some did."""
         name = type(exc).__name__
+        no_answer = False
         if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
             cls, msg = ErrorClass.CONNECT, f"cannot connect ({name}: {exc})"
         elif isinstance(exc, (httpx.ReadTimeout, httpx.WriteTimeout)):
             cls, msg = ErrorClass.STALL, f"no bytes for {self._stall:g}s (stall timeout) while {phase}"
+            if silent is not None:
+                msg, no_answer = silent, True
         elif isinstance(exc, (httpx.NetworkError, httpx.RemoteProtocolError, OSError)):
             cls, msg = ErrorClass.DISCONNECT, f"connection lost while {phase} ({name}: {exc})"
         elif isinstance(exc, SSEDecodeError):
@@ -349,7 +358,7 @@ class ChatClient:
             cls, msg = ErrorClass.PROTOCOL, f"HTTP protocol error while {phase} ({name}: {exc})"
         else:
             cls, msg = ErrorClass.PROTOCOL, f"unexpected {name} while {phase}: {exc}"
-        return RequestError(
+        err = RequestError(
             cls,
             truncate(msg),
             status=progress.status,
@@ -358,13 +367,18 @@ class ChatClient:
             tokens_received=progress.tokens_received,
             partial_cost_usd=progress.cost_usd,
         )
+        err.no_answer = no_answer
+        return err
 
     async def _complete(self, body: bytes, progress: StreamProgress, t0: float) -> Completion:
         request = self._http.build_request("POST", self._chat_url, content=body)
         try:
             resp = await self._http.send(request, stream=True)
         except (httpx.HTTPError, OSError) as e:
-            raise self._transport_error(e, progress, "waiting for response headers") from None
+            # connected, and not even a status line came back within the stall timeout: no answer
+            raise self._transport_error(e, progress, "waiting for response headers", silent=(
+                f"the server accepts connections but has not answered in {self._stall:g}s "
+                f"(no status line; stall timeout)")) from None
         try:
             status = resp.status_code
             progress.status = status
@@ -429,8 +443,10 @@ class ChatClient:
     ) -> Completion:
         feed = acc.feed
         done = False
+        got = False  # any byte of the body (a keep-alive comment counts: the server is answering)
         try:
             async for data in it:
+                got = True
                 for ev in parser.feed(data):
                     if done:  # read in the same bytes as [DONE]: only a late usage counts
                         if ev is not DONE:
@@ -450,7 +466,9 @@ class ChatClient:
                 raise self._transport_error(e, progress, "parsing the stream") from None
         except (httpx.HTTPError, OSError) as e:
             if not acc.finished:
-                raise self._transport_error(e, progress, "reading the stream") from None
+                silent = None if got else (f"the server sent response headers (HTTP {progress.status}) but "
+                                           f"not one byte of the body in {self._stall:g}s (stall timeout)")
+                raise self._transport_error(e, progress, "reading the stream", silent=silent) from None
             # The finish arrived, so the text is complete; only [DONE] (and maybe usage) was lost.
         if not acc.finished:
             # Only a non-empty finish_reason finishes a choice: whatever else arrived ([DONE], text, usage,

@@ -161,11 +161,17 @@ class RequestError(DatagenError):
             down during the request): retried at once on another endpoint without counting against the
             prompt's attempts (:class:`~engine.client.retry.RetryPolicy` ``endpoint_retries``) nor
             feeding the anomaly guard. Set only by :class:`~engine.client.fleet.EndpointFleet`.
+        no_answer: a ``STALL`` in which not one byte of a response arrived within the stall timeout: no
+            status line, or headers and no body byte (a server that accepts connections and never answers;
+            a stream that sends anything, keep-alive comments included, is never this). With no other
+            sign of the endpoint answering it pauses the run like an unreachable server
+            (:func:`engine.run.runwide.condition_of`).
     """
 
     attempts: int = 1
     endpoint: str = ""
     endpoint_fault: bool = False
+    no_answer: bool = False
 
     def __init__(
         self,

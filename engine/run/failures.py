@@ -9,8 +9,10 @@ the pause it decides is returned (a :class:`engine.run.guards.Pause`), and the r
 
 - an error of the account, the route or the configuration (401, 402, 404 / "No endpoints found",
   the same 4xx on the first few prompts), or a server that cannot be reached (``connect`` after the
-  retries, no endpoint left to try) returns the prompt to ``pending`` and pauses the RUN with
-  the reason; it never fails the prompt and never feeds a dataset's anomaly guard;
+  retries, no endpoint left to try) or accepts connections and never answers (a ``stall`` with not
+  one byte of a response, while no result arrived within the stall timeout and no stream in flight
+  has received text) returns the prompt to ``pending`` and pauses the RUN with the reason; it never
+  fails the prompt and never feeds a dataset's anomaly guard;
 - any other error fails the prompt with its reason (a 4xx of a prompt that could still be the
   start of a configuration mistake is written when that is ruled out: at the next success, a
   different rejection, or the end of the run); OpenRouter's ``weight_exceeds_budget`` 402 (one
@@ -22,6 +24,7 @@ the pause it decides is returned (a :class:`engine.run.guards.Pause`), and the r
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from engine.client.types import RequestError
@@ -50,6 +53,8 @@ class Failures:
         reach: what an unreachable server's pause reason names (``cannot reach REACH``): the base URL,
             or "any of the 3 endpoints".
         event: ``event(level, kind, dataset, message)`` of the run.
+        stall_s: ``[provider.timeouts] stall_s`` (s): a result within it is a sign the endpoint answers.
+        clock: monotonic clock (s).
 
     Attributes:
         config_check: the :class:`~engine.run.runwide.ConfigMistakeDetector`; its items are
@@ -59,7 +64,8 @@ class Failures:
 
     def __init__(self, run: "RunState", writer: "StoreWriter", store: "Store", telemetry: "Telemetry", *,
                  api_key_env: str, reach: str = "the server",
-                 event: Callable[[str, str, "str | None", str], None]) -> None:
+                 event: Callable[[str, str, "str | None", str], None], stall_s: float = 120.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.run = run
         self.writer = writer
         self.store = store
@@ -70,20 +76,33 @@ class Failures:
         # held items: (dataset runtime, prompt, attempts, error class, error text)
         self.config_check: ConfigMistakeDetector[tuple[Any, ...]] = ConfigMistakeDetector()
         self.run_condition: Condition | None = None
+        self.stall_s = float(stall_s)
+        self.clock = clock
+        #: when the last request succeeded (monotonic s; None: none yet in this process)
+        self.last_success_at: float | None = None
 
     # ---- judging --------------------------------------------------------------------------
     def run_wide(self, e: RequestError) -> Condition | None:
         """The run-wide condition ``e`` shows (by itself, or as the rejection the run is paused for
         while that pause lasts), or None when ``e`` is the prompt's own."""
         cond = condition_of(e.error_class.value, e.status, e.message, endpoint_fault=e.endpoint_fault,
-                            where=self.reach)
+                            where=self.reach, no_answer=e.no_answer)
         if cond is not None:
+            if e.no_answer and self.answering():  # others are answered: this silence is the request's own
+                return None
             return cond
         rc = self.run_condition
         if (rc is not None and rc.signature is not None and self.run.paused
                 and signature(e.error_class.value, e.bare_message) == rc.signature):
             return rc
         return None
+
+    def answering(self) -> bool:
+        """True when the endpoint shows it answers: a request succeeded within the last ``stall_s``,
+        or a stream in flight has received text (a slow stream sending bytes is never a silent server)."""
+        if self.last_success_at is not None and self.clock() - self.last_success_at < self.stall_s:
+            return True
+        return any(pr.chars_received > 0 for rt in self.run.datasets.values() for _c, pr, _e in rt.streams.values())
 
     def on_failure(self, rt: "DatasetRuntime", p: PendingPrompt, e: RequestError, attempts: int) -> guards.Pause | None:
         """Prompt ``p`` of ``rt`` (in flight) ended in ``e`` after ``attempts``: fail it, hold it
@@ -113,6 +132,7 @@ class Failures:
 
     def on_success(self) -> None:
         """A request succeeded: held 4xx rejections are the prompts' own; write them."""
+        self.last_success_at = self.clock()
         self.write_failures(self.config_check.on_success())
 
     def write_failures(self, items: list) -> None:

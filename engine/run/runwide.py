@@ -24,7 +24,12 @@ nothing about that dataset's prompts). The conditions:
   ``timeouts.connect_s``, or, with several ``base_urls``, every replica is out of rotation (the
   fleet's ``no healthy endpoint``). A replica's own ``connect`` (``endpoint_fault``: others may be up)
   is not: the fleet takes that replica out of rotation and the request goes elsewhere. Nor is a
-  ``PoolTimeout`` (this process's connection pool was full; the server was never asked).
+  ``PoolTimeout`` (this process's connection pool was full; the server was never asked). The same
+  kind, ``connect``, is a server that accepts connections and never answers: a request's final
+  error is a ``stall`` in which not one byte of a response arrived (no status line, or headers and
+  no body byte: ``no_answer``), provided the endpoint shows no other sign of answering (the caller
+  judges that: :meth:`engine.run.failures.Failures.run_wide`). A stream that sends anything, text or
+  keep-alive comments, is never this.
 - ``config``: the same 4xx rejection (same error class, same message) of the first
   :data:`CONFIG_STREAK` distinct prompts of this engine process, with no success in between: a
   setting every request carries is refused (e.g. a ``reasoning`` setting the endpoint does not
@@ -83,7 +88,7 @@ def _status_text(error_class: str, status: int) -> str:
 
 
 def condition_of(error_class: str, status: int, message: str, *, endpoint_fault: bool = False,
-                 where: str = "the server") -> Condition | None:
+                 where: str = "the server", no_answer: bool = False) -> Condition | None:
     """The run-wide condition a request's final error shows by itself, or None.
 
     Args:
@@ -92,12 +97,20 @@ def condition_of(error_class: str, status: int, message: str, *, endpoint_fault:
         message: the provider's message (never holds the key).
         endpoint_fault: the error is one replica's (several ``base_urls``): never ``connect``.
         where: what could not be reached, for a ``connect`` reason (the base URL, or "any of the 3 endpoints").
+        no_answer: the error is a ``stall`` in which no byte of a response arrived
+            (:attr:`engine.client.types.RequestError.no_answer`): a ``connect`` condition.
     """
     low = message.lower()
     if error_class == ErrorClass.CONNECT.value:
         if endpoint_fault or "pooltimeout" in low:
             return None
         return Condition("connect", f"{_WHAT['connect']} {where} ({error_class}): {message}")
+    if no_answer and error_class == ErrorClass.STALL.value:
+        if endpoint_fault:
+            return None
+        return Condition("connect", f"no answer from {where} ({error_class}): {message}; a hung server or proxy "
+                                    f"(restart it), or one that queues requests that long (raise [provider.timeouts] "
+                                    f"stall_s)")
     kind = None
     if error_class == ErrorClass.CREDITS.value:
         kind = "credits"

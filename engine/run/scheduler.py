@@ -158,7 +158,8 @@ class Scheduler:
         urls = cfg.provider.all_base_urls()
         self.failures = Failures(self.runstate, writer, store, self.telemetry, api_key_env=cfg.provider.api_key_env,
                                  reach=urls[0] if len(urls) == 1 else f"any of the {len(urls)} endpoints"
-                                 if urls else "the simulator", event=self.event)
+                                 if urls else "the simulator", event=self.event,
+                                 stall_s=cfg.provider.timeouts.stall_s)
         self._begun: set[int] = set()
         #: the endpoints' figures (several ``base_urls``) or None (engine.client.fleet).
         self.endpoints: EndpointsFn | None = endpoints

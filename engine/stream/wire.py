@@ -92,14 +92,16 @@ def error_fields(e: RequestError) -> dict[str, Any]:
     """The fields of a :class:`RequestError` that cross the socket."""
     return {"cls": e.error_class.value, "message": e.message, "status": e.status, "retry_after_s": e.retry_after_s,
             "provider": e.provider, "generation_id": e.generation_id, "tokens_received": e.tokens_received,
-            "partial_cost_usd": e.partial_cost_usd}
+            "partial_cost_usd": e.partial_cost_usd, "no_answer": e.no_answer}
 
 
 def error_from_fields(f: dict[str, Any]) -> RequestError:
     """Rebuild the :class:`RequestError` of :func:`error_fields`."""
-    return RequestError(ErrorClass(f["cls"]), f["message"], status=f["status"], retry_after_s=f["retry_after_s"],
-                        provider=f["provider"], generation_id=f["generation_id"],
-                        tokens_received=f["tokens_received"], partial_cost_usd=f["partial_cost_usd"])
+    e = RequestError(ErrorClass(f["cls"]), f["message"], status=f["status"], retry_after_s=f["retry_after_s"],
+                     provider=f["provider"], generation_id=f["generation_id"],
+                     tokens_received=f["tokens_received"], partial_cost_usd=f["partial_cost_usd"])
+    e.no_answer = bool(f.get("no_answer", False))
+    return e
 
 
 __all__ = ["MAX_FRAME", "StreamWorkerLost", "WorkerInit", "encode", "error_fields", "error_from_fields", "read_frame"]
