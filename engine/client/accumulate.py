@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .conformance import DEFAULT_FINISH_ALIASES, read_usage, resolve_finish, usage_location
+from .conformance import DEFAULT_FINISH_ALIASES, raw_usage_figures, read_usage, resolve_finish, usage_location
 from .errors import classify_error_object
 from .fields import details_text, finish_value, parse_usage, reasoning_text, usage_present
 from .progress import StreamProgress, estimate_tokens
@@ -315,6 +315,7 @@ class StreamAccumulator:
             flags.append("usage_preview")
         usage, usage_flags = read_usage(usage_raw)
         flags += usage_flags
+        raw = raw_usage_figures(usage_raw) if "usage_invalid" in usage_flags else None
         flags += self._tools.flags
         return Completion(
             reasoning="".join(self._reasoning),
@@ -331,6 +332,7 @@ class StreamAccumulator:
             usage_reported=usage_present(usage_raw),
             flags=tuple(dict.fromkeys(flags)),
             token_ids=self.token_ids(),
+            usage_raw=raw,
         )
 
     def error(self, error_class: ErrorClass, message: str, *, status: int = 0) -> RequestError:

@@ -54,6 +54,8 @@ NOTES: dict[str, str] = {
     "usage_in_choice": "usage came inside choices[0]",
     "usage_extension": "usage came in a provider extension object (x_*)",
     "usage_after_done": "usage came after [DONE]",
+    "usage_invalid": "a usage figure was negative, not finite or not a number (read as 0 tokens / no cost); "
+                     "the result is accounted at our estimate (usage_source implausible)",
 }
 ALL_FLAGS: tuple[str, ...] = (*FAILING, *NOTES)
 _REPLACEMENT = "\ufffd"
@@ -95,12 +97,16 @@ def read_usage(u: Any) -> tuple[Usage, tuple[str, ...]]:
       user's own key ``cost_details.upstream_inference_cost`` on top of OpenRouter's fee ``cost``: the spend
       is their sum (flag ``byok_upstream_cost``); the same when ``cost`` is 0 and an upstream cost is given.
 
-    Missing fields count 0; numeric strings are read; a non-object gives zeros and no flags.
+    Missing fields count 0; numeric strings are read; a non-object gives zeros and no flags. A figure
+    that is negative, NaN, infinite or not a number is read as 0 (no cost) and flags ``usage_invalid``
+    (:func:`raw_usage_figures` keeps what was sent).
     Source: docs/wire-conformance.md ("Usage and cost").
     """
     if not isinstance(u, dict):
         return Usage(), ()
     flags: list[str] = []
+    if any(_invalid(v) for v in _figures(u).values()):
+        flags.append("usage_invalid")
     details = u.get("completion_tokens_details")
     reasoning = _int(details.get("reasoning_tokens")) if isinstance(details, dict) else 0
     completion = _int(u.get("completion_tokens"))
@@ -115,6 +121,31 @@ def read_usage(u: Any) -> tuple[Usage, tuple[str, ...]]:
         flags.append("byok_upstream_cost")
     return Usage(prompt_tokens=_int(u.get("prompt_tokens")), completion_tokens=completion,
                  reasoning_tokens=reasoning, cost_usd=cost), tuple(flags)
+
+
+def _figures(u: dict) -> dict[str, Any]:
+    """The numeric figures of a usage object as sent (absent ones left out)."""
+    details = u.get("completion_tokens_details")
+    cd = u.get("cost_details")
+    out = {k: u.get(k) for k in ("prompt_tokens", "completion_tokens", "total_tokens", "cost")}
+    out["reasoning_tokens"] = details.get("reasoning_tokens") if isinstance(details, dict) else None
+    out["upstream_inference_cost"] = cd.get("upstream_inference_cost") if isinstance(cd, dict) else None
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _invalid(v: Any) -> bool:
+    """A figure that is present but no finite number >= 0 (booleans and unparseable strings included)."""
+    return v is not None and _num(v) is None
+
+
+def raw_usage_figures(u: Any) -> str | None:
+    """The numeric figures of a usage object exactly as sent, as JSON text (NaN and infinities as
+    strings), for the record's audit (``results.usage_claimed``); None for a non-object."""
+    if not isinstance(u, dict):
+        return None
+    figs = {k: (v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else
+                v if isinstance(v, str) else repr(v)) for k, v in _figures(u).items()}
+    return json.dumps(figs, separators=(",", ":"), sort_keys=True)
 
 
 def usage_location(chunk: Mapping[str, Any]) -> tuple[Any, str | None]:

@@ -75,6 +75,9 @@ class Completion:
             kept to the standard shapes.
         token_ids: the generated token ids as the server sent them (vLLM ``return_token_ids``), None when
             the server sent none.
+        usage_raw: the usage object's numeric figures exactly as sent (JSON text), kept only when one
+            was invalid (negative, NaN, not a number: flag ``usage_invalid``; :attr:`usage` reads it as
+            0); None otherwise. Not journaled.
     """
 
     reasoning: str
@@ -91,6 +94,7 @@ class Completion:
     usage_reported: bool = True
     flags: tuple[str, ...] = ()
     token_ids: tuple[int, ...] | None = None
+    usage_raw: str | None = None
 
     @property
     def finish_known(self) -> bool:

@@ -12,6 +12,10 @@ from (``results.usage_source``, ``datagen status --json``, the raw export):
 | ``generation`` | the provider's ``/generation?id=`` stats (native token counts, ``total_cost``), a late true-up |
 | ``counted`` | counted with the configured ``[tokenizer]`` as reconstruction lays the completion out |
 | ``estimated`` | estimated from characters (:func:`engine.client.accumulate.estimate_tokens`) |
+| ``implausible`` | counted or estimated as above: the response's usage was not believable (:mod:`engine.money.plausible`) |
+
+An ``implausible`` result's own figures are priced from the price list; the provider's are kept in
+``results.usage_claimed`` for the audit, and no ``/generation`` answer replaces ours.
 
 Order: a result without usage is accounted at once (``counted`` when a tokenizer is configured, else
 ``estimated``) so budgets see its tokens when it settles; when the provider has ``/generation``, its
@@ -25,19 +29,22 @@ from the provider (only billed costs may teach the price observer).
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from engine.client.accumulate import estimate_tokens
 from engine.client.types import Completion, Usage
+from engine.money.plausible import Bounds, check
 
 REPORTED = "reported"
 GENERATION = "generation"
 COUNTED = "counted"
 ESTIMATED = "estimated"
+IMPLAUSIBLE = "implausible"
 #: Every ``usage_source``, from the most to the least exact.
-SOURCES: tuple[str, ...] = (REPORTED, GENERATION, COUNTED, ESTIMATED)
+SOURCES: tuple[str, ...] = (REPORTED, GENERATION, COUNTED, ESTIMATED, IMPLAUSIBLE)
 #: Sources whose token figures are the provider's own (a billing check may compare against them).
 BILLED_SOURCES: frozenset[str] = frozenset({REPORTED, GENERATION})
 
@@ -54,16 +61,24 @@ class Accounted:
             neither the provider nor a price knows it).
         source: one of :data:`SOURCES`.
         cost_billed: True when ``usage.cost_usd`` is the provider's own figure, False when priced here.
+        implausible: why the response's usage was not believed (:func:`engine.money.plausible.check`);
+            ``()`` when it was, or none came.
+        claimed: with ``implausible``, the provider's figures as JSON text for the audit
+            (``results.usage_claimed``); else None.
     """
 
     usage: Usage
     source: str
     cost_billed: bool
+    implausible: tuple[str, ...] = ()
+    claimed: str | None = None
 
     @property
     def provisional(self) -> bool:
-        """True when the figures are ours (counted/estimated) and a ``/generation`` answer may replace them."""
-        return self.source not in BILLED_SOURCES
+        """True when the figures are ours (counted/estimated) and a ``/generation`` answer may replace
+        them: never for ``implausible`` (the provider's figures were not believed, and OpenRouter's
+        ``/generation`` comes from the same accounting as the stream's usage)."""
+        return self.source not in BILLED_SOURCES and self.source != IMPLAUSIBLE
 
 
 def generated_chars(c: Completion) -> tuple[int, int]:
@@ -123,27 +138,61 @@ def usage_usable(c: Completion) -> bool:
     return c.usage_reported and (c.usage.completion_tokens > 0 or generated_chars(c)[1] == 0)
 
 
+def claimed_figures(c: Completion) -> str:
+    """The response's usage as the provider claimed it, as JSON text for the audit: the figures as
+    sent when one was invalid (:attr:`Completion.usage_raw`), else as read."""
+    if c.usage_raw:
+        return c.usage_raw
+    u = c.usage
+    return json.dumps({"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+                       "reasoning_tokens": u.reasoning_tokens, "cost": u.cost_usd}, separators=(",", ":"), sort_keys=True)
+
+
+def implausible(c: Completion, bounds: Bounds) -> tuple[str, ...]:
+    """Why ``c``'s reported usage is not believable (:func:`engine.money.plausible.check`); ``()``
+    when it is, or when the response carried none."""
+    invalid = "usage_invalid" in c.flags
+    if not (c.usage_reported and (invalid or usage_usable(c))):
+        return ()
+    u = c.usage
+    return check(u.prompt_tokens, u.completion_tokens, u.cost_usd, bounds, invalid=invalid, raw=c.usage_raw)
+
+
 def account(c: Completion, *, est_prompt_tokens: int, price: PriceFn,
-            count: Callable[[], "tuple[int | None, int, int]"] | None = None) -> Accounted:
+            count: Callable[[], "tuple[int | None, int, int]"] | None = None,
+            bounds: Bounds | None = None) -> Accounted:
     """The tokens and cost to store, settle and project for a finished result.
 
     Args:
-        c: the completion; its ``usage`` is used as is when :func:`usage_usable`.
+        c: the completion; its ``usage`` is used as is when :func:`usage_usable` and believable.
         est_prompt_tokens: the prompt's estimated length (tokens), for a prompt nothing else counts.
         price: prices tokens (USD), None when no price is known.
         count: counts ``(prompt | None, completion, reasoning)`` tokens with the tokenizer (None: no
             tokenizer configured). An exception from it falls back to the estimate.
+        bounds: what the request could have used (:class:`engine.money.plausible.Bounds`); None: the
+            usage is checked against our prompt estimate only (negative or non-finite figures, the prompt).
 
     Returns:
         :class:`Accounted`: ``reported`` (the response's usage; cost priced when it had none),
-        else ``counted``, else ``estimated``.
+        else ``counted``, else ``estimated``; ``implausible`` (counted or estimated, priced, with the
+        reasons and the provider's figures) when the usage is not believable.
     """
+    why = implausible(c, bounds if bounds is not None else Bounds(est_prompt_tokens))
+    if why:
+        est = _ours(c, est_prompt_tokens, price, count)
+        return Accounted(est.usage, IMPLAUSIBLE, False, why, claimed_figures(c))
     if usage_usable(c):
         u = c.usage
         if u.cost_usd is not None:
             return Accounted(u, REPORTED, True)
         return Accounted(Usage(u.prompt_tokens, u.completion_tokens, u.reasoning_tokens,
                                price(u.prompt_tokens, u.completion_tokens)), REPORTED, False)
+    return _ours(c, est_prompt_tokens, price, count)
+
+
+def _ours(c: Completion, est_prompt_tokens: int, price: PriceFn,
+          count: Callable[[], "tuple[int | None, int, int]"] | None) -> Accounted:
+    """Our own figures: counted with the tokenizer, else estimated; priced."""
     p_est, comp, reas = estimate_usage(c, est_prompt_tokens)
     prompt, source = p_est, ESTIMATED
     if count is not None:

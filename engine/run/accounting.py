@@ -12,6 +12,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any, Callable
 
+from engine.money.plausible import Bounds, check
 from engine.money.usage import (
     GENERATION,
     Accounted,
@@ -19,6 +20,7 @@ from engine.money.usage import (
     correction,
     count_with_tokenizer,
     from_generation,
+    implausible,
     usage_usable,
 )
 
@@ -49,6 +51,8 @@ class Accounting:
     Attributes:
         trueups: the ``/generation`` reads in progress (the run waits for them before it ends).
         settled / settled_usd: estimated bills trued up so far, and the sum of their corrections (USD).
+        implausible: results and failed attempts per provider whose reported usage or cost was not
+            believed (:mod:`engine.money.plausible`); the first of each provider is a warning event.
     """
 
     def __init__(self, spend: "SpendControl", telemetry: "Telemetry", writer: "StoreWriter",
@@ -67,6 +71,7 @@ class Accounting:
         #: true-ups of estimated bills that landed, and what they changed (USD: billed - estimated)
         self.settled = 0
         self.settled_usd = 0.0
+        self.implausible: dict[str, int] = {}
 
     def partial_spend(self, rt: "DatasetRuntime", err_or_progress: Any, est_prompt_tokens: int,
                       provider: str | None = None, cut: "InFlightCost | None" = None) -> tuple[int, float, bool]:
@@ -87,7 +92,10 @@ class Accounting:
         if cost is None:
             cost = getattr(err_or_progress, "cost_usd", None)
         if cost is not None:
-            return tokens, float(cost), False
+            why = check(est_prompt_tokens, tokens, float(cost), self.bounds(est_prompt_tokens))
+            if not why:
+                return tokens, float(cost), False
+            self._implausible(rt.name, provider or "", why)  # a cost no price list allows: ours instead
         generated = self.spend.estimate_cost(est_prompt_tokens if tokens else 0, tokens)
         if gid and self.get_json is not None:
             est = cut.abort_usd if cut is not None else generated
@@ -156,14 +164,38 @@ class Accounting:
         self.trueups.add(t)
         t.add_done_callback(self.trueups.discard)
 
-    async def account(self, p: "PendingPrompt", c: "Completion") -> Accounted:
-        """A result's tokens and cost (:func:`engine.money.usage.account`): the response's usage, else
-        counted with the ``[tokenizer]`` of live reconstruction (in a thread: ~0.5 us a token, too
-        long for the loop on long prompts), else estimated. An abort during the count does not lose
-        the paid, finished result: it is accounted with the estimate and stored."""
+    def bounds(self, est_prompt_tokens: int, max_completion_tokens: int | None = None) -> Bounds:
+        """What a request could have used (:class:`engine.money.plausible.Bounds`), priced with the
+        price list (``[pricing]``, else ``/models``, else the prices learned from believed bills)."""
+        sp = self.spend
+        prices = sp.config_prices or sp.endpoint_prices or sp.prices()
+        return Bounds(est_prompt_tokens, max_completion_tokens, prices)
+
+    def _implausible(self, dataset: str, provider: str, why: tuple[str, ...]) -> None:
+        """Count a usage not believed; the first of each provider is a warning (log and event)."""
+        n = self.implausible.get(provider, 0)
+        self.implausible[provider] = n + 1
+        if n == 0:
+            msg = (f"provider {provider or '(unnamed)'} reported an implausible usage ({'; '.join(why)}): "
+                   f"not believed; such results are accounted at our estimate, priced from the price list "
+                   f"(usage_source implausible, the provider's figures in results.usage_claimed)")
+            log.warning("[%s] %s", dataset, msg)
+            self.writer.add_event("warning", "implausible_usage", dataset, msg)
+
+    async def account(self, p: "PendingPrompt", c: "Completion", max_completion_tokens: int | None = None) -> Accounted:
+        """A result's tokens and cost (:func:`engine.money.usage.account`): the response's usage when it
+        is believable (:mod:`engine.money.plausible`, ``max_completion_tokens``: the request's
+        ``max_tokens`` + reasoning budget), else counted with the ``[tokenizer]`` of live
+        reconstruction (in a thread: ~0.5 us a token, too long for the loop on long prompts), else
+        estimated. An abort during the count does not lose the paid, finished result: it is
+        accounted with the estimate and stored."""
+        bounds = self.bounds(p.est_prompt_tokens, max_completion_tokens)
+        why = implausible(c, bounds)
+        if why:
+            self._implausible(p.dataset, c.provider, why)
         tok = getattr(self.recon, "tok", None)
         counted: tuple | None = None
-        if tok is not None and not usage_usable(c):
+        if tok is not None and (why or not usage_usable(c)):
             try:
                 counted = await asyncio.to_thread(count_with_tokenizer, tok, c, p.messages, p.tools)
             except asyncio.CancelledError:
@@ -174,7 +206,7 @@ class Accounting:
                 log.warning("[%s] %s: usage could not be counted (%s: %s); estimated", p.dataset, p.key,
                             type(e).__name__, e)
         return account(c, est_prompt_tokens=p.est_prompt_tokens, price=self.price,
-                       count=(lambda: counted) if counted is not None else None)
+                       count=(lambda: counted) if counted is not None else None, bounds=bounds)
 
     def price(self, prompt_tokens: int, completion_tokens: int) -> float | None:
         """USD of the tokens at the best known prices; None when no price is known."""

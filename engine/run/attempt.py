@@ -41,6 +41,7 @@ from engine.client.errors import is_weight_exceeds_budget
 from engine.client.retry import RetryPolicy, call_with_retries
 from engine.client.types import Completion, ErrorClass, RequestError
 from engine.errors import DatagenError
+from engine.money.plausible import completion_budget
 from engine.stream.wire import StreamWorkerLost
 
 if TYPE_CHECKING:
@@ -178,7 +179,8 @@ async def run_request(host: AttemptHost, rt: "DatasetRuntime", p: "PendingPrompt
             log.exception("[%s] unexpected error on prompt %s", rt.name, p.key)
             return Failed(RequestError(ErrorClass.OTHER, f"internal error: {type(e).__name__}: {e}"), spent, at)
         else:
-            acc = await host.accounting.account(p, c)  # tokens and cost even when the response carried no usage
+            # tokens and cost even when the response carried no usage, or one not to be believed
+            acc = await host.accounting.account(p, c, completion_budget(req.max_tokens, req.body))
     finally:
         lim.release()
         rt.streams.pop(p.id, None)

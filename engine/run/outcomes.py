@@ -111,8 +111,11 @@ class Outcomes:
             self.spend.add_partial(rt.name, spent.usd, tokens=spent.tokens)  # earlier failed attempts of this prompt
         self.writer.add_attempt(p.id, rt.name, attempts, at.started, time.time(), "ok", provider=c.provider,
                                 generation_id=c.generation_id, cost_usd=u.cost_usd)
-        self.writer.add_result(p.id, rt.name, p.key, c, attempts, usage_source=acc.source)
+        self.writer.add_result(p.id, rt.name, p.key, c, attempts, usage_source=acc.source, usage_claimed=acc.claimed)
         recon = self.accounting.recon
+        if acc.implausible:  # figures not believed are no billed figure to check the rebuilt lengths against
+            received = dataclasses.replace(received, usage=dataclasses.replace(received.usage, prompt_tokens=0,
+                                                                               completion_tokens=0, reasoning_tokens=0))
         if recon is not None:  # the response as received: only billed figures are checked against
             try:
                 recon.submit(p.id, rt.name, p.key, p.messages, p.tools, received)

@@ -14,7 +14,9 @@ One file per run. Tables (:data:`SCHEMA`; ``validations``: :data:`VALIDATIONS_DD
   :mod:`engine.tokens.promptcheck`), NULL when none or not checked (no ``[tokenizer]``).
 - ``results``: exactly one row per completed prompt (PRIMARY KEY prompt_id, UNIQUE dataset+key);
   ``usage_source`` says where its tokens and cost come from (:mod:`engine.money.usage`: ``reported`` |
-  ``generation`` | ``counted`` | ``estimated``). Columns added since schema version 1 are added to
+  ``generation`` | ``counted`` | ``estimated`` | ``implausible``); ``usage_claimed``: with
+  ``implausible``, the provider's usage figures that were not believed (JSON text, for the audit;
+  NULL otherwise). Columns added since schema version 1 are added to
   older stores when they are opened for writing (:data:`ADDED_COLUMNS`, :func:`migrate_sql`).
 - ``attempts``: one row per finished HTTP attempt (success or error class, status, message).
 - ``rejects``: dataset rows that could not become prompts (file:line, reason).
@@ -68,7 +70,7 @@ CREATE TABLE IF NOT EXISTS results(
   generation_id TEXT NOT NULL, prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL,
   reasoning_tokens INTEGER NOT NULL, cost_usd REAL, latency_s REAL NOT NULL, ttft_s REAL,
   attempts INTEGER NOT NULL, created_at REAL NOT NULL, usage_source TEXT NOT NULL DEFAULT 'reported',
-  wire_flags TEXT NOT NULL DEFAULT '', token_ids TEXT, UNIQUE(dataset, key));
+  wire_flags TEXT NOT NULL DEFAULT '', token_ids TEXT, usage_claimed TEXT, UNIQUE(dataset, key));
 CREATE INDEX IF NOT EXISTS results_recent ON results(dataset, created_at, completion_tokens, prompt_id);
 CREATE INDEX IF NOT EXISTS results_usage ON results(dataset, prompt_tokens, completion_tokens, reasoning_tokens, cost_usd);
 CREATE TABLE IF NOT EXISTS attempts(
@@ -116,6 +118,8 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     # an attempt's cost_usd: NULL as billed (reported, or set by a /generation true-up: 'generation');
     # 'estimate' our estimate of a cut stream's bill, trued up from /generation when it answers
     ("attempts", "cost_source", "TEXT"),
+    # the provider's usage figures of a result whose usage was not believed (usage_source 'implausible')
+    ("results", "usage_claimed", "TEXT"),
 )
 
 

@@ -67,9 +67,10 @@ def upsert(h: Handle, rows: list[tuple]) -> None:
         h._db.executemany(_UPSERT, rows)
 
 
-# Tokens we counted or estimated ourselves (usage_source, engine.money.usage) are no billed figure to check
+# Tokens we counted or estimated ourselves (usage_source, engine.money.usage; 'implausible': the provider's
+# were not believed) are no billed figure to check
 # the rebuilt lengths against: such records read as "no usage".
-_BILLED = "CASE WHEN r.usage_source IN ('counted', 'estimated') THEN 0 ELSE r.{} END"
+_BILLED = "CASE WHEN r.usage_source IN ('counted', 'estimated', 'implausible') THEN 0 ELSE r.{} END"
 _RECORD = ("SELECT r.prompt_id, r.dataset, r.key, p.messages, p.tools, r.reasoning, r.content, r.tool_calls, "
            f"r.finish_reason, r.provider, {_BILLED.format('prompt_tokens')}, {_BILLED.format('completion_tokens')}, "
            f"{_BILLED.format('reasoning_tokens')}, r.wire_flags, r.token_ids FROM results r JOIN prompts p "

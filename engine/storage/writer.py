@@ -71,9 +71,10 @@ class StoreWriter:
 
     # ---- queueing (synchronous, O(1)) -------------------------------------------------------
     def add_result(self, prompt_id: int, dataset: str, key: str, c: Completion, attempts: int, now: float | None = None,
-                   usage_source: str = "reported") -> None:
+                   usage_source: str = "reported", usage_claimed: str | None = None) -> None:
         """Queue a completed prompt's result (committed within ``interval_s``); ``c.usage`` is stored
-        as its tokens and cost, ``usage_source`` says where they come from (:mod:`engine.money.usage`)."""
+        as its tokens and cost, ``usage_source`` says where they come from (:mod:`engine.money.usage`),
+        ``usage_claimed`` the provider's figures that were not believed (JSON text; None: none)."""
         u = c.usage
         self._results.append(
             (
@@ -83,6 +84,7 @@ class StoreWriter:
                 u.prompt_tokens, u.completion_tokens, u.reasoning_tokens, u.cost_usd, c.latency_s, c.ttft_s,
                 attempts, now if now is not None else time.time(), usage_source, encode_flags(c.flags),
                 None if c.token_ids is None else json.dumps(list(c.token_ids), separators=(",", ":")),
+                usage_claimed,
             )
         )
         self._done.append((attempts, prompt_id))
@@ -167,7 +169,7 @@ class StoreWriter:
                         "INSERT OR IGNORE INTO results(prompt_id, dataset, key, reasoning, content, tool_calls, "
                         "finish_reason, native_finish_reason, provider, model, generation_id, prompt_tokens, "
                         "completion_tokens, reasoning_tokens, cost_usd, latency_s, ttft_s, attempts, created_at, usage_source, "
-                        "wire_flags, token_ids) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                        "wire_flags, token_ids, usage_claimed) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                         results,
                     )
                     await conn.executemany("UPDATE prompts SET state='done', attempts=? WHERE id=?", done)

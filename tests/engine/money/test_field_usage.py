@@ -76,8 +76,8 @@ def _tok():
 
 
 # ---- engine.money.usage, directly -----------------------------------------------------------------------------------
-def test_sources_are_the_documented_four():
-    assert SOURCES == ("reported", "generation", "counted", "estimated")
+def test_sources_are_the_documented_five():
+    assert SOURCES == ("reported", "generation", "counted", "estimated", "implausible")
 
 
 def test_reported_usage_with_cost_is_kept_as_billed():
@@ -229,7 +229,8 @@ def test_an_older_store_reads_as_reported_and_gains_the_column_when_opened(tmp_p
     run = tmp_path / "run"
     _old_store(run)
     doc = collect_status(run)  # read-only: the column is not there yet
-    assert doc["datasets"][0]["usage_sources"] == {"reported": 1, "generation": 0, "counted": 0, "estimated": 0}
+    assert doc["datasets"][0]["usage_sources"] == {"reported": 1, "generation": 0, "counted": 0, "estimated": 0,
+                                                    "implausible": 0}
     export_raw(run, tmp_path / "raw")
     assert json.loads((tmp_path / "raw" / "d.jsonl").read_text())["usage_source"] == "reported"
 
@@ -468,7 +469,7 @@ def test_generation_true_up_replaces_the_count(tmp_path):
     assert vals["gen-4"][1] == true_count(R, C)
     doc = status_json(tmp_path)
     d = doc["datasets"][0]
-    assert d["usage_sources"] == {"reported": 0, "generation": 4, "counted": 1, "estimated": 0}
+    assert d["usage_sources"] == {"reported": 0, "generation": 4, "counted": 1, "estimated": 0, "implausible": 0}
     assert d["completion_tokens"] == sum(50 + i for i in range(4)) + true_count(R, C)
     assert d["cost_usd"] == pytest.approx(0.010 + vals["gen-4"][3])
     assert sorted(x["usage_source"] for x in raw_export(tmp_path)) == [COUNTED] + [GENERATION] * 4
