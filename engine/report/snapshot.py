@@ -190,7 +190,9 @@ class RunSnapshot:
             order (state, in flight, requests, errors, latency, tok/s); ``()`` with one.
         stream_workers: the stream-worker processes holding the HTTP streams (``[run] stream_workers``;
             0: none, e.g. a test's scheduler alone); stream_workers_alive: those up now;
-            stream_worker_restarts: workers that died and were replaced since start.
+            stream_worker_restarts: workers that died and were replaced since start;
+            stream_workers_frozen: workers up but not answering (stopped or frozen: no heartbeat for
+            :data:`engine.stream.liveness.SILENT_S`).
         drain: while the run is paused or draining with streams in flight, how long they are expected
             to take and, draining, what the abort at the end of the countdown would bill
             (:class:`engine.money.drain.DrainOutlook`); None otherwise.
@@ -237,6 +239,7 @@ class RunSnapshot:
     stream_workers: int = 0
     stream_workers_alive: int = 0
     stream_worker_restarts: int = 0
+    stream_workers_frozen: int = 0
     eta_reason: str = ""
     projection_capped: bool = False
     drain: DrainOutlook | None = None

@@ -282,8 +282,11 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         if live.get("stream_workers"):  # as the engine last saw them (none alive once it is gone)
             sw = live["stream_workers"]
             doc["stream_workers"] = dict(sw, alive=sw.get("alive", 0) if alive else 0,
+                                         frozen=sw.get("frozen", 0) if alive else 0,
                                          workers=[dict(w, alive=w.get("alive") and alive,
-                                                       in_flight=w.get("in_flight", 0) if alive else 0)
+                                                       in_flight=w.get("in_flight", 0) if alive else 0,
+                                                       frozen=bool(w.get("frozen")) and alive,
+                                                       silent_s=w.get("silent_s", 0.0) if alive else 0.0)
                                                   for w in sw.get("workers", [])])
         if live.get("endpoints"):  # several base_urls: as the engine last saw them (nothing in flight once it is gone)
             doc["endpoints"] = [dict(e, in_flight=e.get("in_flight", 0) if alive else 0) for e in live["endpoints"]]
@@ -324,7 +327,7 @@ def _cal(d: dict[str, Any]) -> tuple[int, int] | None:
 def format_status(doc: dict[str, Any]) -> str:
     """Human-readable rendering of :func:`collect_status`'s document: the run line, money and time
     (spent, spend rate, projection or ``capped at $X``, ETA or ``-- (why)``, credits), class limits,
-    then one row per dataset (its percentage rounded down), and the extraction's line when one ran."""
+    a line per stream worker up but not answering (frozen), then one row per dataset (its percentage rounded down), and the extraction's line when one ran."""
     r = doc["run"]
     lines = [f"run {r['name']}: {r['state']}" + (f" ({r['state_reason']})" if r["state_reason"] else "")
              + f", elapsed {fmt_duration(r['elapsed_s'])}"]
@@ -369,6 +372,11 @@ def format_status(doc: dict[str, Any]) -> str:
         lines.append(f"endpoint {e['url']}: {e['state']}" + (f" ({e['reason']})" if e.get("reason") else "")
                      + f", in flight {e['in_flight']}{cap}, requests {e['requests']}"
                      + (f", errors {errs}" if errs else "") + f", {e['tok_per_s']:.0f} tok/s")
+    for w in (doc.get("stream_workers") or {}).get("workers", ()):
+        if w.get("frozen"):  # up, and silent: stopped (SIGSTOP, a debugger) or its loop blocked
+            lines.append(f"stream worker {w['slot']} (pid {w['pid']}): not answering for "
+                         f"{fmt_duration(w.get('silent_s') or 0)} (stopped or frozen); {w['in_flight']} stream(s) "
+                         f"wait for it")
     src = t.get("usage_sources") or {}
     other = {k: n for k, n in src.items() if k != "reported" and n}
     if other:

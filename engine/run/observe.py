@@ -183,13 +183,15 @@ def _live_row(sched: "RunView", snap: RunSnapshot | None = None) -> dict[str, An
 
 def _workers_live(sched: "RunView") -> dict[str, Any]:
     """``status --json``'s ``stream_workers``: configured, alive, restarts, requests returned to
-    pending by a worker's death, completions recovered from a dead worker's journal, per worker."""
+    pending by a worker's death, completions recovered from a dead worker's journal, workers up but
+    not answering (``frozen``), per worker (``frozen`` and ``silent_s``: seconds not heard from)."""
     workers = sched.workers
     assert workers is not None  # the caller checks
     f = workers()
     return {"configured": f.configured, "alive": f.alive, "restarts": f.restarts, "lost_requests": f.lost_requests,
-            "recovered": f.recovered,
-            "workers": [{"slot": w.slot, "pid": w.pid, "alive": w.alive, "in_flight": w.in_flight} for w in f.workers]}
+            "recovered": f.recovered, "frozen": f.frozen,
+            "workers": [{"slot": w.slot, "pid": w.pid, "alive": w.alive, "in_flight": w.in_flight, "frozen": w.frozen,
+                         "silent_s": w.silent_s} for w in f.workers]}
 
 
 def build_snapshot(sched: "RunView") -> RunSnapshot:
@@ -324,7 +326,8 @@ def _worker_fields(sched: "RunView") -> dict[str, int]:
     if sched.workers is None:
         return {}
     f = sched.workers()
-    return {"stream_workers": f.configured, "stream_workers_alive": f.alive, "stream_worker_restarts": f.restarts}
+    return {"stream_workers": f.configured, "stream_workers_alive": f.alive, "stream_worker_restarts": f.restarts,
+            "stream_workers_frozen": f.frozen}
 
 
 def stopping_state(state: str, run_state: str, in_flight: int) -> str:

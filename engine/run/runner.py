@@ -113,7 +113,7 @@ class Job:
         await self.client.aclose()
         if self.pool is not None and not self.writer.queued:  # every journaled result committed: drop them
             try:
-                await prune(self.cfg.run.dir, self.store)
+                await prune(self.cfg.run.dir, self.store, keep=self.pool.is_open_segment)
             except Exception:  # kept journals are ingested (once) at the next start
                 log.warning("stream journals not pruned", exc_info=True)
         await self.store.close()
@@ -241,11 +241,13 @@ async def prepare(cfg: Config, out: TextOut = sys.stdout) -> Job:
             for url, probe in await fleet.start():  # unreachable endpoints start down, probed again later
                 print(f"endpoint {url}: " + (f"healthy (GET /models answered in {probe.seconds * 1000:.0f} ms)"
                                              if probe.ok else f"down ({probe.reason}); probed again later"), file=out)
-        recovered = await recover_results(cfg.run.dir, store, sched.accounting.price)  # before the counters load
+        # the journals of earlier processes only: this run's workers (started above) have theirs open
+        recovered = await recover_results(cfg.run.dir, store, sched.accounting.price,  # before the counters load
+                                          live=pool.owns)
         await sched.load()
         await discover_prices(cfg, sched, client, out)
         cut, streams = await recover_cut_streams(cfg.run.dir, store, sched.accounting.price,  # priced now
-                                                 sched.ending.cut_costs if account_api else None)
+                                                 sched.ending.cut_costs if account_api else None, live=pool.owns)
         for dataset, tokens, usd in streams:
             sched.spend.count_lost(dataset, tokens, usd)
         for rec in (recovered, cut):

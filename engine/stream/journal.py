@@ -19,20 +19,43 @@ that keeps generating after a disconnect): the ledger is how that spend is count
 
 A line cut by a kill in the middle of a write is skipped when read (it was never fsynced, so its
 result was never sent: the prompt is still pending and is requested again).
+
+Every file's name says whose it is (:func:`file_owner`: slot and process id): recovery at start reads
+and deletes only the files of earlier processes, never those of the workers the run has just started,
+and pruning never deletes a live worker's open segment. Should a worker's open segment be unlinked
+anyway (by hand, or a bug), the worker notices at its next write (the file has no link left) and
+writes the group again into a new segment, so the lines it fsyncs are always reachable by name.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 from pathlib import Path
 from typing import Any, Iterator
 
 from engine.client.types import Completion, ToolCall, Usage
 
+log = logging.getLogger(__name__)
+
 #: A journal segment is closed once it holds this many bytes.
 SEGMENT_BYTES = 64 * 1024 * 1024
 JOURNAL_DIR = "journal"
+
+#: ``w{slot}-{pid}-{seq}.jsonl`` (a segment) and ``inflight-w{slot}-{pid}.json`` / ``.tmp`` (a ledger).
+_OWNED = re.compile(r"^(?:w(\d+)-(\d+)-\d+\.jsonl|inflight-w(\d+)-(\d+)\.(?:json|tmp))$")
+
+
+def file_owner(path: str | Path) -> tuple[int, int] | None:
+    """``(slot, pid)`` of the worker that wrote journal file ``path`` (a segment or an in-flight
+    ledger, see the module docstring); None for any other name."""
+    m = _OWNED.match(Path(path).name)
+    if m is None:
+        return None
+    slot, pid = (m.group(1), m.group(2)) if m.group(1) is not None else (m.group(3), m.group(4))
+    return int(slot), int(pid)
 
 
 def journal_dir(run_dir: str | Path) -> Path:
@@ -94,6 +117,8 @@ class JournalWriter:
         self.segment_bytes = segment_bytes
         self.seq = 0
         self.size = 0
+        #: open segments found unlinked (by someone else) so far.
+        self.unlinked = 0
         self._f = self._open()
 
     @property
@@ -108,19 +133,40 @@ class JournalWriter:
     def write(self, lines: list[bytes]) -> None:
         """Append ``lines`` and fsync; opens the next segment once this one is full.
 
+        A segment unlinked while open (its link count is 0: nothing could read it after a kill) is
+        left: the next segment is opened and ``lines`` written there (lines already in the unlinked
+        one were sent to the run before; only those not yet committed could be lost with it).
+
         Raises:
-            OSError: the disk refused the write (the worker then reports the results as errors of
-                class ``protocol``, never as sent).
+            OSError: the disk refused the write (the worker then sends the results unjournaled;
+                the store still takes them).
         """
         data = b"".join(lines)
+        if self._unlinked():
+            self._next()
         self._f.write(data)
         os.fsync(self._f.fileno())
+        if self._unlinked():  # unlinked during the write: write the group again where it can be found
+            self._next()
+            self._f.write(data)
+            os.fsync(self._f.fileno())
         self.size += len(data)
         if self.size >= self.segment_bytes:
-            self._f.close()
-            self.seq += 1
-            self.size = 0
-            self._f = self._open()
+            self._next()
+
+    def _unlinked(self) -> bool:
+        if os.fstat(self._f.fileno()).st_nlink > 0:
+            return False
+        self.unlinked += 1
+        log.warning("journal segment %s was deleted while this worker had it open; writing to %s",
+                    self.path.name, self.dir / f"{self.prefix}-{self.seq + 1:04d}.jsonl")
+        return True
+
+    def _next(self) -> None:
+        self._f.close()
+        self.seq += 1
+        self.size = 0
+        self._f = self._open()
 
     def close(self) -> None:
         """Close the open segment."""
@@ -167,19 +213,24 @@ def write_ledger(path: Path, streams: list[list[Any]]) -> None:
     os.replace(tmp, path)
 
 
+def ledgers(directory: Path) -> list[Path]:
+    """The in-flight ledgers in ``directory`` (``inflight-*.json``), by name."""
+    d = Path(directory)
+    return sorted(d.glob("inflight-*.json")) if d.is_dir() else []
+
+
+def read_ledger(path: Path) -> list[list[Any]]:
+    """The open streams of one ledger (see :func:`write_ledger`); ``[]`` when unreadable or gone."""
+    try:
+        streams = json.loads(Path(path).read_text()).get("streams") or []
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [s for s in streams if isinstance(s, list) and len(s) >= 7]
+
+
 def read_ledgers(directory: Path) -> list[list[Any]]:
     """Every open stream in the ledgers of ``directory`` (see :func:`write_ledger`); unreadable ledgers are skipped."""
-    out: list[list[Any]] = []
-    d = Path(directory)
-    if not d.is_dir():
-        return out
-    for p in sorted(d.glob("inflight-*.json")):
-        try:
-            streams = json.loads(p.read_text()).get("streams") or []
-        except (OSError, ValueError, AttributeError):
-            continue
-        out.extend(s for s in streams if isinstance(s, list) and len(s) >= 7)
-    return out
+    return [s for p in ledgers(directory) for s in read_ledger(p)]
 
 
 def remove_ledgers(directory: Path, prefix: str = "inflight-") -> None:
@@ -191,5 +242,5 @@ def remove_ledgers(directory: Path, prefix: str = "inflight-") -> None:
 
 
 __all__ = ["JOURNAL_DIR", "SEGMENT_BYTES", "JournalWriter", "completion_from_dict", "completion_to_dict",
-           "journal_dir", "ledger_path", "read_ledgers", "read_records", "record_line", "remove_ledgers",
-           "segments", "write_ledger"]
+           "file_owner", "journal_dir", "ledger_path", "ledgers", "read_ledger", "read_ledgers", "read_records",
+           "record_line", "remove_ledgers", "segments", "write_ledger"]

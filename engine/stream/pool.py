@@ -17,6 +17,14 @@ each connected by a socket pair, and offers the one call the scheduler makes of 
   are answered from the journal; the others raise :class:`~engine.stream.wire.StreamWorkerLost`
   with the tokens they had received (the run returns them to pending and counts that spend); a new
   worker takes the slot; ``on_event`` hears one line of it.
+- A worker that stops answering (its heartbeat, every second, not heard for
+  :data:`~engine.stream.liveness.SILENT_S`: ``SIGSTOP``, a debugger, swapped out) is shown frozen in
+  the figures and gets no new request; ``on_event`` hears one warning per silence and one line when
+  it answers again. Its streams are left to it (:mod:`engine.stream.liveness`).
+- Journal files carry their worker's slot and process id: :meth:`StreamWorkerPool.owns` names the
+  files of this pool's workers (recovery at start leaves them alone) and
+  :meth:`StreamWorkerPool.is_open_segment` the segment each running worker may still write (pruning
+  leaves it alone), from the moment the process exists.
 """
 
 from __future__ import annotations
@@ -29,8 +37,8 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +46,8 @@ from engine.client.accumulate import StreamProgress
 from engine.client.types import ChatRequest, Completion, ErrorClass
 from engine.proc.childproc import TERMINAL_SIGNALS
 from engine.stream import journal
+from engine.stream.figures import PoolFigures, WorkerFigures
+from engine.stream.liveness import HEARTBEAT_S, SILENT_S
 from engine.stream.wire import StreamWorkerLost, WorkerInit, encode, error_from_fields, read_frame
 
 log = logging.getLogger(__name__)
@@ -65,34 +75,6 @@ def default_stream_workers() -> int:
     return max(1, cores - 1)
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerFigures:
-    """One worker now: its slot, process id (0 while starting), whether it is up, requests in flight."""
-
-    slot: int
-    pid: int
-    alive: bool
-    in_flight: int
-
-
-@dataclass(frozen=True, slots=True)
-class PoolFigures:
-    """The pool now (for snapshots, ``status --json`` and the header).
-
-    Attributes:
-        configured: ``[run] stream_workers``. alive: workers up now. restarts: workers replaced since
-        start. lost_requests: requests returned to pending by a worker's death. recovered: completions a
-        dead worker had journaled, delivered from its journal. workers: per worker.
-    """
-
-    configured: int
-    alive: int
-    restarts: int
-    lost_requests: int
-    recovered: int
-    workers: tuple[WorkerFigures, ...] = ()
-
-
 class _Req:
     __slots__ = ("fut", "progress", "worker")
 
@@ -103,7 +85,8 @@ class _Req:
 
 
 class _Worker:
-    __slots__ = ("slot", "proc", "pid", "reader", "writer", "in_flight", "alive", "task")
+    __slots__ = ("slot", "proc", "pid", "reader", "writer", "in_flight", "alive", "task", "heard", "frozen",
+                 "stopped_s")
 
     def __init__(self, slot: int) -> None:
         self.slot = slot
@@ -114,6 +97,13 @@ class _Worker:
         self.in_flight: set[int] = set()
         self.alive = False
         self.task: asyncio.Task | None = None
+        self.heard = time.monotonic()  # when a frame of it was last read (monotonic s)
+        self.frozen = False  # silent for SILENT_S while alive (warned once)
+        self.stopped_s = 0.0  # the time its own loop did not run, as its last heartbeat said (s)
+
+    def running(self) -> bool:
+        """Whether its process exists and was not reaped (starting, up, or dead and not yet noticed)."""
+        return self.proc is not None and self.proc.returncode is None
 
     def send(self, msg: tuple) -> None:
         if self.writer is not None and not self.writer.is_closing():
@@ -157,6 +147,8 @@ class StreamWorkerPool:
         self.recovered = 0
         self.late_results = 0
         self._respawns: set[asyncio.Task] = set()
+        self._pids: set[int] = set()  # every worker process this pool started
+        self._watcher: asyncio.Task | None = None
 
     def __repr__(self) -> str:
         return f"StreamWorkerPool(workers={self.n}, endpoints={self.endpoints!r})"
@@ -175,6 +167,8 @@ class StreamWorkerPool:
                 ``RUN_DIR/stream-workers.log``).
         """
         await asyncio.gather(*(self._spawn(w) for w in self._workers))
+        if self._watcher is None:
+            self._watcher = asyncio.create_task(self._watch(), name="stream-worker-liveness")
 
     def _stderr(self):
         if self.run_dir is None:
@@ -195,6 +189,8 @@ class StreamWorkerPool:
                     close_fds=True)
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old)
+            w.pid = w.proc.pid  # its journal's names, known before it opens them (it is this process)
+            self._pids.add(w.pid)
         finally:
             theirs.close()
             if err is not subprocess.DEVNULL:
@@ -210,6 +206,8 @@ class StreamWorkerPool:
             raise RuntimeError(f"stream worker {w.slot} did not start ({type(e).__name__}); see "
                                f"{self.run_dir / 'stream-workers.log' if self.run_dir else 'its stderr'}") from None
         w.pid = int(msg[1])
+        self._pids.add(w.pid)
+        w.heard = time.monotonic()
         w.alive = True
         w.task = asyncio.create_task(self._read(w), name=f"stream-worker-{w.slot}")
         self._ready.set()
@@ -220,6 +218,9 @@ class StreamWorkerPool:
         self._closing = True
         for t in list(self._respawns):
             t.cancel()
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
         for w in self._workers:
             w.send(("close",))
         for w in self._workers:
@@ -292,8 +293,8 @@ class StreamWorkerPool:
     async def _pick(self) -> _Worker:
         while True:
             live = [w for w in self._workers if w.alive]
-            if live:
-                return min(live, key=lambda w: len(w.in_flight))
+            if live:  # a frozen worker only when every live one is
+                return min(live, key=lambda w: (w.frozen, len(w.in_flight)))
             if self._closing:
                 raise StreamWorkerLost(ErrorClass.DISCONNECT, "the run is closing its stream workers")
             self._ready.clear()
@@ -309,7 +310,12 @@ class StreamWorkerPool:
         try:
             while True:
                 msg = await read_frame(w.reader)
+                heard, w.heard = w.heard, time.monotonic()
                 verb = msg[0]
+                if verb == "hb":
+                    w.stopped_s = float(msg[1])
+                if w.frozen:
+                    self._thawed(w, w.heard - heard)
                 if verb == "prog":
                     for rid, chars, status, gid, provider, cost in msg[1]:
                         r = reqs.get(rid)
@@ -395,25 +401,66 @@ class StreamWorkerPool:
             return
         self._emit("warning", f"{msg}; a new worker (pid {fresh.pid}) took its place")
 
+    # ---- liveness ----------------------------------------------------------------------------
+    async def _watch(self) -> None:
+        """Every heartbeat period: mark the live workers silent for :data:`SILENT_S` frozen (one warning
+        each). After a gap in this loop itself (the run's process was stopped), the workers' frames
+        queued meanwhile are read first: nobody is judged on that tick."""
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            now = time.monotonic()
+            gap, last = now - last, now
+            if gap > 2 * HEARTBEAT_S + 1.0:
+                for w in self._workers:
+                    w.heard = max(w.heard, now)
+                continue
+            for w in self._workers:
+                if w.alive and not w.frozen and now - w.heard >= SILENT_S:
+                    w.frozen = True
+                    self._emit("warning", (
+                        f"stream worker {w.slot} (pid {w.pid}) has not answered for {now - w.heard:.0f}s "
+                        f"(stopped or frozen): its {len(w.in_flight)} stream(s) wait for it, no new request "
+                        f"goes to it; a stall is judged by the time it runs, not by this silence"))
+
+    def _thawed(self, w: _Worker, silent_s: float) -> None:
+        w.frozen = False
+        self._emit("info", f"stream worker {w.slot} (pid {w.pid}) answers again after {silent_s:.0f}s; its loop "
+                           f"did not run for {w.stopped_s:.0f}s in all, which its streams' stall and total "
+                           f"timeouts leave out")
+
     def _emit(self, level: str, msg: str) -> None:
         if self._on_event is not None:  # the run records and logs it (once)
             self._on_event(level, msg)
         else:
             getattr(log, level if level in ("warning", "error") else "info")("%s", msg)
 
+    def owns(self, path: Path) -> bool:
+        """Whether journal file ``path`` (a segment or a ledger) is one of a worker this pool started
+        (recovery at start leaves those alone: :mod:`engine.stream.recover`)."""
+        owner = journal.file_owner(path)
+        return owner is not None and owner[1] in self._pids
+
     def is_open_segment(self, path: Path) -> bool:
-        """Whether journal segment ``path`` may still be written: the newest segment of a live worker."""
+        """Whether journal segment ``path`` may still be written: the newest segment of a worker whose
+        process exists (starting, up, or dead and not yet reaped), empty or not."""
+        owner = journal.file_owner(path)
+        if owner is None or not path.name.endswith(".jsonl"):
+            return False
         for w in self._workers:
-            prefix = f"w{w.slot}-{w.pid}-"
-            if w.alive and path.name.startswith(prefix):
-                return path.name == max(p.name for p in journal.segments(path.parent, prefix))
+            if w.pid == owner[1] and w.slot == owner[0] and w.running():
+                names = [p.name for p in journal.segments(path.parent, f"w{w.slot}-{w.pid}-")]
+                return not names or path.name >= max(names)
         return False
 
     # ---- figures -----------------------------------------------------------------------------
     def figures(self) -> PoolFigures:
         """The pool's figures now."""
-        ws = tuple(WorkerFigures(w.slot, w.pid, w.alive, len(w.in_flight)) for w in self._workers)
-        return PoolFigures(self.n, sum(1 for w in ws if w.alive), self.restarts, self.lost_requests, self.recovered, ws)
+        now = time.monotonic()
+        ws = tuple(WorkerFigures(w.slot, w.pid, w.alive, len(w.in_flight), w.alive and w.frozen,
+                                 round(now - w.heard, 1) if w.alive and w.frozen else 0.0) for w in self._workers)
+        return PoolFigures(self.n, sum(1 for w in ws if w.alive), self.restarts, self.lost_requests, self.recovered, ws,
+                           frozen=sum(1 for w in ws if w.frozen))
 
 
 def _finished(p: StreamProgress, c: Completion) -> None:

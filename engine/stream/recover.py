@@ -15,6 +15,11 @@
 
 The results table is unique on (dataset, key) and written with ``INSERT OR IGNORE``: ingesting a
 journal twice stores nothing twice.
+
+Recovery at start reads and deletes only the files of earlier processes: ``live(path)`` names the
+files of the workers this run has already started (:meth:`engine.stream.pool.StreamWorkerPool.owns`),
+which are never read, deleted or counted as cut (deleting a live worker's open segment lost every
+completion it journaled after that: a kill then had nothing to recover).
 """
 
 from __future__ import annotations
@@ -66,17 +71,27 @@ class Recovery:
         return "recovered: " + "; ".join(parts)
 
 
-async def recover_results(run_dir: Path, store: Store, price: Callable[[int, int], "float | None"]) -> Recovery:
+#: ``live(path)``: whether a journal file belongs to a worker of the running process (left alone).
+Live = Callable[[Path], bool]
+
+
+def _never(_path: Path) -> bool:
+    return False
+
+
+async def recover_results(run_dir: Path, store: Store, price: Callable[[int, int], "float | None"],
+                          live: Live = _never) -> Recovery:
     """Store every journaled completion of ``run_dir`` whose prompt is still pending (see the module
-    docstring), then delete the journal segments. Run it before the run's counters are loaded from
-    the store: they then include what it stored. ``price(prompt_tokens, completion_tokens)`` prices a
-    completion without a reported cost (USD; None when no price is known).
+    docstring), then delete the journal segments it read. Run it before the run's counters are loaded
+    from the store: they then include what it stored. ``price(prompt_tokens, completion_tokens)``
+    prices a completion without a reported cost (USD; None when no price is known). Segments for
+    which ``live(path)`` is true (this run's own workers') are neither read nor deleted.
 
     Raises:
         sqlite3.Error / OSError: the store could not commit (the journals are kept for the next start).
     """
     jdir = journal.journal_dir(run_dir)
-    segs = await asyncio.to_thread(journal.segments, jdir)
+    segs = [p for p in await asyncio.to_thread(journal.segments, jdir) if not live(p)]
     if not segs:
         return Recovery()
     recs = await asyncio.to_thread(lambda: [r for seg in segs for r in journal.read_records(seg)])
@@ -103,16 +118,19 @@ async def recover_results(run_dir: Path, store: Store, price: Callable[[int, int
     if stored:
         writer.add_event("warning", "recovered", None, Recovery(len(stored)).line() or "")
     await writer.flush()
-    await asyncio.to_thread(_delete, segs)
+    if await store.checkpoint():  # in the database file, not only its -wal; else prune deletes them later
+        await asyncio.to_thread(_delete, segs)
     return Recovery(len(stored), segments=len(segs))
 
 
 async def recover_cut_streams(run_dir: Path, store: Store, price: Callable[[int, int], "float | None"],
-                              estimate: "CutEstimate | None" = None
+                              estimate: "CutEstimate | None" = None, live: Live = _never
                               ) -> tuple[Recovery, list[tuple[str, int, float]]]:
     """Record every stream in the in-flight ledgers of ``run_dir`` whose prompt is still pending (cut
     by a kill of the whole run) as an ``aborted`` attempt with its tokens and its estimated bill,
-    then delete the ledgers. Run it once prices are known (``price`` as in :func:`recover_results`).
+    then delete the ledgers it read. Run it once prices are known (``price`` as in
+    :func:`recover_results`). Ledgers for which ``live(path)`` is true (this run's own workers')
+    are neither read nor deleted.
 
     ``estimate(dataset, [(class, provider, prompt tokens, tokens received)])``: the cost figures of
     a dataset's cut streams (:meth:`engine.run.ending.RunEnding.cut_costs`): a stream with a
@@ -130,9 +148,10 @@ async def recover_cut_streams(run_dir: Path, store: Store, price: Callable[[int,
         sqlite3.Error / OSError: the store could not commit (the ledgers are kept for the next start).
     """
     jdir = journal.journal_dir(run_dir)
-    streams = await asyncio.to_thread(journal.read_ledgers, jdir)
+    paths = [p for p in await asyncio.to_thread(journal.ledgers, jdir) if not live(p)]
+    streams = await asyncio.to_thread(lambda: [s for p in paths for s in journal.read_ledger(p)])
     if not streams:
-        journal.remove_ledgers(jdir)
+        await asyncio.to_thread(_delete, paths)
         return Recovery(), []
     states = await store.prompt_states({(s[1], s[2]) for s in streams})
     # a stream that failed after the ledger's last rewrite has its attempt row (and spend) already
@@ -167,7 +186,7 @@ async def recover_cut_streams(run_dir: Path, store: Store, price: Callable[[int,
     if cut:
         writer.add_event("warning", "recovered", None, rec.line() or "")
     await writer.flush()
-    journal.remove_ledgers(jdir)
+    await asyncio.to_thread(_delete, paths)
     return rec, cut
 
 
@@ -181,21 +200,30 @@ def _segment_refs(seg: Path) -> list[tuple[Any, Any]]:
     return [(r["d"], r["k"]) for r in journal.read_records(seg)]
 
 
-async def prune(run_dir: Path, store: Store, keep: Callable[[Path], bool] = lambda p: False) -> int:
+async def prune(run_dir: Path, store: Store, keep: Callable[[Path], bool] = _never) -> int:
     """Delete the journal segments of ``run_dir`` whose every prompt is no longer pending in ``store``
-    (its result or failure is committed), except those ``keep(path)`` protects (a live worker's
-    open segment). Returns how many were deleted."""
+    (its result or failure is committed; an empty segment has none pending), except those
+    ``keep(path)`` protects: while workers run, ``keep`` must protect each one's open segment
+    (:meth:`engine.stream.pool.StreamWorkerPool.is_open_segment`), which may be empty still and be
+    written the next moment. A segment is deleted only after a checkpoint that copied every commit
+    into the database file (:meth:`engine.storage.store.Store.checkpoint`; none this time: nothing is
+    deleted). Returns how many were deleted."""
     jdir = journal.journal_dir(run_dir)
-    removed = 0
+    doomed = []
     for seg in await asyncio.to_thread(journal.segments, jdir):
         if keep(seg):
             continue
         recs = await asyncio.to_thread(_segment_refs, seg)
         states = await store.prompt_states(recs)
         if all(states.get(ref, (0, "gone", 0))[1] != "pending" for ref in recs):
-            seg.unlink(missing_ok=True)
-            removed += 1
-    return removed
+            doomed.append(seg)
+    # Deleted only once their results are in the database file itself, not only in its -wal (a lost
+    # -wal then loses nothing: the next start stores them from the journals again).
+    if doomed and not await store.checkpoint():
+        return 0
+    for seg in doomed:
+        seg.unlink(missing_ok=True)
+    return len(doomed)
 
 
-__all__ = ["KILLED_MESSAGE", "Recovery", "prune", "recover_cut_streams", "recover_results"]
+__all__ = ["KILLED_MESSAGE", "Live", "Recovery", "prune", "recover_cut_streams", "recover_results"]

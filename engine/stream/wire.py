@@ -10,7 +10,9 @@ run -> worker:
 worker -> run:
     ``("ready", pid)``; ``("prog", [(rid, chars, status, generation_id, provider, cost_usd), ...])``
     every ``progress_s`` for the streams that changed; ``("done", rid, Completion)`` once the
-    completion is in the journal; ``("err", rid, error_fields)``; ``("gone", rid)`` after a cancel.
+    completion is in the journal; ``("err", rid, error_fields)``; ``("gone", rid)`` after a cancel;
+    ``("hb", frozen_s)`` every second and at once after the worker's loop was found stopped
+    (``frozen_s``: seconds in all it did not run; :mod:`engine.stream.liveness`).
 
 Errors cross as plain fields (:func:`error_fields` / :func:`error_from_fields`), never as pickled
 exception objects, so an exception class with another constructor cannot break the frame.

@@ -13,6 +13,12 @@ Progress (tokens received, generation id, provider, status) goes to the run in o
 message every ``progress_s`` (100 ms), not one per SSE event; the in-flight ledger is rewritten every
 ``ledger_s``. The worker ignores the terminal's signals (the run decides when it stops) and dies with
 the run: on ``close``, on the socket's end, or by the kernel (``PR_SET_PDEATHSIG``).
+
+It sends a heartbeat (``hb``) every :data:`~engine.stream.liveness.HEARTBEAT_S` with the time its
+loop was found not running. Its loop (:class:`RunningTimeLoop`) keeps time only while it runs: a
+worker stopped for 30 s (``SIGSTOP``) and continued judges its streams' stall and total timeouts
+without those 30 s, and reads the bytes that arrived meanwhile before any of them is due, so a
+stream the provider finished during the stop is stored, not cut as a stall and bought again.
 """
 
 from __future__ import annotations
@@ -20,17 +26,62 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import selectors
 import socket
 import sys
 import time
+from collections.abc import Callable
 
 from engine.client.accumulate import StreamProgress
 from engine.client.chat import ChatClient
 from engine.client.types import ChatRequest, Completion, ErrorClass, RequestError
 from engine.stream import journal
+from engine.stream.liveness import HEARTBEAT_S, FreezeClock
 from engine.stream.wire import WorkerInit, encode, error_fields, read_frame
 
 log = logging.getLogger("engine.stream.worker")
+
+
+class _WatchedSelector(selectors.DefaultSelector):
+    """The default selector, timing each wait for :class:`FreezeClock`."""
+
+    def __init__(self, clock: FreezeClock, on_gap: Callable[[float], None]) -> None:
+        super().__init__()
+        self.clock = clock
+        self.on_gap = on_gap
+
+    def select(self, timeout: float | None = None):  # selectors.BaseSelector.select, timed
+        before = time.monotonic()
+        try:
+            return super().select(timeout)
+        finally:
+            gap = self.clock.observe(before, time.monotonic(), timeout)
+            if gap:
+                self.on_gap(gap)
+
+
+class RunningTimeLoop(asyncio.SelectorEventLoop):
+    """An event loop whose :meth:`time` counts only the time it ran: ``time.monotonic()`` less the
+    gaps :class:`~engine.stream.liveness.FreezeClock` found (a stopped process, a blocked loop).
+
+    Every timer and timeout on it (``asyncio.timeout``, ``call_later``, httpx's read timeout through
+    anyio) is measured on that clock. The gap is known as the wait for I/O that spans it returns,
+    before the loop looks at its timers: the sockets that became readable meanwhile are served
+    first, and no timer falls due because of the gap.
+    """
+
+    def __init__(self) -> None:
+        self.freeze = FreezeClock()
+        #: ``on_freeze(gap_s)`` runs on the loop (soon) after each gap found.
+        self.on_freeze: Callable[[float], None] | None = None
+        super().__init__(_WatchedSelector(self.freeze, self._gap))
+
+    def _gap(self, gap: float) -> None:
+        if self.on_freeze is not None:
+            self.call_soon(self.on_freeze, gap)
+
+    def time(self) -> float:
+        return time.monotonic() - self.freeze.frozen_s
 
 
 class _Stream:
@@ -169,9 +220,31 @@ class Worker:
                 else:
                     warned = False
 
+    def heartbeat(self) -> None:
+        """Send ``("hb", seconds this worker's loop was found not running in all)``."""
+        clock = getattr(asyncio.get_running_loop(), "freeze", None)
+        self.send(("hb", clock.frozen_s if clock is not None else 0.0))
+
+    def woke(self, gap: float) -> None:
+        """The loop did not run for ``gap`` s (found as it woke): say so at once, before the results
+        of the streams that finished meanwhile."""
+        log.warning("the loop did not run for %.1fs (process stopped or blocked); the streams' stall and "
+                    "total timeouts leave that time out", gap)
+        self.heartbeat()
+
+    async def heartbeat_loop(self) -> None:
+        """Every :data:`HEARTBEAT_S`: a heartbeat, so the run sees this worker answer (and a timer is
+        always due within it: a wait for I/O never outlasts it)."""
+        loop = asyncio.get_running_loop()
+        if isinstance(loop, RunningTimeLoop):
+            loop.on_freeze = self.woke
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            self.heartbeat()
+
     async def serve(self) -> None:
         """Read commands until ``close`` or the end of the socket, then cancel every stream."""
-        loops = [asyncio.create_task(self.progress_loop())]
+        loops = [asyncio.create_task(self.progress_loop()), asyncio.create_task(self.heartbeat_loop())]
         if self.journal is not None:
             loops += [asyncio.create_task(self.journal_loop()), asyncio.create_task(self.ledger_loop())]
         self.send(("ready", os.getpid()))
@@ -239,7 +312,8 @@ def main(argv: list[str] | None = None) -> None:
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)  # as the run does: full collections stall a loop of thousands of streams
     try:
-        asyncio.run(_main(int(args[0])))
+        with asyncio.Runner(loop_factory=RunningTimeLoop) as runner:
+            runner.run(_main(int(args[0])))
     except KeyboardInterrupt:  # pragma: no cover - terminal signals are ignored
         pass
 

@@ -7,7 +7,12 @@ whether it was fully sent):
   after the rerun (the journal is ingested at start);
 - bought twice: prompts with more than one fully sent completion (each was paid twice);
 - a pause: no request reaches the simulator while the run is paused once those in flight ended,
-  retries included.
+  retries included;
+- journaled but not committed (issue 34): the completions in the journal files whose prompt has no
+  stored result right after the kill; the rerun must store every one of them from the journal
+  (``recovered: N completion(s)``), never buy them again;
+- a stream worker stopped (``SIGSTOP``) longer than ``stall_s`` (issue 34): shown frozen, and on
+  ``SIGCONT`` what the provider finished meanwhile is stored, not cut as a stall and bought again.
 
 ``make test`` runs them at 300 streams; ``make chaos`` (``DATAGEN_LONG=1``) at the product's own
 scale, 2,000 streams. Counts are asserted, never times.
@@ -18,14 +23,17 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
 import time
 
 import pytest
-from e2e import SimProcess, read_log, run_cmd, run_env, status_json, write_prompts
+from e2e import PY, SimProcess, read_log, run_cmd, run_env, status_json, write_prompts
 from waiting import wait_for
+
+from engine.stream import journal
 
 # issue 27: minutes of full load with kill -9 of the group and of a stream worker: `make slow` runs it.
 pytestmark = [pytest.mark.slow, pytest.mark.serial]  # full load: alone, after the parallel part of `make slow`
@@ -38,7 +46,8 @@ PROMPTS = 8000 if LONG else 900
 MAX_LOST = 50
 
 
-def _config(tmp_path, base_url, data, *, faults: bool = False, workers: int = 1):
+def _config(tmp_path, base_url, data, *, faults: bool = False, workers: int = 1, stall_s: float = 30,
+            anomaly: str = "anomaly_error_rate = 0"):
     cfg = tmp_path / "config.toml"
     cfg.write_text(f"""
 [run]
@@ -53,10 +62,10 @@ base_url = "{base_url}"
 api_key_env = "E2E_KEY"
 [provider.timeouts]
 connect_s = 10
-stall_s = 30
+stall_s = {stall_s}
 total_s = 300
 [spend]
-anomaly_error_rate = 0
+{anomaly}
 [classes.short]
 max_tokens = 4096
 concurrency = {CONC}
@@ -97,6 +106,24 @@ def _counts(run_dir, log, kill_t: float | None = None):
     return len(not_stored), twice, len(stored)
 
 
+def _journaled_not_committed(run_dir) -> dict[str, str]:
+    """Right after a kill: generation id -> prompt key of every completion in the journal files
+    (read from disk) whose prompt has no stored result."""
+    db = sqlite3.connect(run_dir / "store.sqlite")
+    try:
+        stored = {(d, k) for d, k in db.execute("SELECT dataset, key FROM results")}
+    finally:
+        db.close()
+    recs = [r for seg in journal.segments(run_dir / "journal") for r in journal.read_records(seg)]
+    return {r["c"]["generation_id"]: r["k"] for r in recs if (r["d"], r["k"]) not in stored}
+
+
+def _recovered(out: str) -> int:
+    """N of the rerun's ``recovered: N completion(s) ... stored from the stream workers' journals``."""
+    m = re.search(r"recovered: (\d+) completion\(s\)", out)
+    return int(m.group(1)) if m else 0
+
+
 def _in_flight(run_dir) -> int:
     try:
         return status_json(run_dir)["totals"]["in_flight"]
@@ -123,6 +150,7 @@ def test_kill9_of_the_process_group_at_full_load_loses_almost_nothing(tmp_path):
                 p.wait()
         time.sleep(1)
         sent_before = sum(1 for e in read_log(log) if e["outcome"] == "completed" and e["fully_sent"])
+        journaled = _journaled_not_committed(run_dir)
         with open(tmp_path / "run2.out", "w") as out:
             p2 = _start(cfg, out)
             try:
@@ -135,9 +163,15 @@ def test_kill9_of_the_process_group_at_full_load_loses_almost_nothing(tmp_path):
     not_stored, twice, stored = _counts(run_dir, log, kill_t)
     out2 = (tmp_path / "run2.out").read_text()
     print(f"\nkill -9 of the process group at {CONC} streams after {sent_before} completions: billed but not "
-          f"stored {not_stored}, bought twice {twice}, stored {stored}/{PROMPTS}; rerun said: "
+          f"stored {not_stored}, bought twice {twice}, stored {stored}/{PROMPTS}; {len(journaled)} journaled but "
+          f"not committed at the kill; rerun said: "
           f"{next((ln for ln in out2.splitlines() if ln.startswith('recovered')), '(nothing recovered)')}")
     assert stored == PROMPTS
+    assert _recovered(out2) == len(journaled)  # every journaled, uncommitted completion stored from the journal
+    db = sqlite3.connect(run_dir / "store.sqlite")
+    stored_gids = {g for (g,) in db.execute("SELECT generation_id FROM results")}
+    db.close()
+    assert set(journaled) <= stored_gids
     assert not_stored <= MAX_LOST and twice <= MAX_LOST
     assert "recovered: " in out2 and "stream(s) cut by its end counted as lost spend" in out2
     doc = status_json(run_dir)
@@ -146,6 +180,106 @@ def test_kill9_of_the_process_group_at_full_load_loses_almost_nothing(tmp_path):
     (cut,) = db.execute("SELECT COUNT(*) FROM attempts WHERE outcome='aborted' AND message LIKE 'stream cut%'").fetchone()
     db.close()
     assert cut >= CONC * 0.5  # the streams the kill cut are counted as lost spend
+
+
+@pytest.mark.timeout(900 if LONG else 400)
+def test_a_run_held_stopped_then_killed_stores_what_its_workers_journaled_meanwhile(tmp_path):
+    """Issue 34: the run's process held (SIGSTOP) 3 s at full load, then the whole group killed. The
+    workers went on streaming and journaling; nothing reached the store. Before, the journal segments
+    had been deleted at start (while the workers had them open): the rerun found nothing and bought
+    all of them (95 in the issue) again. Now each is stored from the journal, and bought once."""
+    data = write_prompts(tmp_path / "prompts.jsonl", PROMPTS, tag="held ")
+    sim, log = _sim(tmp_path, tokens_per_s=20)
+    run_dir = tmp_path / "run"
+    try:
+        cfg = _config(tmp_path, sim.base_url, data)
+        with open(tmp_path / "run1.out", "w") as out:
+            p = _start(cfg, out)
+            try:
+                wait_for(lambda: _in_flight(run_dir) >= CONC * 0.9, 240, interval=0.2, what="streams in flight")
+                wait_for(lambda: sum(1 for _ in open(log)) >= CONC * 0.3, 240, interval=0.2, what="completions")
+                os.kill(p.pid, signal.SIGSTOP)  # the run's own process; its stream workers go on
+                time.sleep(3)
+            finally:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        time.sleep(1)
+        journaled = _journaled_not_committed(run_dir)
+        with open(tmp_path / "run2.out", "w") as out:
+            p2 = _start(cfg, out)
+            try:
+                assert p2.wait(600 if LONG else 300) == 0, (tmp_path / "run2.out").read_text()[-3000:]
+            finally:
+                if p2.poll() is None:
+                    os.killpg(p2.pid, signal.SIGKILL)
+    finally:
+        sim.stop()
+    not_stored, twice, stored = _counts(run_dir, log)
+    out2 = (tmp_path / "run2.out").read_text()
+    sent = collections.Counter(e["prompt_key"] for e in read_log(log) if e["outcome"] == "completed" and e["fully_sent"])
+    journaled_twice = sum(1 for k in journaled.values() if sent[k] > 1)
+    print(f"\nrun held stopped 3 s at {CONC} streams, then kill -9: {len(journaled)} completion(s) journaled but not "
+          f"committed, {_recovered(out2)} recovered from the journal, {journaled_twice} of them bought again; "
+          f"overall billed but not stored {not_stored}, bought twice {twice}, stored {stored}/{PROMPTS}")
+    assert len(journaled) >= 10  # the stop held results back from the store (before: 0, the files were gone)
+    assert _recovered(out2) == len(journaled)
+    db = sqlite3.connect(run_dir / "store.sqlite")
+    stored_gids = {g for (g,) in db.execute("SELECT generation_id FROM results")}
+    db.close()
+    assert set(journaled) <= stored_gids
+    assert journaled_twice == 0
+    assert stored == PROMPTS and not_stored <= MAX_LOST and twice <= MAX_LOST
+
+
+@pytest.mark.timeout(400)
+def test_a_stream_worker_stopped_past_the_stall_timeout_stalls_nothing(tmp_path):
+    """Issue 34: one of 2 stream workers stopped 8 s with ``stall_s = 2``. Before: ``status`` showed it
+    alive, and on SIGCONT every stream it held was cut as ``stall: no bytes for 2s`` (what the
+    provider had finished meanwhile was bought again), enough to trip the error-rate guard. Now it
+    is shown frozen while stopped, and its streams go on when it runs again."""
+    data = write_prompts(tmp_path / "prompts.jsonl", PROMPTS, tag="frozen ")
+    sim, log = _sim(tmp_path, tokens_per_s=20)
+    run_dir = tmp_path / "run"
+    try:
+        cfg = _config(tmp_path, sim.base_url, data, workers=2, stall_s=2, anomaly="anomaly_error_rate = 0.2")
+        with open(tmp_path / "run.out", "w") as out:
+            p = _start(cfg, out)
+            try:
+                wait_for(lambda: _in_flight(run_dir) >= CONC * 0.9, 240, interval=0.2, what="streams in flight")
+                victim = status_json(run_dir)["stream_workers"]["workers"][0]
+                held = victim["in_flight"]
+                os.kill(victim["pid"], signal.SIGSTOP)
+                try:
+                    t0 = time.monotonic()
+                    doc = wait_for(lambda: (d := status_json(run_dir))["stream_workers"]["frozen"] == 1 and d, 20,
+                                   interval=0.2, what="the stopped worker shown frozen")
+                    text = subprocess.run([PY, "-m", "datagen", "status", str(run_dir)], capture_output=True,
+                                          text=True, timeout=60).stdout
+                    time.sleep(max(0.0, 8 - (time.monotonic() - t0)))
+                finally:
+                    os.kill(victim["pid"], signal.SIGCONT)
+                w0 = doc["stream_workers"]["workers"][0]
+                assert (w0["alive"], w0["frozen"], w0["pid"]) == (True, True, victim["pid"]) and w0["silent_s"] >= 5
+                assert f"stream worker 0 (pid {victim['pid']}): not answering for" in text
+                assert p.wait(300) == 0, (tmp_path / "run.out").read_text()[-3000:]
+            finally:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+    finally:
+        sim.stop()
+    not_stored, twice, stored = _counts(run_dir, log)
+    db = sqlite3.connect(run_dir / "store.sqlite")
+    stalls = db.execute("SELECT COUNT(*) FROM attempts WHERE error_class = 'stall'").fetchone()[0]
+    events = db.execute("SELECT level, message FROM events WHERE kind = 'stream_worker' ORDER BY id").fetchall()
+    paused = db.execute("SELECT COUNT(*) FROM events WHERE message LIKE '%paus%'").fetchone()[0]
+    db.close()
+    print(f"\none of 2 stream workers stopped 8 s (stall_s 2) holding {held} streams: {stalls} stall(s), billed but "
+          f"not stored {not_stored}, bought twice {twice}, stored {stored}/{PROMPTS}")
+    assert (stalls, not_stored, twice, stored) == (0, 0, 0, PROMPTS)  # before: ~held stalls, bought again
+    assert paused == 0  # no guard paused the run
+    assert [lv for lv, _ in events] == ["warning", "info"]
+    assert "has not answered for" in events[0][1] and "answers again after" in events[1][1]
+    assert status_json(run_dir)["stream_workers"]["restarts"] == 0
 
 
 @pytest.mark.timeout(900 if LONG else 400)

@@ -94,6 +94,14 @@ def test_capped_projection_and_eta_reason():
     assert "$25.40 > cap $25.00 (in flight)" in line and "capped at" not in line
 
 
+def test_a_frozen_stream_worker_shows_in_the_header():
+    """Issue 34: a stream worker stopped (SIGSTOP) read as up; now ``· 1 frozen`` while it is silent."""
+    s = dataclasses.replace(fixed_snapshot(), stream_workers=2, stream_workers_alive=2, stream_workers_frozen=1)
+    line1 = header_lines(s, width=140)[0].plain
+    assert "workers 2 · 1 frozen" in line1
+    ok = dataclasses.replace(s, stream_workers_frozen=0)
+    assert "frozen" not in header_lines(ok, width=140)[0].plain
+
 def test_fit_shortens_before_it_drops_and_never_cuts_a_number():
     segs = [(0, Text("spent $1.00 / cap $2.00"), (1, Text("spent $1.00/$2.00"))), (3, Text("rate $2/h")),
             (0, Text("ETA 12m05s"))]

@@ -136,7 +136,7 @@ def header_lines(s: RunSnapshot | None, note: str = "", width: int = 160) -> lis
         (0, _t(f"{s.req_per_s:.1f} req/s")),
         (3, _t(f"{s.tok_per_s:,.0f} tok/s")),
         (4, _t("loop lag ", (f"{s.loop_lag_ms:.0f} ms", lag_style))),
-        (1 if s.stream_workers_alive < s.stream_workers else 4, workers_text(s)),
+        (1 if s.stream_workers_alive < s.stream_workers or s.stream_workers_frozen else 4, workers_text(s)),
         (0, _t((note, "bold reverse")) if note else Text()),
     ], width)
 
@@ -263,7 +263,8 @@ def tokens_segment(s: RunSnapshot) -> Segment:
 
 def workers_text(s: RunSnapshot) -> Text:
     """``"workers 3"`` (the stream-worker processes), ``"workers 2/3"`` in red while one is down, and
-    how many were replaced after dying (``"· 1 restarted"``); empty when the run has none."""
+    how many were replaced after dying (``"· 1 restarted"``) and how many are up but not answering
+    (``"· 1 frozen"``, red); empty when the run has none."""
     if not s.stream_workers:
         return Text()
     down = s.stream_workers_alive < s.stream_workers
@@ -271,6 +272,8 @@ def workers_text(s: RunSnapshot) -> Text:
                         "bold red" if down else ""))
     if s.stream_worker_restarts:
         t.append(f" · {s.stream_worker_restarts} restarted", style="yellow")
+    if s.stream_workers_frozen:
+        t.append(f" · {s.stream_workers_frozen} frozen", style="bold red")
     return t
 
 
