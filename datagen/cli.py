@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from datagen.parser import build_parser, version
 from engine.errors import DatagenError
@@ -53,6 +54,17 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except DatagenError as e:
         print(f"error: {e}", file=sys.stderr)
+        return getattr(args, "error_exit", 1)
+    except Exception as e:  # a store damaged after the command's check: one line, as a refused start
+        from engine.storage.health import damaged_message, is_damage
+
+        if not is_damage(e):
+            raise
+        from engine.storage.schema import db_path
+
+        run_dir = getattr(args, "run_dir", None)
+        where = db_path(Path(run_dir)) if run_dir else Path("RUN_DIR/store.sqlite")
+        print(f"error: {damaged_message(where, str(e))}", file=sys.stderr)
         return getattr(args, "error_exit", 1)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

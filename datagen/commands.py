@@ -24,10 +24,25 @@ def cmd_sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_store(run_dir: Path, *, thorough: bool = False) -> None:
+    """Refuse a damaged store before a command reads or writes it: SQLite's ``quick_check``
+    (``thorough``: ``integrity_check``, for commands that write), :func:`engine.storage.health.check`;
+    nothing to check when there is no store yet (the command says so itself).
+
+    Raises:
+        engine.storage.health.DamagedStoreError: the store is damaged (:func:`datagen.cli.main` prints its one line).
+    """
+    from engine.storage.health import check
+    from engine.storage.schema import db_path
+
+    check(db_path(run_dir), thorough=thorough)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     """``datagen status``: print (or ``--watch``) a run's progress from its store. Returns 0, 1 for bad options."""
     from engine.report.status import collect_status, format_status, watch_status
 
+    check_store(Path(args.run_dir))  # once, --watch included
     if args.interval is not None and not args.watch:
         print("error: --interval goes with --watch", file=sys.stderr)
         return 1
@@ -59,6 +74,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"error: --out {out}: exists and is not a directory (expected a directory to write into)",
               file=sys.stderr)
         return EXIT_ERROR
+    check_store(Path(args.run_dir))
     lock, live = None, None
     if args.format != "raw":  # validating what is not validated yet writes the store: not beside a live run
         try:
@@ -148,6 +164,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_ERROR
     try:
+        check_store(run_dir, thorough=True)  # it writes verdicts
         section = section_for_run(run_dir, args.config)
         if section is None:
             print(f"error: {run_dir} stores no [tokenizer]: pass --config CONFIG with a [tokenizer] section", file=sys.stderr)
@@ -186,6 +203,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"error: --out {out}: exists and is not a directory (expected a directory to write into)", file=sys.stderr)
         return EXIT_ERROR
     cfg = load_config(args.config, check_files=False) if args.config else None
+    check_store(Path(args.run_dir))
     try:
         path = write_report(Path(args.run_dir), out, cfg)
     except OSError as e:
@@ -231,6 +249,7 @@ def cmd_ctl(args: argparse.Namespace) -> int:
 
     if args.verb.startswith("extract-"):
         return cmd_ctl_extract(args)
+    check_store(Path(args.run_dir))
 
     dataset, arg = args.dataset, None
     if args.verb == "concurrency":

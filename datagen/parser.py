@@ -16,6 +16,8 @@ from datagen.commands import (
     cmd_validate,
 )
 from datagen.runcmd import cmd_run
+from datagen.salvagecmd import EXIT_ERROR as SALVAGE_ERROR
+from datagen.salvagecmd import cmd_salvage
 
 
 def version() -> str:
@@ -120,6 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--config", help="config whose [spend] and classes the reservations are computed with "
                     "(default: the settings stored with the run)")
     rp.set_defaults(func=cmd_report, error_exit=EXIT_ERROR)
+
+    sv = sub.add_parser("salvage", help="copy what SQLite can read of RUN_DIR's damaged store into a new store in "
+                        "its place, keeping the damaged file (exit 0 salvaged, 1 nothing to salvage, 2 error)",
+                        description="Rows SQLite cannot read are lost: results lost make their prompts pending "
+                        "again (stored from RUN_DIR/journal when there, else bought again at the next run); lost "
+                        "prompts are read again from the dataset files. Prints per table the rows saved and lost.")
+    sv.add_argument("run_dir")
+    sv.set_defaults(func=cmd_salvage, error_exit=SALVAGE_ERROR)
 
     mt = sub.add_parser("make-tokenizer", help="build the small Kimi-layout demo tokenizer into DIR, offline "
                         "(for the simulator: Kimi-K2.5's layout, not its vocabulary)")

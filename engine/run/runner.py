@@ -35,6 +35,7 @@ from engine.run.ingest import ingest_all
 from engine.run.scheduler import Scheduler
 from engine.run.seams import AccountClient, TextOut
 from engine.run.supervisor import USAGE_BASELINE_KEY, Supervisor
+from engine.storage.health import damaged_message
 from engine.storage.store import Store, make_run_dir
 from engine.storage.writer import StoreWriter
 from engine.stream.pool import StreamWorkerPool, default_stream_workers
@@ -111,7 +112,8 @@ class Job:
         else:
             await self.writer.flush()
         await self.client.aclose()
-        if self.pool is not None and not self.writer.queued:  # every journaled result committed: drop them
+        if self.pool is not None and not self.writer.queued and self.writer.damaged is None:  # every journaled
+            # result committed: drop them (a damaged store's are kept for after `datagen salvage`)
             try:
                 await prune(self.cfg.run.dir, self.store, keep=self.pool.is_open_segment)
             except Exception:  # kept journals are ingested (once) at the next start
@@ -222,6 +224,10 @@ async def prepare(cfg: Config, out: TextOut = sys.stdout) -> Job:
         await pool.start()
 
         def store_failed(e: BaseException) -> None:
+            if writer.damaged is not None:  # never written again: the run stops, the streams in flight
+                # finish into the workers' journals (stored from them after `datagen salvage`)
+                sched.ending.stop(damaged_message(store.path, str(writer.damaged)), exit_code=1, abort=False)
+                return
             guards.apply(sched, guards.store_failing(e, sched.runstate))
 
         def store_recovered() -> None:
@@ -501,6 +507,8 @@ async def run_job(job: Job, *, exit_on_pause: bool = False, stop_on_auth: bool =
     async def prune_journals() -> None:  # a journal segment whose results are all committed is deleted
         while job.pool is not None:
             await asyncio.sleep(JOURNAL_PRUNE_S)
+            if job.writer.damaged is not None:  # kept for after `datagen salvage`
+                continue
             try:
                 await prune(job.cfg.run.dir, job.store, keep=job.pool.is_open_segment)
             except Exception:  # kept segments are pruned later or ingested (once) at the next start

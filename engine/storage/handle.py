@@ -15,6 +15,7 @@ import sqlite3
 from pathlib import Path
 from typing import Iterator
 
+from engine.storage.health import DamagedStoreError, is_damage
 from engine.storage.schema import StoreError, db_path
 
 
@@ -90,10 +91,16 @@ def transaction(h: Handle) -> Iterator[None]:
 
 def not_ready(h: Handle) -> str | None:
     """Why the store cannot be read yet (its tables are not all created: a run is starting, or one
-    was killed while creating it), as SQLite says it; None when it can."""
+    was killed while creating it), as SQLite says it; None when it can.
+
+    Raises:
+        engine.storage.health.DamagedStoreError: SQLite finds the file damaged (not a store being created).
+    """
     try:
         h._db.execute("SELECT 1 FROM meta, datasets, prompts, results, attempts, runtime LIMIT 0")
     except sqlite3.DatabaseError as e:
+        if is_damage(e):
+            raise DamagedStoreError(h.path, str(e)) from None
         return str(e)
     return None
 

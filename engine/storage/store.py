@@ -12,6 +12,7 @@ write through :mod:`engine.storage.handle` (synchronous).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import time
@@ -21,6 +22,7 @@ from typing import Any
 import aiosqlite
 
 from engine.storage.dispatch import DispatchQueries, PendingPrompt
+from engine.storage.health import DamagedStoreError, check, is_damage
 from engine.storage.ingest import IngestQueries
 from engine.storage.offline import failed_filter
 from engine.storage.resume import ResumeQueries
@@ -50,14 +52,19 @@ class Store(IngestQueries, DispatchQueries, ResumeQueries):
 
     @classmethod
     async def open(cls, run_dir: Path) -> "Store":
-        """Open (creating if needed) the store of ``run_dir``.
+        """Open (creating if needed) the store of ``run_dir``. An existing store passes SQLite's
+        ``integrity_check`` first (:func:`engine.storage.health.check`): nothing is written into a
+        damaged one.
 
         Raises:
-            StoreError: the database has another schema version or is not a SQLite file.
+            DamagedStoreError: the file is damaged (SQLite's check, or an error of its own reading it).
+            StoreError: the database has another schema version, or cannot be opened.
         """
         make_run_dir(run_dir)
         path = db_path(run_dir)
         new = not path.exists()
+        if not new:
+            await asyncio.to_thread(check, path, thorough=True)
         if new:
             fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
             os.close(fd)
@@ -89,6 +96,8 @@ class Store(IngestQueries, DispatchQueries, ResumeQueries):
                     os.chmod(extra, 0o600)
         except sqlite3.DatabaseError as e:
             await conn.close()
+            if is_damage(e):
+                raise DamagedStoreError(path, str(e)) from None
             raise StoreError(f"{path}: not a usable store: {e}") from None
         except BaseException:
             await conn.close()
@@ -96,11 +105,28 @@ class Store(IngestQueries, DispatchQueries, ResumeQueries):
         return cls(conn, path)
 
     async def close(self) -> None:
-        """Checkpoint the WAL and close."""
+        """Checkpoint the WAL and close; a damaged file is closed as it is (its ``-wal`` kept for
+        ``datagen salvage``)."""
         try:
             await self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.DatabaseError as e:
+            if not is_damage(e):
+                raise
         finally:
             await self.conn.close()
+
+    async def checkpoint(self) -> bool:
+        """Copy the WAL into the database file without waiting for readers (``PASSIVE``); True when
+        every committed transaction is now in the database file, fsynced (``synchronous=NORMAL``
+        syncs it after a complete checkpoint), so a lost ``-wal`` file can no longer lose it. False
+        when a reader holds an older snapshot, or the writer's transaction is open on this connection
+        (SQLite refuses the checkpoint then: ``database table is locked``); the next one catches up."""
+        try:
+            cur = await self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            row = await cur.fetchone()
+        except sqlite3.OperationalError:
+            return False
+        return row is not None and not row[0] and row[1] == row[2]  # (busy, frames in the WAL, copied)
 
     # ---- meta -------------------------------------------------------------------------------
     async def get_meta(self, key: str) -> str | None:

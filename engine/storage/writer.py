@@ -9,6 +9,10 @@ synchronously right after the queue is swapped, so ``datagen status`` always see
 
 Exactly once: ``results`` has PRIMARY KEY ``prompt_id`` and UNIQUE (dataset, key) and is written
 with ``INSERT OR IGNORE``; the prompt's ``state`` flips to ``done`` in the same transaction.
+
+A commit that fails because the file is damaged (:func:`engine.storage.health.is_damage`) is never
+retried: nothing more is written into a store that cannot be read back (the batch stays in memory, and
+every completion in it is in the stream workers' journals, stored again after ``datagen salvage``).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any, Callable
 
 from engine.client.conformance import encode_flags
 from engine.client.types import Completion, Usage
+from engine.storage.health import is_damage
 from engine.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -35,7 +40,8 @@ class StoreWriter:
         live: callable returning the runtime row fields ``{"state", "state_reason", "elapsed_s",
             "live": dict}``; called synchronously at each commit.
         on_error: called with the exception when a commit fails (e.g. disk full); the batch is
-            kept and retried at the next tick, nothing is dropped.
+            kept and retried at the next tick, nothing is dropped; a damaged file is not retried
+            (:attr:`damaged`, see the module docstring).
         on_recover: called once when a commit succeeds after failures.
     """
 
@@ -68,6 +74,8 @@ class StoreWriter:
         self.commits = 0
         self.rows_committed = 0
         self.last_error: BaseException | None = None
+        #: the error of a commit that found the store's file damaged; no commit is tried after it.
+        self.damaged: BaseException | None = None
 
     # ---- queueing (synchronous, O(1)) -------------------------------------------------------
     def add_result(self, prompt_id: int, dataset: str, key: str, c: Completion, attempts: int, now: float | None = None,
@@ -153,7 +161,13 @@ class StoreWriter:
 
         Raises:
             sqlite3.Error / OSError: the commit failed; the batch is put back for the next try.
+            engine.storage.health.DamagedStoreError: an earlier commit found the file damaged
+                (:attr:`damaged`): nothing is tried.
         """
+        if self.damaged is not None:
+            from engine.storage.health import DamagedStoreError
+
+            raise DamagedStoreError(self.store.path, str(self.damaged))
         async with self._lock:
             batch = (self._results, self._done, self._failed, self._attempts, self._events, self._touch, self._costs,
                      self._usage)
@@ -219,6 +233,8 @@ class StoreWriter:
                 self._usage[:0] = usage
                 if isinstance(e, Exception):
                     self.last_error = e
+                    if is_damage(e):
+                        self.damaged = e
                 raise
             n = len(results) + len(failed) + len(attempts) + len(events) + len(touch) + len(costs) + len(usage)
             self.commits += 1
@@ -252,6 +268,12 @@ class StoreWriter:
             try:
                 await self.flush()
             except Exception as e:  # reported, retried next tick
+                if self.damaged is not None:  # never retried: see the module docstring
+                    if self._on_error:
+                        self._on_error(e)  # it says so (the run stops)
+                    else:
+                        log.error("store commit failed, the store is damaged: %s; nothing more is written to it", e)
+                    return
                 log.error("store commit failed (will retry): %s", e)
                 self.failing = True
                 if self._on_error:
@@ -263,6 +285,8 @@ class StoreWriter:
                 if self._on_recover:
                     self._on_recover()
         for _ in range(3):  # last commit; a store that still fails keeps the batch in the log only
+            if self.damaged is not None:
+                return
             try:
                 await self.flush()
                 return
