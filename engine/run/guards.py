@@ -15,6 +15,11 @@ to pause, why, and which guard) or None. :func:`apply` carries a decision out on
 - :func:`reserve_refused`: a reservation was refused for credits, or could not be priced;
 - :func:`run_wide`: an error of the account, the route or the config (:mod:`engine.run.runwide`);
 - :func:`store_failing`: store commits fail (:func:`store_recovered` says when to resume);
+- :func:`run_dir_lost`: the run directory (or its store) was deleted, moved or replaced while running:
+  the run stops (not a pause: a deleted store cannot take results, a moved one is no longer where
+  ``status``, ``ctl`` and a restart look), exit :data:`EXIT_DIR_LOST`;
+- :func:`disk`: the run directory stopped accepting new files, or its filesystem is nearly full
+  (:func:`disk_reserve_bytes`): the run pauses before commits fail; :func:`disk_recovered` says when to resume;
 - :func:`exit_on_pause`: whether a run paused by a guard with nothing in flight should end
   (``--exit-on-pause``, or a rejected key headless), and the reason.
 
@@ -23,6 +28,7 @@ Messages and kinds are part of the interface: events, notices, the status JSON a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -30,10 +36,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 from engine.run.runstate import Control, DatasetState, PauseKind
 
 if TYPE_CHECKING:
+    from engine.money.inflight import InFlightCost
     from engine.money.spend import CreditsReading
     from engine.report.snapshot import RunSnapshot
     from engine.run.runstate import DatasetRuntime, RunState
     from engine.run.runwide import Condition
+    from engine.storage.rundir import DirHealth
 
 #: ``Pause.dataset`` None: the whole run.
 RUN = None
@@ -144,6 +152,100 @@ def store_recovered(run: "RunState") -> bool:
     return run.pause == PauseKind.STORE
 
 
+# ---- the run directory and its disk --------------------------------------------------------------
+#: ``datagen run``'s exit status when its run directory (or store) was deleted, moved or replaced while running.
+EXIT_DIR_LOST = 4
+#: Free space (bytes) the run keeps on the run directory's filesystem beyond what its slots may need.
+DISK_MARGIN_BYTES = 32 * 1024 * 1024
+#: Bytes one request slot may need to store its result (a long reasoning completion, its token ids, the WAL).
+DISK_PER_SLOT_BYTES = 64 * 1024
+#: The reserve is at most this share of the filesystem (a small filesystem is not paused from the start).
+DISK_MAX_SHARE = 0.05
+#: A disk pause lifts once free space reaches this multiple of the reserve (no pause/resume flapping).
+DISK_RESUME_FACTOR = 1.5
+
+
+def disk_reserve_bytes(total_bytes: int | None, slots: int) -> int:
+    """Free bytes under which the run pauses: :data:`DISK_MARGIN_BYTES` plus :data:`DISK_PER_SLOT_BYTES`
+    per request slot (``slots``: the classes' concurrency summed), at most :data:`DISK_MAX_SHARE` of
+    the filesystem's size ``total_bytes`` (bytes; None: unknown, no cap). E.g. 2,500 slots: 188 MiB."""
+    need = DISK_MARGIN_BYTES + max(0, slots) * DISK_PER_SLOT_BYTES
+    if total_bytes:
+        need = min(need, int(total_bytes * DISK_MAX_SHARE))
+    return need
+
+
+def _mb(n: float, up: bool = False) -> str:
+    """Bytes as ``2.1 MB`` (one decimal: rounded down, or up with ``up``: a free figure never reads as its reserve)."""
+    tenths = math.ceil(n / 1e5) if up else math.floor(n / 1e5)
+    return f"{tenths / 10:,.1f} MB"
+
+
+@dataclass(frozen=True)
+class DirLost:
+    """The decision when the run directory is gone: stop with ``reason`` (the run's state reason and
+    last line), aborting the streams in flight (``abort``: their results have nowhere to go) or
+    draining them into the store where it now is; exit :data:`EXIT_DIR_LOST`."""
+
+    reason: str
+    abort: bool
+    exit_code: int = EXIT_DIR_LOST
+
+
+def run_dir_lost(h: "DirHealth", cost: "InFlightCost") -> DirLost | None:
+    """Stop the run when its directory or store was deleted, moved or replaced (``h`` from
+    :meth:`engine.storage.rundir.RunDirWatch.probe`); ``cost``: the streams in flight (USD, their count).
+
+    Deleted: the streams in flight are cut at once (what they would bring cannot be stored), e.g.
+    ``run directory runs/x was deleted while running; 32 in-flight stream(s) cut (est. $0.0123 billed for
+    nothing); the store went with it, nothing more is bought``. Moved: the store is still written through
+    its open file, so the streams in flight drain into it, e.g. ``run directory runs/x was moved while
+    running (now at runs/y); 32 in-flight stream(s) drain into the store there; to go on, point run.dir
+    at runs/y (or move it back) and run again``.
+    """
+    if not h.lost:
+        return None
+    name = f"{h.what} {h.path}" if h.what == "run directory" else f"store of {h.path}"
+    swapped = "; something else now exists at that path" if h.replaced else ""
+    if h.state == "deleted":
+        cut = (f"{cost.streams:,} in-flight stream(s) cut (est. ${cost.abort_usd:.4f} billed for nothing)"
+               if cost.streams else "nothing was in flight")
+        return DirLost(f"{name} was deleted while running; {cut}; the store went with it, nothing more "
+                       f"is bought{swapped}", abort=True)
+    at = f" (now at {h.now_at})" if h.now_at else ""
+    drain = (f"{cost.streams:,} in-flight stream(s) drain into the store{' there' if h.now_at else ''}"
+             if cost.streams else "nothing was in flight")
+    hint = f"; to go on, point run.dir at {h.now_at} (or move it back) and run again" if h.now_at else ""
+    return DirLost(f"{name} was moved while running{at}; {drain}{hint}{swapped}", abort=False)
+
+
+def disk(h: "DirHealth", run: "RunState", slots: int) -> Pause | None:
+    """Pause the run (not already paused) when its directory refuses new files or free space fell
+    below :func:`disk_reserve_bytes`: in-flight streams still finish and are stored (the store's
+    file is open and the reserve holds them); it resumes by itself (:func:`disk_recovered`)."""
+    if h.lost or run.paused:
+        return None
+    if h.unwritable:
+        return Pause(RUN, f"run directory {h.path} cannot be written ({h.unwritable}); paused: streams in flight "
+                          f"finish and are stored, the run resumes by itself once it is writable again",
+                     kind=PauseKind.DISK)
+    reserve = disk_reserve_bytes(h.total_bytes, slots)
+    if h.free_bytes is not None and h.free_bytes < reserve:
+        return Pause(RUN, f"disk nearly full: {_mb(h.free_bytes)} free on the filesystem of {h.path}, below the "
+                          f"{_mb(reserve, up=True)} the run keeps for the results in flight; paused before writes fail: "
+                          f"free space and the run resumes by itself at {_mb(reserve * DISK_RESUME_FACTOR, up=True)} free",
+                     kind=PauseKind.DISK)
+    return None
+
+
+def disk_recovered(h: "DirHealth", run: "RunState", slots: int) -> bool:
+    """Whether a pause for the disk (only that kind) can lift: writable again and free space at
+    :data:`DISK_RESUME_FACTOR` times the reserve (bytes)."""
+    if run.pause != PauseKind.DISK or h.lost or h.unwritable:
+        return False
+    return h.free_bytes is None or h.free_bytes >= disk_reserve_bytes(h.total_bytes, slots) * DISK_RESUME_FACTOR
+
+
 def guard_paused(snap: "RunSnapshot", run: "RunState") -> str | None:
     """The reason when the whole run is paused by a guard (credits, 402, price, or every unfinished
     dataset paused by the anomaly guard / calibration gate) with nothing in flight; else None."""
@@ -199,5 +301,6 @@ def apply(run: Pausable, decision: Pause | None) -> Any:
         run.set_dataset_control(decision.dataset, Control.PAUSED, decision.reason, guard=True))
 
 
-__all__ = ["Pause", "Pausable", "Stop", "anomaly", "apply", "calibration", "credits_floor", "exit_on_pause",
-           "guard_paused", "reserve_refused", "run_wide", "store_failing", "store_recovered", "validation"]
+__all__ = ["DirLost", "EXIT_DIR_LOST", "Pause", "Pausable", "Stop", "anomaly", "apply", "calibration", "credits_floor",
+           "disk", "disk_recovered", "disk_reserve_bytes", "exit_on_pause", "guard_paused", "reserve_refused",
+           "run_dir_lost", "run_wide", "store_failing", "store_recovered", "validation"]

@@ -2,7 +2,8 @@
 handling (first Ctrl-C/SIGTERM drains, the second aborts) and the run's log file.
 
 Exit codes: those of :func:`engine.run.runner.run_job` (0 completed, 1 configuration/data error,
-2 key rejected, 3 paused by a guard with ``--exit-on-pause``, 130 interrupted).
+2 key rejected, 3 paused by a guard with ``--exit-on-pause``, 4 run directory deleted or moved while
+running, 130 interrupted).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from engine.report.progress import (
     format_notices,
     format_progress,
 )
+from engine.run.logsafe import LimitedStreamHandler, SafeFileHandler
 from engine.run.runner import FILE_ONLY, Job, prepare, run_job
 from engine.run.runstate import RunPhase
 from engine.run.scheduler import Scheduler
@@ -69,20 +71,26 @@ def is_datagen_handler(h: logging.Handler) -> bool:
 
 def setup_file_logging(run_dir: Path, *, stderr_level: int | None = logging.WARNING) -> None:
     """Log to ``RUN_DIR/datagen.log`` (owner-only) and, optionally, warnings to stderr (except
-    records marked :data:`~engine.run.runner.FILE_ONLY`)."""
+    records marked :data:`~engine.run.runner.FILE_ONLY`). Both handlers count the same warning
+    repeated within a minute instead of repeating it, and the file's handler drops (and counts) the
+    lines a full or vanished disk refuses (:mod:`engine.run.logsafe`).
+
+    Raises:
+        OSError: ``datagen.log`` cannot be created.
+    """
     root = logging.getLogger()
     root.setLevel(logging.INFO)
     for h in list(root.handlers):
         if is_datagen_handler(h):
             root.removeHandler(h)
     path = Path(run_dir) / "datagen.log"
-    fh = logging.FileHandler(path, encoding="utf-8")
+    fh = SafeFileHandler(path)  # a full disk drops and counts lines, never prints tracebacks
     os.chmod(path, 0o600)
     fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     fh.set_name(HANDLER_NAMES[0])
     root.addHandler(fh)
     if stderr_level is not None:
-        sh = logging.StreamHandler(sys.stderr)
+        sh = LimitedStreamHandler(sys.stderr)  # the same warning within a minute is counted, not repeated
         sh.setLevel(stderr_level)
         sh.addFilter(lambda record: not getattr(record, FILE_ONLY, False))
         sh.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
@@ -251,6 +259,6 @@ async def _run_headless(cfg: Config, out: TextOut, *, exit_on_pause: bool, insta
                     loop.remove_signal_handler(sig)
                 except (NotImplementedError, RuntimeError):
                     pass
-    for line in final_report(sched.snapshot(), job.store.path):
+    for line in final_report(sched.snapshot(), job.store_where()):
         say(line)
     return code

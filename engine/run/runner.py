@@ -2,7 +2,8 @@
 
 Exit codes: 0 completed (or drained on request), 1 configuration/data error, 2 the key was rejected
 (401: the run pauses; headless, or with ``--exit-on-pause``, it then ends), 3 whole run paused by a
-guard with ``--exit-on-pause``, 130 interrupted.
+guard with ``--exit-on-pause``, 4 the run directory (or its store) was deleted, moved or replaced
+while running (:func:`engine.run.guards.run_dir_lost`), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from engine.run.scheduler import Scheduler
 from engine.run.seams import AccountClient, TextOut
 from engine.run.supervisor import USAGE_BASELINE_KEY, Supervisor
 from engine.storage.health import damaged_message
+from engine.storage.rundir import RunDirWatch, store_where
 from engine.storage.store import Store, make_run_dir
 from engine.storage.writer import StoreWriter
 from engine.stream.pool import StreamWorkerPool, default_stream_workers
@@ -94,6 +96,11 @@ class Job:
     writer_task: asyncio.Task | None = None
     supervisor_task: asyncio.Task | None = None
     lock: runlock.DirLock | None = None  # on the run directory, released by close()
+    watch: RunDirWatch | None = None  # the run directory held open; closed after the store
+
+    def store_where(self) -> str:
+        """The store as the run's last line names it: its path, where it was moved, or ``(deleted)``."""
+        return store_where(self.supervisor.dir_lost, self.store.path)
 
     async def close(self) -> None:
         """Stop supervision, flush, close the client, the store and the simulator."""
@@ -118,7 +125,13 @@ class Job:
                 await prune(self.cfg.run.dir, self.store, keep=self.pool.is_open_segment)
             except Exception:  # kept journals are ingested (once) at the next start
                 log.warning("stream journals not pruned", exc_info=True)
-        await self.store.close()
+        try:
+            await self.store.close()
+        except Exception as e:  # e.g. a full disk refuses the last checkpoint: what was committed stays in the WAL
+            log.error("store %s not closed cleanly (%s): what was committed is kept and read at the next start",
+                      self.store.path, e)
+        if self.watch is not None:  # after the store: closing a descriptor of it drops SQLite's locks
+            self.watch.close()
         if self.sim is not None:
             self.sim.stop()
         if self.lock is not None:
@@ -144,7 +157,15 @@ async def prepare(cfg: Config, out: TextOut = sys.stdout) -> Job:
         lock = runlock.acquire(cfg.run.dir)  # shared with `datagen run`'s own hold; refused if another process has it
         opened.callback(lock.release)
         store = await Store.open(cfg.run.dir)
-        opened.push_async_callback(store.close)
+        watch = RunDirWatch(cfg.run.dir, store.path)
+
+        async def close_store() -> None:
+            try:
+                await store.close()
+            finally:
+                watch.close()  # after the store (see engine.storage.rundir)
+
+        opened.push_async_callback(close_store)
         prev = await store.get_meta("run_name")
         if prev is None:
             await store.set_meta("run_name", cfg.run.name)
@@ -276,7 +297,7 @@ async def prepare(cfg: Config, out: TextOut = sys.stdout) -> Job:
         base = await store.get_meta(USAGE_BASELINE_KEY) if cfg.provider.kind != "simulated" else None
         if base is not None:
             sched.spend.seed_baseline(float(base))
-        sup = Supervisor(sched, ctl, reader)
+        sup = Supervisor(sched, ctl, reader, watch=watch)
         await sup.poll_credits()  # credits known before the first dispatch: the floor is checked at each one
         if stored and base is not None:  # the last process's reconciliation, corrected once its bills are known
             sched.accounting.track(asyncio.get_running_loop().create_task(
@@ -291,7 +312,8 @@ async def prepare(cfg: Config, out: TextOut = sys.stdout) -> Job:
         gc.freeze()
         gc.set_threshold(50_000, 20, 100)
         opened.pop_all()  # everything opened now belongs to the job (Job.close)
-        return Job(cfg, store, writer, sched, client, sim, asyncio.Event(), ctl, sup, recon, pool=pool, lock=lock)
+        return Job(cfg, store, writer, sched, client, sim, asyncio.Event(), ctl, sup, recon, pool=pool, lock=lock,
+                   watch=watch)
     raise AssertionError("unreachable")  # pragma: no cover - the block returns or raises
 
 

@@ -47,6 +47,7 @@ class PauseKind(StrEnum):
     CONNECT = "connect"
     CONFIG = "config"
     STORE = "store"
+    DISK = "disk"
     GUARD = "guard"
 
 

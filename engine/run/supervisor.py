@@ -7,6 +7,10 @@
   one with only a small remainder left or its cap already met: :func:`gate`) and
   the credits floor as a backstop (pause everything when credits minus the dollars in flight fall
   below ``spend.credits_floor_usd``; dispatch itself checks the floor first, :mod:`engine.money.creditsfloor`);
+- every tick, first: the run directory (:class:`engine.storage.rundir.RunDirWatch`): deleted, moved or
+  replaced stops the run (:func:`engine.run.guards.run_dir_lost`: deleted aborts the streams in flight,
+  moved drains them into the store where it went); unwritable or nearly full pauses it until it is
+  fine again (:func:`engine.run.guards.disk`);
 - every ``spend.credits_poll_s``: read credits from ``/key`` (fallback ``/credits``): of the one
   server, or of every endpoint of ``[provider] base_urls``, summed (:mod:`engine.money.credits`).
 """
@@ -26,6 +30,7 @@ from engine.run.commands import CommandResult, RunCommand
 from engine.run.controller import Controller
 from engine.run.runstate import Control
 from engine.run.scheduler import Scheduler
+from engine.storage.rundir import DirHealth, RunDirWatch
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +57,18 @@ class Supervisor:
             :func:`~engine.money.credits.read_credits_each` over a fleet's endpoints), None when the
             provider offers none; None disables credits polling.
         clock: monotonic clock (s).
+        watch: the run directory held open, probed every tick (None: not watched).
     """
 
     def __init__(self, scheduler: Scheduler, controller: Controller,
                  read_credits: Callable[[Callable[[], float]], Awaitable[CreditsReading | None]] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, watch: RunDirWatch | None = None) -> None:
         self.s = scheduler
+        #: the run directory held open (None: not watched)
+        self.watch = watch
+        #: the reading that found the run directory deleted or moved (None: not lost)
+        self.dir_lost: DirHealth | None = None
+        self._drain_task: asyncio.Task | None = None
         self.ctl = controller
         self.read_credits = read_credits
         self.clock = clock
@@ -99,6 +110,29 @@ class Supervisor:
             if self.read_credits is None:
                 return
             await asyncio.sleep(self.s.cfg.spend.credits_poll_s)
+
+    async def check_run_dir(self) -> DirHealth | None:
+        """Probe the run directory (off the loop) and act: stop the run when it was deleted or moved
+        (once), pause it when it cannot take more writes, resume a pause for the disk once it can.
+        Returns the reading (None: not watched, or already lost)."""
+        if self.watch is None or self.dir_lost is not None:
+            return None
+        h = await asyncio.to_thread(self.watch.probe)
+        lost = guards.run_dir_lost(h, self.s.ending.in_flight_cost())
+        if lost is not None:
+            self.dir_lost = h  # the stop's event logs the reason (once)
+            if lost.abort:
+                self.s.ending.stop(lost.reason, exit_code=lost.exit_code, abort=True)
+            else:
+                self._drain_task = asyncio.create_task(
+                    self.s.ending.drain(reason=lost.reason, exit_code=lost.exit_code))
+            return h
+        slots = sum(c.concurrency for c in self.s.cfg.classes.values())
+        if guards.disk_recovered(h, self.s.runstate, slots):
+            self.s.resume_all()
+        else:
+            guards.apply(self.s, guards.disk(h, self.s.runstate, slots))
+        return h
 
     async def apply_commands(self) -> None:
         """Apply queued ``datagen ctl`` commands in order and record their results."""
@@ -181,6 +215,10 @@ class Supervisor:
                 if lag > 5 * TICK_S:
                     next_t = self.clock()
                 try:
+                    await self.check_run_dir()
+                except Exception:  # supervision must survive its own bugs
+                    log.exception("run directory check failed")
+                try:
                     await self.apply_commands()
                     self.s.update_censored()
                     self.guards()
@@ -190,3 +228,5 @@ class Supervisor:
         finally:
             if self.credits_task:
                 self.credits_task.cancel()
+            if self._drain_task is not None and not self._drain_task.done():
+                self._drain_task.cancel()
