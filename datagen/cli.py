@@ -37,7 +37,7 @@ def _reopen_closed_streams() -> None:
 
 
 #: Commands that open a run directory's store.
-RUN_DIR_COMMANDS = ("status", "ctl", "validate", "export", "report")
+RUN_DIR_COMMANDS = ("status", "ctl", "validate", "export", "report", "salvage")
 
 
 def run_dir_access_problem(args) -> str | None:

@@ -380,8 +380,8 @@ def format_status(doc: dict[str, Any]) -> str:
     src = t.get("usage_sources") or {}
     other = {k: n for k, n in src.items() if k != "reported" and n}
     if other:
-        lines.append(f"usage: {sum(other.values())} result(s) without the provider's usage in the response: "
-                     + ", ".join(f"{n} {k}" for k, n in other.items()) + " (usage_source)")
+        lines.append(f"usage: {sum(other.values())} result(s) accounted at our own figures, not the provider's "
+                     "reported usage: " + ", ".join(f"{n} {k}" for k, n in other.items()) + " (usage_source)")
     hdr = (f"{'dataset':<24} {'state':<9} {'%':>4} {'done':>7} {'failed':>6} {'skip':>6} {'pend':>7} {'infl':>5} "
            f"{'rej':>4} {'compl tok':>10} {'cost $':>9} {'ETA':>11}  errors")
     lines.append(hdr)

@@ -87,7 +87,7 @@ def check(path: Path, *, thorough: bool = False) -> None:
     try:
         if path.stat().st_size == 0:
             return
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no store (or RUN_DIR is a file): the command says so
         return
     try:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)

@@ -189,7 +189,7 @@ def _owner(p: Path) -> str:
 
 def access_problem(run_dir: Path, command: str, *, store_name: str = "store.sqlite") -> str | None:
     """Why this user may not run ``command`` on ``run_dir``, as one line; None when it may (or when
-    the directory does not exist: the command says that itself).
+    the directory does not exist or is not a directory: the command says that itself).
 
     Every command on a run directory needs read and write access, reads included: the store is in
     SQLite's WAL mode, where a reader writes the ``-shm`` file (created in the directory when absent).
@@ -207,11 +207,13 @@ def access_problem(run_dir: Path, command: str, *, store_name: str = "store.sqli
     need = (f"{command} needs read, write and search (rwx) on the run directory and read and write (rw) on its "
             f"{store_name} (SQLite's WAL mode writes even to read)")
     try:
-        os.stat(run_dir)
-    except FileNotFoundError:
+        st = os.stat(run_dir)
+    except (FileNotFoundError, NotADirectoryError):
         return None
     except PermissionError:  # a directory above it is closed to this user
         return f"permission denied: {run_dir} (a directory above it cannot be searched by this user): {need}"
+    if not stat.S_ISDIR(st.st_mode):
+        return None
     store = run_dir / store_name
     bad: Path | None = None
     if not os.access(run_dir, os.R_OK | os.W_OK | os.X_OK):
