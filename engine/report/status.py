@@ -327,7 +327,8 @@ def _cal(d: dict[str, Any]) -> tuple[int, int] | None:
 def format_status(doc: dict[str, Any]) -> str:
     """Human-readable rendering of :func:`collect_status`'s document: the run line, money and time
     (spent, spend rate, projection or ``capped at $X``, ETA or ``-- (why)``, credits), class limits,
-    a line per stream worker up but not answering (frozen), then one row per dataset (its percentage rounded down), and the extraction's line when one ran."""
+    a line per stream worker up but not answering (frozen), then one row per dataset (its percentage rounded
+    down), and the extraction's line when one ran."""
     r = doc["run"]
     lines = [f"run {r['name']}: {r['state']}" + (f" ({r['state_reason']})" if r["state_reason"] else "")
              + f", elapsed {fmt_duration(r['elapsed_s'])}"]

@@ -20,7 +20,7 @@ import logging
 import sys
 import time
 from collections import OrderedDict
-from typing import Callable
+from typing import Callable, cast
 
 #: Seconds during which the same message is counted rather than repeated.
 REPEAT_WINDOW_S = 60.0
@@ -81,7 +81,7 @@ class _Limited(logging.Handler):
     limiter: RepeatLimiter
     min_level = logging.WARNING
 
-    def handle(self, record: logging.LogRecord) -> bool:  # type: ignore[override]
+    def handle(self, record: logging.LogRecord) -> bool:
         if record.levelno < self.min_level:
             return bool(super().handle(record))
         try:
@@ -97,7 +97,8 @@ class _Limited(logging.Handler):
 
     def flush_repeats(self) -> None:
         """Write one line for each message whose repeats were held back (at close: the counts are not lost)."""
-        for (level, name, msg), n, secs in self.limiter.held():
+        for key, n, secs in self.limiter.held():
+            level, name, msg = cast(tuple[int, str, str], key)
             super().handle(logging.makeLogRecord({"name": name, "levelno": level, "levelname": logging.getLevelName(level),
                                                   "msg": msg + repeated_suffix(n, secs), "args": None}))
 
