@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 from e2e import PY, SimProcess, live_status, read_log, run_env, wait_for, write_prompts
+from mounts import can_mount
 
 EXIT_DIR_LOST = 4
 
@@ -142,21 +143,7 @@ def test_mv_of_the_run_directory_stops_and_drains_into_the_moved_store(tmp_path,
 
 
 # ---- disks: root and a tmpfs ---------------------------------------------------------------------
-def _can_mount() -> bool:
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        return False
-    probe = f"/tmp/datagen-mount-probe-{uuid.uuid4().hex[:8]}"
-    os.mkdir(probe)
-    try:
-        ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", probe], capture_output=True).returncode == 0
-        if ok:
-            subprocess.run(["umount", probe], capture_output=True)
-        return ok
-    finally:
-        os.rmdir(probe)
-
-
-needs_mount = pytest.mark.skipif(not _can_mount(), reason="needs root and permission to mount a tmpfs")
+needs_mount = pytest.mark.skipif(not can_mount(), reason="needs root and permission to mount a tmpfs")
 
 
 @pytest.fixture

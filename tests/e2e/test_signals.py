@@ -17,16 +17,15 @@ import asyncio
 import io
 import os
 import re
-import shutil
 import signal
 import sqlite3
 import subprocess
 import threading
 import time
-import uuid
 
 import pytest
 from e2e import PY, SimProcess, integrity, live_status, read_log, run_cmd, run_env, socket_count, write_prompts
+from mounts import can_mount
 from waiting import wait_for
 
 from engine.config import parse_config
@@ -339,21 +338,7 @@ async def test_store_failure_pauses_and_resumes_without_loss(tmp_path, error):
     assert len(completed) == len(set(completed)) == n  # nothing paid twice: no result was lost
 
 
-def _can_mount() -> bool:
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        return False
-    probe = f"/tmp/datagen-mount-probe-{uuid.uuid4().hex[:8]}"
-    os.mkdir(probe)
-    try:
-        ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", probe], capture_output=True).returncode == 0
-        if ok:
-            subprocess.run(["umount", probe], capture_output=True)
-        return ok
-    finally:
-        os.rmdir(probe)
-
-
-@pytest.mark.skipif(not _can_mount(), reason="needs root and permission to mount a tmpfs")
+@pytest.mark.skipif(not can_mount(), reason="needs root and permission to mount a tmpfs")
 @pytest.mark.slow  # issue 27: long robustness/e2e test, run by `make slow`
 async def test_real_full_filesystem_pauses_and_resumes(tmp_path):
     """The run directory on a 1.5 MB tmpfs: it fills up, the run pauses; the tmpfs is grown, the run

@@ -15,9 +15,9 @@ import logging
 import os
 import shutil
 import subprocess
-import uuid
 
 import pytest
+from mounts import can_mount
 
 from engine.money.inflight import InFlightCost
 from engine.run import guards
@@ -88,21 +88,7 @@ def test_watch_sees_the_store_alone_deleted(tmp_path):
         w.close()
 
 
-def _can_mount() -> bool:
-    if os.geteuid() != 0 or not shutil.which("mount"):
-        return False
-    probe = f"/tmp/datagen-mount-probe-{uuid.uuid4().hex[:8]}"
-    os.mkdir(probe)
-    try:
-        ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", probe], capture_output=True).returncode == 0
-        if ok:
-            subprocess.run(["umount", probe], capture_output=True)
-        return ok
-    finally:
-        os.rmdir(probe)
-
-
-@pytest.mark.skipif(not _can_mount(), reason="needs root and permission to mount a tmpfs")
+@pytest.mark.skipif(not can_mount(), reason="needs root and permission to mount a tmpfs")
 def test_watch_sees_a_read_only_filesystem_and_its_size(tmp_path):
     mnt = tmp_path / "small"
     mnt.mkdir()
