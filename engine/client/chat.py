@@ -50,6 +50,7 @@ from .conformance import finalize, finish_aliases
 from .errors import classify_http_error
 from .pool import ShardedTransport, env_proxy_for
 from .responses import truncate
+from .secrets import Secret, check_header_secret, redact, secret_forms
 from .sse import DONE, SSEDecodeError, SSEParser
 from .types import ChatRequest, Completion, ErrorClass, RequestError
 
@@ -57,67 +58,6 @@ __all__ = ["ChatClient", "StreamProgress", "is_loopback_host"]
 
 _ERROR_BODY_LIMIT = 64 * 1024
 """At most this many bytes of an error response body are read."""
-
-
-def check_header_secret(secret: str) -> None:
-    """Refuse a key that cannot be sent as an HTTP header value as it is (whitespace, control or non-ASCII
-    characters: e.g. a key file with a second line). httpx/h11 would otherwise fail later with an error
-    message QUOTING the header, escaped so that a plain search for the key misses it.
-
-    Raises:
-        ValueError: naming the position and kind of the bad character, never the key.
-    """
-    for i, ch in enumerate(secret):
-        if not ("\x21" <= ch <= "\x7e"):
-            kind = ("whitespace" if ch.isspace() else "a control character" if ord(ch) < 0x20 or ord(ch) == 0x7F
-                    else "a non-ASCII character")
-            raise ValueError(
-                f"the API key contains {kind} at position {i + 1} of {len(secret)}; an API key is one line of "
-                f"printable ASCII: check the environment variable or key file"
-            )
-
-
-def secret_forms(secrets: Any) -> tuple[str, ...]:
-    """Every form in which a secret may appear in a message: as is, escaped as in ``repr(str)`` and in
-    ``repr(bytes)``, and each printable run of 8+ characters of it (longest first, so whole forms go first)."""
-    forms: set[str] = set()
-    for s in secrets:
-        if not s:
-            continue
-        forms.add(s)
-        forms.add(repr(s)[1:-1])
-        forms.add(repr(s.encode("utf-8", "backslashreplace"))[2:-1])
-        run = ""
-        for ch in s + "\n":
-            if "\x21" <= ch <= "\x7e":
-                run += ch
-                continue
-            if len(run) >= 8:
-                forms.add(run)
-            run = ""
-    return tuple(sorted(forms, key=len, reverse=True))
-
-
-def redact(text: str, forms: tuple[str, ...]) -> str:
-    """``text`` with every form in ``forms`` (see :func:`secret_forms`) replaced by ``[REDACTED]``."""
-    for f in forms:
-        if f in text:
-            text = text.replace(f, "[REDACTED]")
-    return text
-
-
-class _Secret:
-    """Holds the API key; its repr never shows it."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: str) -> None:
-        self.value = value
-
-    def __repr__(self) -> str:
-        return "<redacted>"
-
-    __str__ = __repr__
 
 
 class ChatClient:
@@ -203,7 +143,7 @@ class ChatClient:
         self._stall = float(stall_timeout_s)
         self._total = float(total_timeout_s)
         self._drain = float(drain_timeout_s)
-        self._key = _Secret(api_key) if api_key else None
+        self._key = Secret(api_key) if api_key else None
         hdrs: dict[str, str] = {"Content-Type": "application/json"}
         if referer:
             hdrs["HTTP-Referer"] = referer

@@ -10,7 +10,7 @@ import logging
 import os
 import stat
 
-from engine.client.chat import check_header_secret
+from engine.client.secrets import check_header_secret
 from engine.config import ConfigError, ProviderSection
 from engine.loopback import is_loopback_url
 
