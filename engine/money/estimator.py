@@ -109,6 +109,7 @@ class CompletionEstimator:
         if tokens_streamed > 0:
             self._add(order, tokens_streamed, 1)
             self._curve = None
+            self._cache = None
 
     def _add(self, order: int | None, tokens: float, censored: int) -> None:
         if order is None:
@@ -187,7 +188,9 @@ class CompletionEstimator:
         if not self._ready():
             return self.max_tokens
         if self._cache is None:
-            if self._censored:
+            if self._censored or any(cut for _o, _l, cut in self._cohort):
+                # streams in flight, or cut before they ended (aborts, kills; seeded at a restart): the
+                # finished lengths alone are the short ones (survivorship), the censored curve is not
                 q: float | None = self.lengths().conditional_quantile(0.0, self._q())
             else:
                 q = self._recent.quantile(self._q())

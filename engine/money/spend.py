@@ -122,9 +122,13 @@ class SpendControl:
 
     # ---- seeding from the store -----------------------------------------------------------
     def seed(self, dataset: str, prompt_tokens: int, completion_tokens: int, cost_usd: float,
-             recent: dict[str, list[int]]) -> None:
+             recent: dict[str, list[int]] | dict[str, list[tuple[int, int]]]) -> None:
         """Count what earlier processes already spent and calibrate estimators with ``recent``
-        completion lengths per class (oldest first)."""
+        completion lengths per class in dispatch order, oldest first: tokens, or ``(tokens, censored)``
+        (:meth:`engine.storage.store.Store.recent_lengths`: censored 1 is a stream cut before it
+        ended, a lower bound of its length, :meth:`CompletionEstimator.observe_cut`). They take
+        dispatch orders below this process's (negative), so the first requests of this process
+        come after them in the estimator's cohort."""
         b = self.budgets[dataset]
         b.tokens.add_used(completion_tokens + (prompt_tokens if b.counts_total else 0))
         b.cost.add_used(cost_usd)
@@ -132,20 +136,22 @@ class SpendControl:
         self.dataset_usd[dataset] = self.dataset_usd.get(dataset, 0.0) + cost_usd
         for cls, values in recent.items():
             est = b.estimators.get(cls)
-            if est is not None:
-                for v in values:
-                    est.observe(v)
+            if est is None:
+                continue
+            n = len(values)
+            for i, v in enumerate(values):
+                tokens, censored = v if isinstance(v, tuple) else (v, 0)
+                if censored:
+                    est.observe_cut(tokens, i - n)
+                else:
+                    est.observe(tokens, i - n)
 
     def seed_aborts(self, rows: list[tuple[str, str, str, int, int, float]]) -> None:
         """Bills of streams earlier processes aborted, ``(dataset, class, provider, prompt tokens,
         tokens received, billed USD)`` (:meth:`engine.storage.store.Store.aborted_bills`); priced into
         :attr:`aborts` once a price is known (:meth:`abort_share`). The tokens received are cut
-        lengths of their class (:meth:`CompletionEstimator.observe_cut`)."""
+        lengths of their class, seeded with the results by :meth:`seed`, in dispatch order."""
         self._abort_rows = list(rows)
-        for ds, cls, _prov, _prompt, got, _billed in rows:
-            est = self.budgets[ds].estimators.get(cls) if ds in self.budgets else None
-            if est is not None:
-                est.observe_cut(got)
 
     def abort_share(self, provider: str) -> float | None:
         """The observed share of a dropped stream's rest that ``provider`` bills

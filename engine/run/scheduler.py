@@ -204,7 +204,7 @@ class Scheduler:
             rt.prompt_tokens, rt.completion_tokens, rt.reasoning_tokens = p, c, r
             rt.errors.update(errors.get(d.name, {}))
             self.datasets[d.name] = rt
-            self.spend.seed(d.name, p, c, cost + lost.get(d.name, 0.0), await self.store.recent_completion_tokens(d.name))
+            self.spend.seed(d.name, p, c, cost + lost.get(d.name, 0.0), await self.store.recent_lengths(d.name))
             self.spend.lost_usd[d.name] = lost.get(d.name, 0.0)
         # Re-decide budget-met datasets once every dataset's spend is counted (the run cost cap is
         # shared): a cap raised since makes them active again, in the store too, so `datagen status`
@@ -478,8 +478,9 @@ class Scheduler:
             if self.ending.ender is not None:
                 self.ending.ender.cancel()
             self.failures.release_held()
-            if self.accounting.trueups:  # late costs of failed/aborted attempts (/generation), bounded wait
-                await asyncio.wait(list(self.accounting.trueups), timeout=15)
+            # late costs of failed/aborted attempts (/generation): a few seconds in all, then cancelled
+            # (the estimates left are trued up at the next start), so none outlives the HTTP client
+            await self.accounting.settle()
 
     # ---- snapshot ---------------------------------------------------------------------------
     def elapsed_s(self) -> float:
