@@ -197,8 +197,11 @@ def run_dir_lost(h: "DirHealth", cost: "InFlightCost") -> DirLost | None:
     :meth:`engine.storage.rundir.RunDirWatch.probe`); ``cost``: the streams in flight (USD, their count).
 
     Deleted: the streams in flight are cut at once (what they would bring cannot be stored), e.g.
-    ``run directory runs/x was deleted while running; 32 in-flight stream(s) cut (est. $0.0123 billed for
-    nothing); the store went with it, nothing more is bought``. Moved: the store is still written through
+    ``run directory runs/x was deleted while running; 32 in-flight stream(s) cut (est. $0.0123 already
+    generated is billed for nothing, about $0.0450 if billed in full); the store went with it, nothing
+    more is bought`` (the figures of :func:`engine.money.inflight.abort_line`: ``generated_usd``, what
+    the streams had generated, and ``expected_usd``, their whole completions, as providers that keep
+    generating after a disconnect bill them). Moved: the store is still written through
     its open file, so the streams in flight drain into it, e.g. ``run directory runs/x was moved while
     running (now at runs/y); 32 in-flight stream(s) drain into the store there; to go on, point run.dir
     at runs/y (or move it back) and run again``.
@@ -208,7 +211,8 @@ def run_dir_lost(h: "DirHealth", cost: "InFlightCost") -> DirLost | None:
     name = f"{h.what} {h.path}" if h.what == "run directory" else f"store of {h.path}"
     swapped = "; something else now exists at that path" if h.replaced else ""
     if h.state == "deleted":
-        cut = (f"{cost.streams:,} in-flight stream(s) cut (est. ${cost.abort_usd:.4f} billed for nothing)"
+        cut = (f"{cost.streams:,} in-flight stream(s) cut (est. ${cost.generated_usd:.4f} already generated is "
+               f"billed for nothing, about ${cost.expected_usd:.4f} if billed in full)"
                if cost.streams else "nothing was in flight")
         return DirLost(f"{name} was deleted while running; {cut}; the store went with it, nothing more "
                        f"is bought{swapped}", abort=True)

@@ -22,8 +22,11 @@ Then the new store is made consistent, so the next ``datagen run`` picks up wher
   reads the files again and the lost prompts return as pending (prompts kept are matched by key).
 
 What cannot come back: attempts, events and commands that were lost (spend recorded only in a lost
-attempt no longer counts in ``status``, the report and the caps; the provider's credits drift shows
-it); nothing at all when the first page (the file's header and the schema) is damaged: SQLite then
+result or attempt no longer counts in ``status``, the report and the caps, so the dollar caps would
+allow that money again: when a table holding spend lost rows, or their count is unknown, the report
+says what the new store holds against what the damaged one held (its own ``SUM``, where SQLite can
+still compute it, else unknown) and to lower the caps by the provider's figure; no spend figure is
+carried over from elsewhere); nothing at all when the first page (the file's header and the schema) is damaged: SQLite then
 reads no row, the store is left as it is and the command says to restore a backup.
 """
 
@@ -37,12 +40,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from engine.storage.dollars import bills_sql
 from engine.storage.health import check, problems, summary
 from engine.storage.schema import SCHEMA, SCHEMA_VERSION, VALIDATIONS_DDL, StoreError, db_path
 
 #: The tables copied, in this order (what later fixes read first).
 TABLES = ("meta", "datasets", "prompts", "results", "attempts", "rejects", "events", "commands", "runtime",
           "validations")
+
+#: The tables whose rows hold the run's spend (:func:`engine.storage.dollars.bills_sql`).
+SPEND_TABLES = ("results", "attempts")
 
 #: The largest rowid SQLite allows.
 MAX_ROWID = 2**63 - 1
@@ -85,6 +92,37 @@ class Salvage:
     reingest: bool
     store: Path
     kept_as: Path
+    #: The run's spend the new store holds (USD, :func:`engine.storage.dollars.bills_sql` summed).
+    spend_usd: float = 0.0
+    #: The spend the damaged store held, summed by SQLite through what it can still read (an intact
+    #: covering index, or every row); None: SQLite could not sum it (USD).
+    spend_before_usd: float | None = None
+
+    def spend_lost(self) -> bool:
+        """Whether a table holding spend (:data:`SPEND_TABLES`) lost rows or cannot say how many."""
+        return any(t.table in SPEND_TABLES and not t.absent and (t.missing or t.lost is None or t.lost > 0)
+                   for t in self.tables)
+
+    def spend_line(self) -> str | None:
+        """The line saying what spend the salvage lost and what to do (None when no spend row was lost):
+        the dollar caps count only what the store holds, so money already paid would be allowed again."""
+        if not self.spend_lost():
+            return None
+        now = f"${self.spend_usd:.4f}"
+        if self.spend_before_usd is None:
+            return (f"spend: the salvaged store holds {now} of bills; what the damaged one held is unknown (SQLite "
+                    f"cannot sum its bills), and rows holding spend were lost: status, the report and the dollar "
+                    f"caps count only {now}, so money already paid would be allowed again: before the next "
+                    f"`datagen run`, lower [spend] max_cost_usd and the datasets' caps by what the provider's "
+                    f"dashboard says this key spent" + (f", less {now}" if self.spend_usd else ""))
+        gone = self.spend_before_usd - self.spend_usd
+        if gone < 0.00005:
+            return (f"spend: the salvaged store holds {now} of bills, all the damaged one held ({now}): the rows "
+                    f"lost carried no bill")
+        return (f"spend: the salvaged store holds {now} of bills, the damaged one held ${self.spend_before_usd:.4f}: "
+                f"${gone:.4f} already paid no longer counts in status, the report and the dollar caps; before the "
+                f"next `datagen run`, lower [spend] max_cost_usd and the datasets' caps by ${gone:.4f} (check the "
+                f"provider's dashboard: rows SQLite could not read may hold more)")
 
     def lines(self) -> list[str]:
         """The report ``datagen salvage`` prints (one line per table, then what it means)."""
@@ -108,8 +146,11 @@ class Salvage:
             out.append("prompts or datasets were lost: the next `datagen run` reads every dataset file again, and the "
                        "lost prompts return as pending")
         att = next((t for t in self.tables if t.table == "attempts"), None)
-        if att is not None and (att.missing or att.lost):
+        if att is not None and (att.missing or att.lost is None or att.lost):
             out.append("attempts were lost: the spend they recorded no longer counts in status, the report and the caps")
+        spend = self.spend_line()
+        if spend is not None:
+            out.append(spend)
         out.append(f"the damaged store is kept as {self.kept_as}")
         return out
 
@@ -301,6 +342,7 @@ def salvage(run_dir: Path, now: float | None = None) -> Salvage:
             raise Unsalvageable(_nothing(path, damage))
         orphans, reopened, reingest = _make_consistent(dst, tables)
         dst.execute("COMMIT")
+        spend_after, spend_before = _spend(dst), _spend(src)
         left = problems(dst, thorough=True)
         if left:  # pragma: no cover - a store just written by SQLite itself
             raise StoreError(f"{new}: the new store fails SQLite's integrity_check ({summary(left)}); {path} is unchanged")
@@ -313,7 +355,18 @@ def salvage(run_dir: Path, now: float | None = None) -> Salvage:
     dst.close()
     kept = _kept_name(path, time.time() if now is None else now)
     _swap(path, new, kept)
-    return Salvage(damage, list(tables.values()), orphans, reopened, reingest, path, kept)
+    return Salvage(damage, list(tables.values()), orphans, reopened, reingest, path, kept,
+                   spend_after or 0.0, spend_before)
+
+
+def _spend(conn: sqlite3.Connection) -> float | None:
+    """The run's spend in ``conn``'s store (USD: :func:`engine.storage.dollars.bills_sql` summed); None
+    when SQLite cannot read it (a damaged page, a missing table)."""
+    try:
+        (usd,), = conn.execute(f"SELECT COALESCE(SUM(usd), 0) FROM ({bills_sql()})")
+    except sqlite3.DatabaseError:
+        return None
+    return float(usd)
 
 
 def _nothing(path: Path, damage: str) -> str:

@@ -61,6 +61,10 @@ CLOSE_TIMEOUT_S = 5.0
 #: finished before the cancel arrived) before it gives up on it.
 CANCEL_WAIT_S = 5.0
 
+#: Heartbeats read after a worker's silence without a grown stopped time before the line saying it
+#: answers again is logged anyway (its loop kept running: the silence was elsewhere).
+THAW_HEARTBEATS = 3
+
 #: ``on_event(level, message)``: a worker died, was replaced, or could not start.
 OnEvent = Callable[[str, str], None]
 
@@ -86,7 +90,7 @@ class _Req:
 
 class _Worker:
     __slots__ = ("slot", "proc", "pid", "reader", "writer", "in_flight", "alive", "task", "heard", "frozen",
-                 "stopped_s")
+                 "stopped_s", "thaw")
 
     def __init__(self, slot: int) -> None:
         self.slot = slot
@@ -99,7 +103,10 @@ class _Worker:
         self.task: asyncio.Task | None = None
         self.heard = time.monotonic()  # when a frame of it was last read (monotonic s)
         self.frozen = False  # silent for SILENT_S while alive (warned once)
-        self.stopped_s = 0.0  # the time its own loop did not run, as its last heartbeat said (s)
+        self.stopped_s = 0.0  # the time its own loop did not run in all, as its last heartbeat said (s)
+        #: After a silence, until the heartbeat with the stop's time is read: (the silence as the run
+        #: saw it (s), ``stopped_s`` before the stop (s), heartbeats read since without it).
+        self.thaw: tuple[float, float, int] | None = None
 
     def running(self) -> bool:
         """Whether its process exists and was not reaped (starting, up, or dead and not yet noticed)."""
@@ -312,11 +319,12 @@ class StreamWorkerPool:
                 msg = await read_frame(w.reader)
                 heard, w.heard = w.heard, time.monotonic()
                 verb = msg[0]
+                if w.frozen:  # answers again: given requests at once, its line once its stop's time is known
+                    w.frozen = False
+                    w.thaw = (w.heard - heard, w.thaw[1] if w.thaw is not None else w.stopped_s, 0)
                 if verb == "hb":
-                    w.stopped_s = float(msg[1])
-                if w.frozen:
-                    self._thawed(w, w.heard - heard)
-                if verb == "prog":
+                    self._heartbeat(w, float(msg[1]))
+                elif verb == "prog":
                     for rid, chars, status, gid, provider, cost in msg[1]:
                         r = reqs.get(rid)
                         if r is not None:
@@ -423,11 +431,29 @@ class StreamWorkerPool:
                         f"(stopped or frozen): its {len(w.in_flight)} stream(s) wait for it, no new request "
                         f"goes to it; a stall is judged by the time it runs, not by this silence"))
 
-    def _thawed(self, w: _Worker, silent_s: float) -> None:
-        w.frozen = False
-        self._emit("info", f"stream worker {w.slot} (pid {w.pid}) answers again after {silent_s:.0f}s; its loop "
-                           f"did not run for {w.stopped_s:.0f}s in all, which its streams' stall and total "
-                           f"timeouts leave out")
+    def _heartbeat(self, w: _Worker, stopped_s: float) -> None:
+        """Heartbeat of ``w`` saying its loop did not run for ``stopped_s`` seconds in all; after a
+        silence, the line saying it answers again (:meth:`_thawed`).
+
+        The frames a worker sends first after a stop may come before the heartbeat that carries the
+        stop (callbacks of the loop's iteration the stop interrupted run before the loop finds the gap),
+        so the line waits for a heartbeat whose figure grew, or :data:`THAW_HEARTBEATS` heartbeats."""
+        if w.thaw is not None:
+            silent_s, before, n = w.thaw
+            if stopped_s > before or n + 1 >= THAW_HEARTBEATS:
+                w.thaw = None
+                self._thawed(w, silent_s, stopped_s - before)
+            else:
+                w.thaw = (silent_s, before, n + 1)
+        w.stopped_s = stopped_s
+
+    def _thawed(self, w: _Worker, silent_s: float, stopped_s: float) -> None:
+        """Log that ``w`` answers again after ``silent_s`` seconds of silence (as the run saw it), its
+        own loop having not run for ``stopped_s`` seconds of it (the worker's figure, this stop's)."""
+        own = (f"its own loop did not run for {stopped_s:.1f}s (the worker's figure)" if stopped_s > 0 else
+               "its own loop kept running (it was not stopped)")
+        self._emit("info", f"stream worker {w.slot} (pid {w.pid}) answers again after {silent_s:.1f}s of silence; "
+                           f"{own}, which its streams' stall and total timeouts leave out")
 
     def _emit(self, level: str, msg: str) -> None:
         if self._on_event is not None:  # the run records and logs it (once)

@@ -35,6 +35,7 @@ def finished(tmp_path_factory) -> Path:
 
 
 def copy_of(finished: Path, tmp: Path) -> Path:
+    tmp.mkdir(exist_ok=True)
     shutil.copytree(finished / "run", tmp / "run")
     return tmp / "run"
 
@@ -117,6 +118,8 @@ def test_salvage_copies_what_is_readable_and_the_next_run_buys_only_what_was_los
     assert re.search(r"^  prompts\s+300 saved, 0 lost$", out, re.M), out
     assert re.search(rf"^  results\s+{300 - ncell} saved, {ncell} lost$", out, re.M), out
     assert f"{ncell} prompt(s) whose result was lost are pending again" in out
+    assert (f"spend: the salvaged store holds ${(300 - ncell) * 0.0001:.4f} of bills, the damaged one held $0.0300: "
+            f"${ncell * 0.0001:.4f} already paid no longer counts") in out
     kept = re.search(r"the damaged store is kept as (\S+)", out).group(1)
     assert Path(kept).exists() and Path(kept).name.startswith("store.damaged-")
     assert states(run_dir) == {"done": 300 - ncell, "pending": ncell}
@@ -131,6 +134,32 @@ def test_salvage_copies_what_is_readable_and_the_next_run_buys_only_what_was_los
         assert r.returncode == 0, r.stderr
         assert len(srv.requests) == ncell
     assert states(run_dir) == {"done": 300}
+
+
+def test_salvage_that_loses_spend_says_what_the_caps_no_longer_count(finished, tmp_path):
+    # 40 results of $0.0001 each; before, salvage said nothing of it and the run's spend fell to $0
+    # (in a trial: $24.87 -> $0.12), so the dollar caps allowed money already paid again
+    run_dir = copy_of(finished, tmp_path / "end")
+    damage(run_dir / "store.sqlite", "end")  # the results' rows; their covering index still sums them
+    r = cli("salvage", str(run_dir))
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^  results\s+0 saved, 40 lost$", r.stdout, re.M), r.stdout
+    assert ("spend: the salvaged store holds $0.0000 of bills, the damaged one held $0.0040: $0.0040 already paid "
+            "no longer counts in status, the report and the dollar caps; before the next `datagen run`, lower "
+            "[spend] max_cost_usd and the datasets' caps by $0.0040 (check the provider's dashboard: rows SQLite "
+            "could not read may hold more)") in r.stdout.splitlines()
+
+    run_dir = copy_of(finished, tmp_path / "truncated")
+    damage(run_dir / "store.sqlite", "truncated")  # as in the trial: attempts 0 saved, nothing sums
+    r = cli("salvage", str(run_dir))
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"^  attempts\s+0 saved, lost: unknown$", r.stdout, re.M), r.stdout
+    assert ("spend: the salvaged store holds $0.0000 of bills; what the damaged one held is unknown (SQLite cannot "
+            "sum its bills), and rows holding spend were lost: status, the report and the dollar caps count only "
+            "$0.0000, so money already paid would be allowed again: before the next `datagen run`, lower [spend] "
+            "max_cost_usd and the datasets' caps by what the provider's dashboard says this key spent"
+            ) in r.stdout.splitlines()
+    assert "attempts were lost" in r.stdout  # before: not said when their count was unknown
 
 
 def test_salvage_leaves_a_store_it_cannot_read_at_all_as_it_is(finished, tmp_path):

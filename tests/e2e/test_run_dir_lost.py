@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -102,7 +103,12 @@ def test_rm_rf_of_the_run_directory_stops_the_run_within_seconds(tmp_path, sim):
     assert took < 8.0  # detected within ~1 s, the cut streams answer within the 5 s cut grace
     last = out[-1]
     assert last.startswith(f"run stopped: run directory {run_dir} was deleted while running; ")
-    assert " in-flight stream(s) cut (est. $" in last and "the store went with it, nothing more is bought" in last
+    cut = re.search(r"; (\d+) in-flight stream\(s\) cut \(est\. \$([0-9.]+) already generated is billed for "
+                    r"nothing, about \$([0-9.]+) if billed in full\); the store went with it, nothing more is bought",
+                    last)
+    assert cut is not None, last
+    generated, in_full = float(cut.group(2)), float(cut.group(3))
+    assert 0 < generated < in_full  # the headline is what was generated, not the completions' whole price
     assert last.endswith(f"store {run_dir / 'store.sqlite'} (deleted)")
     assert not any("Traceback" in line or "Logging error" in line for line in out + err)
     assert len(err) <= 4, err  # the stop's line and the abort's line
@@ -110,7 +116,13 @@ def test_rm_rf_of_the_run_directory_stops_the_run_within_seconds(tmp_path, sim):
     log = read_log(tmp_path / "sim.jsonl")
     after = [e for e in log if e["t"] > t_del]
     (tmp_path / "after_deletion.json").write_text(json.dumps(  # the figures, for the record
-        {"requests": len(after), "usd": sum(e["cost_usd"] for e in after), "stopped_after_s": took}))
+        {"requests": len(after), "usd": sum(e["cost_usd"] for e in after), "stopped_after_s": took,
+         "cut": int(cut.group(1)), "est_generated_usd": generated, "est_in_full_usd": in_full}))
+    # the cut streams are billed what they generated until the simulator saw the cut (no less than the
+    # run had received): the headline stays within the simulator's bill (before: $0.0109 against $0.0066)
+    assert generated <= sum(e["cost_usd"] for e in after) + 1e-4
+    print(f"\nafter the deletion: {len(after)} request(s) billed ${sum(e['cost_usd'] for e in after):.4f} by the "
+          f"simulator; the line: {cut.group(1)} cut, est. ${generated:.4f} generated, ${in_full:.4f} in full")
     # bound: the 16 streams in flight at the deletion, plus those dispatched before it was seen
     # (a check every second: about 16 req/s here) -- 2 x concurrency + 16; before the fix 277-483
     assert len(after) <= 48, len(after)

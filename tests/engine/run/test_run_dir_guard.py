@@ -121,8 +121,10 @@ def test_deleted_directory_stops_with_an_abort_and_says_what_was_cut():
     h = DirHealth("/runs/x", DELETED)
     d = guards.run_dir_lost(h, InFlightCost(32, 0.01, 0.04, 0.0242))
     assert (d.abort, d.exit_code) == (True, 4)
-    assert d.reason == ("run directory /runs/x was deleted while running; 32 in-flight stream(s) cut (est. $0.0242 "
-                        "billed for nothing); the store went with it, nothing more is bought")
+    # the headline is what was generated (before: the abort estimate if billed in full, $0.0242 here)
+    assert d.reason == ("run directory /runs/x was deleted while running; 32 in-flight stream(s) cut (est. $0.0100 "
+                        "already generated is billed for nothing, about $0.0400 if billed in full); the store went "
+                        "with it, nothing more is bought")
     assert guards.run_dir_lost(DirHealth("/runs/x"), InFlightCost()) is None
 
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
+import socket
+import time
 
 import pytest
 from waiting import async_wait_for
@@ -20,8 +23,9 @@ from engine.client.accumulate import StreamProgress
 from engine.client.types import ChatRequest, Completion, ErrorClass, RequestError
 from engine.sim import SimConfig, SimThread
 from engine.stream import journal
-from engine.stream.liveness import FREEZE_S, SILENT_S, FreezeClock, is_silent
-from engine.stream.pool import StreamWorkerPool
+from engine.stream.liveness import FREEZE_S, HEARTBEAT_S, SILENT_S, FreezeClock, is_silent
+from engine.stream.pool import THAW_HEARTBEATS, StreamWorkerPool
+from engine.stream.wire import encode
 
 #: Seconds the worker is held stopped: over the stall timeout, and long enough to be shown frozen.
 STOP_S = SILENT_S + 3.0
@@ -90,9 +94,16 @@ async def test_a_stopped_worker_stores_what_finished_meanwhile_and_is_shown_froz
         assert [lv for lv, _ in events] == ["warning", "info"]  # one warning per silence, one line when back
         assert f"stream worker 0 (pid {pid}) has not answered for" in events[0][1]
         assert f"{held} stream(s) wait for it" in events[0][1]
-        assert f"stream worker 0 (pid {pid}) answers again after" in events[1][1]
         log = (tmp_path / "stream-workers.log").read_text()
         assert log.count("the loop did not run for") == 1
+        # the line states the worker's own stopped time (as its log does) and the silence the run saw
+        own = float(re.search(r"the loop did not run for ([0-9.]+)s", log).group(1))
+        assert SILENT_S + 1.0 <= own <= STOP_S + 3.0  # held stopped about STOP_S - 1 s
+        back = re.fullmatch(rf"stream worker 0 \(pid {pid}\) answers again after ([0-9.]+)s of silence; its own "
+                            rf"loop did not run for {own:.1f}s \(the worker's figure\), which its streams' stall "
+                            rf"and total timeouts leave out", events[1][1])
+        assert back is not None, events[1][1]  # before: "... did not run for 0s in all" when a result came first
+        assert own - 0.5 <= float(back.group(1)) <= own + HEARTBEAT_S + 1.0
     finally:
         await pool.aclose()
         srv.close()
@@ -118,6 +129,63 @@ async def test_a_frozen_worker_gets_no_new_request_while_another_answers(tmp_pat
     finally:
         await pool.aclose()
         sim.stop()
+
+
+async def _pool_reading_a_peer(events: list) -> tuple[StreamWorkerPool, socket.socket, asyncio.Task]:
+    """A pool whose worker 0 is read from a socket this test writes frames into (no process): it was
+    last heard 12 s ago, after a heartbeat saying its loop had not run for 5 s in all, and is frozen."""
+    pool = StreamWorkerPool(1, ["http://127.0.0.1:9/v1"], None, {}, on_event=lambda lv, m: events.append((lv, m)))
+    w = pool._workers[0]
+    ours, peer = socket.socketpair()
+    w.reader, w.writer = await asyncio.open_connection(sock=ours)
+    w.alive, w.frozen, w.stopped_s, w.pid = True, True, 5.0, 4242
+    w.heard = time.monotonic() - 12.0
+    return pool, peer, asyncio.create_task(pool._read(w))
+
+
+async def _close(pool: StreamWorkerPool, peer: socket.socket, reading: asyncio.Task) -> None:
+    pool._closing = True  # the peer's end is no death to replace
+    peer.close()
+    await asyncio.wait_for(reading, 5)
+    pool._workers[0].writer.close()
+
+
+async def test_the_line_after_a_stop_waits_for_the_heartbeat_that_carries_it():
+    # a worker stopped in the middle of its loop's callbacks sends their frames (a progress report,
+    # a stale heartbeat) before the heartbeat that carries the stop: the line waits for that one
+    events: list[tuple[str, str]] = []
+    pool, peer, reading = await _pool_reading_a_peer(events)
+    try:
+        peer.sendall(encode(("prog", [])) + encode(("hb", 5.0)))
+        await async_wait_for(lambda: pool._workers[0].thaw is not None and pool._workers[0].thaw[2] == 1, 5,
+                             what="the stale heartbeat read")
+        assert not pool._workers[0].frozen and events == []  # given requests again; no line yet
+        peer.sendall(encode(("hb", 16.8)))  # stopped 11.8 s this time (16.8 s in all)
+        await async_wait_for(lambda: events, 5, what="the line")
+        assert len(events) == 1 and events[0][0] == "info"
+        back = re.fullmatch(r"stream worker 0 \(pid 4242\) answers again after ([0-9.]+)s of silence; its own loop "
+                            r"did not run for 11\.8s \(the worker's figure\), which its streams' stall and total "
+                            r"timeouts leave out", events[0][1])
+        assert back is not None, events[0][1]  # before: "after 12s; its loop did not run for 5s in all"
+        assert 12.0 <= float(back.group(1)) < 14.0
+        assert (pool._workers[0].stopped_s, pool._workers[0].thaw) == (16.8, None)
+    finally:
+        await _close(pool, peer, reading)
+
+
+async def test_a_silence_without_a_stop_of_the_worker_says_its_loop_kept_running():
+    events: list[tuple[str, str]] = []
+    pool, peer, reading = await _pool_reading_a_peer(events)
+    try:
+        peer.sendall(b"".join(encode(("hb", 5.0)) for _ in range(THAW_HEARTBEATS - 1)))
+        await asyncio.sleep(0.3)
+        assert events == []
+        peer.sendall(encode(("hb", 5.0)))
+        await async_wait_for(lambda: events, 5, what="the line")
+        assert "answers again after 12." in events[0][1] or "answers again after 13." in events[0][1]
+        assert "; its own loop kept running (it was not stopped), which its streams' stall" in events[0][1]
+    finally:
+        await _close(pool, peer, reading)
 
 
 def test_freeze_clock_leaves_out_only_gaps_the_loop_did_not_run():
