@@ -51,6 +51,9 @@ DASHBOARD_ACTIONS = frozenset({
 })
 """The actions bound to dashboard keys."""
 
+ENDING = ("stopping", "stopped", "completed")
+"""Run states in which the dataset keys (pause, resume, skip, un-skip; P and R) are refused."""
+
 RESUMABLE = ("paused", "skipped", "budget_met")
 """Dataset states that ``p`` resumes (the footer then reads "Resume")."""
 
@@ -170,9 +173,24 @@ class DashboardActions:
         return True
 
     # ---- dataset actions --------------------------------------------------------------------
+    def refused_while_ending(self, what: str) -> bool:
+        """True (and a one-line warning) when the run is ending: a quit was asked (drain or abort), it
+        stopped or completed (:data:`ENDING`). Dataset states then no longer change: keys typed while
+        a run exits (text pasted into its terminal) must not pause or skip a dataset and carry that
+        into the next start. The engine refuses them too (:meth:`engine.run.controller.Controller.pause`)."""
+        snap = self.app.snapshot
+        state = snap.state if snap is not None else ""
+        if self.host.quit_mode is None and not self.host.finished and state not in ENDING:
+            return False
+        self.app.notify(f"the run is {'completed' if state == 'completed' else 'stopping'}: {what} refused "
+                        f"(dataset states no longer change while it ends)", severity="warning", timeout=4)
+        return True
+
     def pause_selected(self, name: str | None = None) -> None:
         """Pause the selected (or named) dataset: stop dispatching; in-flight requests drain."""
         name = name or self.app.selected_dataset
+        if self.refused_while_ending(f"pause {name}"):
+            return
         d = self.selected() if name == self.app.selected_dataset else None
         if d is not None and d.state == "done":
             self.app.notify(f"{name} is done: nothing left to pause", severity="warning")
@@ -184,7 +202,7 @@ class DashboardActions:
         """Resume the selected (or named) dataset: a paused one at once; a skipped one only after a
         confirmation (un-skipping undoes a confirmed skip: its prompts are requested and billed)."""
         name = name or self.app.selected_dataset
-        if not name or (ctl := self.commands()) is None:
+        if not name or self.refused_while_ending(f"resume {name}") or (ctl := self.commands()) is None:
             return
         d = self.dataset(name)
         if d is None or d.state != "skipped":
@@ -204,7 +222,7 @@ class DashboardActions:
     def skip_selected(self, name: str | None = None) -> None:
         """Ask, then skip the selected (or named) dataset; on a finished or skipped one, say why not."""
         name = name or self.app.selected_dataset
-        if not name or (ctl := self.commands()) is None:
+        if not name or self.refused_while_ending(f"skip {name}") or (ctl := self.commands()) is None:
             return
         d = self.dataset(name)
         if d is not None and d.state in self.SKIP_REFUSED:
@@ -228,12 +246,12 @@ class DashboardActions:
     # ---- run actions ------------------------------------------------------------------------
     def pause_all(self) -> None:
         """Pause the whole run (drain: in-flight requests finish)."""
-        if (ctl := self.commands()) is not None:
+        if not self.refused_while_ending("pause of the run") and (ctl := self.commands()) is not None:
             self.run_command(ctl, RunCommand.pause())
 
     def resume_all(self) -> None:
         """Resume the whole run and every paused dataset (:meth:`engine.run.controller.Controller.resume`)."""
-        if (ctl := self.commands()) is not None:
+        if not self.refused_while_ending("resume of the run") and (ctl := self.commands()) is not None:
             self.run_command(ctl, RunCommand.resume())
 
     def abort(self) -> None:

@@ -36,6 +36,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("engine.run.scheduler")
 
+TRUEUP_END_WAIT_S = 5.0
+"""Seconds the end of a run waits, in all, for the ``/generation`` true-ups still in progress
+(:meth:`Accounting.settle`) before it cancels them: an abort of thousands of streams must not hold
+the exit for tens of seconds; the estimates left are trued up at the next start (:meth:`Accounting.trueup_stored`)."""
+
 
 class Accounting:
     """Costs of one run's requests.
@@ -49,7 +54,9 @@ class Accounting:
         recon: the reconstruction service whose tokenizer counts usage a response lacks (or None).
 
     Attributes:
-        trueups: the ``/generation`` reads in progress (the run waits for them before it ends).
+        trueups: the ``/generation`` reads in progress (the run waits :data:`TRUEUP_END_WAIT_S` at
+            most for them at its end, then cancels them: :meth:`settle`).
+        closed: set by :meth:`settle`: no true-up starts any more (the HTTP client is about to close).
         settled / settled_usd: estimated bills trued up so far, and the sum of their corrections (USD).
         implausible: results and failed attempts per provider whose reported usage or cost was not
             believed (:mod:`engine.money.plausible`); the first of each provider is a warning event.
@@ -65,6 +72,9 @@ class Accounting:
         self.get_json = get_json
         self.recon = recon
         self.trueups: set[asyncio.Task] = set()
+        self._bills: set[asyncio.Task] = set()  # the true-ups of estimated bills among :attr:`trueups`
+        self._results: set[asyncio.Task] = set()  # and those of results' usage
+        self.closed = False
         #: estimated bills of attempts without a result, awaiting their ``/generation`` true-up: made by
         #: this process (cut streams, failed attempts) or read from the store (:meth:`trueup_stored`)
         self.estimated = 0
@@ -117,12 +127,19 @@ class Accounting:
         at the abort instead)."""
         from engine.money.credits import generation_cost
 
+        async def read() -> float | None:
+            try:
+                if gate is not None:
+                    async with gate:
+                        return await generation_cost(self.get_json, gid, tries=tries, first_wait_s=first_wait_s)
+                return await generation_cost(self.get_json, gid, tries=tries, first_wait_s=first_wait_s)
+            except Exception as e:  # e.g. httpx's RuntimeError once the client closed: never a stray traceback
+                log.debug("[%s] %s: bill not trued up (%s: %s); it stays an estimate until the next start",
+                          dataset, gid, type(e).__name__, e)
+                return None
+
         async def run() -> None:
-            if gate is not None:
-                async with gate:
-                    cost = await generation_cost(self.get_json, gid, tries=tries, first_wait_s=first_wait_s)
-            else:
-                cost = await generation_cost(self.get_json, gid, tries=tries, first_wait_s=first_wait_s)
+            cost = await read()
             if cost is None:
                 return
             if taught is not None:
@@ -139,7 +156,9 @@ class Accounting:
             self.settled_usd += delta
             self.settled += 1
 
-        self.track(asyncio.get_running_loop().create_task(run()))
+        if self.closed:  # the run is closing: the estimate stays, trued up at the next start
+            return
+        self.track(asyncio.get_running_loop().create_task(run()), self._bills)
 
     def trueup_stored(self, rows: list[tuple[str, str, str, str, int, int, float]],
                       cut_costs: Callable[[str, list[tuple[str, str, int, int]]], list["InFlightCost"]],
@@ -159,10 +178,38 @@ class Accounting:
                          first_wait_s=0.5, tries=3, gate=gate)
         return len(rows)
 
-    def track(self, t: asyncio.Task) -> None:
-        """Count ``t`` among the true-ups the run waits for (bounded) before it ends."""
-        self.trueups.add(t)
-        t.add_done_callback(self.trueups.discard)
+    def track(self, t: asyncio.Task, kind: "set[asyncio.Task] | None" = None) -> None:
+        """Count ``t`` among the true-ups the run waits for (bounded) before it ends (and in ``kind``)."""
+        for s in (self.trueups, kind) if kind is not None else (self.trueups,):
+            s.add(t)
+            t.add_done_callback(s.discard)
+
+    async def settle(self, wait_s: float = TRUEUP_END_WAIT_S) -> tuple[int, int]:
+        """End the true-ups before the HTTP client closes: wait up to ``wait_s`` seconds (in all) for
+        those in progress, then cancel what is left and wait for the cancellations, so that no read
+        outlives the client (a read of a closed client raised ``RuntimeError``, logged at exit as
+        "Task exception was never retrieved"). No true-up starts afterwards (:attr:`closed`).
+
+        Returns ``(bills, results)``: the estimated bills left as estimates (stored with
+        ``cost_source = 'estimate'``, trued up at the next start by :meth:`trueup_stored`) and the
+        results left at our own usage figures. Logs one line when any is left."""
+        self.closed = True
+        me = asyncio.current_task()
+        pending = [t for t in self.trueups if t is not me]
+        if pending and wait_s > 0:
+            await asyncio.wait(pending, timeout=wait_s)
+        left = [t for t in pending if not t.done()]
+        bills = sum(1 for t in left if t in self._bills)
+        results = sum(1 for t in left if t in self._results)
+        for t in left:
+            t.cancel()
+        if left:
+            await asyncio.gather(*left, return_exceptions=True)
+        if bills or results:
+            log.info("%d estimated bill(s) of cut or failed streams not trued up from /generation within %.0f s: "
+                     "they stay estimates until the next start trues them up%s", bills, wait_s,
+                     f"; {results} result(s) keep our own usage figures" if results else "")
+        return bills, results
 
     def bounds(self, est_prompt_tokens: int, max_completion_tokens: int | None = None) -> Bounds:
         """What a request could have used (:class:`engine.money.plausible.Bounds`), priced with the
@@ -219,7 +266,12 @@ class Accounting:
         from engine.money.credits import generation_stats
 
         async def run() -> None:
-            final = from_generation(await generation_stats(self.get_json, gid), self.price)
+            try:
+                stats = await generation_stats(self.get_json, gid)
+            except Exception as e:  # e.g. the client closed under it: our figures stand
+                log.debug("[%s] %s: usage not trued up (%s: %s)", rt.name, gid, type(e).__name__, e)
+                return
+            final = from_generation(stats, self.price)
             if final is None:
                 return
             u = final.usage
@@ -234,7 +286,8 @@ class Accounting:
                 self.telemetry.on_cost(provider, dusd, self.clock())
             self.writer.set_result_usage(prompt_id, u, GENERATION)
 
-        self.track(asyncio.get_running_loop().create_task(run()))
+        if not self.closed:
+            self.track(asyncio.get_running_loop().create_task(run()), self._results)
 
 
 __all__ = ["Accounting"]

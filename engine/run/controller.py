@@ -74,8 +74,28 @@ class Controller:
             raise ValueError(f"unknown dataset {name!r}; expected one of: {', '.join(self._run.datasets)}")
         return name
 
+    def _refuse_when_ending(self, verb: str, dataset: str | None) -> None:
+        """Refuse a change of dataset state (pause, resume, skip, un-skip; a run-wide pause or resume)
+        once the run is stopping, stopped or completed: keys typed while a run exits are not
+        decisions, and a pause or skip applied then would be stored and carried into the next start.
+
+        Raises:
+            ValueError: the run is ending (one line, saying what to do instead).
+        """
+        r = self._run
+        if r.stopping or r.done.is_set() or r.lifecycle in (RunPhase.STOPPING, RunPhase.STOPPED, RunPhase.COMPLETED):
+            state = "completed" if r.lifecycle == RunPhase.COMPLETED else "stopping"
+            raise ValueError(f"the run is {state}: {verb} {dataset or 'of the run'} refused (dataset states no longer "
+                             f"change while it ends; once it has exited, `datagen ctl RUN_DIR {verb} DATASET` "
+                             f"saves one for the next start)")
+
     async def pause(self, dataset: str | None = None, reason: str = "paused by user") -> str:
-        """Pause one dataset, or the whole run when ``dataset`` is None."""
+        """Pause one dataset, or the whole run when ``dataset`` is None.
+
+        Raises:
+            ValueError: unknown dataset, or the run is ending (:meth:`_refuse_when_ending`).
+        """
+        self._refuse_when_ending("pause", dataset)
         if dataset is None:
             self._s.pause_all(reason)
             return "run paused (in-flight requests drain)"
@@ -89,7 +109,11 @@ class Controller:
 
         Resuming a run paused for credits (402 or the credits floor) first re-reads the credits
         (when a ``credits_check`` is set) and refuses while they are still below the floor.
+
+        Raises:
+            ValueError: unknown dataset, or the run is ending (:meth:`_refuse_when_ending`).
         """
+        self._refuse_when_ending("resume", dataset)
         if dataset is None:
             if self._run.pause == PauseKind.CREDITS and self.credits_check is not None:
                 await self.credits_check()
@@ -106,7 +130,12 @@ class Controller:
         return f"{dataset} resumed"
 
     async def skip(self, dataset: str, abort: bool = False, reason: str = "skipped by user") -> str:
-        """Skip a dataset: no more dispatch, pending prompts count as skipped; ``abort`` cancels its in-flight."""
+        """Skip a dataset: no more dispatch, pending prompts count as skipped; ``abort`` cancels its in-flight.
+
+        Raises:
+            ValueError: unknown dataset, or the run is ending (:meth:`_refuse_when_ending`).
+        """
+        self._refuse_when_ending("skip", dataset)
         await self._s.set_dataset_control(self._ds(dataset), "skipped", reason)
         n = self._s.ending.abort(dataset) if abort else 0
         return f"{dataset} skipped" + (f", {n} in-flight aborted" if abort else "")

@@ -150,6 +150,10 @@ class OfflineTarget:
                 f"sends them{note}")
 
 
+DATASET_STATE_VERBS = ("pause", "resume", "skip")
+"""The verbs that change a dataset's state (or pause/resume the run): refused while the run is stopping."""
+
+
 def _check(conn: Handle, verb: str, dataset: str | None, arg: str | None, force: bool,
            alive: bool) -> tuple[str | None, CommandResult | None]:
     """Validate provider names, concurrency and retry-failed before queueing: ``(arg to send,
@@ -220,6 +224,11 @@ def send(run_dir: Path, verb: str | RunCommand, dataset: str | None = None, arg:
         wait_s: seconds to wait for the live engine to apply it.
         force: ``exclude-provider`` of a name this run has not seen.
 
+    Returns:
+        the result; refused (``error: the run is stopping: ...``) for pause, resume and skip while a
+        live engine is stopping (its controller refuses them as well, should the state change after
+        this check).
+
     Raises:
         StatusError: no run store in ``run_dir``.
         ValueError: unknown verb, or operands missing (:meth:`~engine.run.commands.RunCommand.from_row`).
@@ -234,6 +243,10 @@ def send(run_dir: Path, verb: str | RunCommand, dataset: str | None = None, arg:
     run = collect_status(Path(run_dir))["run"]
     # an engine whose run has ended reads no more commands (its dashboard may stay open): apply them offline
     alive = run["alive"] and run["state"] not in ("completed", "stopped")
+    if alive and run["state"] == "stopping" and verb in DATASET_STATE_VERBS:  # its engine refuses them too
+        target = dataset or "of the run"
+        return CommandResult.refused(f"the run is stopping: {verb} {target} refused (dataset states no longer change "
+                                     f"while it ends; once it has exited, `datagen ctl` saves one for the next start)")
     conn = connect_rw(Path(run_dir))
     try:
         arg, refused = _check(conn, verb, dataset, arg, force, alive)

@@ -103,10 +103,13 @@ class Job:
         return store_where(self.supervisor.dir_lost, self.store.path)
 
     async def close(self) -> None:
-        """Stop supervision, flush, close the client, the store and the simulator."""
+        """Stop supervision and the ``/generation`` true-ups left (cancelled: estimates for the next
+        start), flush, close the client, the store and the simulator."""
         if self.supervisor_task is not None:
             self.supervisor_task.cancel()
             await asyncio.gather(self.supervisor_task, return_exceptions=True)
+        # no /generation read outlives the client (the run's end already waited for them, bounded)
+        await self.scheduler.accounting.settle(0.0)
         if self.recon is not None:  # finish queued reconstructions before the store closes
             # A stopped run waits 10 s at most: what is left stays stored, unvalidated, for `datagen validate`.
             stopped = self.scheduler.state in ("stopping", "stopped")

@@ -117,12 +117,17 @@ class CaseServer:
         generations: ``/generation?id=`` answers by id (the ``data`` object, e.g. ``{"total_cost": 0.001,
             "native_tokens_completion": 42}``); an unknown id answers 404.
         credits_usd: total credits reported by ``/credits`` and ``/key``.
+        generation_delay_s: seconds each ``/generation`` read waits before it answers (a slow account
+            API); ``generation_reads`` counts the reads received.
     """
 
-    def __init__(self, respond: Callable[[dict, int], Reply], *, credits_usd: float = 100.0, port: int = 0) -> None:
+    def __init__(self, respond: Callable[[dict, int], Reply], *, credits_usd: float = 100.0, port: int = 0,
+                 generation_delay_s: float = 0.0) -> None:
         self.respond = respond
         self.requests: list[dict] = []
         self.generations: dict[str, dict] = {}
+        self.generation_delay_s = generation_delay_s
+        self.generation_reads = 0
         self.credits_usd = credits_usd
         self._seen: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -176,12 +181,19 @@ class CaseServer:
                     self._json(200, {"data": [{"id": MODEL, "context_length": 262144,
                                                "pricing": {"prompt": "0.0000006", "completion": "0.0000025"}}]})
                 elif path.endswith("/generation"):
+                    with srv._lock:
+                        srv.generation_reads += 1
+                    if srv.generation_delay_s:
+                        time.sleep(srv.generation_delay_s)
                     gid = (parse_qs(url.query).get("id") or [""])[0]
                     data = srv.generations.get(gid)
-                    if data is None:
-                        self._json(404, {"error": {"code": 404, "message": f"generation {gid} not found"}})
-                    else:
-                        self._json(200, {"data": {"id": gid, **data}})
+                    try:
+                        if data is None:
+                            self._json(404, {"error": {"code": 404, "message": f"generation {gid} not found"}})
+                        else:
+                            self._json(200, {"data": {"id": gid, **data}})
+                    except (BrokenPipeError, ConnectionResetError):  # the client gave up waiting
+                        self.close_connection = True
                 else:
                     self._json(404, {"error": {"code": 404, "message": "not found"}})
 
