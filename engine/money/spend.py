@@ -257,11 +257,17 @@ class SpendControl:
         self.lost_usd[dataset] += cost_usd
         self.dataset_usd[dataset] += cost_usd
 
-    def count_lost(self, dataset: str, tokens: int, usd: float) -> None:
+    def count_lost(self, dataset: str, tokens: int, usd: float, cls: str | None = None) -> None:
         """Count the spend of a stream an earlier process of the run lost (cut by a kill, recorded by
-        :func:`engine.stream.recover.recover_cut_streams`): budgets, caps and the dataset's dollars."""
+        :func:`engine.stream.recover.recover_cut_streams`): budgets, caps and the dataset's dollars;
+        with its class ``cls``, its ``tokens`` streamed as a censored length of that class (recorded
+        after :meth:`seed` read the store, they would be missing there: the restart after a kill then
+        reserved from the short completions alone)."""
         if dataset in self.dataset_usd:
             self.add_partial(dataset, usd, tokens=tokens)  # counts it in lost_usd too (once)
+            est = self.budgets[dataset].estimators.get(cls) if cls is not None else None
+            if est is not None:
+                est.observe_cut(tokens, -1)  # dispatched by the last process: after the seeded lengths
 
     def true_up_lost(self, dataset: str, delta_usd: float) -> None:
         """Replace an estimated bill of an attempt that produced no result (a cut stream's, a failed

@@ -278,8 +278,8 @@ async def prepare(cfg: Config, out: TextOut = sys.stdout) -> Job:
         await discover_prices(cfg, sched, client, out)
         cut, streams = await recover_cut_streams(cfg.run.dir, store, sched.accounting.price,  # priced now
                                                  sched.ending.cut_costs if account_api else None, live=pool.owns)
-        for dataset, tokens, usd in streams:
-            sched.spend.count_lost(dataset, tokens, usd)
+        for dataset, tokens, usd, cls in streams:
+            sched.spend.count_lost(dataset, tokens, usd, cls)
         for rec in (recovered, cut):
             if rec.line():
                 print(rec.line(), file=out)

@@ -125,7 +125,7 @@ async def recover_results(run_dir: Path, store: Store, price: Callable[[int, int
 
 async def recover_cut_streams(run_dir: Path, store: Store, price: Callable[[int, int], "float | None"],
                               estimate: "CutEstimate | None" = None, live: Live = _never
-                              ) -> tuple[Recovery, list[tuple[str, int, float]]]:
+                              ) -> tuple[Recovery, list[tuple[str, int, float, str]]]:
     """Record every stream in the in-flight ledgers of ``run_dir`` whose prompt is still pending (cut
     by a kill of the whole run) as an ``aborted`` attempt with its tokens and its estimated bill,
     then delete the ledgers it read. Run it once prices are known (``price`` as in
@@ -141,8 +141,9 @@ async def recover_cut_streams(run_dir: Path, store: Store, price: Callable[[int,
     (``price``; no prompt charge before a token came).
 
     Returns:
-        the :class:`Recovery` figures and ``(dataset, tokens, USD)`` per cut stream, for the spend
-        ledger of the run about to start.
+        the :class:`Recovery` figures and ``(dataset, tokens, USD, class)`` per cut stream, for the
+        spend ledger and the length estimators of the run about to start (recorded after they were
+        seeded from the store: a cut stream is a censored length, :meth:`engine.money.spend.SpendControl.count_lost`).
 
     Raises:
         sqlite3.Error / OSError: the store could not commit (the ledgers are kept for the next start).
@@ -172,17 +173,17 @@ async def recover_cut_streams(run_dir: Path, store: Store, price: Callable[[int,
             costs = estimate(ds, [(todo[i][0][3], todo[i][4], todo[i][0][2], todo[i][2]) for i in idx])
             bills.update((i, c.abort_usd) for i, c in zip(idx, costs, strict=True))
     writer = StoreWriter(store)
-    cut: list[tuple[str, int, float]] = []
+    cut: list[tuple[str, int, float, str]] = []
     for i, (st, ds, tokens, gid, provider, started) in enumerate(todo):
         usd = bills.get(i)
         estimated = usd is not None
         if usd is None:
             usd = price(st[2] if tokens else 0, tokens) or 0.0  # as a live abort: no prompt charge before a token came
-        cut.append((ds, tokens, usd))
+        cut.append((ds, tokens, usd, st[3]))
         writer.add_attempt(st[0], ds, 0, float(started or time.time()), time.time(), "aborted",
                            message=KILLED_MESSAGE, provider=provider or None, generation_id=gid or None,
                            tokens_received=tokens, cost_usd=usd, estimated=estimated)
-    rec = Recovery(lost_streams=len(cut), lost_usd=sum(u for _, _, u in cut))
+    rec = Recovery(lost_streams=len(cut), lost_usd=sum(c[2] for c in cut))
     if cut:
         writer.add_event("warning", "recovered", None, rec.line() or "")
     await writer.flush()

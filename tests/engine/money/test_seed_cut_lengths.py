@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import pytest
 from helpers import completion, make_config, seeded_store
 
 from engine.money.spend import SpendControl
@@ -71,3 +72,24 @@ async def test_a_restart_after_a_kill_reserves_from_the_cut_streams_too(tmp_path
     before.seed("a", 0, 0, 0.0, old)
     b = before.budgets["a"].estimators["short"]
     assert b.expected() < 1100 and b.lengths().mean() < 600
+
+
+async def test_the_last_processs_cut_streams_count_as_censored_lengths_when_recorded_after_the_seed(tmp_path):
+    """The runner seeds the estimators (``Scheduler.load``) before ``recover_cut_streams`` records the
+    streams the last kill cut: those come through ``count_lost`` with their class (a trial at 40 tokens/s:
+    the restart after a second kill dispatched 1,226 streams on a budget with ~1.1M tokens left)."""
+    cfg, store, finished = await _killed_run(tmp_path)
+    try:
+        recent = await store.recent_lengths("a")
+    finally:
+        await store.close()
+    results_only = {"short": [(t, c) for t, c in recent["short"] if not c]}
+    spend = SpendControl(cfg)
+    spend.seed("a", 0, 0, 0.0, results_only)
+    est = spend.budgets["a"].estimators["short"]
+    assert est.expected() < 1100  # the short survivors alone
+    for _ in range(N - len(finished)):
+        spend.count_lost("a", int(KILL_S * RATE), 0.002, "short")
+    assert 0.75 * MEAN <= est.lengths().mean() <= 1.25 * MEAN, est.lengths().mean()
+    assert est.expected() >= 0.9 * 2 * MEAN
+    assert spend.lost_usd["a"] == pytest.approx(0.002 * (N - len(finished)))

@@ -201,7 +201,7 @@ async def test_recover_stores_journaled_results_once_and_counts_cut_streams(tmp_
         cut, streams = await recover_cut_streams(cfg.run.dir, store, price)
         assert (cut.stored, cut.lost_streams) == (0, 1) and "1 stream(s)" in cut.line()
         assert cut.lost_usd == pytest.approx((10 + 400) * 1e-3)
-        assert streams == [("a", 400, pytest.approx(0.41))]
+        assert streams == [("a", 400, pytest.approx(0.41), "short")]
         cur = await store.conn.execute("SELECT key, content, completion_tokens, cost_usd, usage_source FROM results")
         assert await cur.fetchall() == [("a-000000", "stored from the journal", 33, 0.25, "reported")]
         cur = await store.conn.execute("SELECT prompt_id, outcome, tokens_received, cost_usd, message, generation_id "
