@@ -80,8 +80,11 @@ class Controller:
         decisions, and a pause or skip applied then would be stored and carried into the next start.
 
         Raises:
-            ValueError: the run is ending (one line, saying what to do instead).
+            ValueError: an unknown dataset (said first), or the run is ending (one line, saying what to
+                do instead).
         """
+        if dataset is not None:
+            self._ds(dataset)
         r = self._run
         if r.stopping or r.done.is_set() or r.lifecycle in (RunPhase.STOPPING, RunPhase.STOPPED, RunPhase.COMPLETED):
             state = "completed" if r.lifecycle == RunPhase.COMPLETED else "stopping"

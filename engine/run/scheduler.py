@@ -185,6 +185,7 @@ class Scheduler:
         usage = await self.store.usage_totals()
         errors = await self.store.error_counts()
         lost = await self.store.lost_costs()
+        lost_tokens = await self.store.lost_tokens()
         for name, row in (await self.store.latest_results()).items():
             self.telemetry.restore_sample(name, row)
         self.runstate.prior_elapsed_s = await self._prior_elapsed_s()
@@ -204,7 +205,8 @@ class Scheduler:
             rt.prompt_tokens, rt.completion_tokens, rt.reasoning_tokens = p, c, r
             rt.errors.update(errors.get(d.name, {}))
             self.datasets[d.name] = rt
-            self.spend.seed(d.name, p, c, cost + lost.get(d.name, 0.0), await self.store.recent_lengths(d.name))
+            cut = lost_tokens.get(d.name, 0)  # what streams cut or failed took of the token budget
+            self.spend.seed(d.name, p, c + cut, cost + lost.get(d.name, 0.0), await self.store.recent_lengths(d.name))
             self.spend.lost_usd[d.name] = lost.get(d.name, 0.0)
         # Re-decide budget-met datasets once every dataset's spend is counted (the run cost cap is
         # shared): a cap raised since makes them active again, in the store too, so `datagen status`

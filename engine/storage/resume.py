@@ -119,6 +119,17 @@ class ResumeQueries:
         (:meth:`dataset_dollars`'s ``lost_usd``)."""
         return {d: v.lost_usd for d, v in (await self.dataset_dollars()).items()}
 
+    async def lost_tokens(self) -> dict[str, int]:
+        """Completion tokens streamed by attempts that produced no result (aborted, cut by a kill or a
+        worker's death, failed mid-stream), per dataset. A token budget counts them as used, as the
+        process that cut them did (:meth:`engine.run.accounting.Accounting.partial_spend`): a restart
+        that left them out forgot the tokens of every earlier kill (a trial ended a 2M-token budget at
+        2.57M after two kills, the budget reading 1.62M)."""
+        cur = await self.conn.execute(
+            "SELECT dataset, SUM(tokens_received) FROM attempts WHERE outcome != 'ok' AND tokens_received > 0 "
+            "GROUP BY dataset")
+        return {d: int(n or 0) for d, n in await cur.fetchall()}
+
     async def state_counts(self) -> dict[tuple[str, str, str], int]:
         """Return ``{(dataset, class, state): count}`` over all prompts."""
         cur = await self.conn.execute("SELECT dataset, class, state, COUNT(*) FROM prompts GROUP BY 1, 2, 3")

@@ -93,3 +93,24 @@ async def test_the_last_processs_cut_streams_count_as_censored_lengths_when_reco
     assert 0.75 * MEAN <= est.lengths().mean() <= 1.25 * MEAN, est.lengths().mean()
     assert est.expected() >= 0.9 * 2 * MEAN
     assert spend.lost_usd["a"] == pytest.approx(0.002 * (N - len(finished)))
+
+
+async def test_a_restart_counts_the_tokens_earlier_kills_cut_in_the_token_budget(tmp_path):
+    """``Scheduler.load`` seeds each token budget with the stored completions AND the tokens that cut or
+    failed attempts streamed (as the process that cut them counted them). Before, a trial's budget read
+    1.62M of 2M after two kills while 2.57M had been streamed, and the run went on dispatching."""
+    from engine.client.retry import RetryPolicy
+    from engine.run.scheduler import Scheduler
+
+    cfg, store, finished = await _killed_run(tmp_path)
+    try:
+        async def complete(req, progress=None):  # never called: nothing is dispatched
+            raise AssertionError("dispatched")
+
+        sched = Scheduler(cfg, store, StoreWriter(store, 0.05), complete, policy=RetryPolicy(max_attempts=1))
+        await sched.load()
+        cut = (N - len(finished)) * int(KILL_S * RATE)
+        assert sched.spend.budgets["a"].tokens.used == sum(finished) + cut
+        assert sched.datasets["a"].completion_tokens == sum(finished)  # the results' own figure is unchanged
+    finally:
+        await store.close()
