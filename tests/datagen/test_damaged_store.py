@@ -143,10 +143,12 @@ def test_salvage_that_loses_spend_says_what_the_caps_no_longer_count(finished, t
     damage(run_dir / "store.sqlite", "end")  # the results' rows; their covering index still sums them
     r = cli("salvage", str(run_dir))
     assert r.returncode == 0, r.stderr
-    assert re.search(r"^  results\s+0 saved, 40 lost$", r.stdout, re.M), r.stdout
-    assert ("spend: the salvaged store holds $0.0000 of bills, the damaged one held $0.0040: $0.0040 already paid "
-            "no longer counts in status, the report and the dollar caps; before the next `datagen run`, lower "
-            "[spend] max_cost_usd and the datasets' caps by $0.0040 (check the provider's dashboard: rows SQLite "
+    m = re.search(r"^  results\s+(\d+) saved, (\d+) lost$", r.stdout, re.M)  # how many: where the rows lay
+    assert m and int(m[1]) + int(m[2]) == 40 and int(m[2]) > 0, r.stdout
+    kept, lost = int(m[1]) * 0.0001, int(m[2]) * 0.0001
+    assert (f"spend: the salvaged store holds ${kept:.4f} of bills, the damaged one held $0.0040: ${lost:.4f} already "
+            "paid no longer counts in status, the report and the dollar caps; before the next `datagen run`, lower "
+            f"[spend] max_cost_usd and the datasets' caps by ${lost:.4f} (check the provider's dashboard: rows SQLite "
             "could not read may hold more)") in r.stdout.splitlines()
 
     run_dir = copy_of(finished, tmp_path / "truncated")
