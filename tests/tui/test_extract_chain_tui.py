@@ -130,6 +130,10 @@ async def test_quit_in_the_extraction_view_drains_generation_too(tmp_path: Path,
     app = DashboardApp(cfg, gpu_source=lambda: FIXED_GPUS, refresh_hz=10, install_signals=False)
     async with app.run_test(size=(160, 48)) as pilot:
         await until(pilot, lambda: isinstance(app.screen, ExtractScreen), what="the extraction view", timeout=60.0)
+        # past loading: a quit before the first batch stops the extraction (130, by design), not this test's drain
+        await until(pilot, lambda: app.screen.snapshot is not None
+                    and app.screen.snapshot.state not in ("not_started", "loading", "restarting"), 60,
+                    what="the extraction past loading")
         assert app.engine is not None and not app.engine.finished  # b7 still generating
         await pilot.press("q")
         await until(pilot, lambda: app.engine.quit_mode is not None, 5, what="generation asked to stop")
