@@ -145,10 +145,18 @@ class ExtractSection(_Strict):
     compress: bool = Field(False, description=(
         "`specforge` only: gzip each feature file (`data_{i}.ckpt.gz`, SpecForge's `--compress`)"))
     compression_level: int = Field(6, ge=1, le=9, description="`specforge` only: the gzip level of `compress`")
-    after_run: Literal["never", "run", "dataset"] = Field("never", description=(
-        "chain extraction to `datagen run`: `run` (after the whole run completed, exit 0) or `dataset` (each dataset "
-        "as soon as it is done and validated, while generation goes on); needs `model` and `[tokenizer]` "
+    after_run: Literal["never", "run", "dataset", "follow"] = Field("never", description=(
+        "chain extraction to `datagen run`: `run` (after the whole run completed, exit 0), `dataset` (each dataset "
+        "as soon as it is done and validated, while generation goes on) or `follow` (newly validated records in "
+        "batches of `follow_records` while their dataset is still being bought, so phase-two fidelity verdicts "
+        "arrive while money is spent; [fidelity.md](fidelity.md)); needs `model` and `[tokenizer]` "
         "([extraction.md](extraction.md#chaining-extraction-after-generation-in-one-datagen-run))"))
+    follow_records: int = Field(200, ge=1, description=(
+        "`after_run = \"follow\"`: extract once this many newly validated records of a dataset are waiting (the "
+        "rest when the dataset ends)"))
+    fidelity: bool = Field(True, description=(
+        "score every record's completion under the target from the extraction forward's final hidden state (no "
+        "second forward): phase-two provider fidelity ([fidelity.md](fidelity.md))"))
     engine: Literal["transformers", "vllm"] = Field("transformers", description=(
         "what runs the target model: `transformers` (`AutoModelForCausalLM`, right for small targets and for proving "
         "correctness) or `vllm` (vLLM's `extract_hidden_states` method and datagen's KV connector: its kernels and "

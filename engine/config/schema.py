@@ -7,6 +7,7 @@ from pydantic import Field, model_validator
 from engine.config.base import _Strict
 from engine.config.datasets import DatasetSection
 from engine.config.extract import ExtractSection
+from engine.config.fidelity import FidelitySection
 from engine.config.provider import ProviderSection
 from engine.config.run import ClassSection, GenerationSection, RunSection
 from engine.config.spend import PricingSection, SpendSection
@@ -32,6 +33,7 @@ class Config(_Strict):
     datasets: list[DatasetSection] = Field(min_length=1)
     tokenizer: TokenizerSection | None = None
     extract: ExtractSection = Field(default_factory=ExtractSection)
+    fidelity: FidelitySection = Field(default_factory=FidelitySection)
 
     @model_validator(mode="after")
     def _cross(self) -> "Config":
