@@ -19,8 +19,9 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 from engine.api import DatasetSnapshot, RunCommand, RunSnapshot
 from tui.detail import DetailScreen, detail_text
 from tui.host import Commands, DashboardHost
-from tui.modals import ConfirmScreen, HelpScreen, PickScreen, QuitScreen, abort_body, quit_body
+from tui.modals import ConfirmScreen, HelpScreen, QuitScreen, abort_body, quit_body
 from tui.panes import LogPane
+from tui.providerpick import pick_provider
 from tui.retry import retry_failed
 from tui.toasts import Toasts
 
@@ -34,10 +35,10 @@ HELP = [
     ("R", "resume the whole run and every paused dataset"),
     ("a", "abort in-flight requests now (confirm, shows the dollars in flight)"),
     ("+ / -", "raise / lower the concurrency of the selected dataset's request class by ~10% (1 to 4x configured)"),
-    ("x", "exclude a provider, or include an excluded one again (pick from the providers seen so far)"),
+    ("x", "exclude a provider, include an excluded one, or clear a drifting one's fidelity verdict (pick)"),
     ("f", "retry the selected dataset's failed prompts: pick all or one error class; they return to pending"),
     ("↑ ↓", "select a dataset (the sample pane follows the selection)"),
-    ("i", "details of the selected dataset: full reason, errors by class, log lines, current limits"),
+    ("i", "details of the selected dataset: reason, errors by class, log lines, limits, provider fidelity"),
     ("?", "this help"),
     ("e", "switch between the generation and the extraction view (with [extract] after_run)"),
     ("q", "quit (asks to drain or abort when requests are in flight)"),
@@ -295,24 +296,9 @@ class DashboardActions:
         self.run_command(ctl, RunCommand.concurrency(cls, new), key="concurrency")
 
     def exclude_provider(self) -> None:
-        """Pick a provider and exclude it, or an excluded one and include it again."""
-        snap = self.app.snapshot
-        if (ctl := self.commands()) is None or snap is None:
-            return
-        options = [(p.name, f"{p.name}  {p.requests:,} req  {p.error_rate:.0%} err")
-                   for p in snap.providers if not p.excluded]
-        excluded = {p.name for p in snap.providers if p.excluded}
-        options += [(p, f"{p}  (excluded: pick to include it again)") for p in sorted(excluded)]
-        if not options:
-            self.app.notify("no provider to exclude yet")
-            return
-
-        def picked(name: str | None) -> None:
-            if name:
-                self.run_command(ctl, RunCommand.include_provider(name) if name in excluded
-                                 else RunCommand.exclude_provider(name))
-
-        self.app.push_screen(PickScreen("Exclude which provider?", options), picked)
+        """Pick a provider and exclude it, an excluded one and include it again, or a drifting one and
+        clear its fidelity verdict (see :mod:`tui.providerpick`)."""
+        pick_provider(self)
 
     def details(self, name: str | None = None) -> None:
         """Open the detail view (:mod:`tui.detail`) of the selected (or named) dataset; it follows

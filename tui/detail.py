@@ -5,7 +5,8 @@ selected dataset. It shows the full state reason, every count, tokens and money 
 limits, the current limits of every request class (concurrency, in flight, max tokens), the
 errors of the dataset by class with the latest message of each, and its latest log lines. It
 re-reads the app's current snapshot twice a second while open. The run's latest warnings and
-errors that name no dataset (a provider excluded, a store failing) follow.
+errors that name no dataset (a provider excluded, a store failing) follow, then, once any provider
+was judged, the evidence of each provider's fidelity verdict (:func:`tui.fidelity.fidelity_section`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Label, Static
 
 from engine.api import DatasetSnapshot, RunSnapshot, progress_percent
+from tui.fidelity import fidelity_section
 from tui.fmt import fmt_count, money
 from tui.panes.datasets import eta_cell
 from tui.panes.log import styled_line
@@ -74,7 +76,7 @@ def detail_text(d: DatasetSnapshot, snap: RunSnapshot, cls: str = "", log_lines:
 
     Args:
         d: the dataset (one of ``snap.datasets``).
-        snap: the run snapshot (classes, run-wide latest error messages, events).
+        snap: the run snapshot (classes, run-wide latest error messages, events, providers' fidelity).
         cls: the request class most of the dataset's remaining prompts use (marked in the limits).
         log_lines: log lines shown so far (the log pane's); the dataset's are picked from these and
             from ``snap.events``.
@@ -134,6 +136,8 @@ def detail_text(d: DatasetSnapshot, snap: RunSnapshot, cls: str = "", log_lines:
         for line in run_lines:
             t.append("\n")
             t.append_text(styled_line(line))
+    if (fid := fidelity_section(snap.providers)) is not None:
+        t.append_text(fid)
     return t
 
 

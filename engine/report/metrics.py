@@ -10,7 +10,8 @@ the same functions the dashboard polls (``Scheduler.snapshot``, ``ExtractRun.sna
 :mod:`engine.report.metricsserver`.
 
 Names follow Prometheus conventions: base units (seconds, bytes, USD, ratios), ``_total`` on
-counters, labels ``dataset``, ``class``, ``provider``, ``endpoint``, ``quantile``, ``state``, ``worker``, ``gpu``.
+counters, labels ``dataset``, ``class``, ``provider``, ``endpoint``, ``quantile``, ``state``, ``worker``, ``gpu``,
+``source`` (a fidelity verdict's: ``target`` | ``cheap``).
 docs/metrics.md lists every metric. A figure that is unknown (credits before the first
 reading, an ETA while paused) is left out of the scrape rather than exported as 0.
 """
@@ -133,7 +134,9 @@ def run_families(snap: RunSnapshot) -> list[Metric]:
 
 def provider_families(snap: RunSnapshot) -> list[Metric]:
     """Per-provider families (``provider`` label) of ``snap.providers``: counters since this engine
-    started, latency and time-to-first-token percentiles (``quantile`` 0.5, 0.95) over recent successes."""
+    started, latency and time-to-first-token percentiles (``quantile`` 0.5, 0.95) over recent successes,
+    the fidelity verdict (docs/fidelity.md): drifting 0/1 and the records judged per ``source``
+    (``target`` | ``cheap``), absent before a provider's first verdict."""
     pv = ("provider",)
     requests = _counter("datagen_provider_requests_total", "Requests answered (successes and errors)", pv)
     errors = _counter("datagen_provider_errors_total", "Failed requests by error class", ("provider", "class"))
@@ -142,6 +145,10 @@ def provider_families(snap: RunSnapshot) -> list[Metric]:
     ttft = _gauge("datagen_provider_ttft_seconds", "Time to first token percentile", ("provider", "quantile"))
     tps = _gauge("datagen_provider_stream_tokens_per_second", "Median completion tokens per second of one stream", pv)
     excluded = _gauge("datagen_provider_excluded", "1 when the provider is excluded from routing", pv)
+    drifting = _gauge("datagen_provider_fidelity_drifting", "1 when the provider's fidelity verdict is drifting "
+                      "(not cleared), else 0 (absent: not judged yet)", pv)
+    fid_records = _gauge("datagen_provider_fidelity_records", "Records its fidelity verdict rests on, by source "
+                         "(target: phase two; cheap: cheap signals)", ("provider", "source"))
     for p in snap.providers:
         requests.add_metric([p.name], p.requests)
         for cls, n in sorted(p.errors.items()):
@@ -152,7 +159,13 @@ def provider_families(snap: RunSnapshot) -> list[Metric]:
             _one(ttft, first, p.name, q)
         _one(tps, p.tok_per_s_per_stream, p.name)
         excluded.add_metric([p.name], 1 if p.excluded else 0)
-    return [requests, errors, spend, latency, ttft, tps, excluded]
+        if p.fidelity is not None:
+            f = p.fidelity
+            drifting.add_metric([p.name], 1 if f.get("verdict") == "drifting" and not f.get("cleared") else 0)
+            for source in ("target", "cheap"):
+                if part := f.get(source):
+                    fid_records.add_metric([p.name, source], int(part.get("records") or 0))
+    return [requests, errors, spend, latency, ttft, tps, excluded, drifting, fid_records]
 
 
 def endpoint_families(snap: RunSnapshot) -> list[Metric]:

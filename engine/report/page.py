@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.metrics.rates import fmt_duration
+from engine.report.fidelityreport import fidelity_html
 
 #: The run-level figures of the status table: (label, path into the status document, format).
 RUN_ROWS: tuple[tuple[str, tuple[str, ...], str], ...] = (
@@ -246,6 +247,8 @@ def render(figs: dict[str, Any], charts: dict[str, bytes | None]) -> str:
              "No failed attempt." if tl is not None else "No attempt stored yet."),
         '<h2 id="validation">Validation</h2>',
         _validation_html(figs["validation"], charts),
+        '<h2 id="provider-fidelity">Provider fidelity</h2>',
+        fidelity_html(figs.get("fidelity") or {}),
         '<h2 id="extraction">Extraction</h2>',
         _extraction_html(figs["extraction"], charts),
     ]

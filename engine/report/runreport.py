@@ -21,6 +21,9 @@ directory is changed. :func:`gather` returns one JSON-able dict:
   does not exist) plus ``billing_diffs``: ``{difference: records}`` of validation's billing
   difference (rebuilt completion length minus billed completion tokens) over the billed, untruncated
   records, the same rows as ``datagen validate``'s ``billing``.
+- ``fidelity``: ``{provider: fidelity object}`` of every provider judged, from the store's
+  ``provider_verdicts`` (:func:`engine.storage.verdicts.by_provider`; drawn by
+  :mod:`engine.report.fidelityreport`; docs/fidelity.md).
 - ``extraction``: the linked extraction's progress (None when none): ``status`` (``collect_status``'s
   ``extract``), and ``timeline`` of samples and tokens committed, from ``manifest.jsonl`` and the
   modification time of each listed shard or file.
@@ -46,7 +49,7 @@ from engine.money.estimator import CompletionEstimator
 from engine.report.series import bin_count, bin_width, binned_sum, cumulative, histogram
 from engine.report.settings import resolve_settings
 from engine.report.status import collect_status
-from engine.storage import read, validations
+from engine.storage import read, validations, verdicts
 from engine.storage.dollars import bills
 from engine.storage.handle import Handle, connect_ro
 
@@ -83,6 +86,7 @@ def gather(run_dir: Path, config: Config | None = None, now: float | None = None
             "timeline": timeline(conn),
             "lengths": lengths(conn, settings),
             "validation": validation(conn),
+            "fidelity": verdicts.by_provider(conn),
         }
     finally:
         conn.close()

@@ -1,8 +1,15 @@
-"""Providers: requests, error %, p50/p95 latency, TTFT, tok/s per stream, cost, wire flags; excluded marked.
+"""Providers: requests, error %, p50/p95 latency, TTFT, tok/s per stream, cost, wire flags, fidelity; excluded marked.
 
 ``flags`` (shown once any provider has one): responses that raised a wire-conformance flag
 (``engine.client.conformance``), red with ``!`` when any of them keeps records out of training (e.g.
 ``replacement_char``), else dim; none shows ``-``.
+
+``fid`` (shown once any provider has a fidelity verdict, docs/fidelity.md): ``ok`` green, ``drift`` bold
+red (``drift✓`` dim once the user cleared it), ``12/20`` dim (records of the minimum a verdict needs) or
+``n/a``; ``-`` not judged yet (:func:`tui.fidelity.fid_cell`; ``i`` shows the evidence).
+
+Width: the pane is :data:`PANE_WIDTH` cells inside; when the optional columns would leave the provider's
+name fewer than :data:`NAME_MIN` cells, the columns of :data:`DROP_ORDER` go, in that order, until it fits.
 
 With several endpoints (``[provider] base_urls``), one row per endpoint follows: state (healthy,
 draining, down), in flight (/ its cap), requests, error %, p50 latency and tok/s it returns.
@@ -16,29 +23,69 @@ from rich.text import Text
 from textual.widgets import Static
 
 from engine.api import FAILING, EndpointSnapshot, ProviderSnapshot, RunSnapshot
+from tui.fidelity import fid_cell
 from tui.fmt import money, pct, secs
 
+PANE_WIDTH = 58
+"""Cells inside the providers pane (62 wide, less its border and padding: tui/layout.py)."""
 
-def providers_table(providers: tuple[ProviderSnapshot, ...]) -> Table | Text:
-    """One row per provider (as ordered by the engine: most requests first)."""
+NAME_MIN = 8
+"""Cells the provider's name keeps before optional columns are dropped."""
+
+DROP_ORDER = ("TTFT", "lat p50/95", "tok/s")
+"""Columns dropped, in this order, when the name would get fewer than :data:`NAME_MIN` cells."""
+
+
+def _fit(columns: list[str], rows: list[dict[str, Text | str]], names: list[str], width: int) -> list[str]:
+    """``columns`` less those of :data:`DROP_ORDER` (in order) that must go for the name column to keep
+    ``min(NAME_MIN, longest name)`` cells in ``width`` (each column as wide as its widest cell or
+    heading, 2 cells between columns)."""
+    def cells(v: Text | str) -> int:
+        return v.cell_len if isinstance(v, Text) else Text(v).cell_len
+
+    def wide(col: str) -> int:
+        return max([len(col), *(cells(r[col]) for r in rows)])
+
+    need = min(NAME_MIN, max((Text(n).cell_len for n in names), default=0))
+    cols = list(columns)
+    for drop in DROP_ORDER:
+        if width - sum(wide(c) + 2 for c in cols) >= need:
+            break
+        cols.remove(drop)
+    return cols
+
+
+def providers_table(providers: tuple[ProviderSnapshot, ...], width: int | None = None) -> Table | Text:
+    """One row per provider (as ordered by the engine: most requests first); ``width``: the cells it
+    has (None: no column dropped)."""
     if not providers:
         return Text("no provider has answered yet", style="dim")
+    show_flags = any(p.flags for p in providers)
+    show_fid = any(p.fidelity is not None for p in providers)
+    columns = ["req", "err", "lat p50/95", "TTFT", "tok/s", "cost"] + (["flags"] if show_flags else []) + (
+        ["fid"] if show_fid else [])
+    names: list[str] = []
+    rows: list[dict[str, Text | str]] = []
+    for p in providers:
+        names.append(("✗ " if p.excluded else "") + p.name)
+        err_style = "red" if p.error_rate >= 0.2 else "yellow" if p.error_rate >= 0.05 else ""
+        rows.append({
+            "req": f"{p.requests:,}", "err": Text(pct(p.error_rate), style=err_style),
+            "lat p50/95": f"{secs(p.latency_p50_s)}/{secs(p.latency_p95_s)}", "TTFT": secs(p.ttft_p50_s),
+            "tok/s": "--" if p.tok_per_s_per_stream is None else f"{p.tok_per_s_per_stream:.0f}",
+            "cost": money(p.cost_usd), "flags": flags_text(p.flags), "fid": fid_cell(p.fidelity),
+        })
+    if width is not None:
+        columns = _fit(columns, rows, names, width)
     t = Table(box=None, expand=True, show_edge=False, pad_edge=False, header_style="bold")
     t.add_column("provider", no_wrap=True, overflow="ellipsis", ratio=1, min_width=6)
-    show_flags = any(p.flags for p in providers)
-    for col in ("req", "err", "lat p50/95", "TTFT", "tok/s", "cost") + (("flags",) if show_flags else ()):
+    for col in columns:
         t.add_column(col, justify="right", no_wrap=True)
-    for p in providers:
+    for p, row in zip(providers, rows, strict=True):
         name = Text(p.name, style="strike dim" if p.excluded else "bold")
         if p.excluded:
             name = Text("✗ ", style="bold red") + name
-        err_style = "red" if p.error_rate >= 0.2 else "yellow" if p.error_rate >= 0.05 else ""
-        t.add_row(
-            name, f"{p.requests:,}", Text(pct(p.error_rate), style=err_style),
-            f"{secs(p.latency_p50_s)}/{secs(p.latency_p95_s)}", secs(p.ttft_p50_s),
-            "--" if p.tok_per_s_per_stream is None else f"{p.tok_per_s_per_stream:.0f}", money(p.cost_usd),
-            *((flags_text(p.flags),) if show_flags else ()),
-        )
+        t.add_row(name, *(row[c] for c in columns))
     return t
 
 
@@ -85,10 +132,11 @@ class ProvidersPane(Static):
 
     def update_from(self, snapshot: RunSnapshot) -> None:
         """Redraw when any provider's or endpoint's figures changed."""
-        key = (snapshot.providers, snapshot.endpoints)
+        width = self.content_size.width or PANE_WIDTH  # 0 before the first layout and while hidden
+        key = (snapshot.providers, snapshot.endpoints, width)
         if key != self._last:
             self._last = key
-            body: RenderableType = providers_table(snapshot.providers)
+            body: RenderableType = providers_table(snapshot.providers, width)
             if snapshot.endpoints:
                 body = Group(body, Text(""), endpoints_table(snapshot.endpoints))
             self.update(body, layout=False)
