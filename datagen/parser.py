@@ -15,6 +15,7 @@ from datagen.commands import (
     cmd_status,
     cmd_validate,
 )
+from datagen.probecmd import cmd_probe
 from datagen.runcmd import cmd_run
 from datagen.salvagecmd import EXIT_ERROR as SALVAGE_ERROR
 from datagen.salvagecmd import cmd_salvage
@@ -45,6 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--exit-on-pause", action="store_true", help="exit with code 3 when the whole run is paused by a guard")
     r.set_defaults(func=cmd_run)
 
+    pb = sub.add_parser("probe", help="send the fidelity probes ([fidelity.probes]) pinned to each provider, compare "
+                        "them with the reference provider and print a table (exit 0 ok, 1 a provider below the "
+                        "thresholds)")
+    pb.add_argument("config", help="path of config.toml")
+    pb.add_argument("--run-dir", help="override [run] dir (the store that keeps the results)")
+    pb.add_argument("--reference", help="override [fidelity.probes] reference")
+    pb.set_defaults(func=cmd_probe)
+
     from engine.sim import add_sim_arguments
 
     s = sub.add_parser("sim", help="serve the OpenRouter-compatible simulator on 127.0.0.1")
@@ -59,16 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(func=cmd_status)
 
     c = sub.add_parser("ctl", help="control a run from another shell: pause|resume|skip|abort [DATASET], "
-                       "concurrency CLASS N, exclude-provider|include-provider NAME, retry-failed [DATASET] "
+                       "concurrency CLASS N, exclude-provider|include-provider|clear-verdict NAME, retry-failed [DATASET] "
                        "[--reason CLASS]; extraction: OUT_OR_RUN_DIR extract-pause|extract-resume|extract-skip DATASET; "
                        "exits 1 when not applied",
                        description="Exit status: 0 applied by the live engine, or saved for the next start "
-                       "(pause/resume/skip DATASET, exclude/include-provider, retry-failed); 1 refused or not applied "
+                       "(pause/resume/skip DATASET, exclude/include-provider, clear-verdict, retry-failed); 1 refused or not applied "
                        "(no engine running for abort, concurrency and a run-wide pause/resume; not confirmed within "
                        "10 s).")
     c.add_argument("run_dir", help="the run directory (extract-*: the extraction output directory, or a run directory)")
     c.add_argument("verb", choices=["pause", "resume", "skip", "abort", "concurrency", "exclude-provider",
-                                    "include-provider", "retry-failed", "extract-pause", "extract-resume",
+                                    "include-provider", "clear-verdict", "retry-failed", "extract-pause", "extract-resume",
                                     "extract-skip"])
     c.add_argument("dataset", nargs="?", help="dataset (or CLASS for concurrency, NAME for the provider verbs)")
     c.add_argument("value", nargs="?", help="N for concurrency")

@@ -107,6 +107,10 @@ class FakeController:
         self.calls.append(("include_provider", (name,)))
         return f"provider {name} included again"
 
+    async def clear_verdict(self, name: str) -> str:
+        self.calls.append(("clear_verdict", (name,)))
+        return f"provider {name}: drifting verdict cleared"
+
     async def failed_counts(self, dataset: str | None = None) -> dict[str, int]:
         self.calls.append(("failed_counts", (dataset,)))
         return dict(self.failed)

@@ -58,7 +58,10 @@ def _resolve_paths(cfg: Config, base: Path) -> Config:
     ex = cfg.extract
     model = ex.model if ex.model is None else resolve_model(ex.model, [base, Path.cwd()])
     extract = ex.model_copy(update={"out_dir": rel(ex.out_dir), "model": model})
-    return cfg.model_copy(update={"datasets": datasets, "provider": provider, "run": run, "extract": extract})
+    probes = cfg.fidelity.probes.model_copy(update={"path": rel(cfg.fidelity.probes.path)})
+    fidelity = cfg.fidelity.model_copy(update={"probes": probes})
+    return cfg.model_copy(update={"datasets": datasets, "provider": provider, "run": run, "extract": extract,
+                                  "fidelity": fidelity})
 
 
 def _resolve_tokenizer(cfg: Config, base: Path) -> Config:

@@ -17,6 +17,7 @@ from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 UNKNOWN_PROVIDER = "(unknown)"
 """Provider name used for results/errors that carry no provider."""
@@ -161,6 +162,8 @@ class ProviderSnapshot:
         excluded: whether the provider is on the exclusion list.
         flags: wire-conformance flags its responses raised since start, ``{flag: responses}``
             (names: ``engine.client.conformance``; a provider that sends odd shapes stands out).
+        fidelity: its fidelity verdict object (docs/fidelity.md: ``verdict``, ``records``, ``reason``...;
+            :func:`engine.fidelity.looks.combined`), None before the first look.
     """
 
     name: str
@@ -176,6 +179,7 @@ class ProviderSnapshot:
     cost_usd: float
     excluded: bool
     flags: dict[str, int] = field(default_factory=dict)
+    fidelity: dict[str, Any] | None = None
 
 
 class _Provider:

@@ -47,6 +47,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from engine.client.conformance import decode_flags
+from engine.fidelity.endpoints import quantization_by_provider
+from engine.fidelity.looks import combined
 from engine.metrics.rates import fmt_count, fmt_duration
 from engine.metrics.stats import UNKNOWN_PROVIDER, nearest_rank
 from engine.money.projection import range_text
@@ -55,8 +57,9 @@ from engine.proc.runlock import holder
 from engine.report.liveness import STALE_S, engine_alive, spend_rate  # noqa: F401 - STALE_S re-exported
 from engine.report.snapshot import progress_percent
 from engine.report.statusserver import ask_engine, persisted_elapsed, read_runtime
-from engine.storage import read
+from engine.storage import read, verdicts
 from engine.storage.dollars import Dollars, dataset_dollars, provider_dollars
+from engine.storage.endpoints import latest_snapshot
 from engine.storage.handle import Handle, connect_ro, get_meta, not_ready  # connect_ro re-exported
 from engine.storage.handle import NoStoreError as StatusError  # "the run directory has no readable store"
 from engine.storage.schema import db_path
@@ -101,6 +104,23 @@ def providers_from_store(conn: Handle, excluded: list[str], window: int = 20_000
             "excluded": name in excluded, "flags": dict(sorted(flags.get(name, {}).items())),
         })
     out.sort(key=lambda p: (-p["requests"], p["name"]))
+    return out
+
+
+def with_fidelity(conn: Handle, providers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``providers`` with each one's declared ``quantization`` (OpenRouter's endpoints listing, None when not
+    declared or not read) and ``fidelity`` object (docs/fidelity.md; :mod:`engine.storage.verdicts`):
+    ``{"verdict": "ok" | "drifting" | "insufficient", "records": N, "tokens", "source", "reason", "acted",
+    "cleared", "evidence", "target", "cheap"}``; a provider nobody judged yet reads ``insufficient``,
+    "not judged yet". A provider judged but with no row here (its records came from an earlier run's
+    store) is added with its fidelity only."""
+    fid = verdicts.by_provider(conn)
+    quant = quantization_by_provider(latest_snapshot(conn))
+    out = []
+    for p in providers:
+        f = fid.pop(p["name"], None) or combined({}, records_fallback=0)
+        out.append(dict(p, fidelity=f, quantization=quant.get(p["name"])))
+    out += [{"name": name, "fidelity": f, "quantization": quant.get(name)} for name, f in sorted(fid.items())]
     return out
 
 
@@ -242,6 +262,7 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             billed = provider_costs(conn)
             providers = [dict(p, cost_usd=round(billed.pop(p["name"], 0.0), 8)) for p in providers]
             providers += [p for p in providers_from_store(conn, excluded) if p["name"] in billed]
+        providers = with_fidelity(conn, providers)
         if live.get("credits_usd") is None:
             credits_age = None
         elif live.get("credits_at") is not None:

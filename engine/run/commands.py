@@ -35,6 +35,7 @@ class Verb(StrEnum):
     EXCLUDE_PROVIDER = "exclude-provider"
     INCLUDE_PROVIDER = "include-provider"
     RETRY_FAILED = "retry-failed"
+    CLEAR_VERDICT = "clear-verdict"
 
 
 VERBS = tuple(v.value for v in Verb)
@@ -50,7 +51,7 @@ class RunCommand:
         dataset: the dataset (pause, resume, skip, abort, retry-failed; None: the whole run / every dataset).
         cls: the request class (concurrency).
         n: the concurrency (concurrency).
-        provider: the provider's name (exclude-provider, include-provider).
+        provider: the provider's name (exclude-provider, include-provider, clear-verdict).
         abort_in_flight: ``skip --abort``: the dataset's in-flight requests are cancelled too.
         reason: ``retry-failed --reason``: only prompts that failed with this error class (None: any).
     """
@@ -100,6 +101,12 @@ class RunCommand:
         return cls(Verb.INCLUDE_PROVIDER, provider=name)
 
     @classmethod
+    def clear_verdict(cls, name: str) -> RunCommand:
+        """Clear provider ``name``'s ``drifting`` fidelity verdict: its records count again, it is routed
+        to again when the drift excluded it, and it is never acted on again (docs/fidelity.md)."""
+        return cls(Verb.CLEAR_VERDICT, provider=name)
+
+    @classmethod
     def retry_failed(cls, dataset: str | None = None, reason: str | None = None) -> RunCommand:
         """Return the failed prompts of ``dataset`` (None: all) of error class ``reason`` (None: any) to pending."""
         return cls(Verb.RETRY_FAILED, dataset=dataset, reason=reason)
@@ -112,7 +119,7 @@ class RunCommand:
         v = self.verb
         if v == Verb.CONCURRENCY:
             return v.value, self.cls, None if self.n is None else str(self.n)
-        if v in (Verb.EXCLUDE_PROVIDER, Verb.INCLUDE_PROVIDER):
+        if v in (Verb.EXCLUDE_PROVIDER, Verb.INCLUDE_PROVIDER, Verb.CLEAR_VERDICT):
             return v.value, None, self.provider
         if v == Verb.SKIP:
             return v.value, self.dataset, "abort" if self.abort_in_flight else None
@@ -143,7 +150,7 @@ class RunCommand:
             except ValueError:
                 raise ValueError(f"concurrency N must be a whole number, got {arg!r}") from None
             return cls.concurrency(dataset, n)
-        if v in (Verb.EXCLUDE_PROVIDER, Verb.INCLUDE_PROVIDER):
+        if v in (Verb.EXCLUDE_PROVIDER, Verb.INCLUDE_PROVIDER, Verb.CLEAR_VERDICT):
             if not arg:
                 raise ValueError(f"{v.value} needs a provider name")
             return cls(v, provider=arg)
@@ -203,6 +210,7 @@ class CommandTarget(Protocol):
     def exclude_provider(self, name: str) -> Awaitable[str] | str: ...
     def include_provider(self, name: str) -> Awaitable[str] | str: ...
     def retry_failed(self, dataset: str | None = None, reason: str | None = None) -> Awaitable[str] | str: ...
+    def clear_verdict(self, name: str) -> Awaitable[str] | str: ...
 
 
 def _call(cmd: RunCommand, target: CommandTarget) -> Any:
@@ -227,6 +235,8 @@ def _call(cmd: RunCommand, target: CommandTarget) -> Any:
         return target.include_provider(cmd.provider or "")
     if v == Verb.RETRY_FAILED:
         return target.retry_failed(cmd.dataset, cmd.reason)
+    if v == Verb.CLEAR_VERDICT:
+        return target.clear_verdict(cmd.provider or "")
     raise ValueError(f"unknown command {v!r}")
 
 

@@ -8,14 +8,19 @@ event loop at once, and returns a short human-readable result.
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 from engine.report.snapshot import RunSnapshot
 from engine.run import commands
 from engine.run.commands import CommandResult, RunCommand
-from engine.run.ctl import resolve_provider
+from engine.run.ctl import no_verdict_to_clear, resolve_provider
 from engine.run.limiter import check_concurrency, concurrency_cap
 from engine.run.runstate import Control, PauseKind, RunPhase
 from engine.run.scheduler import Scheduler
 from engine.run.seams import CreditsCheck
+from engine.storage import verdicts
+from engine.storage.handle import connect_rw
 
 
 class Controller:
@@ -59,6 +64,29 @@ class Controller:
         name = resolve_provider(name, excluded, what="excluded provider")
         await self._s.routing.include(name)
         return f"provider {name} included again"
+
+    async def clear_verdict(self, name: str) -> str:
+        """Clear provider ``name``'s ``drifting`` fidelity verdict (persisted): its records count again, and a
+        provider the drift excluded is routed to again.
+
+        Raises:
+            ValueError: ``name`` has no drifting verdict (the message names the ones that do).
+        """
+        run_dir = self._s.cfg.run.dir
+
+        def clear() -> tuple[int, bool, list[str]]:
+            with connect_rw(run_dir, any_thread=True) as h:
+                n, excluded = verdicts.clear_provider(h, name, time.time())
+                return n, excluded, verdicts.drifting_names(h)
+
+        n, excluded, drifting = await asyncio.to_thread(clear)
+        if not n:
+            raise ValueError(no_verdict_to_clear(name, drifting))
+        also = ""
+        if excluded and name in self._run.excluded_providers:
+            await self._s.routing.include(name)
+            also = " and included again"
+        return f"provider {name}: drifting verdict cleared{also}: its records count again"
 
     def dollars_in_flight(self, dataset: str | None = None) -> float:
         """Expected USD of the requests in flight, of ``dataset`` or of the run (what they cost when

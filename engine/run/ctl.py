@@ -28,7 +28,7 @@ from typing import Iterable
 
 from engine.report.status import StatusError, collect_status
 from engine.run.commands import VERBS, CommandResult, NotApplied, RunCommand, apply_sync
-from engine.storage import offline, read
+from engine.storage import offline, read, verdicts
 from engine.storage.handle import Handle, connect_rw, transaction
 from engine.storage.schema import db_path
 
@@ -136,6 +136,20 @@ class OfflineTarget:
         offline.set_excluded_providers(self.conn, excl)
         return f"provider {name} included again: {self.SAVED}"
 
+    def clear_verdict(self, name: str) -> str:
+        n, was_excluded = verdicts.clear_provider(self.conn, name, self.now)
+        if not n:
+            raise ValueError(no_verdict_to_clear(name, verdicts.drifting_names(self.conn)))
+        also = ""
+        if was_excluded:
+            _, excl = known_providers(self.conn)
+            if name in excl:
+                excl.remove(name)
+                offline.set_excluded_providers(self.conn, excl)
+                also = " and included again"
+        offline.add_event(self.conn, self.now, "info", "fidelity", None, f"provider {name}: drifting verdict cleared by user")
+        return f"provider {name}: drifting verdict cleared{also}: its records count again"
+
     def retry_failed(self, dataset: str | None = None, reason: str | None = None) -> str:
         n = retry_failed_offline(self.conn, dataset, reason)
         what = f"{n} failed prompt(s){' (' + reason + ')' if reason else ''}{' of ' + dataset if dataset else ''}"
@@ -148,6 +162,12 @@ class OfflineTarget:
         note = "".join(f"; {d} is {st}: `datagen ctl RUN_DIR resume {d}` too" for d, st in held)
         return (f"{what} returned to pending: saved, the engine is not running; the next `datagen run` "
                 f"sends them{note}")
+
+
+def no_verdict_to_clear(name: str, drifting: list[str]) -> str:
+    """The refusal of ``clear-verdict NAME`` when ``name`` has no drifting verdict (names the ones that do)."""
+    return (f"provider {name!r} has no drifting verdict to clear; drifting: {', '.join(drifting)}" if drifting
+            else f"provider {name!r} has no drifting verdict to clear: no provider is drifting")
 
 
 DATASET_STATE_VERBS = ("pause", "resume", "skip")
@@ -190,6 +210,12 @@ def _check(conn: Handle, verb: str, dataset: str | None, arg: str | None, force:
             return resolve_provider(arg or "", excl, what="excluded provider"), None
         except ValueError as e:
             return arg, CommandResult.refused(f"{e}")
+    if verb == "clear-verdict":
+        drifting = verdicts.drifting_names(conn)
+        try:
+            return resolve_provider(arg or "", drifting, what="drifting provider"), None
+        except ValueError:
+            return arg, CommandResult.refused(no_verdict_to_clear(arg or "", drifting))
     if verb == "concurrency":
         try:
             n = int(arg or "")

@@ -266,6 +266,8 @@ def build_snapshot(sched: "RunView") -> RunSnapshot:
     cr = sched.spend.credits
     fly = sched.ending.in_flight_cost()
     providers, drain_left = tel.providers.snapshot(), sched.ending.drain_left_s()
+    if tel.fidelity:
+        providers = tuple(dataclasses.replace(p, fidelity=tel.fidelity.get(p.name)) for p in providers)
     waiting = fly.streams and (drain_left is not None or run.phase == RunPhase.PAUSED)  # the streams' outlook
     return RunSnapshot(
         name=sched.cfg.run.name, state=run.phase, state_reason=run.reason, elapsed_s=run_elapsed_s(sched),

@@ -16,7 +16,7 @@ import json
 import logging
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from engine.client.chat import ChatClient
 from engine.client.endpoints import HealthPolicy
@@ -25,6 +25,7 @@ from engine.client.retry import RetryPolicy
 from engine.client.types import RequestError
 from engine.config import Config, ConfigError
 from engine.datasets import DatasetError
+from engine.fidelity.endpoints import endpoints_path
 from engine.money.credits import read_credits, read_credits_each
 from engine.money.prices import prices_from_models_endpoint
 from engine.proc import runlock
@@ -32,6 +33,7 @@ from engine.report.settings import SETTINGS_KEY, run_settings
 from engine.run import guards
 from engine.run.apikey import probe_keyless_server, resolve_api_key
 from engine.run.controller import Controller
+from engine.run.fidelity import FidelityWatch
 from engine.run.ingest import ingest_all
 from engine.run.scheduler import Scheduler
 from engine.run.seams import AccountClient, TextOut
@@ -418,6 +420,20 @@ def check_fd_limit(concurrency: int, out: TextOut) -> int:
     return soft
 
 
+def endpoints_reader(job: Job) -> Callable[[], Awaitable[Any]] | None:
+    """The GET of the model's endpoints listing (declared precisions, docs/fidelity.md), or None where no
+    account API is asked (the built-in simulator in-process, several self-hosted replicas) or the model id
+    is not ``author/slug``."""
+    if job.client is None or job.cfg.provider.kind == "simulated" or job.cfg.provider.base_urls:
+        return None
+    try:
+        path = endpoints_path(job.cfg.provider.model)
+    except ValueError:
+        return None
+    client = job.client
+    return lambda: client.get_json(path)
+
+
 async def discover_prices(cfg: Config, sched: Scheduler, client: AccountClient, out: TextOut) -> None:
     """Learn the model's prices from ``/models`` when ``[pricing]`` does not give them.
 
@@ -541,13 +557,21 @@ async def run_job(job: Job, *, exit_on_pause: bool = False, stop_on_auth: bool =
 
     watch = asyncio.create_task(pause_watch()) if exit_on_pause or stop_on_auth else None
     pruner = asyncio.create_task(prune_journals())
+    fidelity = FidelityWatch(job.cfg.run.dir, job.cfg.fidelity, job.controller.exclude_provider, sched.event,
+                             publish=lambda current: setattr(sched.telemetry, "fidelity", current),
+                             read_endpoints=endpoints_reader(job))
+    judge = asyncio.create_task(fidelity.run())
     try:
         code = await sched.run()
         await reconcile_spend(sched, job.supervisor)  # final readings, once the bills of cut streams landed
+        judge.cancel()
+        await asyncio.gather(judge, return_exceptions=True)
+        await fidelity.look(final=True)  # the run's last look: every record stored is judged
         return code
     finally:
+        judge.cancel()
         pruner.cancel()
-        await asyncio.gather(pruner, return_exceptions=True)
+        await asyncio.gather(pruner, judge, return_exceptions=True)
         if watch is not None:
             watch.cancel()
             await asyncio.gather(watch, return_exceptions=True)

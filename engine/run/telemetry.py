@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
+from typing import Any
 
 from engine.client.types import Completion
 from engine.metrics.rates import SPEND_WINDOW_S, RateWindow
@@ -53,6 +54,8 @@ class Telemetry:
         self.restored: dict[str, SampleSnapshot] = {}
         #: latest validation verdict per dataset ("valid" / "INVALID: reasons"), when reconstruction runs.
         self.validation: dict[str, str] = {}
+        #: each provider's fidelity object as the last look saved it (:class:`engine.run.fidelity.FidelityWatch`)
+        self.fidelity: dict[str, dict[str, Any]] = {}
         self.loop_lag_ms = 0.0
         self.req_rate = RateWindow(60)
         #: completion tokens streamed per second over the run (the datasets' streamed tokens, see

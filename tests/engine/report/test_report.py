@@ -435,7 +435,11 @@ def test_report_in_a_real_browser(run: tuple[Path, Path], tmp_path: Path, capsys
     assert len(cells.cells) > 60
     paths = check_cells_equal_status(cells, status)
     assert {("totals", "done"), ("totals", "cost_usd"), ("datasets", "b7_sharegpt", "done"), ("run", "elapsed_s")} <= paths
-    assert sum(1 for p in paths if p[0] == "providers") == 7 * len(status["providers"])  # PROVIDER_COLS, wire flags included
+    figures = [p for p in paths if p[0] == "providers" and "fidelity" not in p]
+    assert len(figures) == 7 * len(status["providers"])  # PROVIDER_COLS, wire flags included
+    judged = [p for p in status["providers"] if p["fidelity"]["source"] is not None or p["fidelity"]["reason"] != "not judged yet"]
+    # the provider fidelity table: verdict and records per provider judged, equal to status --json's
+    assert len([p for p in paths if p[0] == "providers" and "fidelity" in p]) == 2 * len(judged)
     assert "endpoints" not in status and not any(p[0] == "endpoints" for p in paths)  # one server: no table
 
     # a real browser renders it: no console error, a screenshot with the charts' colours in it

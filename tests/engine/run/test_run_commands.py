@@ -12,12 +12,12 @@ from engine.run.runstate import PauseKind, RunPhase, RunState
 ALL = [RunCommand.pause(), RunCommand.pause("a"), RunCommand.resume(), RunCommand.resume("a"),
        RunCommand.skip("a"), RunCommand.skip("a", abort=True), RunCommand.abort(), RunCommand.abort("a"),
        RunCommand.concurrency("short", 12), RunCommand.exclude_provider("SimB"), RunCommand.include_provider("SimB"),
-       RunCommand.retry_failed(), RunCommand.retry_failed("a", "server")]
+       RunCommand.retry_failed(), RunCommand.retry_failed("a", "server"), RunCommand.clear_verdict("SimQ")]
 
 
 def test_every_command_travels_through_the_commands_table_unchanged():
     assert VERBS == ("pause", "resume", "skip", "abort", "concurrency", "exclude-provider", "include-provider",
-                     "retry-failed")
+                     "retry-failed", "clear-verdict")
     assert {c.verb for c in ALL} == set(Verb)
     for cmd in ALL:
         assert RunCommand.from_row(*cmd.to_row()) == cmd
@@ -25,6 +25,7 @@ def test_every_command_travels_through_the_commands_table_unchanged():
     assert RunCommand.concurrency("short", 12).to_row() == ("concurrency", "short", "12")
     assert RunCommand.exclude_provider("SimB").to_row() == ("exclude-provider", None, "SimB")
     assert RunCommand.retry_failed("a", "server").describe() == "retry-failed a server"
+    assert RunCommand.clear_verdict("SimQ").to_row() == ("clear-verdict", None, "SimQ")
 
 
 @pytest.mark.parametrize("row, message", [
