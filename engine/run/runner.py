@@ -278,6 +278,8 @@ async def prepare(cfg: Config, out: TextOut = sys.stdout) -> Job:
                                           live=pool.owns)
         await sched.load()
         await discover_prices(cfg, sched, client, out)
+        if cfg.fidelity.probes.enabled:
+            await probe_once(cfg, client, out)
         cut, streams = await recover_cut_streams(cfg.run.dir, store, sched.accounting.price,  # priced now
                                                  sched.ending.cut_costs if account_api else None, live=pool.owns)
         for dataset, tokens, usd, cls in streams:
@@ -432,6 +434,33 @@ def endpoints_reader(job: Job) -> Callable[[], Awaitable[Any]] | None:
         return None
     client = job.client
     return lambda: client.get_json(path)
+
+
+async def probe_once(cfg: Config, client: Any, out: TextOut) -> None:
+    """``[fidelity.probes] enabled``: send the probes pinned to each provider once per run directory, before
+    the first dispatch (a restart finds the batch stored and says so; ``datagen probe`` sends them again).
+    Failed probes never stop the run: the line says why.
+
+    Raises:
+        ConfigError: no reference or an unreadable probe set (:func:`engine.run.probes.run_probes`).
+    """
+    from engine.run.probes import run_probes
+    from engine.storage.handle import connect_ro
+    from engine.storage.probes import latest_batch
+
+    with connect_ro(cfg.run.dir) as h:
+        done = latest_batch(h)
+    if done is not None:
+        print(f"probes: sent already in this run directory (batch {done.get('id')}); `datagen probe` sends them again",
+              file=out)
+        return
+    try:
+        report = await run_probes(cfg, client, cfg.run.dir, out)
+    except RequestError as e:
+        print(f"probes: not sent ({e.error_class.value}: {e}); the run goes on", file=out)
+        return
+    if not report.ok:
+        log.warning("probes: a provider is below the thresholds or failed (see the table above); docs/fidelity.md#probes")
 
 
 async def discover_prices(cfg: Config, sched: Scheduler, client: AccountClient, out: TextOut) -> None:
