@@ -22,7 +22,10 @@ Wire facts (``docs/openrouter.md``):
   whose delta is empty still carry theirs), a non-streamed body the whole list in ``choices[0].token_ids``; they are
   concatenated in order into :attr:`Completion.token_ids` (None when no chunk carried any, or when one carried
   something that is not a list of non-negative ints). The prompt's ids (top-level ``prompt_token_ids``, first
-  chunk only when streamed) are not read.
+  chunk only when streamed) are not read;
+* the stream's identity (first non-empty chunk ``id``, ``model``, ``provider``, ``system_fingerprint``) is read
+  from every chunk; a change of it mid-stream is two generations spliced into one (flag ``spliced_generation``,
+  :mod:`engine.client.attribution`).
 
 ``tokens_received`` is an ESTIMATE of completion tokens streamed so far: characters of reasoning + content +
 tool-call arguments received, divided by 4 and rounded up. Use it as a lower-bound-style estimate of what an aborted
@@ -39,6 +42,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .attribution import GenerationIdentity
 from .conformance import DEFAULT_FINISH_ALIASES, raw_usage_figures, read_usage, resolve_finish, usage_location
 from .errors import classify_error_object
 from .fields import details_text, finish_value, parse_usage, reasoning_text, usage_present
@@ -100,6 +104,7 @@ class StreamAccumulator:
         "_content_seen",
         "_token_ids",
         "_ids_bad",
+        "_ident",
     )
 
     def __init__(
@@ -136,6 +141,7 @@ class StreamAccumulator:
         self._content_seen = False
         self._token_ids: list[Any] = []
         self._ids_bad = False
+        self._ident = GenerationIdentity()
 
     # -- state ------------------------------------------------------------------------------------------------
 
@@ -167,10 +173,7 @@ class StreamAccumulator:
         if type(chunk) is not dict:
             raise self.error(ErrorClass.PROTOCOL, f"stream chunk is not a JSON object: {truncate(repr(chunk), 200)}")
         self.chunks += 1
-        if not self.model:
-            self._meta(chunk)
-        elif not self.provider and chunk.get("provider"):
-            self.provider = self.progress.provider = str(chunk["provider"])
+        self._meta(chunk)
         err = chunk.get("error")
         if err is not None:
             raise self._midstream(err)
@@ -199,17 +202,18 @@ class StreamAccumulator:
                 self.native_finish_reason = str(nfr) if nfr is not None else None
 
     def _meta(self, chunk: dict[str, Any]) -> None:
-        gid = chunk.get("id")
-        if gid and not self.generation_id:
-            self.generation_id = str(gid)
+        """Take a chunk's identity (:class:`~engine.client.attribution.GenerationIdentity`): the first
+        non-empty id, model, provider and system fingerprint; a change of them raises ``spliced_generation``."""
+        ident = self._ident
+        if ident.observe(chunk):
+            self._flag("spliced_generation")
+        if ident.chunk_id and not self.generation_id:
+            self.generation_id = ident.chunk_id
             if not self.progress.generation_id:
                 self.progress.generation_id = self.generation_id
-        model = chunk.get("model")
-        if model:
-            self.model = str(model)
-        prov = chunk.get("provider")
-        if prov and not self.provider:
-            self.provider = self.progress.provider = str(prov)
+        self.model = self.model or ident.model
+        if ident.provider and not self.provider:
+            self.provider = self.progress.provider = ident.provider
 
     def _flag(self, name: str) -> None:
         if name not in self.flags:
@@ -333,6 +337,7 @@ class StreamAccumulator:
             flags=tuple(dict.fromkeys(flags)),
             token_ids=self.token_ids(),
             usage_raw=raw,
+            system_fingerprint=self._ident.system_fingerprint,
         )
 
     def error(self, error_class: ErrorClass, message: str, *, status: int = 0) -> RequestError:

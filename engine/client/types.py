@@ -63,7 +63,8 @@ class Completion:
         native_finish_reason: the provider's own finish reason, when given.
         usage: billed usage (see :class:`Usage`); zeros when the provider sent none.
         provider: provider display name from the response's ``provider`` field ("" if absent).
-        model: model id the response names (may be a dated id).
+        model: model id the RESPONSE names (may be a dated id; never the request's): whether it is the
+            model asked for is :func:`engine.client.attribution.same_model` (flag ``model_mismatch``).
         generation_id: ``id`` of the response / ``X-Generation-Id`` header.
         latency_s: seconds from sending the request to the end of the response.
         ttft_s: seconds from sending to the first content/reasoning/tool-call byte (None if none came).
@@ -78,6 +79,12 @@ class Completion:
         usage_raw: the usage object's numeric figures exactly as sent (JSON text), kept only when one
             was invalid (negative, NaN, not a number: flag ``usage_invalid``; :attr:`usage` reads it as
             0); None otherwise. Not journaled.
+        endpoint: the ``[provider] base_urls`` entry (its url) that served it; "" with a single
+            ``base_url`` (set by :class:`~engine.client.fleet.EndpointFleet`).
+        system_fingerprint: the first non-empty ``system_fingerprint`` of the chunks / body ("" if none).
+        temperature / top_p: the sampling settings the request was sent with (its body's values; None
+            when the request left them to the provider's default); set by
+            :func:`engine.client.attribution.attribute`.
     """
 
     reasoning: str
@@ -95,6 +102,10 @@ class Completion:
     flags: tuple[str, ...] = ()
     token_ids: tuple[int, ...] | None = None
     usage_raw: str | None = None
+    endpoint: str = ""
+    system_fingerprint: str = ""
+    temperature: float | None = None
+    top_p: float | None = None
 
     @property
     def finish_known(self) -> bool:

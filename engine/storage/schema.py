@@ -16,7 +16,11 @@ One file per run. Tables (:data:`SCHEMA`; ``validations``: :data:`VALIDATIONS_DD
   ``usage_source`` says where its tokens and cost come from (:mod:`engine.money.usage`: ``reported`` |
   ``generation`` | ``counted`` | ``estimated`` | ``implausible``); ``usage_claimed``: with
   ``implausible``, the provider's usage figures that were not believed (JSON text, for the audit;
-  NULL otherwise). Columns added since schema version 1 are added to
+  NULL otherwise). Attribution (:mod:`engine.client.attribution`): ``provider``, ``model`` (the id the
+  response named), ``generation_id``, ``endpoint`` (the ``[provider] base_urls`` entry that served it, ''
+  with one ``base_url``), ``system_fingerprint`` ('' when none was sent), ``temperature`` / ``top_p`` (the
+  sampling settings the request was sent with; NULL when left to the provider's default or stored before
+  they were recorded). Columns added since schema version 1 are added to
   older stores when they are opened for writing (:data:`ADDED_COLUMNS`, :func:`migrate_sql`).
 - ``attempts``: one row per finished HTTP attempt (success or error class, status, message).
 - ``rejects``: dataset rows that could not become prompts (file:line, reason).
@@ -70,7 +74,8 @@ CREATE TABLE IF NOT EXISTS results(
   generation_id TEXT NOT NULL, prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL,
   reasoning_tokens INTEGER NOT NULL, cost_usd REAL, latency_s REAL NOT NULL, ttft_s REAL,
   attempts INTEGER NOT NULL, created_at REAL NOT NULL, usage_source TEXT NOT NULL DEFAULT 'reported',
-  wire_flags TEXT NOT NULL DEFAULT '', token_ids TEXT, usage_claimed TEXT, UNIQUE(dataset, key));
+  wire_flags TEXT NOT NULL DEFAULT '', token_ids TEXT, usage_claimed TEXT, endpoint TEXT NOT NULL DEFAULT '',
+  system_fingerprint TEXT NOT NULL DEFAULT '', temperature REAL, top_p REAL, UNIQUE(dataset, key));
 CREATE INDEX IF NOT EXISTS results_recent ON results(dataset, created_at, completion_tokens, prompt_id);
 CREATE INDEX IF NOT EXISTS results_usage ON results(dataset, prompt_tokens, completion_tokens, reasoning_tokens, cost_usd);
 CREATE TABLE IF NOT EXISTS attempts(
@@ -120,6 +125,13 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("attempts", "cost_source", "TEXT"),
     # the provider's usage figures of a result whose usage was not believed (usage_source 'implausible')
     ("results", "usage_claimed", "TEXT"),
+    # who served a result (engine.client.attribution): the base_urls entry ('' with one base_url), the
+    # chunks' system_fingerprint; the sampling settings it was bought with (NULL: left to the provider,
+    # or stored before these columns existed)
+    ("results", "endpoint", "TEXT NOT NULL DEFAULT ''"),
+    ("results", "system_fingerprint", "TEXT NOT NULL DEFAULT ''"),
+    ("results", "temperature", "REAL"),
+    ("results", "top_p", "REAL"),
 )
 
 

@@ -92,7 +92,7 @@ class StoreWriter:
                 u.prompt_tokens, u.completion_tokens, u.reasoning_tokens, u.cost_usd, c.latency_s, c.ttft_s,
                 attempts, now if now is not None else time.time(), usage_source, encode_flags(c.flags),
                 None if c.token_ids is None else json.dumps(list(c.token_ids), separators=(",", ":")),
-                usage_claimed,
+                usage_claimed, c.endpoint, c.system_fingerprint, c.temperature, c.top_p,
             )
         )
         self._done.append((attempts, prompt_id))
@@ -183,7 +183,8 @@ class StoreWriter:
                         "INSERT OR IGNORE INTO results(prompt_id, dataset, key, reasoning, content, tool_calls, "
                         "finish_reason, native_finish_reason, provider, model, generation_id, prompt_tokens, "
                         "completion_tokens, reasoning_tokens, cost_usd, latency_s, ttft_s, attempts, created_at, usage_source, "
-                        "wire_flags, token_ids, usage_claimed) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                        "wire_flags, token_ids, usage_claimed, endpoint, system_fingerprint, temperature, top_p) "
+                        f"VALUES({','.join('?' * 27)})",
                         results,
                     )
                     await conn.executemany("UPDATE prompts SET state='done', attempts=? WHERE id=?", done)

@@ -72,7 +72,9 @@ def completion_to_dict(c: Completion) -> dict[str, Any]:
             "usage": [u.prompt_tokens, u.completion_tokens, u.reasoning_tokens, u.cost_usd],
             "provider": c.provider, "model": c.model, "generation_id": c.generation_id, "latency_s": c.latency_s,
             "ttft_s": c.ttft_s, "usage_reported": c.usage_reported, "flags": list(c.flags),
-            "token_ids": None if c.token_ids is None else list(c.token_ids)}
+            "token_ids": None if c.token_ids is None else list(c.token_ids),
+            "endpoint": c.endpoint, "system_fingerprint": c.system_fingerprint, "temperature": c.temperature,
+            "top_p": c.top_p}
 
 
 def completion_from_dict(d: dict[str, Any]) -> Completion:
@@ -90,7 +92,14 @@ def completion_from_dict(d: dict[str, Any]) -> Completion:
         generation_id=d["generation_id"], latency_s=float(d["latency_s"]), ttft_s=d["ttft_s"],
         usage_reported=bool(d["usage_reported"]), flags=tuple(d.get("flags") or ()),
         token_ids=None if d.get("token_ids") is None else tuple(int(x) for x in d["token_ids"]),
+        endpoint=str(d.get("endpoint") or ""), system_fingerprint=str(d.get("system_fingerprint") or ""),
+        temperature=_opt_float(d.get("temperature")), top_p=_opt_float(d.get("top_p")),
     )
+
+
+def _opt_float(v: Any) -> float | None:
+    """A journaled sampling setting: a float, or None (absent in lines written before it was journaled)."""
+    return None if v is None else float(v)
 
 
 def record_line(rid: int, ref: tuple[int, str, str], started: float, ended: float, c: Completion) -> bytes:

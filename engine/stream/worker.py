@@ -24,6 +24,7 @@ stream the provider finished during the stop is stored, not cut as a stall and b
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import selectors
@@ -34,6 +35,7 @@ from collections.abc import Callable
 
 from engine.client.accumulate import StreamProgress
 from engine.client.chat import ChatClient
+from engine.client.fleet import shown_url
 from engine.client.types import ChatRequest, Completion, ErrorClass, RequestError
 from engine.stream import journal
 from engine.stream.liveness import HEARTBEAT_S, FreezeClock
@@ -134,6 +136,8 @@ class Worker:
     async def _run(self, s: _Stream, endpoint: int) -> None:
         try:
             c = await self.clients[endpoint].complete(s.req, s.progress)
+            if len(self.clients) > 1:  # journaled with the base_urls entry that served it
+                c = dataclasses.replace(c, endpoint=shown_url(self.init.endpoints[endpoint]))
         except asyncio.CancelledError:
             self.streams.pop(s.rid, None)
             self.send(("gone", s.rid))

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Callable, Collection, Iterator
 
 from engine.client.conformance import FAILING as WIRE_REASONS
+from engine.client.conformance import decode_flags
 from engine.config import TokenizerSection
 from engine.datasets.roles import specforge_problem
 from engine.errors import DatagenError, NothingToExport
@@ -91,6 +92,13 @@ def left_out(conn: Handle) -> tuple[int, int, collections.Counter]:
     return invalid, validations.unvalidated_count(conn), reasons
 
 
+def served_instead(conn: Handle) -> dict[str, int]:
+    """``{model the response named: records}`` of the records left out as ``model_mismatch``: which
+    models were served instead of the one asked for, most first."""
+    got = validations.failed_models(conn, "model_mismatch")
+    return dict(sorted(got.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def empty_reason(conn: Handle, dataset: str, include_invalid: bool, role_left_out: int = 0) -> str:
     """Why ``dataset`` has no row in an export: its stored results, invalid ones (with the failed
     checks), unvalidated ones, and rows left out for SpecForge's role order."""
@@ -137,7 +145,8 @@ def _rows(conn: Handle, dataset: str, include_invalid: bool) -> Iterator[tuple]:
 
 def _json_lines(conn: Handle, dataset: str, fmt: str, include_invalid: bool, id_format: str,
                 on_left_out: Callable[[str, str], None] | None = None) -> Iterator[str]:
-    for _pid, key, _ok, _pl, _cl, _blob, _prov, _fin, msgs, tools, reasoning, content, tcs in _rows(conn, dataset, include_invalid):
+    for _pid, key, _ok, _pl, _cl, _blob, _prov, _fin, msgs, tools, reasoning, content, tcs, *_ in _rows(
+            conn, dataset, include_invalid):
         msgs, tools = json.loads(msgs), json.loads(tools)
         calls, _ = native_tool_calls(json.loads(tcs), count_tool_calls(msgs), id_format)
         rid = f"{dataset}:{key}"
@@ -156,12 +165,23 @@ def _json_lines(conn: Handle, dataset: str, fmt: str, include_invalid: bool, id_
 
 
 def _token_records(conn: Handle, dataset: str, include_invalid: bool) -> Iterator[TokenRecord]:
-    for _pid, key, _ok, pl, cl, blob, prov, fin, *_ in _rows(conn, dataset, include_invalid):
+    for row in _rows(conn, dataset, include_invalid):
+        _pid, key, _ok, pl, cl, blob, prov, fin = row[:8]
+        model, endpoint, fp, temperature, top_p, reasons, wire = row[13:20]
         ids = vstore.unpack_ids(blob)
         if len(ids) != pl + cl:
             raise ExportError(f"{dataset}:{key}: stored ids ({len(ids)}) != prompt_len + completion_len ({pl}+{cl})")
         yield TokenRecord(id=f"{dataset}:{key}", dataset=dataset, input_ids=ids, loss_mask=[0] * pl + [1] * cl,
-                          prompt_len=pl, completion_len=cl, provider=prov, finish_reason=fin)
+                          prompt_len=pl, completion_len=cl, provider=prov, finish_reason=fin, model=model or "",
+                          endpoint=endpoint or "", system_fingerprint=fp or "",
+                          flags=record_flags(json.loads(reasons or "[]"), decode_flags(wire)),
+                          temperature=temperature, top_p=top_p)
+
+
+def record_flags(reasons: list[str], wire_flags: Collection[str]) -> tuple[str, ...]:
+    """A record's ``flags`` column: its failed checks (:data:`engine.tokens.validate.REASONS` order, as
+    stored), then its wire flags not already among them (the notes: ``finish_alias``...), each once."""
+    return tuple(dict.fromkeys([*reasons, *wire_flags]))
 
 
 def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: TokenizerSection | None = None,

@@ -7,8 +7,14 @@ on the completion ids (NOT shifted; docs/eagle3-data.md pitfall 1).
 Parquet layout (``datagen export --format tokens``): one file per dataset, ``DIR/<dataset>.parquet``,
 columns ``id`` (string, ``"<dataset>:<key>"``), ``dataset`` (string), ``input_ids`` (list<int32>),
 ``loss_mask`` (list<int8>), ``prompt_len`` (int32), ``completion_len`` (int32), ``provider``
-(string), ``finish_reason`` (string); rows in prompt order. Loadable with pyarrow and
-``datasets.load_dataset("parquet", data_files=...)``.
+(string), ``finish_reason`` (string), then who served the record and how it was bought
+(:mod:`engine.client.attribution`): ``model`` (string: the id the response named), ``endpoint``
+(string: the ``[provider] base_urls`` entry, "" with one ``base_url``), ``system_fingerprint``
+(string, "" when none was sent), ``flags`` (list<string>: the record's failed checks, then its other
+wire flags; empty for a clean record), ``temperature`` and ``top_p`` (float64, null when the request
+left them to the provider's default or the result was stored before they were recorded); rows in prompt
+order. Loadable with pyarrow and ``datasets.load_dataset("parquet", data_files=...)``; files written
+before the attribution columns read back with their defaults (:func:`read_parquet_dir`).
 
 JSONL layout (``datagen export --format tokens-jsonl``, :func:`write_jsonl`): one file per dataset,
 ``DIR/<dataset>.jsonl``, one compact JSON object per record in the same order,
@@ -37,6 +43,12 @@ SCHEMA = pa.schema([
     ("completion_len", pa.int32()),
     ("provider", pa.string()),
     ("finish_reason", pa.string()),
+    ("model", pa.string()),
+    ("endpoint", pa.string()),
+    ("system_fingerprint", pa.string()),
+    ("flags", pa.list_(pa.string())),
+    ("temperature", pa.float64()),
+    ("top_p", pa.float64()),
 ])
 
 
@@ -51,6 +63,10 @@ class TokenRecord:
         loss_mask: ``[T]`` of 0/1, 1 exactly on the completion ids.
         prompt_len / completion_len: lengths of the two parts (tokens); they sum to T.
         provider: provider that generated the completion; finish_reason: its finish reason.
+        model / endpoint / system_fingerprint: who served it (module docstring).
+        flags: failed checks, then the other wire flags (names: :mod:`engine.tokens.validate`,
+            :mod:`engine.client.conformance`).
+        temperature / top_p: the sampling settings it was bought with (None: not sent / not recorded).
     """
 
     id: str
@@ -61,6 +77,12 @@ class TokenRecord:
     completion_len: int
     provider: str = ""
     finish_reason: str = ""
+    model: str = ""
+    endpoint: str = ""
+    system_fingerprint: str = ""
+    flags: tuple[str, ...] = ()
+    temperature: float | None = None
+    top_p: float | None = None
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -104,6 +126,12 @@ def _table(batch: list[TokenRecord]) -> pa.Table:
         "completion_len": [r.completion_len for r in batch],
         "provider": [r.provider for r in batch],
         "finish_reason": [r.finish_reason for r in batch],
+        "model": [r.model for r in batch],
+        "endpoint": [r.endpoint for r in batch],
+        "system_fingerprint": [r.system_fingerprint for r in batch],
+        "flags": [list(r.flags) for r in batch],
+        "temperature": [r.temperature for r in batch],
+        "top_p": [r.top_p for r in batch],
     }, schema=SCHEMA)
 
 
@@ -121,10 +149,14 @@ def read_parquet_dir(path: Path) -> Iterator[TokenRecord]:
         pf = pq.ParquetFile(f)
         for batch in pf.iter_batches(batch_size=256):
             cols = batch.to_pydict()
+            none = [None] * batch.num_rows  # a column an older export does not have
+            model, endpoint, fp, flags, temp, top_p = (cols.get(k, none) for k in (
+                "model", "endpoint", "system_fingerprint", "flags", "temperature", "top_p"))
             for i in range(batch.num_rows):
                 yield TokenRecord(
                     id=cols["id"][i], dataset=cols["dataset"][i], input_ids=cols["input_ids"][i],
                     loss_mask=cols["loss_mask"][i], prompt_len=cols["prompt_len"][i],
                     completion_len=cols["completion_len"][i], provider=cols["provider"][i] or "",
-                    finish_reason=cols["finish_reason"][i] or "",
+                    finish_reason=cols["finish_reason"][i] or "", model=model[i] or "", endpoint=endpoint[i] or "",
+                    system_fingerprint=fp[i] or "", flags=tuple(flags[i] or ()), temperature=temp[i], top_p=top_p[i],
                 )

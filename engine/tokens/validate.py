@@ -31,9 +31,12 @@ are left out of exports unless asked. The checks (docs/eagle3-data.md, "checks t
 | ``token_ids_disagree`` | the server returned its generated ids (vLLM ``return_token_ids``) and they differ from method A's |
 | ``content_filtered`` | ``finish_reason`` ``content_filter``: the provider's filter cut or altered the reply (wire flag) |
 | ``tool_calls_missing`` | ``finish_reason`` ``tool_calls`` but no tool call arrived (wire flag) |
+| ``model_mismatch`` | the response names another model than the one asked for (wire flag; rule: ``same_model``) |
+| ``spliced_generation`` | chunk ``id``, ``model`` or ``provider`` changed mid-stream: two generations (wire flag) |
 
-The wire flags are raised by the client (:mod:`engine.client.conformance`, docs/wire-conformance.md)
-and stored with the result; they fail the record here whatever the tokens say.
+The wire flags are raised by the client (:mod:`engine.client.conformance`, docs/wire-conformance.md;
+``model_mismatch`` and ``spliced_generation``: :mod:`engine.client.attribution`, where the same-model rule
+and its sources are) and stored with the result; they fail the record here whatever the tokens say.
 
 Notes (kept, not failures): ``tool_id_rebuilt`` (the provider returned non-native call ids),
 ``no_usage`` (no billed completion tokens to compare with), ``history_rerendered`` (the prompt's
