@@ -133,16 +133,20 @@ def _store_lock(run_dir: Path) -> runlock.DirLock | None:
 
 def _say_left_out(run_dir: Path, live: "runlock.Holder | None" = None) -> None:
     from engine.tokens import vstore
-    from engine.tokens.exports import left_out
+    from engine.tokens.exports import left_out, served_instead
 
     conn = vstore.connect(run_dir)
     try:
         invalid, unvalidated, reasons = left_out(conn)
+        instead = served_instead(conn) if reasons.get("model_mismatch") else {}
     finally:
         conn.close()
     if invalid:
         why = ", ".join(f"{k} {v}" for k, v in reasons.most_common())
         print(f"left out: {invalid} invalid record(s) ({why}); --include-invalid exports them")
+    if instead:
+        print("  model_mismatch: served " + ", ".join(f"{m or '(unnamed)'} {n}" for m, n in instead.items())
+              + " instead of the model asked for")
     if unvalidated:
         why = f" (the live run, pid {live.pid}, validates them as they arrive)" if live is not None else ""
         print(f"left out: {unvalidated} result(s) not validated{why}")
@@ -257,7 +261,7 @@ def cmd_ctl(args: argparse.Namespace) -> int:
             print("error: usage: datagen ctl RUN_DIR concurrency CLASS N", file=sys.stderr)
             return 1
         arg = args.value
-    elif args.verb in ("exclude-provider", "include-provider"):
+    elif args.verb in ("exclude-provider", "include-provider", "clear-verdict"):
         if args.dataset is None:
             print(f"error: usage: datagen ctl RUN_DIR {args.verb} NAME", file=sys.stderr)
             return 1

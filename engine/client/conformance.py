@@ -24,6 +24,8 @@ from typing import Any
 
 from engine.finishes import DEFAULT_FINISH_ALIASES, STANDARD_FINISHES, finish_aliases  # noqa: F401 - re-exported
 
+from .attribution import FAILING as ATTRIBUTION_FAILING
+from .attribution import attribute
 from .types import ChatRequest, Completion, Usage
 
 #: Flags whose record is kept out of training (the text or ids may not be the model's), with the reason
@@ -41,6 +43,7 @@ FAILING: dict[str, str] = {
                       "complete is unknown",
     "content_filtered": "finish_reason content_filter: the provider's filter cut or altered the reply",
     "tool_calls_missing": "finish_reason tool_calls (or function_call) but no tool call arrived",
+    **ATTRIBUTION_FAILING,  # model_mismatch, spliced_generation: not one generation of the target
 }
 #: Flags that are counted but leave the record valid.
 NOTES: dict[str, str] = {
@@ -187,8 +190,11 @@ def finalize(req: ChatRequest, c: Completion) -> Completion:
     - U+FFFD in any generated text while the prompt has none: flag ``replacement_char`` (the model does
       not write U+FFFD unprompted; a provider that detokenises token by token does);
     - ``content_filter``: flag ``content_filtered``; ``tool_calls``/``function_call`` with no call:
-      flag ``tool_calls_missing``; any finish outside the standard set: flag ``unknown_finish``.
+      flag ``tool_calls_missing``; any finish outside the standard set: flag ``unknown_finish``;
+    - the response's model and the request's sampling settings: :func:`engine.client.attribution.attribute`
+      (flag ``model_mismatch``).
     """
+    c = attribute(req, c)
     flags = list(c.flags)
     fin = c.finish_reason
     if fin == "content_filter":

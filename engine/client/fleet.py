@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -142,7 +143,8 @@ class EndpointFleet:
 
     # ---- requests ----------------------------------------------------------------------------
     async def complete(self, req: ChatRequest, progress: StreamProgress | None = None) -> Completion:
-        """Send ONE chat-completions request to the least-loaded healthy endpoint (see the module docstring).
+        """Send ONE chat-completions request to the least-loaded healthy endpoint (see the module docstring);
+        the completion names it (:attr:`Completion.endpoint`: its url as shown).
 
         Raises:
             RequestError: the endpoint's error, its message prefixed with the endpoint's url and
@@ -157,7 +159,7 @@ class EndpointFleet:
                 raise e.at_endpoint(ep.url, await self._judge(ep, e)) from None
             tokens = c.usage.completion_tokens or (progress.tokens_received if progress is not None else 0)
             self.set.on_success(ep, self.clock(), c.latency_s, tokens)
-            return c
+            return c if c.endpoint == ep.url else dataclasses.replace(c, endpoint=ep.url)  # who served it
         finally:
             self._release(ep)
 

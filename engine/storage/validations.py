@@ -152,6 +152,17 @@ def invalid_reasons(h: Handle, dataset: str | None = None) -> list[tuple[str | N
     return [(p, json.loads(rs)) for p, rs in rows]
 
 
+def failed_models(h: Handle, reason: str) -> dict[str, int]:
+    """``{model the response named: records}`` of the invalid records that failed ``reason``
+    (``model_mismatch``: which models were served instead of the one asked for)."""
+    out: dict[str, int] = {}
+    for model, rs in h._db.execute("SELECT r.model, v.reasons FROM validations v JOIN results r "
+                                   "ON r.prompt_id = v.prompt_id WHERE v.ok=0"):
+        if reason in json.loads(rs):
+            out[model] = out.get(model, 0) + 1
+    return out
+
+
 def billing_diffs(h: Handle) -> list[tuple[int, list[str]]]:
     """``(billing_diff, failed checks)`` of each record with a billing difference (tokens)."""
     return [(int(d), json.loads(rs)) for d, rs in h._db.execute(
@@ -171,9 +182,12 @@ def flagged_special_text(h: Handle) -> dict[str, int]:
 def export_rows(h: Handle, dataset: str, include_invalid: bool) -> Iterator[tuple]:
     """``dataset``'s validated records (only the valid ones unless ``include_invalid``) in prompt-id
     order, 256 a query: ``(prompt_id, key, ok, prompt_len, completion_len, input_ids blob, provider,
-    finish_reason, messages, tools, reasoning, content, tool_calls)`` (JSON columns as stored text)."""
+    finish_reason, messages, tools, reasoning, content, tool_calls, model, endpoint, system_fingerprint,
+    temperature, top_p, reasons, wire_flags)`` (JSON columns as stored text; the store migrated by
+    :func:`open_validations`)."""
     sql = ("SELECT v.prompt_id, v.key, v.ok, v.prompt_len, v.completion_len, v.input_ids, v.provider, v.finish_reason, "
-           "p.messages, p.tools, r.reasoning, r.content, r.tool_calls FROM validations v "
+           "p.messages, p.tools, r.reasoning, r.content, r.tool_calls, r.model, r.endpoint, r.system_fingerprint, "
+           "r.temperature, r.top_p, v.reasons, r.wire_flags FROM validations v "
            "JOIN results r ON r.prompt_id = v.prompt_id JOIN prompts p ON p.id = v.prompt_id "
            "WHERE v.dataset=?" + ("" if include_invalid else " AND v.ok=1") + " AND v.prompt_id > ? "
            "ORDER BY v.prompt_id LIMIT 256")
