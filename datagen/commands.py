@@ -92,7 +92,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         written = export(Path(args.run_dir), out, args.format, tokenizer=section,
                          include_invalid=args.include_invalid, validate=lock is not None or live is None,
                          on_left_out=lambda rid, why: role_left_out.append((rid, why)),
-                         on_empty=lambda ds, why: empty.append((ds, why)))
+                         on_empty=lambda ds, why: empty.append((ds, why)), include_drifting=args.include_drifting)
     except NothingToExport as e:  # a DatagenError with its own exit status
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
@@ -110,11 +110,29 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"dataset {ds}: no file written ({why})")
     if args.format != "raw" and not args.include_invalid:
         _say_left_out(Path(args.run_dir), live)
+    if args.format != "raw" and not args.include_drifting:
+        _say_drift_left_out(Path(args.run_dir), args.include_invalid)
     if role_left_out:
         rid, why = role_left_out[0]
         print(f"left out: {len(role_left_out)} row(s) whose turns SpecForge's parser would drop or cut (prompts "
               f"stored before ingest normalised role order; docs/specforge-roles.md), e.g. {rid}: {why}")
     return EXIT_OK
+
+
+def _say_drift_left_out(run_dir: Path, include_invalid: bool) -> None:
+    """The line that counts the records left out as ``provider_drift`` (docs/fidelity.md), if any."""
+    from engine.tokens import vstore
+    from engine.tokens.exports import drift_left_out
+
+    conn = vstore.connect(run_dir)
+    try:
+        left = drift_left_out(conn, include_invalid)
+    finally:
+        conn.close()
+    if left:
+        n = sum(c for c, _ in left.values())
+        print(f"left out: {n} record(s) of providers judged drifting (provider_drift): "
+              + "; ".join(f"{p} {c} ({why})" for p, (c, why) in left.items()) + "; --include-drifting exports them")
 
 
 def _store_lock(run_dir: Path) -> runlock.DirLock | None:

@@ -114,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--out", required=True, help="output directory")
     ex.add_argument("--config", help="config whose [tokenizer] validates results not validated yet (default: the run's)")
     ex.add_argument("--include-invalid", action="store_true", help="also export records that failed validation")
+    ex.add_argument("--include-drifting", action="store_true", help="also export the records of providers judged "
+                    "drifting (flagged provider_drift; docs/fidelity.md)")
     ex.set_defaults(func=cmd_export, error_exit=EXIT_ERROR)
 
     v = sub.add_parser("validate", help="rebuild token ids of every stored result and check them (re-run after a "

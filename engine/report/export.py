@@ -92,7 +92,7 @@ FORMATS = ("raw", "specforge", "openai", "tokens", "tokens-jsonl")
 
 
 def export(run_dir: Path, out_dir: Path, fmt: str = "raw", *, tokenizer=None, include_invalid: bool = False,
-           validate: bool = True, on_left_out=None, on_empty=None) -> dict[Path, int]:
+           validate: bool = True, on_left_out=None, on_empty=None, include_drifting: bool = False) -> dict[Path, int]:
     """Export a run in ``fmt``; returns ``{output file: rows written}`` (files written only).
 
     Args:
@@ -101,6 +101,8 @@ def export(run_dir: Path, out_dir: Path, fmt: str = "raw", *, tokenizer=None, in
         tokenizer: ``[tokenizer]`` section (``engine.config.TokenizerSection``) used to validate
             results that have no validation row yet (default: the one stored with the run).
         include_invalid: also export records that failed validation (not for ``raw``: it has all).
+        include_drifting: also export the records of providers judged drifting (not for ``raw``: it has all;
+            docs/fidelity.md).
         validate: validate results without a validation row first (writes the store); False while
             another process holds the run directory (a live run validates them itself): they are left out.
         on_left_out: ``specforge`` only: called ``(row id, reason)`` per row left out because SpecForge's
@@ -117,6 +119,7 @@ def export(run_dir: Path, out_dir: Path, fmt: str = "raw", *, tokenizer=None, in
     from engine.tokens.exports import export_validated
 
     written = export_validated(run_dir, out_dir, fmt, tokenizer=tokenizer, include_invalid=include_invalid,
-                               validate=validate, on_left_out=on_left_out, on_empty=on_empty)
+                               validate=validate, on_left_out=on_left_out, on_empty=on_empty,
+                               include_drifting=include_drifting)
     ext = ".parquet" if fmt == "tokens" else ".jsonl"
     return {Path(out_dir) / f"{n}{ext}": c for n, c in written.items()}

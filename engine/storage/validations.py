@@ -231,3 +231,10 @@ def readiness_counts(run_dir: Path, names: list[str]) -> dict[str, tuple[int, in
 __all__ = ["COLUMNS", "NoStoreError", "billing_diffs", "export_rows", "flagged_special_text", "has_validations",
            "invalid_reasons", "open_validations", "pack_ids", "readiness_counts", "record_rows", "unpack_ids",
            "unvalidated_count", "upsert", "validated_count", "verdict_rows"]
+
+
+def provider_counts(h: Handle, include_invalid: bool = False) -> dict[str, int]:
+    """``{provider: validated records}`` (valid ones only unless ``include_invalid``): what a training
+    export would write per provider."""
+    sql = "SELECT provider, COUNT(*) FROM validations" + ("" if include_invalid else " WHERE ok=1") + " GROUP BY provider"
+    return {p: n for p, n in h._db.execute(sql)}

@@ -30,6 +30,10 @@ counts and the failed checks (``datagen export`` exits 1); a dataset with no qua
 others have some gets NO file (a 0-row Parquet file makes ``datasets.load_dataset("parquet",
 data_dir=...)`` fail for the whole directory; JSONL files follow the same rule), an older export's
 file of that dataset is removed (it must not survive beside a new export), and ``on_empty`` says why.
+
+Records of a provider judged ``drifting`` (its drift acted on with ``exclude`` or ``flag``, not cleared:
+:func:`engine.storage.verdicts.drifting_providers`, docs/fidelity.md) carry the ``provider_drift`` flag
+and are left out of every format unless ``include_drifting``; :func:`drift_left_out` counts them.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from engine.client.conformance import decode_flags
 from engine.config import TokenizerSection
 from engine.datasets.roles import specforge_problem
 from engine.errors import DatagenError, NothingToExport
-from engine.storage import read, validations
+from engine.storage import read, validations, verdicts
 from engine.storage.handle import Handle
 from engine.tokens import vstore
 from engine.tokens.jsonrows import assistant_message, export_message, json_text
@@ -139,14 +143,41 @@ def _check_something_qualifies(conn: Handle, run_dir: Path, include_invalid: boo
         f"--include-invalid exports invalid records anyway")
 
 
-def _rows(conn: Handle, dataset: str, include_invalid: bool) -> Iterator[tuple]:
-    return validations.export_rows(conn, dataset, include_invalid)
+#: The flag of a record whose provider was judged drifting (docs/fidelity.md).
+PROVIDER_DRIFT = "provider_drift"
+
+
+class _Drift:
+    """The providers whose records are left out (``drifting``) unless ``include``; included ones are flagged."""
+
+    def __init__(self, conn: Handle, include: bool) -> None:
+        self.drifting = verdicts.drifting_providers(conn)
+        self.include = include
+
+    def keep(self, provider: str) -> bool:
+        return self.include or provider not in self.drifting
+
+
+def _rows(conn: Handle, dataset: str, include_invalid: bool, drift: _Drift | None = None) -> Iterator[tuple]:
+    for row in validations.export_rows(conn, dataset, include_invalid):
+        if drift is None or drift.keep(row[6]):
+            yield row
+
+
+def drift_left_out(conn: Handle, include_invalid: bool = False) -> dict[str, tuple[int, str]]:
+    """``{provider: (records, reason)}`` a training export leaves out as ``provider_drift`` (of those it
+    would export otherwise: valid ones, or every validated one with ``include_invalid``)."""
+    drifting = verdicts.drifting_providers(conn)
+    if not drifting:
+        return {}
+    counts = validations.provider_counts(conn, include_invalid)
+    return {p: (counts.get(p, 0), why) for p, why in sorted(drifting.items()) if counts.get(p, 0)}
 
 
 def _json_lines(conn: Handle, dataset: str, fmt: str, include_invalid: bool, id_format: str,
-                on_left_out: Callable[[str, str], None] | None = None) -> Iterator[str]:
+                on_left_out: Callable[[str, str], None] | None = None, drift: _Drift | None = None) -> Iterator[str]:
     for _pid, key, _ok, _pl, _cl, _blob, _prov, _fin, msgs, tools, reasoning, content, tcs, *_ in _rows(
-            conn, dataset, include_invalid):
+            conn, dataset, include_invalid, drift):
         msgs, tools = json.loads(msgs), json.loads(tools)
         calls, _ = native_tool_calls(json.loads(tcs), count_tool_calls(msgs), id_format)
         rid = f"{dataset}:{key}"
@@ -164,8 +195,8 @@ def _json_lines(conn: Handle, dataset: str, fmt: str, include_invalid: bool, id_
         yield json.dumps(doc, ensure_ascii=False)
 
 
-def _token_records(conn: Handle, dataset: str, include_invalid: bool) -> Iterator[TokenRecord]:
-    for row in _rows(conn, dataset, include_invalid):
+def _token_records(conn: Handle, dataset: str, include_invalid: bool, drift: _Drift | None = None) -> Iterator[TokenRecord]:
+    for row in _rows(conn, dataset, include_invalid, drift):
         _pid, key, _ok, pl, cl, blob, prov, fin = row[:8]
         model, endpoint, fp, temperature, top_p, reasons, wire = row[13:20]
         ids = vstore.unpack_ids(blob)
@@ -174,20 +205,23 @@ def _token_records(conn: Handle, dataset: str, include_invalid: bool) -> Iterato
         yield TokenRecord(id=f"{dataset}:{key}", dataset=dataset, input_ids=ids, loss_mask=[0] * pl + [1] * cl,
                           prompt_len=pl, completion_len=cl, provider=prov, finish_reason=fin, model=model or "",
                           endpoint=endpoint or "", system_fingerprint=fp or "",
-                          flags=record_flags(json.loads(reasons or "[]"), decode_flags(wire)),
+                          flags=record_flags(json.loads(reasons or "[]"), decode_flags(wire),
+                                             drifted=drift is not None and prov in drift.drifting),
                           temperature=temperature, top_p=top_p)
 
 
-def record_flags(reasons: list[str], wire_flags: Collection[str]) -> tuple[str, ...]:
+def record_flags(reasons: list[str], wire_flags: Collection[str], drifted: bool = False) -> tuple[str, ...]:
     """A record's ``flags`` column: its failed checks (:data:`engine.tokens.validate.REASONS` order, as
-    stored), then its wire flags not already among them (the notes: ``finish_alias``...), each once."""
-    return tuple(dict.fromkeys([*reasons, *wire_flags]))
+    stored), ``provider_drift`` when its provider was judged drifting (``drifted``), then its wire flags
+    not already among them (the notes: ``finish_alias``...), each once."""
+    return tuple(dict.fromkeys([*reasons, *([PROVIDER_DRIFT] if drifted else []), *wire_flags]))
 
 
 def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: TokenizerSection | None = None,
                      include_invalid: bool = False, workers: int | None = None, validate: bool = True,
                      on_left_out: Callable[[str, str], None] | None = None,
-                     on_empty: Callable[[str, str], None] | None = None) -> dict[str, int]:
+                     on_empty: Callable[[str, str], None] | None = None,
+                     include_drifting: bool = False) -> dict[str, int]:
     """Export every dataset in ``fmt`` (one of :data:`FORMATS`); returns ``{dataset: rows}`` for the
     files written.
 
@@ -196,6 +230,7 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
         fmt: ``specforge`` | ``openai`` | ``tokens`` | ``tokens-jsonl``.
         tokenizer: settings to validate unvalidated results with (default: the run's stored ones).
         include_invalid: export invalid records too.
+        include_drifting: export the records of providers judged drifting too (flagged ``provider_drift``).
         validate: validate unvalidated results first (False: leave them out, write nothing to the store).
         on_left_out: called ``(row id, reason)`` for each ``specforge`` row left out because SpecForge's
             parser would drop or cut turns of it (a prompt stored before ingest normalised role order;
@@ -219,6 +254,7 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
     conn = vstore.connect(run_dir)
     try:
         _check_something_qualifies(conn, run_dir, include_invalid)
+        drift = _Drift(conn, include_drifting)
         names = read.dataset_names(conn)
         out: dict[str, int] = {}
         for name in names:
@@ -230,14 +266,14 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
                     on_left_out(rid, why)
 
             if fmt == "tokens":
-                n = write_unless_empty(Path(out_dir) / f"{name}.parquet", _token_records(conn, name, include_invalid),
+                n = write_unless_empty(Path(out_dir) / f"{name}.parquet", _token_records(conn, name, include_invalid, drift),
                                        write_parquet)
             elif fmt == "tokens-jsonl":
-                n = write_unless_empty(Path(out_dir) / f"{name}.jsonl", _token_records(conn, name, include_invalid),
+                n = write_unless_empty(Path(out_dir) / f"{name}.jsonl", _token_records(conn, name, include_invalid, drift),
                                        write_jsonl)
             else:
                 n = write_unless_empty(Path(out_dir) / f"{name}.jsonl",
-                                       _json_lines(conn, name, fmt, include_invalid, id_format, left), write_lines)
+                                       _json_lines(conn, name, fmt, include_invalid, id_format, left, drift), write_lines)
             if n:
                 out[name] = n
             elif on_empty is not None:
@@ -248,7 +284,7 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
 
 
 def iter_token_records(run_dir: Path, *, include_invalid: bool = False,
-                       datasets: Collection[str] | None = None) -> Iterator[TokenRecord]:
+                       datasets: Collection[str] | None = None, include_drifting: bool = False) -> Iterator[TokenRecord]:
     """Validated token records straight from a run directory, dataset by dataset in config order.
 
     Results not validated yet are validated first with the run's stored ``[tokenizer]`` settings.
@@ -267,7 +303,8 @@ def iter_token_records(run_dir: Path, *, include_invalid: bool = False,
     conn = vstore.connect(run_dir)
     try:
         names = [n for n in read.dataset_names(conn) if datasets is None or n in datasets]
+        drift = _Drift(conn, include_drifting)
         for name in names:
-            yield from _token_records(conn, name, include_invalid)
+            yield from _token_records(conn, name, include_invalid, drift)
     finally:
         conn.close()
