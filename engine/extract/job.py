@@ -210,6 +210,11 @@ class ExtractJob:
             (:mod:`engine.run.chain`) passes the datasets whose generation is done and validated.
         engine: ``transformers`` or ``vllm`` (:mod:`engine.extract.vllm`); vllm: the ``vllm.LLM``
             keyword arguments from ``[extract.vllm]``.
+        fidelity: score each record's completion under the target (``[extract] fidelity``,
+            :mod:`engine.extract.fidelity`); temperature / top_p: what records that do not say were
+            bought with (the run's ``[generation]``, ``extra_body`` included; None: 1.0);
+            skip_token_ids: token ids never scored (the ``[tokenizer]``'s special tokens; None: the
+            model directory's, read by the worker).
     """
 
     model: str
@@ -239,6 +244,10 @@ class ExtractJob:
     draft_vocab_size: int | None = None
     compress: bool = False
     compression_level: int = 6
+    fidelity: bool = True
+    temperature: float | None = None
+    top_p: float | None = None
+    skip_token_ids: tuple[int, ...] | None = None
 
     @property
     def dtype_bytes(self) -> int:
@@ -280,6 +289,8 @@ class ExtractJob:
         d["gpus"] = tuple(d["gpus"])
         if d.get("datasets") is not None:
             d["datasets"] = tuple(d["datasets"])
+        if d.get("skip_token_ids") is not None:
+            d["skip_token_ids"] = tuple(d["skip_token_ids"])
         return cls(**d)
 
     def save(self, path: Path) -> None:
@@ -429,8 +440,24 @@ def resolve_job(cfg: Any, *, data: Path | None = None, gpus: list[int] | None = 
         layout=ex.layout, datasets=tuple(datasets) if datasets is not None else None,
         engine=ex.engine, vllm=vllm_kw, save_dtype=ex.save_dtype, vocab_size=shape.vocab_size,
         draft_vocab_size=_draft_vocab(ex.draft_vocab_size, shape.vocab_size) if ex.layout == "specforge" else None,
-        compress=ex.compress, compression_level=ex.compression_level,
+        compress=ex.compress, compression_level=ex.compression_level, **_fidelity_fields(cfg),
     )
+
+
+def _fidelity_fields(cfg: Any) -> dict[str, Any]:
+    """The job's fidelity fields from the config: ``[extract] fidelity``, the ``[generation]`` temperature
+    and top_p requests were sent with (``extra_body`` wins, as in the request body) and the
+    ``[tokenizer]``'s special-token ids (None without a loadable tokenizer: the worker reads the model's)."""
+    if not getattr(cfg.extract, "fidelity", True):
+        return {"fidelity": False}
+    g = cfg.generation
+    extra = g.extra_body or {}
+    temp, top_p = extra.get("temperature", g.temperature), extra.get("top_p", g.top_p)
+    from engine.extract.specials import tokenizer_special_ids
+
+    ids = tokenizer_special_ids(getattr(cfg, "tokenizer", None))
+    return {"fidelity": True, "temperature": None if temp is None else float(temp),
+            "top_p": None if top_p is None else float(top_p), "skip_token_ids": None if ids is None else tuple(sorted(ids))}
 
 
 def _draft_vocab(configured: int | None, vocab: int | None) -> int | None:

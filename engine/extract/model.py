@@ -106,6 +106,16 @@ class HiddenStates:
         params = inspect.signature(model.forward).parameters
         self._logits_kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
         self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
+        #: after :meth:`forward`: the final state after the final norm ``[B, T, H]`` (what the LM head
+        #: reads, whatever ``last`` a layout's wrapper returns) and the model's logits at the last
+        #: position ``[B, V]`` (None when the model returned none): phase-two fidelity scoring reads them
+        self.final: torch.Tensor | None = None
+        self.logits_last: torch.Tensor | None = None
+
+    def head(self) -> Any:
+        """The LM head (``model.get_output_embeddings()``: ``[n, H]`` -> ``[n, V]`` logits), or None."""
+        get = getattr(self.model, "get_output_embeddings", None)
+        return get() if callable(get) else None
 
     def collate(self, samples: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Right-pad token arrays into ``input_ids [B, Tmax]`` (int64) and ``attention_mask``
@@ -148,4 +158,6 @@ class HiddenStates:
                                f"{self.num_layers + 1} (embeddings + one per layer)")
         last = hs[self.num_layers]
         aux = torch.cat([hs[i + 1].to(last.device) for i in self.aux], dim=-1)  # layers may sit on other GPUs
+        logits = getattr(out, "logits", None)
+        self.final, self.logits_last = last, (logits[:, -1] if logits is not None and logits.dim() == 3 else None)
         return aux, last

@@ -44,6 +44,7 @@ from engine.extract.prepare import prepare
 from engine.extract.snapshot import ExtractSnapshot, JobState, LauncherWorker, WorkerState, build_snapshot, states_dtype
 from engine.extract.status import collect, format_line, gpu_line, read_workers, status_dir
 from engine.proc import runlock
+from engine.storage.schema import db_path
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -385,6 +386,7 @@ class ExtractRun:
             pass
 
     def _finish(self) -> int:
+        self._import_scores()
         doc = collect(self.job.out_dir)
         code = self._final_state(doc)
         # the last line says how the job ended (a worker whose restart a quit cancelled is stopped,
@@ -398,6 +400,25 @@ class ExtractRun:
                  f"({doc['bytes_written'] / max(1, proj):.4f}x)")
         self.exit_code = code
         return code
+
+    def _import_scores(self) -> None:
+        """Save the fidelity scores of the samples listed so far into the run's store: the source run
+        directory, else the config's ``[run] dir`` when it holds a store (nothing without one)."""
+        if not self.job.fidelity:
+            return
+        run = getattr(getattr(self.cfg, "run", None), "dir", None)
+        run_dir = Path(self.job.source_path) if self.job.source_kind == "run_dir" else (Path(run) if run else None)
+        if run_dir is None or not db_path(run_dir).is_file():
+            return
+        try:
+            from engine.extract.scorefiles import import_scores
+
+            n = import_scores(self.job.out_dir, run_dir)
+        except Exception as e:  # the extraction's own result stands; the scores stay beside the samples
+            self.say(f"warning: fidelity scores not saved to {run_dir}'s store: {type(e).__name__}: {e}")
+            return
+        if n:
+            self.say(f"fidelity: {n} sample score(s) in {run_dir}'s store")
 
     def _final_state(self, doc: dict[str, Any]) -> int:
         """Set :attr:`final_state` and :attr:`final_reason` from the workers' files (``doc``:

@@ -9,7 +9,7 @@ without per-token Python work.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -33,6 +33,9 @@ class TokenTable:
         offsets: ``[N]`` int64 start of each sample in the flat arrays.
         input_ids: flat ``int32``; loss_mask: flat ``int8``.
         dropped: ``{"duplicate": n, "empty": n, "mismatched": n, "over_length": n}`` rows left out.
+        providers: per sample, who served the completion (``""``: unknown); temperatures / top_ps:
+            ``[N]`` float64, what the record was bought with (NaN: the record does not say; phase-two
+            fidelity scoring then uses the job's ``[generation]`` values). Empty when not collected.
     """
 
     ids: list[str]
@@ -43,6 +46,9 @@ class TokenTable:
     input_ids: np.ndarray
     loss_mask: np.ndarray
     dropped: dict[str, int]
+    providers: list[str] = field(default_factory=list)
+    temperatures: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    top_ps: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -52,6 +58,13 @@ class TokenTable:
         o, t = int(self.offsets[i]), int(self.lengths[i])
         return self.input_ids[o:o + t], self.loss_mask[o:o + t]
 
+    def sampling(self, i: int) -> tuple[str, float | None, float | None]:
+        """``(provider, temperature, top_p)`` of sample ``i`` (None: not recorded)."""
+        def at(a: np.ndarray) -> float | None:
+            return float(a[i]) if i < len(a) and not np.isnan(a[i]) else None
+
+        return (self.providers[i] if i < len(self.providers) else ""), at(self.temperatures), at(self.top_ps)
+
     @classmethod
     def from_records(cls, records: Iterable[TokenRecord], chunk: int = 4096) -> "TokenTable":
         """Collect records; duplicates (same id: first kept), empty rows and rows whose
@@ -59,6 +72,9 @@ class TokenTable:
         ids: list[str] = []
         datasets: list[str] = []
         lengths: list[int] = []
+        providers: list[str] = []
+        temps: list[float] = []
+        top_ps: list[float] = []
         seen: set[str] = set()
         dropped = {"duplicate": 0, "empty": 0, "mismatched": 0, "over_length": 0}
         tok_chunks: list[np.ndarray] = []
@@ -79,6 +95,9 @@ class TokenTable:
             ids.append(r.id)
             datasets.append(r.dataset)
             lengths.append(len(r.input_ids))
+            providers.append(r.provider or "")
+            temps.append(_float(getattr(r, "temperature", None)))  # columns a tokens export may carry
+            top_ps.append(_float(getattr(r, "top_p", None)))
             tok_buf.append(np.asarray(r.input_ids, dtype=np.int32))
             mask_buf.append(np.asarray(r.loss_mask, dtype=np.int8))
             if len(tok_buf) >= chunk:
@@ -97,7 +116,8 @@ class TokenTable:
                 log.warning("extract input: %d %s row(s) left out", n, k)
         return cls(ids, datasets, lens, lens.copy(), offsets,
                    np.concatenate(tok_chunks) if tok_chunks else np.zeros(0, np.int32),
-                   np.concatenate(mask_chunks) if mask_chunks else np.zeros(0, np.int8), dropped)
+                   np.concatenate(mask_chunks) if mask_chunks else np.zeros(0, np.int8), dropped,
+                   providers, np.asarray(temps, dtype=np.float64), np.asarray(top_ps, dtype=np.float64))
 
     def limit_length(self, max_seq_len: int | None, over_length: str) -> "TokenTable":
         """Apply ``max_seq_len``: ``skip`` drops longer samples (counted in ``dropped["over_length"]``),
@@ -106,7 +126,8 @@ class TokenTable:
             return self
         if over_length == "truncate":
             return TokenTable(self.ids, self.datasets, np.minimum(self.lengths, max_seq_len), self.full_lengths,
-                              self.offsets, self.input_ids, self.loss_mask, dict(self.dropped))
+                              self.offsets, self.input_ids, self.loss_mask, dict(self.dropped), self.providers,
+                              self.temperatures, self.top_ps)
         keep = np.flatnonzero(self.lengths <= max_seq_len)
         out = self.take(keep)
         out.dropped["over_length"] += len(self) - len(keep)
@@ -118,7 +139,17 @@ class TokenTable:
         rows = np.asarray(rows, dtype=np.int64)
         return TokenTable([self.ids[i] for i in rows], [self.datasets[i] for i in rows], self.lengths[rows],
                           self.full_lengths[rows], self.offsets[rows], self.input_ids, self.loss_mask,
-                          dict(self.dropped))
+                          dict(self.dropped), [self.providers[i] for i in rows] if self.providers else [],
+                          self.temperatures[rows] if len(self.temperatures) else self.temperatures,
+                          self.top_ps[rows] if len(self.top_ps) else self.top_ps)
+
+
+def _float(v: object) -> float:
+    """A record's temperature / top_p as a float (NaN: absent or not a number)."""
+    try:
+        return float(v) if v is not None else float("nan")  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return float("nan")
 
 
 def _find_run_dir_reader() -> Callable[..., Iterator[TokenRecord]]:

@@ -36,6 +36,7 @@ from typing import Any, Callable
 import numpy as np
 
 from engine.errors import DatagenError
+from engine.extract import scorefiles
 from engine.extract.control import ControlReader
 from engine.extract.disk import DiskGuard
 from engine.extract.gate import Gate
@@ -59,7 +60,8 @@ class Stopped(DatagenError):
 class WorkerResult:
     """What a worker did. ``timings`` are seconds: ``read``, ``load``, ``loop`` (first batch to last
     commit), ``forward`` (model calls, synchronised), ``prep`` (collate + slicing), ``blocked``
-    (main thread waiting for the writer), ``write`` (writer thread: save + fsync + commit)."""
+    (main thread waiting for the writer), ``write`` (writer thread: save + fsync + commit),
+    ``fidelity`` (phase-two scoring: LM head + scores, synchronised; 0 when off)."""
 
     state: WorkerState
     samples: int = 0
@@ -75,13 +77,15 @@ class ShardWriter:
 
     Errors in the thread are re-raised by the next :meth:`submit` or by :meth:`close`. ``poll`` is
     called about every 0.5 s while the caller waits in :meth:`submit` or :meth:`flush` (the worker's
-    :meth:`Gate.aborting`, so an abort reaches a writer waiting for disk space).
+    :meth:`Gate.aborting`, so an abort reaches a writer waiting for disk space). ``scores``: where a
+    shard's fidelity score lines go, committed with it (:mod:`engine.extract.scorefiles`).
     """
 
     def __init__(self, out: OutDir, guard: DiskGuard, status: StatusWriter, stop: threading.Event, depth: int = 1,
-                 poll: Callable[[], Any] | None = None) -> None:
+                 poll: Callable[[], Any] | None = None, scores: scorefiles.ScoreFiles | None = None) -> None:
         self.out, self.guard, self.status, self.stop = out, guard, status, stop
         self.poll = poll
+        self.scores = scores
         self.q: queue.Queue[Any] = queue.Queue(maxsize=depth)
         self.error: BaseException | None = None
         self.write_s = 0.0
@@ -92,12 +96,13 @@ class ShardWriter:
         self.thread.start()
 
     def submit(self, tensors: dict[str, Any], entries: list[dict[str, Any]], est_bytes: int, tokens: int,
-               ready: Any = None) -> None:
-        """Queue one shard. ``ready``: a CUDA event to wait on before reading ``tensors``."""
+               ready: Any = None, scores: list[dict[str, Any]] | None = None) -> None:
+        """Queue one shard. ``ready``: a CUDA event to wait on before reading ``tensors``; ``scores``: its
+        samples' fidelity score lines (None: not scored)."""
         self._raise()
         while True:
             try:
-                self.q.put((tensors, entries, est_bytes, tokens, ready), timeout=0.5)
+                self.q.put((tensors, entries, est_bytes, tokens, ready, scores), timeout=0.5)
                 return
             except queue.Full:
                 self._raise()
@@ -140,7 +145,8 @@ class ShardWriter:
             finally:
                 self.q.task_done()
 
-    def _write(self, tensors: dict[str, Any], entries: list[dict[str, Any]], est_bytes: int, tokens: int, ready: Any) -> None:
+    def _write(self, tensors: dict[str, Any], entries: list[dict[str, Any]], est_bytes: int, tokens: int, ready: Any,
+               scores: list[dict[str, Any]] | None = None) -> None:
         if ready is not None:
             ready.synchronize()
         while True:
@@ -149,9 +155,20 @@ class ShardWriter:
             if not ok:
                 raise Stopped("stopped while paused for disk space")
             t0 = time.perf_counter()
+            ref = None
             try:
+                if scores is not None and self.scores is not None:  # durable before the commit that lists it
+                    ref = self.scores.write(scores)
+                    for entry in entries:
+                        entry[scorefiles.MANIFEST_KEY] = ref
                 size = self.out.layout.write(self.out, tensors, entries)  # temp file(s), fsync, commit
-            except OSError as e:
+            except BaseException as e:
+                if ref is not None:  # the batch is not listed: neither is its score file
+                    self.scores.discard(ref)  # type: ignore[union-attr]
+                    for entry in entries:
+                        entry.pop(scorefiles.MANIFEST_KEY, None)
+                if not isinstance(e, OSError):
+                    raise
                 if e.errno == 28:  # ENOSPC despite the guard (another writer on the disk): wait, retry
                     self.status.set_state(WorkerState.PAUSED, f"disk full while writing a shard: {e.strerror}; waiting")
                     if self.stop.wait(10.0):
@@ -264,6 +281,8 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
     t = res.timings
     out = OutDir(job.out_dir, layout_for(job))
     rep = out.recover()
+    if job.fidelity:
+        rep["score_files"] = scorefiles.recover(job.out_dir)
     if any(rep.values()):
         log.warning("worker %d: recovered %s", rank, rep)
     t0 = time.perf_counter()
@@ -298,11 +317,13 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
     t["load"] = time.perf_counter() - t0
     if gate.check() is not None:  # a quit while the model loaded
         raise Stopped("quit before the first batch")
-    writer = ShardWriter(out, guard, status, stop, poll=gate.aborting)
+    scoring = _scoring(job, hs)
+    writer = ShardWriter(out, guard, status, stop, poll=gate.aborting,
+                         scores=scorefiles.ScoreFiles(job.out_dir) if scoring is not None else None)
     status.set_state(WorkerState.RUNNING)
     quit_mode: str | None = None
     tok_bytes = per_token_bytes(job.hidden_size, len(job.aux_layers), job.dtype_bytes, job.layout)
-    fwd = prep = blocked = 0.0
+    fwd = prep = blocked = fid = 0.0
     loop0 = time.perf_counter()
     try:
         for planned in todo:
@@ -337,10 +358,16 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
                 for key, h in zip(keys, host, strict=True):
                     tensors[f"{sid}/{key}"] = h[k, :n]  # contiguous prefix of row k
             d = time.perf_counter()
+            scores = None
+            if scoring is not None:
+                scores = scoring(table, batch.rows)
+                _sync(hs.device)
+                fid += time.perf_counter() - d
+                d = time.perf_counter()
             if gate.aborting():  # the batch in hand is dropped; a rerun redoes it
                 quit_mode = "abort"
                 break
-            writer.submit(tensors, entries, batch.tokens * tok_bytes, batch.tokens, ready)
+            writer.submit(tensors, entries, batch.tokens * tok_bytes, batch.tokens, ready, scores)
             t_end = time.perf_counter()
             fwd += c - b
             prep += (b - a) + (d - c)
@@ -356,7 +383,8 @@ def _run(job: ExtractJob, rank: int, world: int, gpus: tuple[int, ...], table: T
             pass
         res.samples, res.tokens, res.bytes_written = writer.samples, writer.tokens, writer.bytes
         raise
-    t.update(loop=time.perf_counter() - loop0, forward=fwd, prep=prep, blocked=blocked, write=writer.write_s)
+    t.update(loop=time.perf_counter() - loop0, forward=fwd, prep=prep, blocked=blocked, write=writer.write_s,
+             fidelity=fid)
     c0 = time.perf_counter()
     getattr(hs, "close", lambda: None)()  # vLLM's shutdown takes seconds: not part of the loop's time
     t["close"] = time.perf_counter() - c0
@@ -382,6 +410,21 @@ def _hidden_states(job: ExtractJob, gpus: tuple[int, ...], model: Any, out: OutD
 
     return out.layout.wrap(HiddenStates(model if model is not None else load_model(job, gpus), job.aux_layers,
                                         job.num_layers))
+
+
+def _scoring(job: ExtractJob, hs: Any) -> Any:
+    """The batch scorer of ``[extract] fidelity`` (:mod:`engine.extract.fidelity`) for ``hs``'s engine, or
+    None (off, or the model cannot be scored: logged)."""
+    if not job.fidelity:
+        return None
+    if job.engine == "vllm":
+        make = getattr(hs, "fidelity_scoring", None)
+        s = make(job) if callable(make) else None
+    else:
+        from engine.extract.fidelity import TransformersScoring
+
+        s = TransformersScoring(job, hs)
+    return s if s is not None and s.on else None
 
 
 def _inputs(table: TokenTable, batch: Batch) -> tuple[dict[str, Any], list[dict[str, Any]], list[np.ndarray]]:

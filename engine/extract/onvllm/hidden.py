@@ -132,6 +132,12 @@ class VllmHiddenStates:
         self.server = CaptureServer()
         self.prenorm_last = prenorm_last
         self._seq = 0
+        #: after :meth:`forward`, when fidelity scoring is on (:meth:`fidelity_scoring`): the final state
+        #: after the final norm ``[B, Tmax, H]`` and vLLM's greedy token at each sample's last position
+        self.final: torch.Tensor | None = None
+        self.greedy: list[int] | None = None
+        self._score_norm: Any = None
+        self._keep_final = False
         try:
             if gpus:
                 os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
@@ -194,7 +200,9 @@ class VllmHiddenStates:
         prompts = [{"prompt_token_ids": [int(t) for t in s]} for s in samples]
         params = [self._params(max_tokens=1, temperature=0.0, detokenize=False,
                                extra_args={"kv_transfer_params": {"datagen_key": key}}) for key in keys]
-        self.llm.generate(prompts, params, use_tqdm=False)
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        if self._keep_final:
+            self.greedy = [int(o.outputs[0].token_ids[0]) if o.outputs and o.outputs[0].token_ids else -1 for o in outs]
         inproc = self._inproc()
         last_new, have = time.monotonic(), 0
         while not self.server.has(keys):
@@ -213,6 +221,7 @@ class VllmHiddenStates:
         dtype = getattr(torch, self.job.dtype)
         aux = torch.zeros((len(samples), tmax, self.n_aux * h), dtype=dtype)
         last = torch.zeros((len(samples), tmax, h), dtype=dtype)
+        final = last if not self._keep_final or self.norm is not None else torch.zeros_like(last)
         for b, (key, s) in enumerate(zip(keys, samples, strict=True)):
             ids, hidden = self.server.take(key)
             if len(ids) != len(s) or not np.array_equal(ids, np.asarray(s, dtype=np.int64)):
@@ -225,7 +234,28 @@ class VllmHiddenStates:
             aux[b, :len(s)] = hidden[:, :self.n_aux].reshape(len(s), self.n_aux * h)
             fin = hidden[:, self.n_aux]
             last[b, :len(s)] = fin if self.norm is None else self.norm(fin)
+            if final is not last:
+                final[b, :len(s)] = self._score_norm(fin)
+        self.final = final if self._keep_final else None
         return aux, last
+
+    def fidelity_scoring(self, job: ExtractJob) -> Any:
+        """The batch scorer of ``[extract] fidelity`` on this engine
+        (:class:`engine.extract.onvllm.scoring.VllmScoring`), or None when the checkpoint has no LM head
+        or final norm to score with (logged)."""
+        from engine.extract.onvllm.scoring import VllmScoring
+
+        if self.norm is None:
+            from engine.extract.onvllm.norm import FinalNorm
+
+            try:
+                self._score_norm = FinalNorm.from_checkpoint(job.model)
+            except ExtractError as e:
+                log.warning("fidelity: %s; scoring off", e)
+                return None
+        scoring = VllmScoring(job, self)
+        self._keep_final = scoring.on
+        return scoring if scoring.on else None
 
     def close(self) -> None:
         """Stop the capture socket and shut vLLM down (its engine, then its process groups), so that
