@@ -8,12 +8,16 @@
   (the output manifest), so successive ExtractRuns over "every dataset finished so far" write each
   sample once; one run at a time (the output directory's lock). A dataset whose share of invalid
   records passes ``[tokenizer] max_failure_rate`` (the anomaly guard's rule) is not extracted.
+- ``follow``: while datasets are still being bought, an extraction of their newly validated records
+  starts once ``follow_records`` of one dataset are waiting (the rest once it ends):
+  :mod:`engine.run.chainfollow`.
 
 :class:`ExtractChain` is also what the extraction view shows (an ``ExtractHost``: :attr:`commands`
 and :meth:`snapshot`). Generation and extraction are paused independently: a generation pause does
 not pause extraction, nor the reverse. A quit drains both (the caller drains generation; the chain
 drains the extraction in hand and starts no other). :func:`run_headless_chained` is ``datagen run
---headless`` with the chain (extraction lines prefixed ``extract:``).
+--headless`` with the chain (extraction lines prefixed ``extract:``). What the chain shows and
+says: :class:`engine.run.chainview.ChainView`.
 
 Exit code of the whole command: :func:`combined_exit_code` (generation's when it is not 0, else
 extraction's). A chain that ended with samples left (a quit's drain exits 0, as ``datagen extract``
@@ -27,16 +31,17 @@ import collections
 import signal
 import sys
 import time
-from dataclasses import replace
+from pathlib import Path
 from typing import Any, Callable
 
 from engine.config import Config
 from engine.errors import DatagenError
 from engine.extract.run import ExtractRun
-from engine.extract.snapshot import ExtractSnapshot, JobState
 from engine.report.metricsserver import open_metrics, printer, serving
 from engine.report.snapshot import RunSnapshot
+from engine.run.chainfollow import Follower
 from engine.run.chainready import FINISHED_STATES, dataset_counts, readiness
+from engine.run.chainview import ChainCommands, ChainView
 from engine.run.seams import TextOut
 from engine.storage.schema import StoreError
 
@@ -47,47 +52,11 @@ def combined_exit_code(generation: int, extraction: int | None) -> int:
     return generation if generation != 0 else (extraction or 0)
 
 
-class ChainCommands:
-    """The extraction view's commands over the chain (``engine.extract.snapshot.ExtractCommands``):
-    they act on the extraction in hand and hold for the next ones (a pause also keeps the next
-    extraction from starting; a quit starts no other and drains generation too)."""
-
-    def __init__(self, chain: "ExtractChain") -> None:
-        self._chain = chain
-
-    def pause(self) -> str:
-        """Pause extraction (workers finish and write the batch in hand); no new extraction starts."""
-        c = self._chain
-        c.paused = True
-        return c.current.commands.pause() if c.current is not None else "extraction paused: none starts until resumed"
-
-    def resume(self) -> str:
-        """Resume extraction."""
-        c = self._chain
-        c.paused = False
-        return c.current.commands.resume() if c.current is not None else "extraction resumed"
-
-    def skip(self, dataset: str) -> str:
-        """Skip ``dataset`` in the extraction in hand (persisted in the control file).
-
-        Raises:
-            ValueError: no extraction has started yet, or ``dataset`` is not one of its datasets.
-        """
-        run = self._chain.current or (self._chain.runs[-1] if self._chain.runs else None)
-        if run is None:
-            raise ValueError("no extraction has started yet: skip a dataset once its extraction started")
-        return run.commands.skip(dataset)
-
-    def quit(self) -> str:
-        """First: drain the extraction in hand, start no other, drain generation. Second: abort both."""
-        return self._chain.quit()
-
-
-class ExtractChain:
+class ExtractChain(ChainView):
     """Extraction chained after generation, by ``cfg.extract.after_run``.
 
     Args:
-        cfg: the validated config (``after_run`` is ``run`` or ``dataset``).
+        cfg: the validated config (``after_run`` is ``run``, ``dataset`` or ``follow``).
         say: where the chain's and the extraction runs' lines go (headless: printed; dashboard: the log).
         progress_s: seconds between the extraction runs' progress lines (None: none, for the dashboard).
         worker_output: the workers' logs (``"file"``: ``out_dir/status/worker-<rank>.log``).
@@ -99,6 +68,9 @@ class ExtractChain:
 
     Attributes:
         runs: the extraction runs started, oldest first; current: the one running (None between).
+        follow: the :class:`~engine.run.chainfollow.Follower` (``follow`` mode; None otherwise).
+        source: the input of the next extraction run (a ``tokens`` Parquet folder: a follow
+            increment's frozen records; None: the run directory).
         starts: ``(epoch s, datasets)`` of each started run; handed: datasets given to runs so far.
         left_out: ``{dataset: why}`` of datasets not extracted; exit_code: once :meth:`run` returned.
         paused / quit_mode: the extraction view's pause and quit (``"drain"``/``"abort"``).
@@ -110,7 +82,7 @@ class ExtractChain:
     def __init__(self, cfg: Config, *, say: Callable[[str], None] = print, progress_s: float | None = None,
                  worker_output: str = "file", on_quit: Callable[[str], None] | None = None, poll_s: float = 1.0,
                  make_run: Callable[[tuple[str, ...] | None], ExtractRun] | None = None) -> None:
-        if cfg.extract.after_run not in ("run", "dataset"):
+        if cfg.extract.after_run not in ("run", "dataset", "follow"):
             raise ValueError(f"extract.after_run is {cfg.extract.after_run!r}: nothing to chain")
         self.cfg = cfg
         self.mode = cfg.extract.after_run
@@ -130,6 +102,8 @@ class ExtractChain:
         self.exit_code: int | None = None
         self.events: collections.deque[str] = collections.deque(maxlen=200)
         self.commands = ChainCommands(self)
+        self.follow = Follower(self) if self.mode == "follow" else None
+        self.source: Path | None = None
         self._interrupts = 0
 
     # ------------------------------------------------------------------ messages, commands
@@ -142,8 +116,8 @@ class ExtractChain:
             pass
 
     def _new_run(self, datasets: tuple[str, ...] | None) -> ExtractRun:
-        return ExtractRun(self.cfg, datasets=list(datasets) if datasets is not None else None, say=self.say,
-                          progress_s=self.progress_s, worker_output=self.worker_output)
+        return ExtractRun(self.cfg, data=self.source, datasets=list(datasets) if datasets is not None else None,
+                          say=self.say, progress_s=self.progress_s, worker_output=self.worker_output)
 
     def quit(self) -> str:
         """The extraction view's quit: drain (then abort) the extraction in hand, start no other,
@@ -202,7 +176,10 @@ class ExtractChain:
             failing :meth:`ExtractRun.run` code (1 failed, 130 interrupted).
         """
         try:
-            code = await (self._after_run(ended) if self.mode == "run" else self._per_dataset(snapshot, ended))
+            if self.follow is not None:
+                code = await self.follow.run(snapshot, ended)
+            else:
+                code = await (self._after_run(ended) if self.mode == "run" else self._per_dataset(snapshot, ended))
         finally:
             self.current = None
         self.exit_code = code
@@ -300,92 +277,6 @@ class ExtractChain:
             return await run.run()
         finally:
             self.current = None
-
-    def incomplete_line(self) -> str | None:
-        """Once the chain ended: ``extraction incomplete: 4,004 samples left (rerun to resume)`` when
-        its last extraction stopped with samples left (a quit's drain, an interrupt, a failure), also
-        naming the datasets a quit kept from any extraction; None when nothing is left to extract.
-        A rerun (``datagen run`` or ``datagen extract``) extracts exactly the samples left."""
-        left = 0
-        run = self.runs[-1] if self.runs else None
-        if run is not None:
-            try:
-                snap = run.snapshot()
-                left = max(0, snap.samples_total - snap.samples_done)
-            except Exception:  # its status file unreadable: the datasets below still say it
-                left = 0
-        waiting = self.waiting_for() if self.quit_mode else []
-        if not left and not waiting:
-            return None
-        what = [f"{left:,} sample{'s' if left != 1 else ''} left"] if left else []
-        if waiting:
-            what.append(f"{', '.join(waiting)} not extracted yet")
-        return f"extraction incomplete: {'; '.join(what)} (rerun to resume)"
-
-    def end_lines(self) -> list[str]:
-        """The lines the command prints about the chain once it ended (after generation's report):
-        its exit code, the number of extraction runs and the datasets left out, then
-        :meth:`incomplete_line` when samples are left. Empty when the chain did nothing."""
-        if not (self.runs or self.left_out or self.quit_mode):
-            return []
-        lines = []
-        if self.runs or self.left_out:
-            lines.append(f"extraction (after_run = \"{self.mode}\"): exit code {self.exit_code}, "
-                         f"{len(self.runs)} extraction run(s)"
-                         + (f"; not extracted: {', '.join(self.left_out)}" if self.left_out else ""))
-        incomplete = self.incomplete_line()
-        if incomplete:
-            lines.append(incomplete)
-        return lines
-
-    # ------------------------------------------------------------------ the view
-    def waiting_for(self) -> list[str]:
-        """Datasets neither handed to an extraction nor left out (in config order)."""
-        return [d.name for d in self.cfg.datasets if d.name not in self.handed and d.name not in self.left_out]
-
-    def _waiting_reason(self) -> str:
-        """Why no extraction runs now: the last one finished (if any), and what the next one waits for."""
-        last = f"extraction of {', '.join(self.starts[-1][1])} finished; " if self.starts else ""
-        if self.quit_mode:
-            return last + ("quitting: no other extraction starts" if last else "quitting: no extraction starts")
-        held = "paused: no extraction starts until resumed; " if self.paused else ""
-        if self.mode == "run":
-            return last + held + "waiting for the generation run to complete"
-        left = self.waiting_for()
-        return last + held + ("waiting for generation and validation of " + ", ".join(left) if left
-                              else "no dataset left to wait for")
-
-    def snapshot(self) -> ExtractSnapshot | None:
-        """What the extraction view shows: the extraction in hand (or the last one); before the
-        first, state ``not_started``, and between two, ``waiting`` (``paused`` while paused), each
-        with what it waits for (or that a quit starts no other). Once the chain ended: the last
-        extraction's final state (``stopped`` when a quit left datasets unextracted), or
-        ``done``/``stopped`` with why nothing was extracted."""
-        run = self.current or (self.runs[-1] if self.runs else None)
-        events = tuple(self.events)
-        if self.exit_code is not None and run is None:
-            reasons = [f"{n}: {w}" for n, w in self.left_out.items()]
-            if self.quit_mode:
-                reasons.insert(0, f"quit ({self.quit_mode}) before any extraction started")
-            return ExtractSnapshot(state=JobState.STOPPED if reasons else JobState.DONE,
-                                   reason="; ".join(reasons) or "nothing to extract",
-                                   events=events, quit_mode=self.quit_mode)
-        live = self.current.snapshot() if self.exit_code is None and self.current is not None else None
-        # dataset mode: its workers are done and it is closing: between extractions (p holds the next one)
-        closing = self.mode == "dataset" and live is not None and live.state == JobState.DONE
-        if closing or (self.exit_code is None and self.current is None):
-            state = JobState.PAUSED if self.paused else (JobState.WAITING if self.runs else JobState.NOT_STARTED)
-            why = self._waiting_reason()
-            if run is None:
-                return ExtractSnapshot(state=state, reason=why, events=events, quit_mode=self.quit_mode)
-            snap = live if closing and live is not None else run.snapshot()
-            return replace(snap, state=state, reason=why, events=events, workers=(), quit_mode=self.quit_mode)
-        assert run is not None
-        snap = live if live is not None and run is self.current else run.snapshot()
-        if self.exit_code is not None and self.quit_mode and snap.state == JobState.DONE and self.waiting_for():
-            snap = replace(snap, state=JobState.STOPPED, reason=f"quit ({self.quit_mode}): "
-                           f"{', '.join(self.waiting_for())} not extracted; a rerun extracts them")
-        return replace(snap, events=events, quit_mode=snap.quit_mode or self.quit_mode)
 
 
 async def run_headless_chained(cfg: Config, out: TextOut = sys.stdout, *, exit_on_pause: bool = False,

@@ -1,5 +1,6 @@
 """When a finished dataset's token records can be extracted while generation goes on
-(``[extract] after_run = "dataset"``, :mod:`engine.run.chain`): every result committed, every one
+(``[extract] after_run = "dataset"``, :mod:`engine.run.chain`; ``follow`` applies its failure rule to
+the verdicts so far, :mod:`engine.run.chainfollow`): every result committed, every one
 with its validation verdict, and not too many invalid ones. :func:`readiness` decides (pure);
 :func:`dataset_counts` reads the figures from the run's store (read-only).
 """
