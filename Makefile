@@ -108,7 +108,7 @@ $(VBIN)/vllm: pyproject.toml
 vllm-venv: $(VBIN)/vllm
 
 vllm-check: vllm-venv
-	VLLM_CPU_KVCACHE_SPACE=1 $(VBIN)/python -m pytest -q -x -p no:cacheprovider -m vllm tests/engine/extract/test_extract_vllm.py
+	VLLM_CPU_KVCACHE_SPACE=1 $(VBIN)/python -m pytest -q -x -p no:cacheprovider -m vllm tests/engine/extract/test_extract_vllm.py tests/engine/extract/test_fidelity_vllm.py
 
 # The long robustness suite (issue 7): 20 kill -9 chaos, a ten-minute fault soak, 2,000 streams in flight
 # (kill -9 of the process group and of one stream worker at 2,000 streams, counted against the simulator's log).
