@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from engine.config import load_config
+from engine.config import Config, load_config
 from engine.proc import runlock
 
 
@@ -322,6 +322,18 @@ def cmd_ctl(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+def _judged(cfg: Config, code: int) -> int:
+    """After ``datagen extract``: judge the providers from the scores it stored (docs/fidelity.md); ``code`` as is."""
+    if cfg.extract.fidelity:
+        from engine.run.fidelity import judge_offline
+
+        try:
+            judge_offline(Path(cfg.run.dir), cfg.fidelity, print)
+        except Exception as e:  # the extraction's result stands
+            print(f"warning: providers not judged: {type(e).__name__}: {e}", file=sys.stderr)
+    return code
+
+
 def cmd_extract(args: argparse.Namespace) -> int:
     """``datagen extract``: run (or ``--convert``) the hidden-state extraction. Returns 0 done or drained, 1 failed, 130 interrupted."""
     if args.convert:
@@ -357,12 +369,12 @@ def cmd_extract(args: argparse.Namespace) -> int:
                 # workers log to OUT/status/worker-<rank>.log: nothing may write to the dashboard's terminal
                 run = ExtractRun(cfg, data=data, gpus=gpus, workers=args.workers, free_bytes=args.free_bytes,
                                  say=lambda _line: None, progress_s=None, worker_output="file")
-                return run_extract_dashboard(run)
+                return _judged(cfg, run_extract_dashboard(run))
         from engine.report.metricsserver import open_metrics
 
-        return run_extract(cfg, data=data, gpus=gpus, workers=args.workers,
-                           free_bytes=args.free_bytes, progress_s=args.progress_s,
-                           metrics=lambda run: open_metrics(cfg.run, extract=run.snapshot))
+        return _judged(cfg, run_extract(cfg, data=data, gpus=gpus, workers=args.workers,
+                                        free_bytes=args.free_bytes, progress_s=args.progress_s,
+                                        metrics=lambda run: open_metrics(cfg.run, extract=run.snapshot)))
     except OSError as e:  # ExtractError and DirectoryInUse: main
         print(f"error: {e}", file=sys.stderr)
         return 1

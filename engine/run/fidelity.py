@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -141,6 +142,41 @@ def write_evidence(run_dir: Path, h: Handle, d: Drift, doc: dict[str, Any]) -> P
     path.parent.mkdir(parents=True, exist_ok=True)
     write_lines(path, [json.dumps(body, indent=1, sort_keys=True, default=str)])
     return path
+
+
+def judge_offline(run_dir: Path, cfg: FidelitySection, say: Callable[[str], None]) -> list[Drift]:
+    """After ``datagen extract`` scored a run's records: the providers' last look, with no engine running.
+
+    A drift to ``exclude`` is persisted as ``ctl exclude-provider`` would (the next ``datagen run`` honours
+    it); every drift is one event. One line per provider judged goes to ``say``. With a live ``datagen
+    run`` holding ``run_dir`` nothing is judged here: its own watch judges within :data:`WATCH_S`.
+    Returns the drifts acted on.
+    """
+    from engine.proc.runlock import holder
+    from engine.storage import offline, read
+    from engine.storage.schema import db_path
+
+    if not db_path(Path(run_dir)).is_file():
+        return []
+    live = holder(Path(run_dir))
+    if live is not None and live.pid != os.getpid():
+        say(f"fidelity: the live run (pid {live.pid}) judges the providers; `datagen status {run_dir}` shows them")
+        return []
+    drifts = judge_run(Path(run_dir), cfg, final=True)
+    with connect_rw(Path(run_dir)) as h:
+        for d in drifts:
+            if d.action == "exclude":
+                excluded = read.excluded_providers(h)
+                if d.provider not in excluded:
+                    offline.set_excluded_providers(h, [*excluded, d.provider])
+            offline.add_event(h, time.time(), "warning", "fidelity", None, d.line())
+        for name, f in sorted(verdicts.by_provider(h).items()):
+            src = {"target": "phase two", "cheap": "cheap signals"}.get(f["source"] or "", "not decided")
+            say(f"fidelity: {name} {f['verdict']} ({src}, {f['records']} records)"
+                + (f": {f['reason']}" if f["verdict"] != "ok" and f["reason"] else ""))
+    for d in drifts:
+        say(f"fidelity: {d.line()}")
+    return drifts
 
 
 class FidelityWatch:

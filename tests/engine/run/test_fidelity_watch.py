@@ -104,3 +104,20 @@ async def test_a_look_that_fails_is_logged_and_buying_goes_on(tmp_path, caplog):
     watch = FidelityWatch(tmp_path / "nowhere", CFG, lambda n: asyncio.sleep(0, "x"), lambda *e: None)
     assert await watch.look() == []
     assert "could not be judged" in caplog.text
+
+
+async def test_after_datagen_extract_the_drift_is_saved_for_the_next_run(tmp_path):
+    from engine.run.fidelity import judge_offline
+    from engine.storage import read
+
+    run_dir = await _run_dir(tmp_path)
+    world, rng = World(seed=3), np.random.default_rng(8)
+    _store_scores(run_dir, world, rng, {"SimA": (60, None), "SimT": (60, "temp")})
+    lines: list[str] = []
+    assert [d.provider for d in judge_offline(run_dir, CFG, lines.append)] == ["SimT"]
+    assert lines[0] == "fidelity: SimA ok (phase two, 60 records)"
+    assert lines[1].startswith("fidelity: SimT drifting (phase two, 60 records): surprisal")
+    assert "excluded from buying" in lines[2]
+    with connect_ro(run_dir) as h:
+        assert read.excluded_providers(h) == ["SimT"]  # the next `datagen run` routes around it
+    assert judge_offline(run_dir, CFG, lines.append) == []  # once
