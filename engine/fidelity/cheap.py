@@ -3,7 +3,8 @@
 No target model and no extra spend: per record the completion and reasoning lengths (tokens), the finish
 reason, the wire flags, the tool calls against the declared tools, the billed ``prompt_tokens`` against our
 own count, and whether the record reconstructs (:class:`CheapRecord`). :func:`judge_cheap` compares each
-provider with the records of all the others, one test per signal (:data:`TESTS`):
+provider with the records of the others not judged drifting, one test per signal (:data:`TESTS`), and answers
+a :class:`engine.fidelity.verdict.Verdict` per provider:
 
 - ``completion_length``: stratified Wilcoxon rank sum (van Elteren) on the records not cut by max_tokens,
   two-sided (lengths shifted);

@@ -142,8 +142,8 @@ def _restratified(w: dict[str, list[CheapRecord]]) -> dict[str, list[CheapRecord
 
 def test_false_alarms_on_honest_providers_stay_under_the_stated_rate():
     """200 seeded runs of 4 honest providers (2,000 records, heterogeneous prompts; h0 on another dataset mix):
-    the share of provider-runs judged drifting is at most the configured false_alarm (measured: 0.25% at 0.01,
-    ~12% at 0.2: the Bonferroni bound is conservative). Without the strata, h0's other mix alone is judged
+    the share of provider-runs judged drifting is at most the configured false_alarm (measured: 0.375% at 0.01,
+    9.5% at 0.2: the Bonferroni bound is conservative). Without the strata, h0's other mix alone is judged
     drifting."""
     trials = 200
     alarms = {0.01: 0, 0.2: 0}
@@ -162,7 +162,9 @@ def test_false_alarms_on_honest_providers_stay_under_the_stated_rate():
     assert naive / 30 > 0.8
 
 
-POWER = {  # drift kind, its records (3 honest providers of 600 serve the rest), the least power accepted
+# drift kind, its records (3 honest providers of 600 serve the rest), the least power accepted at false_alarm 0.01
+# (measured over 100 seeded runs: 0.85, 0.92, 1.00, 0.84; docs/fidelity.md has the table by records and level)
+POWER = {
     "20% shorter completions": (Drift(log_shift=math.log(0.8)), 500, 0.8),
     "5 points more length finishes": (Drift(extra_length=0.05), 400, 0.8),
     "prompt billed +1 token": (Drift(bill=1), 60, 0.95),
