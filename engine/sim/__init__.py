@@ -5,6 +5,12 @@ It reproduces the wire protocol of ``docs/openrouter.md`` (SSE comments, both us
 placements, mid-stream errors, padding, 429 headers, 402 credits, cancellation billing) with
 deterministic text: the answer is a function of ``(seed, prompt_key(messages, tools))``.
 
+Model-backed (rehearsal of provider fidelity, issue 35): with ``SimConfig.target`` the completions
+are sampled token by token from a small causal LM (:mod:`.backend`), per provider as its behaviour
+says (:mod:`.behaviours`: honest, fake-quantized weights :mod:`.quant`, a drifted temperature, a mix);
+``python -m engine.sim.rehearsal DIR`` builds the kit it serves (:mod:`.rehearsal`, :mod:`.wordtok`).
+``GET /models/{author}/{slug}/endpoints`` lists one endpoint per provider (:mod:`.endpoints`).
+
 The fault specification (``FAULT_KINDS``, ``parse_faults``) lives beside this package in
 :mod:`engine.simfaults`, a pure module, so ``engine.config`` checks ``[provider.sim] faults`` without
 importing the simulator (which imports the tokenizer, which imports the config: a cycle).

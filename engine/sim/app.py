@@ -7,25 +7,37 @@ leave nothing) -> one seeded fault draw per request sequence number -> delivery 
 
 A request may force its fault with the simulator-only header ``X-Sim-Fault: KIND`` (or ``none``);
 real OpenRouter ignores the header. Tests use it to mix faulty and healthy requests on one server.
+
+With a model-backed simulator (``SimConfig.target``), the completion is sampled by
+:class:`engine.sim.backend.ModelBackend` in its thread pool (the request's ``temperature`` and
+``top_p`` are checked first: 400 for a negative temperature or a top_p outside (0, 1]); otherwise it
+is the word generator's plan. ``GET /models/{author}/{slug}/endpoints`` lists one endpoint per
+provider (:mod:`engine.sim.endpoints`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import random
 import secrets
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.prompts import prompt_key
 from engine.simfaults import FAULT_KINDS
 
 from .chat import ChatJob
 from .config import SimConfig
+from .endpoints import endpoint_tag, endpoints_listing, models_listing, per_token
 from .generator import DATA_FAULTS, DEFAULT_MAX_TOKENS, TokenCounter, inject_data_fault, make_plan
 from .http import HttpConnection, Request
 from .ledger import Ledger
 from .wire import CONTEXT_LENGTH, dumps, error_body
+
+if TYPE_CHECKING:
+    from .backend import ModelBackend
 
 PREFIX = "/api/v1"
 _JSON = [("content-type", "application/json")]
@@ -35,10 +47,12 @@ _CREDITS_URL = "https://openrouter.ai/settings/credits"
 class SimApp:
     """The API behaviour behind :class:`engine.sim.SimServer` (one instance per server)."""
 
-    def __init__(self, cfg: SimConfig, ledger: Ledger, counter: TokenCounter) -> None:
+    def __init__(self, cfg: SimConfig, ledger: Ledger, counter: TokenCounter,
+                 backend: "ModelBackend | None" = None) -> None:
         self.cfg = cfg
         self.ledger = ledger
         self.counter = counter
+        self.backend = backend
         self.served_model = f"{cfg.model}-0127"
         self._cum: list[tuple[float, str]] = []
         acc = 0.0
@@ -58,6 +72,9 @@ class SimApp:
             return
         if route == "/models" and req.method == "GET":
             await conn.respond(200, _JSON, dumps(self.models()).encode())
+            return
+        if route is not None and route.startswith("/models/") and route.endswith("/endpoints") and req.method == "GET":
+            await self.endpoints(conn, route[len("/models/"):-len("/endpoints")])
             return
         if route in ("/key", "/auth/key", "/credits", "/generation") and req.method == "GET":
             if not self._authorized(req):
@@ -109,35 +126,22 @@ class SimApp:
         return {"data": {"total_credits": 1e9 if credits is None else credits, "total_usage": self.ledger.billed_usd}}
 
     def models(self) -> dict[str, Any]:
-        """``GET /models``: the one model, prices as USD-per-token strings."""
+        """``GET /models``: the one model, prices as USD-per-token strings (:func:`engine.sim.endpoints.models_listing`)."""
         cfg = self.cfg
-        return {
-            "data": [
-                {
-                    "id": cfg.model,
-                    "canonical_slug": self.served_model,
-                    "name": "Simulated " + cfg.model.split("/")[-1],
-                    "created": 1769904000,
-                    "context_length": CONTEXT_LENGTH,
-                    "architecture": {"modality": "text->text", "tokenizer": "Other", "instruct_type": None},
-                    "pricing": {
-                        "prompt": _per_token(cfg.price_in),
-                        "completion": _per_token(cfg.price_out),
-                        "request": "0",
-                        "image": "0",
-                    },
-                    "top_provider": {
-                        "context_length": CONTEXT_LENGTH,
-                        "max_completion_tokens": DEFAULT_MAX_TOKENS,
-                        "is_moderated": False,
-                    },
-                    "supported_parameters": [
-                        "max_tokens", "temperature", "top_p", "seed", "stop", "tools", "tool_choice",
-                        "reasoning", "include_reasoning",
-                    ],
-                }
-            ]
-        }
+        return models_listing(model=cfg.model, served_model=self.served_model, price_in=per_token(cfg.price_in),
+                              price_out=per_token(cfg.price_out), context_length=CONTEXT_LENGTH,
+                              max_completion_tokens=DEFAULT_MAX_TOKENS)
+
+    async def endpoints(self, conn: HttpConnection, model: str) -> None:
+        """``GET /models/{author}/{slug}/endpoints``: one endpoint per provider (404 for another model)."""
+        cfg = self.cfg
+        if model.lower() not in (cfg.model.lower(), self.served_model.lower()):
+            await conn.respond(404, _JSON, error_body(404, f"No endpoints found for {model}."))
+            return
+        body = endpoints_listing(model=cfg.model, providers=cfg.providers, quantization=cfg.quantization,
+                                 price_in=per_token(cfg.price_in), price_out=per_token(cfg.price_out),
+                                 context_length=CONTEXT_LENGTH, max_completion_tokens=DEFAULT_MAX_TOKENS)
+        await conn.respond(200, _JSON, dumps(body).encode())
 
     async def generation(self, conn: HttpConnection, req: Request) -> None:
         """``GET /generation?id=gen-...``: stats of a finished generation, 404 until it finished."""
@@ -166,15 +170,18 @@ class SimApp:
     # -- chat ----------------------------------------------------------------------------------
     def route_provider(self, routing: Any, seq: int) -> str | None:
         """Pick the provider for a request honouring ``only``, ``ignore``, ``order`` and
-        ``allow_fallbacks``; a slug matches a name case-insensitively, or its ``slug/variant``s.
+        ``allow_fallbacks``; a slug matches a name case-insensitively, or its ``slug/variant``s, or
+        its endpoint's tag (``name/quantization``, :func:`engine.sim.endpoints.endpoint_tag`).
         Without ``order`` the pick is seeded by the request sequence number. None = no provider.
         """
         names = list(self.cfg.providers)
         routing = routing if isinstance(routing, dict) else {}
 
+        quant = self.cfg.quantization
+
         def match(name: str, slug: Any) -> bool:
             n, s = name.lower(), str(slug).lower()
-            return n == s or n.startswith(s + "/")
+            return n == s or n.startswith(s + "/") or s == endpoint_tag(name, quant)
 
         only = routing.get("only")
         if isinstance(only, list):
@@ -248,6 +255,11 @@ class SimApp:
         stream = body.get("stream") is True
         key = prompt_key(messages, tools)
         log = {"key": key, "stream": stream}
+        if self.backend is not None:
+            bad = _sampling_error(body.get("temperature"), body.get("top_p"))
+            if bad:
+                await self._refuse(conn, seq, 400, error_body(400, bad), **log)
+                return
         stream_options = body.get("stream_options")
         if stream_options is not None:
             # OpenAI / vLLM rules: an object, include_usage a boolean, only together with stream.
@@ -296,18 +308,24 @@ class SimApp:
                 fully_sent=True, stream=stream,
             )
             return
-        plan = make_plan(
-            seed=cfg.seed,
-            key=key,
-            messages=messages,
-            tools=tools,
-            max_tokens=max_tokens,
-            mean_completion_tokens=cfg.mean_completion_tokens,
-            reasoning_fraction=cfg.reasoning_fraction,
-            counter=self.counter,
-            reasoning_opts=body.get("reasoning"),
-            tool_choice=body.get("tool_choice"),
-        )
+        if self.backend is not None:
+            sample = functools.partial(
+                self.backend.plan, provider=provider, seq=seq, messages=messages, tools=tools, max_tokens=max_tokens,
+                temperature=body.get("temperature"), top_p=body.get("top_p"), reasoning_opts=body.get("reasoning"))
+            plan = await asyncio.get_running_loop().run_in_executor(self.backend.pool, sample)
+        else:
+            plan = make_plan(
+                seed=cfg.seed,
+                key=key,
+                messages=messages,
+                tools=tools,
+                max_tokens=max_tokens,
+                mean_completion_tokens=cfg.mean_completion_tokens,
+                reasoning_fraction=cfg.reasoning_fraction,
+                counter=self.counter,
+                reasoning_opts=body.get("reasoning"),
+                tool_choice=body.get("tool_choice"),
+            )
         if fault in DATA_FAULTS:
             inject_data_fault(plan, fault, self.counter, random.Random(f"sim-data-fault:{cfg.seed}:{seq}"))
         created = int(time.time())
@@ -353,7 +371,13 @@ class SimApp:
         await conn.respond(int(fault), headers, body)
 
 
-def _per_token(usd_per_million: float) -> str:
-    """USD per million tokens -> OpenRouter's USD-per-token string (``0.40`` -> ``"0.0000004"``)."""
-    s = f"{usd_per_million / 1e6:.12f}".rstrip("0").rstrip(".")
-    return s or "0"
+def _sampling_error(temperature: Any, top_p: Any) -> str | None:
+    """Why ``temperature`` / ``top_p`` cannot be sampled with (None: fine; absent is fine)."""
+    for name, v in (("temperature", temperature), ("top_p", top_p)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            return f"{name}: expected a number"
+    if temperature is not None and temperature < 0:
+        return "temperature: must be >= 0"
+    if top_p is not None and not 0 < top_p <= 1:
+        return "top_p: must be within (0, 1]"
+    return None

@@ -91,6 +91,7 @@ class ChatJob:
             prompt_tokens=self.plan.prompt_tokens if billed else 0,
             completion_tokens=completion if billed else 0,
             reasoning_tokens=reasoning if billed else 0,
+            served=str(self.plan.extra.get("served", "")),
         )
 
     def _record_full(self, outcome: str) -> None:

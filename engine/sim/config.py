@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from engine.simfaults import FAULT_KINDS, parse_faults, validate_faults
+
+from .behaviours import parse_behaviour, parse_behaviours
+from .endpoints import parse_quantization, validate_quantization
 
 __all__ = ["DEFAULT_CREDITS_USD", "FAULT_KINDS", "SimConfig", "add_sim_arguments", "parse_faults",
            "sim_config_from_args", "validate_faults"]
@@ -57,6 +61,15 @@ class SimConfig:
         usage_on_request: behave like vLLM / SGLang / OpenAI: a stream carries ``usage`` only when
             the request asks with ``stream_options: {"include_usage": true}`` (default False:
             OpenRouter sends usage in every stream).
+        target: a causal LM directory (the rehearsal kit's ``DIR/target``, :mod:`engine.sim.rehearsal`);
+            when set, completions are sampled from it (:mod:`engine.sim.backend`) instead of the word
+            generator, and ``tokenizer`` must be set (the kit's ``DIR/tokenizer``).
+        behaviours: provider -> behaviour text (``honest``, ``quant:KL``, ``temp:X``, ``mix:F[/INNER]``,
+            :mod:`engine.sim.behaviours`) of a model-backed simulator; providers not named are honest.
+        quantization: provider -> the ``quantization`` its endpoint declares in
+            ``GET /models/{author}/{slug}/endpoints`` (default ``int4`` for every provider, Kimi-K2.5's
+            own format).
+        model_threads: threads that sample model-backed completions (each one request at a time).
     """
 
     host: str = "127.0.0.1"
@@ -79,6 +92,10 @@ class SimConfig:
     stall_s: float = 3600.0
     credit_precheck: bool = True
     usage_on_request: bool = False
+    target: str | None = None
+    behaviours: dict[str, str] = field(default_factory=dict)
+    quantization: dict[str, str] = field(default_factory=dict)
+    model_threads: int = 1
 
     def __post_init__(self) -> None:
         validate_faults(self.faults)
@@ -92,6 +109,17 @@ class SimConfig:
             raise ValueError(f"mean_completion_tokens must be >= 1, got {self.mean_completion_tokens}")
         if self.tokens_per_s < 0 or self.latency_ms < 0 or self.stall_s < 0:
             raise ValueError("tokens_per_s, latency_ms and stall_s must be >= 0")
+        for name, text in self.behaviours.items():
+            parse_behaviour(text)
+            if name not in self.providers:
+                raise ValueError(f"behaviours: {name!r} is not one of the providers ({', '.join(self.providers)})")
+        if self.behaviours and not self.target:
+            raise ValueError("behaviours need a model-backed simulator: set --target")
+        if self.target and not self.tokenizer:
+            raise ValueError("--target needs --tokenizer (the rehearsal kit's DIR/tokenizer)")
+        if self.model_threads < 1:
+            raise ValueError(f"model_threads must be >= 1, got {self.model_threads}")
+        validate_quantization(self.quantization, self.providers)
 
 
 def _names(spec: str) -> tuple[str, ...]:
@@ -122,8 +150,9 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
                    help="tokenizer directory to count usage with (default: none, usage is estimated)")
     g.add_argument("--faults", default="", help='fault probabilities, e.g. "429:0.05,502:0.03,midstream:0.01"; '
                    'data faults toolid, leak, split, badargs alter a completed response (default: none)')
-    g.add_argument("--providers", default=",".join(d.providers),
-                   help="comma-separated provider names (default %(default)s)")
+    g.add_argument("--providers", default=None,
+                   help=f"comma-separated provider names; when not given, the providers the behaviours name, if any "
+                        f"(default {','.join(d.providers)})")
     g.add_argument(
         "--cancellable",
         default=",".join(d.cancellable_providers),
@@ -134,11 +163,32 @@ def add_sim_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--usage-on-request", action="store_true",
                    help="vLLM-like: usage in a stream only when stream_options.include_usage is true "
                         "(default: usage in every stream, as OpenRouter)")
+    m = parser.add_argument_group("model-backed simulator (rehearsal: python -m engine.sim.rehearsal DIR builds a kit)")
+    m.add_argument("--target", default=None,
+                   help="sample completions from this causal LM directory (the kit's DIR/target; default: "
+                        "the word generator); --tokenizer defaults to the kit's DIR/tokenizer beside it")
+    m.add_argument("--behaviours", default="",
+                   help='provider behaviours, e.g. "SimA=honest,SimB=honest,SimQ=quant:0.03,SimT=temp:1.4,'
+                        'SimM=mix:0.3": quant:KL = fake-quantized weights at about KL nats/token, temp:X = X times '
+                        'the requested temperature, mix:F[/quant:KL|/temp:X] = a share F of requests drifted '
+                        '(default quant:0.1); unnamed providers are honest')
+    m.add_argument("--quantization", default="",
+                   help='declared precision per provider in /models/{author}/{slug}/endpoints, e.g. '
+                        '"SimQ=fp4,SimM=fp8" (default int4 for every provider)')
+    m.add_argument("--model-threads", type=int, default=d.model_threads,
+                   help="threads sampling model-backed completions (default %(default)s)")
 
 
 def sim_config_from_args(args: Any) -> SimConfig:
     """Build a :class:`SimConfig` from a namespace filled by :func:`add_sim_arguments`."""
     d = SimConfig()
+    behaviours = {k: str(v) for k, v in parse_behaviours(getattr(args, "behaviours", "") or "").items()}
+    providers = getattr(args, "providers", None)
+    names = _names(providers) if providers else (tuple(behaviours) or d.providers)
+    target = getattr(args, "target", None)
+    tokenizer = getattr(args, "tokenizer", None)
+    if target and not tokenizer and (Path(target).parent / "tokenizer").is_dir():
+        tokenizer = str(Path(target).parent / "tokenizer")
     return SimConfig(
         host=getattr(args, "host", d.host),
         port=getattr(args, "port", d.port),
@@ -149,10 +199,14 @@ def sim_config_from_args(args: Any) -> SimConfig:
         credits_usd=getattr(args, "credits", DEFAULT_CREDITS_USD),
         price_in=getattr(args, "price_in", d.price_in),
         price_out=getattr(args, "price_out", d.price_out),
-        tokenizer=getattr(args, "tokenizer", None),
+        tokenizer=tokenizer,
         faults=parse_faults(getattr(args, "faults", "") or ""),
-        providers=_names(getattr(args, "providers", ",".join(d.providers))),
+        providers=names,
         cancellable_providers=_names(getattr(args, "cancellable", ",".join(d.cancellable_providers))),
         log_path=getattr(args, "log", None),
         usage_on_request=bool(getattr(args, "usage_on_request", False)),
+        target=target,
+        behaviours=behaviours,
+        quantization=parse_quantization(getattr(args, "quantization", "") or ""),
+        model_threads=getattr(args, "model_threads", d.model_threads),
     )

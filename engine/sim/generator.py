@@ -1,5 +1,8 @@
 """Deterministic completions: text, lengths, tool calls and token counts.
 
+(This is the word generator, the default. A model-backed simulator, ``SimConfig.target``, samples its
+completions from a model instead and builds the same :class:`Plan`: :mod:`engine.sim.backend`.)
+
 The completion of a prompt is a pure function of ``(SimConfig.seed, prompt_key(messages, tools))``
 plus the request's limits (``max_tokens``, ``reasoning`` options, ``tool_choice``), so a retried
 prompt gets the same answer, a streamed answer equals the non-streamed one, and a smaller

@@ -42,6 +42,8 @@ class GenerationRecord:
         completion_tokens_billed: completion tokens billed (tokens, reasoning included).
         cost_usd: USD billed for this request.
         t: UNIX time (seconds) when it finished.
+        served: what sampled a model-backed completion (``honest``, ``quant:KL``, ``temp:X``;
+            :class:`engine.sim.behaviours.Served`), "" for the word generator or no completion.
     """
 
     seq: int
@@ -57,6 +59,7 @@ class GenerationRecord:
     reasoning_tokens: int
     cost_usd: float
     t: float
+    served: str = ""
 
 
 class Ledger:
@@ -142,6 +145,7 @@ class Ledger:
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
         reasoning_tokens: int = 0,
+        served: str = "",
     ) -> GenerationRecord:
         """Bill one finished chat request (tokens as given; 0 for unbilled answers) and log it."""
         cost = self.cost(prompt_tokens, completion_tokens) if (prompt_tokens or completion_tokens) else 0.0
@@ -159,6 +163,7 @@ class Ledger:
             reasoning_tokens=reasoning_tokens,
             cost_usd=cost,
             t=time.time(),
+            served=served,
         )
         with self._lock:
             self.billed_usd += cost

@@ -69,15 +69,32 @@ class SimServer:
         self._port = 0
         #: TCP connections accepted so far (keep-alive reuse keeps this low).
         self.connections = 0
+        #: the model-backed sampler (``cfg.target``), set by :meth:`start`; None for the word generator.
+        self.backend: Any = None
 
     async def start(self) -> None:
-        """Load the tokenizer (if any) and start listening on ``cfg.host:cfg.port``.
+        """Load the tokenizer (if any) and, for a model-backed simulator (``cfg.target``), the target
+        and its quantized copies (:class:`engine.sim.backend.ModelBackend`); start listening on
+        ``cfg.host:cfg.port``.
 
         Raises:
             SimBindError: the port is in use, or the host/port cannot be bound.
+            engine.sim.backend.BackendError: the target or tokenizer cannot serve model-backed completions.
         """
         counter = TokenCounter(self.cfg.tokenizer)
-        self._app = SimApp(self.cfg, self.ledger, counter)
+        backend = None
+        target = self.cfg.target
+        if target:  # model-backed: load the target and tune its quantized copies off the loop
+            assert counter._tok is not None  # SimConfig requires a tokenizer with a target
+            from .backend import ModelBackend
+            from .behaviours import parse_behaviour
+
+            cfg = self.cfg
+            behaviours = {k: parse_behaviour(v) for k, v in cfg.behaviours.items()}
+            backend = await asyncio.to_thread(ModelBackend.load, target, counter._tok, behaviours, seed=cfg.seed,
+                                              threads=cfg.model_threads)
+        self.backend = backend
+        self._app = SimApp(self.cfg, self.ledger, counter, backend)
         try:
             self._server = await asyncio.start_server(
                 self._on_connection, self.cfg.host, self.cfg.port, backlog=4096, limit=1 << 20
@@ -129,6 +146,8 @@ class SimServer:
             except asyncio.TimeoutError:
                 pass
             self._server = None
+        if self.backend is not None:
+            self.backend.close()
         self.ledger.close()
 
     async def __aenter__(self) -> "SimServer":
@@ -226,6 +245,9 @@ def serve_forever(cfg: SimConfig) -> None:
     async def main() -> None:
         server = SimServer(cfg)
         await server.start()
+        if server.backend is not None:
+            for line in server.backend.describe():
+                print(f"model-backed: {line}", flush=True)
         print(f"simulator listening on {server.base_url}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
