@@ -13,7 +13,8 @@ completion's order, whatever the prompts and whatever the provider did earlier):
 - likewise ``[y = argmax p] - max p`` with variance ``max p (1 - max p)``;
 - no token lies outside the nucleus (p(y) = 0).
 
-Voting tests (each at ``alpha = false_alarm / looks / 5``, Bonferroni):
+Voting tests (each at ``alpha = false_alarm / looks / 6``, Bonferroni; always 6, even where the sixth
+cannot vote):
 
 1. ``surprisal``: z = (surprisal - entropy) / sqrt(variance), two-sided. The score test for a change of
    temperature (d/dbeta log p^beta / Z at beta = 1 is minus the surprisal excess), so it is the most
@@ -30,6 +31,20 @@ Voting tests (each at ``alpha = false_alarm / looks / 5``, Bonferroni):
 5. ``nucleus``: outside count against Binomial(tokens, outside_tolerance), one-sided. An honest provider is
    outside the target's nucleus only where its numerics break a near-tie at the nucleus edge (or, greedy,
    at the argmax); the tolerance allows for that.
+6. ``nucleus-others``: the provider's outside count ``k1`` of ``n1`` tokens against the other providers'
+   pooled ``k2`` of ``n2``, one-sided: ``p = min(1, 2 P(Binomial(n1, q) >= k1))`` with
+   ``q = max((k2 + 0.5) / (n2 + 1) + floor, U)``, ``floor = outside_tolerance / 2`` and ``U`` the exact
+   (Clopper-Pearson) upper bound of the others' rate at confidence ``1 - alpha / 2``. It catches a provider
+   outside more often than its peers but under the absolute tolerance (one that mixes a fake-quantized
+   backend into 30% of its records: 0.19% outside against honest peers' ~0). Guarantees, each exact at the
+   per-test alpha: a provider outside at a rate <= ``floor`` is flagged with probability <= alpha / 2 whatever
+   the others (``q >= floor``), so an honest provider whose numerics differ slightly from the peers' is never
+   flagged however large the sample; a provider outside at a rate <= the others' is flagged with probability
+   <= alpha (the factor 2 pays for ``U`` missing the others' rate, probability <= alpha / 2). Between the two
+   (above the others' rate by less than the floor) the floor is a tolerance, not a hypothesis: the test
+   treats the others' estimate as known, which the floor (4.5 standard errors of a 0.1% rate at 20,000
+   tokens) covers once the others have tens of thousands of tokens. Votes only when the others have
+   ``min_tokens`` tokens; their records may include a drifting provider's, which only raises ``q``.
 
 Evidence, not voting: ``others``: Welch t test of the per-record log-likelihood per token against the
 pooled other providers. It does not vote because its reference is not the target: the others may drift
@@ -51,8 +66,8 @@ from dataclasses import dataclass
 from .score import PIT_BINS, RecordScore
 from .tails import binom_sf, chi2_sf, norm_two_sided, t_two_sided
 
-#: Voting tests sharing a look's alpha (surprisal, top1, pit, records, nucleus).
-VOTING_TESTS = 5
+#: Voting tests sharing a look's alpha (surprisal, top1, pit, records, nucleus, nucleus-others).
+VOTING_TESTS = 6
 
 
 def _decile_scores(bins: int) -> tuple[float, ...]:
@@ -129,7 +144,8 @@ class FidelitySettings:
         false_alarm: chance an honest provider is ever judged drifting in a run (all looks, all tests).
         min_records / min_tokens: below either the verdict is ``insufficient``.
         outside_tolerance: share of tokens an honest provider may place outside the target's nucleus
-            (numerical near-ties at its edge).
+            (numerical near-ties at its edge); half of it is the margin over the other providers' share that
+            ``nucleus-others`` allows (:meth:`outside_floor`).
         looks: how many times a provider's verdict is evaluated in a run (:mod:`engine.fidelity.looks`).
     """
 
@@ -143,6 +159,11 @@ class FidelitySettings:
         """Per-test alpha at one look: ``false_alarm / looks / VOTING_TESTS``."""
         return self.false_alarm / max(1, self.looks) / VOTING_TESTS
 
+    def outside_floor(self) -> float:
+        """Share of tokens a provider may be outside the nucleus beyond the other providers' share:
+        ``outside_tolerance / 2``."""
+        return self.outside_tolerance / 2
+
 
 def _fmt_p(p: float) -> str:
     if p < 1e-300:
@@ -155,6 +176,44 @@ def _record_z(r: RecordScore) -> float | None:
     if n == 0:
         return None
     return sum(c * k for c, k in zip(_SCORES, r.pit, strict=True)) / math.sqrt(n * _SCORE_VAR)
+
+
+def binom_upper(k: int, n: int, gamma: float) -> float:
+    """Exact (Clopper-Pearson) upper confidence bound of a binomial rate: the ``r`` with
+    ``P(Binomial(n, r) <= k) = gamma`` (1.0 when ``k >= n``), by bisection to ~1e-15.
+
+    Raises:
+        ValueError: ``n <= 0``, ``k < 0`` or ``gamma`` outside (0, 1).
+    """
+    if n <= 0 or k < 0 or not 0.0 < gamma < 1.0:
+        raise ValueError(f"need n > 0, k >= 0, 0 < gamma < 1, got k={k}, n={n}, gamma={gamma}")
+    if k >= n:
+        return 1.0
+    lo, hi = k / n, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        if 1.0 - binom_sf(k + 1, n, mid) > gamma:  # P(X <= k) still above gamma: the bound is higher
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def _nucleus_others(k1: int, n1: int, others: Sequence[RecordScore], s: FidelitySettings,
+                    alpha: float) -> tuple[float, float, str, float] | None:
+    """Test 6 (module docstring): ``(k1, p, detail, others' share)``, None when the others have fewer than
+    ``min_tokens`` tokens."""
+    k2, n2 = sum(r.outside for r in others), sum(r.tokens for r in others)
+    if n2 < max(1, s.min_tokens):
+        return None
+    floor = s.outside_floor()
+    plug, upper = (k2 + 0.5) / (n2 + 1) + floor, binom_upper(k2, n2, alpha / 2)
+    q = min(1.0, max(plug, upper))
+    p = min(1.0, 2 * binom_sf(k1, n1, q))
+    why = f"theirs + {floor:.2%} floor" if plug >= upper else "the upper bound of theirs"
+    detail = (f"{k1 / n1 if n1 else 0:.2%} of tokens ({k1} of {n1}) outside the target's nucleus vs "
+              f"{k2 / n2:.2%} ({k2} of {n2}) for the other providers (tested against {q:.3%}, {why})")
+    return float(k1), p, detail, k2 / n2
 
 
 def _loglik_rates(scores: Sequence[RecordScore]) -> list[float]:
@@ -177,7 +236,8 @@ def judge(scores: Sequence[RecordScore], others: Sequence[RecordScore], s: Fidel
     """Judge one provider from its records' scores (``others``: the other providers' records, pooled).
 
     Figures: ``mean_surprisal_excess`` (nats/token), ``surprisal_z``, ``top1_rate``, ``top1_expected``,
-    ``top1_z``, ``outside_share``, ``pit_chi2``, ``pit_low`` / ``pit_high`` (share of PIT values in the first /
+    ``top1_z``, ``outside_share``, ``others_outside_share`` (NaN when ``nucleus-others`` does not vote),
+    ``pit_chi2``, ``pit_low`` / ``pit_high`` (share of PIT values in the first /
     last bin; 0.1 each under H0), ``overdispersion`` (sum z_r^2 / records), ``loglik_per_token`` (nats),
     ``others_loglik_per_token``, ``alpha`` (per test).
     """
@@ -218,6 +278,9 @@ def judge(scores: Sequence[RecordScore], others: Sequence[RecordScore], s: Fidel
     add("nucleus", float(outside), binom_sf(outside, tokens, s.outside_tolerance),
         f"{outside} of {tokens} tokens ({outside / tokens if tokens else 0:.2%}) outside the target's nucleus "
         f"(tolerance {s.outside_tolerance:.2%})")
+    peer = _nucleus_others(outside, tokens, others, s, alpha)
+    if peer is not None:
+        add("nucleus-others", peer[0], peer[1], peer[2])
     mine, theirs = _loglik_rates(scores), _loglik_rates(others)
     ll = sum(r.loglik for r in scores) / tokens if tokens else nan
     ll_others = nan
@@ -227,7 +290,8 @@ def judge(scores: Sequence[RecordScore], others: Sequence[RecordScore], s: Fidel
         add("others", t_ll, p_ll, f"log-likelihood {ll:.3f} vs {ll_others:.3f} nats/token for the other providers "
             f"(Welch t={t_ll:.1f}, {dof:.0f} dof; evidence, does not vote)", votes=False)
     figures = {"mean_surprisal_excess": per_tok, "surprisal_z": z_s, "top1_rate": rate, "top1_expected": rate_exp,
-               "top1_z": z_t, "outside_share": outside / tokens if tokens else nan, "pit_chi2": chi2,
+               "top1_z": z_t, "outside_share": outside / tokens if tokens else nan,
+               "others_outside_share": peer[3] if peer is not None else nan, "pit_chi2": chi2,
                "pit_low": low, "pit_high": high, "overdispersion": disp / len(zs) if zs else nan,
                "loglik_per_token": ll, "others_loglik_per_token": ll_others, "alpha": alpha}
     if records < s.min_records or tokens < s.min_tokens:

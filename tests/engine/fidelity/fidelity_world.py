@@ -4,7 +4,8 @@ providers sampling from it, scored with numpy lookups (fast enough for hundreds 
 Each context ``k`` has logits ``N(0, sd_k^2)`` over ``V`` tokens, ``sd_k ~ U(2, 4.5)``, so the target's
 entropies span ~0.5-4 nats. A provider draws each token's context uniformly from the bank (the martingale
 argument makes the statistics indifferent to how contexts follow each other) and samples the token from
-its own distribution ``q``: the target's (honest), noisy logits (fake-quantized), a hotter temperature.
+its own distribution ``q``: the target's (honest), noisy logits (fake-quantized; or, 10x smaller, an honest
+engine's other numerics), a hotter temperature.
 Scores come from per-(context, token) tables of the target's distribution, through
 :func:`engine.fidelity.score.records_from_tokens`, the aggregation :func:`score_record` uses.
 """
@@ -34,7 +35,7 @@ class World:
         sd = 2.0 + 2.5 * torch.rand(contexts, 1, generator=g, dtype=torch.float64)
         self.logits = (torch.randn(contexts, vocab, generator=g, dtype=torch.float64) * sd).float()
         self.noise = torch.randn(contexts, vocab, generator=g).float()
-        self.temperature, self.top_p, self.vocab = temperature, top_p, vocab
+        self.temperature, self.top_p, self.vocab, self.seed = temperature, top_p, vocab, seed
         p = sampling_distribution(self.logits, temperature, top_p).double().numpy()
         self.p = p
         logp = np.where(p > 0, np.log(np.where(p > 0, p, 1.0)), 0.0)
@@ -62,19 +63,38 @@ class World:
             out.append(float((lp.exp() * (lp - lq)).sum(1).mean()))
         return out[0], out[1]
 
+    def probs(self, kind: str, sigma: float = 0.25, hotter: float = 1.4) -> np.ndarray:
+        """``[contexts, vocab]`` sampling distribution of a provider: ``quant`` (logits + sigma * fixed N(0,1)
+        noise per context), ``numerics`` (the same with another, independent noise: an honest engine whose
+        kernels differ from the target's) or ``temp`` (temperature x ``hotter``).
+
+        Raises:
+            ValueError: an unknown ``kind``.
+        """
+        if kind == "quant":
+            q = sampling_distribution(self.logits + sigma * self.noise, self.temperature, self.top_p)
+        elif kind == "numerics":
+            g = torch.Generator().manual_seed(self.seed + 1000)
+            noise = torch.randn(self.logits.shape, generator=g).float()
+            q = sampling_distribution(self.logits + sigma * noise, self.temperature, self.top_p)
+        elif kind == "temp":
+            q = sampling_distribution(self.logits, self.temperature * hotter, self.top_p)
+        else:
+            raise ValueError(kind)
+        return q.double().numpy()
+
     def drift(self, kind: str, sigma: float = 0.25, hotter: float = 1.4) -> np.ndarray:
-        """The flattened sampler of a drifting provider: ``quant`` (logits + sigma * fixed N(0,1) noise per
-        context) or ``temp`` (temperature x ``hotter``)."""
+        """The flattened sampler of a provider (:meth:`probs`)."""
         key = f"{kind}:{sigma}:{hotter}"
         if key not in self._cdfs:
-            if kind == "quant":
-                q = sampling_distribution(self.logits + sigma * self.noise, self.temperature, self.top_p)
-            elif kind == "temp":
-                q = sampling_distribution(self.logits, self.temperature * hotter, self.top_p)
-            else:
-                raise ValueError(kind)
-            self._cdfs[key] = _cdf_flat(q.double().numpy())
+            self._cdfs[key] = _cdf_flat(self.probs(kind, sigma, hotter))
         return self._cdfs[key]
+
+    def outside_rate(self, q: np.ndarray) -> float:
+        """Chance that a token of a provider sampling from ``q`` (``[contexts, vocab]``) is outside the target's
+        nucleus. Contexts are drawn uniformly and independently per token, so a provider's outside count over
+        ``n`` tokens is exactly Binomial(n, this rate)."""
+        return float((q * (self.p == 0)).sum(1).mean())
 
     def sample(self, cdf: np.ndarray, ctx: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """One token per context in ``ctx`` from the sampler ``cdf``."""
