@@ -55,7 +55,7 @@ class FidelitySection(_Strict):
     min_tokens: int = Field(2000, ge=1, description="below this many scored completion tokens a provider is `insufficient`")
     outside_tolerance: float = Field(0.002, ge=0, lt=1, description=(
         "share of completion tokens outside the target's top-p nucleus an honest provider may show (numerical "
-        "ties at the nucleus boundary)"))
+        "ties at the nucleus boundary); half of it is the margin a provider may show over the other providers' share"))
     looks: int = Field(20, ge=1, description=(
         "how many times a run may re-judge a provider as records arrive; each look tests at `false_alarm / looks`"))
     on_drift: Literal["exclude", "flag", "report"] = Field("exclude", description=(
