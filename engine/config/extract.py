@@ -157,6 +157,10 @@ class ExtractSection(_Strict):
     fidelity: bool = Field(True, description=(
         "score every record's completion under the target from the extraction forward's final hidden state (no "
         "second forward): phase-two provider fidelity ([fidelity.md](fidelity.md))"))
+    unscored_token_ids: list[int] = Field(default_factory=list, description=(
+        "token ids fidelity scoring leaves out besides the tokenizer's special tokens, as the special tokens are: "
+        "not scored, and the distribution of the scored tokens is the target's given that the token is none of "
+        "them (the rehearsal kit's byte tokens, which its simulator never writes: `kit.json` lists them)"))
     engine: Literal["transformers", "vllm"] = Field("transformers", description=(
         "what runs the target model: `transformers` (`AutoModelForCausalLM`, right for small targets and for proving "
         "correctness) or `vllm` (vLLM's `extract_hidden_states` method and datagen's KV connector: its kernels and "

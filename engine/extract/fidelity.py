@@ -82,6 +82,8 @@ class Scorer:
         self.head = head
         self.vocab = int(vocab)
         self.skip_ids = torch.tensor(sorted({int(i) for i in skip_ids}), dtype=torch.int64)
+        #: the skipped ids inside the head's vocabulary: the scored tokens' distribution excludes them
+        self._exclude = self.skip_ids[(self.skip_ids >= 0) & (self.skip_ids < vocab)]
         self.chunk = max(1, int(chunk))
 
     def score(self, final: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, sid: str,
@@ -117,7 +119,7 @@ class Scorer:
             b = a + self.chunk
             logits = self.head(final[pred[a:b].to(dev)])
             s = score_record(logits, targets[a:b].to(logits.device), temperature, top_p, seed=base + k,
-                             skip=skip[a:b].to(logits.device))
+                             skip=skip[a:b].to(logits.device), exclude_ids=self._exclude)
             total = s if total is None else add_scores(total, s)
         assert total is not None
         return total
@@ -199,7 +201,7 @@ class TransformersScoring:
         if skip is None:
             from engine.extract.specials import special_token_ids
 
-            skip = special_token_ids(job.model, getattr(self.inner.model, "config", None))
+            skip = set(special_token_ids(job.model, getattr(self.inner.model, "config", None))) | set(job.unscored_token_ids)
 
         def apply(h: torch.Tensor) -> torch.Tensor:
             return head(h.to(weight.device))

@@ -213,8 +213,9 @@ class ExtractJob:
         fidelity: score each record's completion under the target (``[extract] fidelity``,
             :mod:`engine.extract.fidelity`); temperature / top_p: what records that do not say were
             bought with (the run's ``[generation]``, ``extra_body`` included; None: 1.0);
-            skip_token_ids: token ids never scored (the ``[tokenizer]``'s special tokens; None: the
-            model directory's, read by the worker).
+            skip_token_ids: token ids never scored (the ``[tokenizer]``'s special tokens and
+            ``[extract] unscored_token_ids``; None: the model directory's, read by the worker);
+            unscored_token_ids: ``[extract] unscored_token_ids`` (added to the model directory's too).
     """
 
     model: str
@@ -248,6 +249,7 @@ class ExtractJob:
     temperature: float | None = None
     top_p: float | None = None
     skip_token_ids: tuple[int, ...] | None = None
+    unscored_token_ids: tuple[int, ...] = ()
 
     @property
     def dtype_bytes(self) -> int:
@@ -291,6 +293,8 @@ class ExtractJob:
             d["datasets"] = tuple(d["datasets"])
         if d.get("skip_token_ids") is not None:
             d["skip_token_ids"] = tuple(d["skip_token_ids"])
+        if d.get("unscored_token_ids") is not None:
+            d["unscored_token_ids"] = tuple(d["unscored_token_ids"])
         return cls(**d)
 
     def save(self, path: Path) -> None:
@@ -456,8 +460,11 @@ def _fidelity_fields(cfg: Any) -> dict[str, Any]:
     from engine.extract.specials import tokenizer_special_ids
 
     ids = tokenizer_special_ids(getattr(cfg, "tokenizer", None))
+    extra_ids = {int(i) for i in getattr(cfg.extract, "unscored_token_ids", None) or ()}
     return {"fidelity": True, "temperature": None if temp is None else float(temp),
-            "top_p": None if top_p is None else float(top_p), "skip_token_ids": None if ids is None else tuple(sorted(ids))}
+            "top_p": None if top_p is None else float(top_p),
+            "skip_token_ids": None if ids is None else tuple(sorted(set(ids) | extra_ids)),
+            "unscored_token_ids": tuple(sorted(extra_ids))}
 
 
 def _draft_vocab(configured: int | None, vocab: int | None) -> int | None:

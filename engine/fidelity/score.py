@@ -122,8 +122,11 @@ def records_from_tokens(record: np.ndarray, records: int, inside: np.ndarray, su
 
 
 def _token_stats(logits: torch.Tensor, y: torch.Tensor, u: torch.Tensor, temperature: float,
-                 top_p: float) -> tuple[torch.Tensor, ...]:
+                 top_p: float, exclude: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """Per-token statistics of ``[C, V]`` logits rows and ``[C]`` targets (float64 on the logits' device).
+
+    ``exclude``: token ids whose mass is removed and the rest renormalised (the distribution given that
+    the token is not one of them; a row whose whole nucleus is excluded has every token outside).
 
     Returns ``(inside, surprisal, entropy, variance, top1, pmax, loglik, pit_u)``, each ``[C]``.
     """
@@ -132,6 +135,10 @@ def _token_stats(logits: torch.Tensor, y: torch.Tensor, u: torch.Tensor, tempera
     from .dist import sampling_distribution
 
     p32 = sampling_distribution(logits, temperature, top_p)
+    if exclude is not None and exclude.numel():
+        p32 = p32.index_fill(1, exclude.to(p32.device), 0.0)
+        mass = p32.sum(1, keepdim=True)
+        p32 = torch.where(mass > 0, p32 / mass.clamp_min(1e-30), torch.zeros_like(p32))
     p = p32.double()
     col = y[:, None]
     py = p.gather(1, col).squeeze(1)
@@ -154,7 +161,8 @@ def _token_stats(logits: torch.Tensor, y: torch.Tensor, u: torch.Tensor, tempera
 
 
 def score_record(logits: torch.Tensor, targets: torch.Tensor, temperature: float | None, top_p: float | None, *,
-                 seed: int, skip: torch.Tensor | None = None, chunk_rows: int | None = None) -> RecordScore:
+                 seed: int, skip: torch.Tensor | None = None, chunk_rows: int | None = None,
+                 exclude_ids: torch.Tensor | None = None) -> RecordScore:
     """Score one record's completion (module docstring: the statistics; docs/fidelity.md: their use).
 
     Runs on the logits' device, ``chunk_rows`` rows at a time (default: ``CHUNK_ELEMENTS // V``, at least 1),
@@ -171,6 +179,12 @@ def score_record(logits: torch.Tensor, targets: torch.Tensor, temperature: float
             ``torch.Generator`` seeded with ``seed`` (mod 2**64), whatever is skipped.
         skip: ``[T]`` bool, True for tokens not to score (special / structural tokens).
         chunk_rows: rows scored at once (tests; memory).
+        exclude_ids: ``[K]`` int64 token ids (the special tokens ``skip`` marks): at every scored position the
+            distribution is the target's GIVEN that the token is not one of them (their mass removed, the rest
+            renormalised). Skipping a position because of the token found there conditions on that token;
+            scoring the others under the unconditional distribution would bias every test (an honest
+            provider's tokens read too probable by about the excluded mass: -0.035 nats/token at 2.5% per
+            position in the rehearsal). Under H0 the conditional PIT is uniform again.
 
     Raises:
         ValueError: shapes disagree, a target id outside ``[0, V)``, or a bad temperature / top_p.
@@ -199,7 +213,7 @@ def score_record(logits: torch.Tensor, targets: torch.Tensor, temperature: float
         sel = rows[start:start + step]
         dev_sel = sel.to(logits.device)
         stats = _token_stats(logits.index_select(0, dev_sel), tgt[sel].to(logits.device),
-                             uniforms[sel].to(logits.device), t, tp)
+                             uniforms[sel].to(logits.device), t, tp, exclude_ids)
         for acc, s in zip(parts, stats, strict=True):
             acc.append(s.cpu().numpy())
     cols = [np.concatenate(acc) if acc else np.zeros(0) for acc in parts]

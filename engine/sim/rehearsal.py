@@ -49,6 +49,9 @@ class KitInfo:
         entropy: measured mean next-token entropy at temperature 1 (nats).
         end_rate: measured mean total probability of the end tokens (specials, bytes) per position.
         word_scale / end_scale: the LM head's scale factors reached (all rows; end rows relative to it).
+        unscored_token_ids: the end tokens (every id but the words): the simulator never writes them, so
+            phase two scores the words given that the token is not one of these (``[extract]
+            unscored_token_ids``; ``DIR/extract.toml`` has the lines to copy).
     """
 
     tokenizer: str
@@ -62,6 +65,7 @@ class KitInfo:
     end_rate: float
     word_scale: float
     end_scale: float
+    unscored_token_ids: tuple[int, ...] = ()
 
 
 def kit_config(family: str, vocab: int, layers: int = 6, hidden: int = 64) -> Any:
@@ -185,8 +189,12 @@ def build_kit(d: Path | str, *, seed: int = 0, family: str = "deepseek", layers:
     model.save_pretrained(str(d / "target"))
     info = KitInfo(tokenizer=str(tok_dir), target=str(d / "target"), family=family, layers=layers, hidden=hidden,
                    vocab_size=VOCAB_SIZE, seed=seed, entropy=round(h, 4), end_rate=round(ps, 5),
-                   word_scale=round(sw, 4), end_scale=round(r, 4))
+                   word_scale=round(sw, 4), end_scale=round(r, 4), unscored_token_ids=tuple(ends))
     (d / "kit.json").write_text(json.dumps(asdict(info), indent=1) + "\n")
+    (d / "extract.toml").write_text(
+        "# phase two on the rehearsal kit: copy these lines into the run config's [extract] section\n"
+        f"model = {json.dumps(str(d / 'target'))}\ndtype = \"float32\"  # the simulator samples in float32\n"
+        f"unscored_token_ids = {json.dumps(list(ends))}  # the end tokens: never written by the simulator\n")
     return info
 
 
@@ -215,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tokenizer: {info.tokenizer}\ntarget:    {info.target} ({info.family}, {info.layers} layers, "
           f"hidden {info.hidden}, vocabulary {info.vocab_size})\nentropy {info.entropy:.3f} nats/token at "
           f"temperature 1, end tokens {info.end_rate:.4f}/token")
+    print(f"phase two: copy {Path(a.dir) / 'extract.toml'}'s lines into [extract] (model, dtype, unscored_token_ids)")
     print(f"serve it: datagen sim --target {info.target} --tokenizer {info.tokenizer} "
           f"--behaviours \"SimA=honest,SimB=honest,SimQ=quant:0.03,SimT=temp:1.4,SimM=mix:0.3\"")
     return 0

@@ -103,7 +103,7 @@ class VllmScoring:
         if skip is None:
             from engine.extract.specials import special_token_ids
 
-            skip = special_token_ids(job.model)
+            skip = set(special_token_ids(job.model)) | set(job.unscored_token_ids)
 
         def head(h: torch.Tensor) -> torch.Tensor:
             return h.to(device=w.device, dtype=w.dtype) @ w.T

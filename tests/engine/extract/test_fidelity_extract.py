@@ -72,7 +72,7 @@ def direct_score(model, rec: TokenRecord, temperature: float = 1.0, top_p: float
         logits = model(input_ids=torch.tensor([rec.input_ids]), use_cache=False).logits[0]
     y = torch.tensor(rec.input_ids[rec.prompt_len:])
     return score_record(logits[rec.prompt_len - 1:-1], y, temperature, top_p, seed=record_seed(rec.id),
-                        skip=torch.isin(y, torch.tensor(sorted(SKIP))))
+                        skip=torch.isin(y, torch.tensor(sorted(SKIP))), exclude_ids=torch.tensor(sorted(SKIP)))
 
 
 def cfg_for(tmp: Path, tiny: Path, **extract):
@@ -249,7 +249,8 @@ def test_chunks_add_up_to_one_call() -> None:
     assert (whole.outside, whole.top1) == (parts.outside, parts.top1) and 0 < whole.outside < whole.tokens
     assert parts.surprisal == pytest.approx(whole.surprisal) and parts.loglik == pytest.approx(whole.loglik)
     y = ids[5:]
-    want = score_record(head(final[4:29]), y, 1.0, 0.9, seed=record_seed("a:1"), skip=y == 7)
+    want = score_record(head(final[4:29]), y, 1.0, 0.9, seed=record_seed("a:1"), skip=y == 7,
+                        exclude_ids=torch.tensor([7]))
     assert whole == want
     assert Scorer(head, 50).score(final, ids, torch.zeros(30, dtype=torch.int8), "a:2", 1.0, 0.9) == EMPTY
     with pytest.raises(ValueError, match="disagree"):

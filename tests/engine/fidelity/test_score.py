@@ -164,3 +164,31 @@ def test_records_from_tokens_groups_by_record():
     assert (out[2].tokens, out[2].surprisal, out[2].entropy, out[2].top1) == (3, 9.0, 3.0, 2)
     assert out[2].pit == (0,) * 9 + (2,)  # 0.99 and 1.0 in the last bin, NaN not counted
     assert out[2].top1_variance == pytest.approx(3 * 0.24)
+
+
+def test_skipping_special_tokens_is_scored_given_not_special():
+    """Positions are skipped because of the token found there (a special one): the scored tokens are draws
+    from the target GIVEN that they are not special. Scored under the unconditional distribution an honest
+    provider reads too probable (the rehearsal found -0.035 nats/token); with ``exclude_ids`` it is calibrated."""
+    import torch
+
+    from engine.fidelity.dist import sampling_distribution
+
+    g = torch.Generator().manual_seed(11)
+    n, vocab = 6000, 60
+    logits = torch.randn(n, vocab, generator=g) * 2.0
+    logits[:, :6] += 1.0  # six "special" ids with ~15% of the mass between them
+    p = sampling_distribution(logits, 1.0, 0.95)
+    y = torch.multinomial(p, 1, generator=g).squeeze(1)
+    special = torch.arange(6)
+    skip = torch.isin(y, special)
+    assert 0.05 < skip.float().mean() < 0.4
+
+    def z(s):
+        return (s.surprisal - s.entropy) / math.sqrt(s.variance)
+
+    biased = score_record(logits, y, 1.0, 0.95, seed=1, skip=skip)
+    fixed = score_record(logits, y, 1.0, 0.95, seed=1, skip=skip, exclude_ids=special)
+    assert abs(z(biased)) > 5  # the honest provider would be judged drifting (its sign: where the special mass lies)
+    assert abs(z(fixed)) < 4 and fixed.outside == 0
+    assert fixed.tokens == biased.tokens == int((~skip).sum())
