@@ -80,6 +80,41 @@ def _cheap_verdicts(h: Handle, cfg: FidelitySection) -> tuple[dict[str, Any], di
     return dict(out), {p: len(v) for p, v in recs.items()}
 
 
+#: Below this many records in all (one source), insufficient verdicts are refreshed at every look (the
+#: dashboard's ``12/20``); above it the records are read only when some provider's look is due.
+REFRESH_BELOW = 5000
+
+
+def _counts(h: Handle, source: str) -> dict[str, int]:
+    if source == "target":
+        from engine.storage.fidelity import provider_score_counts
+
+        return provider_score_counts(h)
+    from engine.storage.cheapsignals import record_counts
+
+    return record_counts(h)
+
+
+def _worth_judging(counts: dict[str, int], rows: dict[tuple[str, str], dict[str, Any]], source: str,
+                   cfg: FidelitySection, final: bool) -> bool:
+    """Whether a look at ``source`` must read the records: a provider's look is due
+    (:func:`engine.fidelity.looks.look_due`), or, while the records are few (< :data:`REFRESH_BELOW`), a
+    provider's count changed since its row was written."""
+    small = sum(counts.values()) < REFRESH_BELOW
+    for prov, n in counts.items():
+        r = rows.get((prov, source))
+        if r is None:
+            return True
+        looks_used, last = int(r["looks"]), int(r["records"])
+        # an insufficient row with enough records (too few tokens) is judged again once its records grew by half
+        if look_due(n, last if (looks_used or last >= cfg.min_records) else 0, looks_used, looks=cfg.looks,
+                    min_records=cfg.min_records, verdict=r["verdict"], final=final):
+            return True
+        if small and looks_used == 0 and int(r["records"]) != n:
+            return True
+    return False
+
+
 def judge_run(run_dir: Path, cfg: FidelitySection, *, now: float | None = None, final: bool = False) -> list[Drift]:
     """Judge the providers of ``run_dir`` whose look is due and save their verdicts.
 
@@ -99,6 +134,8 @@ def judge_run(run_dir: Path, cfg: FidelitySection, *, now: float | None = None, 
         if cfg.cheap_signals:
             judges.append(("cheap", _cheap_verdicts))
         for source, judge in judges:
+            if not _worth_judging(_counts(h, source), rows, source, cfg, final):
+                continue  # nothing due: the records are not read (a look reads every stored record)
             found, counts = judge(h, cfg)
             for prov, v in found.items():
                 r = rows.get((prov, source))

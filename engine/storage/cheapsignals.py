@@ -61,15 +61,17 @@ def cheap_records(handle: Handle, since_id: int = 0) -> dict[str, list[CheapReco
     flags = "r.wire_flags" if "wire_flags" in columns(handle, "results") else "''"
     v_cols, v_join = ("v.prompt_id, v.reasons, v.prompt_diff",
                       " LEFT JOIN validations v ON v.prompt_id = r.prompt_id") if has_v else ("NULL, NULL, NULL", "")
-    sql = ("SELECT r.prompt_id, r.dataset, p.class, r.provider, r.completion_tokens, r.reasoning, r.content, "
-           f"r.tool_calls, r.finish_reason, {flags}, p.tools, {v_cols} FROM results r JOIN prompts p "
+    # text lengths in SQL: 80,000 results carry hundreds of MB of reasoning and content
+    sql = ("SELECT r.prompt_id, r.dataset, p.class, r.provider, r.completion_tokens, length(r.reasoning), "
+           "length(r.content), r.tool_calls, "
+           f"r.finish_reason, {flags}, p.tools, {v_cols} FROM results r JOIN prompts p "
            f"ON p.id = r.prompt_id{v_join} WHERE r.prompt_id > ? ORDER BY r.prompt_id")
     out: dict[str, list[CheapRecord]] = {}
-    for (_pid, dataset, cls, provider, completion, reasoning, content, calls_text, finish, wire, tools_text,
+    for (_pid, dataset, cls, provider, completion, r_len, c_len, calls_text, finish, wire, tools_text,
          validated, reasons, prompt_diff) in handle._db.execute(sql, (since_id,)):
         calls, tools = _json_list(calls_text), _json_list(tools_text)
-        r_chars = len(reasoning or "")
-        total = r_chars + len(content or "") + _args_chars(calls)
+        r_chars = int(r_len or 0)
+        total = r_chars + int(c_len or 0) + _args_chars(calls)
         completion = int(completion or 0)
         reason_set = set(_json_list(reasons)) if validated is not None else set()
         out.setdefault(provider, []).append(CheapRecord(
@@ -81,3 +83,8 @@ def cheap_records(handle: Handle, since_id: int = 0) -> dict[str, list[CheapReco
             reconstruct_ok=None if validated is None else not (reason_set & RECONSTRUCTION),
             stratum=f"{dataset}/{cls}"))
     return out
+
+
+def record_counts(handle: Handle) -> dict[str, int]:
+    """``{provider: stored results}``: what decides whether a cheap look is due, without reading the records."""
+    return {p: n for p, n in handle._db.execute("SELECT provider, COUNT(*) FROM results GROUP BY provider")}

@@ -136,6 +136,13 @@ def score_count(h: Handle) -> int:
     return int(h._db.execute("SELECT COUNT(*) FROM fidelity_scores").fetchone()[0])
 
 
+def provider_score_counts(h: Handle) -> dict[str, int]:
+    """``{provider: scored samples}`` (empty without the table): whether a phase-two look is due, unread."""
+    if not has_scores_table(h):
+        return {}
+    return {p: n for p, n in h._db.execute("SELECT provider, COUNT(*) FROM fidelity_scores GROUP BY provider")}
+
+
 def score_rows(h: Handle, provider: str) -> list[dict]:
     """``provider``'s scored samples for a drift's evidence file: one dict per sample (``sample_id``,
     ``dataset``, ``temperature``, ``top_p``, the score's sums, ``pit``), in import order ([] without the table)."""

@@ -121,3 +121,18 @@ async def test_after_datagen_extract_the_drift_is_saved_for_the_next_run(tmp_pat
     with connect_ro(run_dir) as h:
         assert read.excluded_providers(h) == ["SimT"]  # the next `datagen run` routes around it
     assert judge_offline(run_dir, CFG, lines.append) == []  # once
+
+
+async def test_a_look_reads_the_records_only_when_one_is_due(tmp_path, monkeypatch):
+    import engine.storage.fidelity as sf
+
+    run_dir = await _run_dir(tmp_path)
+    world, rng = World(seed=3), np.random.default_rng(9)
+    _store_scores(run_dir, world, rng, {"SimA": (5000, None), "SimB": (300, None)})  # past REFRESH_BELOW
+    reads = []
+    real = sf.load_scores
+    monkeypatch.setattr(sf, "load_scores", lambda h, *a: reads.append(1) or real(h, *a))
+    assert judge_run(run_dir, CFG, now=1.0) == [] and len(reads) == 1  # first looks
+    assert judge_run(run_dir, CFG, now=2.0) == [] and len(reads) == 1  # nothing grew: nothing read
+    _store_scores(run_dir, world, rng, {"SimB": (160, None)}, start=10_000)  # 460 >= 1.5 x 300: SimB is due
+    assert judge_run(run_dir, CFG, now=3.0) == [] and len(reads) == 2
