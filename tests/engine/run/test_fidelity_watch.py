@@ -18,7 +18,7 @@ from engine.storage.fidelity import ScoreRow, open_scores, save_scores
 from engine.storage.handle import connect_ro
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fidelity"))
-from fidelity_world import World  # noqa: E402
+from fidelity_world import World
 
 CFG = FidelitySection(cheap_signals=False)
 
