@@ -18,7 +18,7 @@ class ProbesSection(_Strict):
         "way); their cost is shown before the first one ([fidelity.md](fidelity.md#probes))"))
     path: Path | None = Field(None, description=(
         "JSONL probe set, one `{\"id\", \"messages\", \"tools\", \"temperature\", \"expect\"}` per line"),
-        json_schema_extra={"doc_default": "the bundled 24 probes (engine/samples/fidelity_probes.jsonl)"})
+        json_schema_extra={"doc_default": "the bundled 24 probes (engine/samples/probes/fidelity_probes.jsonl)"})
     reference: str | None = Field(None, description=(
         "the provider the others are compared with (e.g. `moonshotai`, the model's own API); required when "
         "`enabled`"))

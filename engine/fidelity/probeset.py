@@ -1,7 +1,7 @@
 """The probe set, who is probed, and what probing costs (pure; :mod:`engine.fidelity.probes` judges the answers).
 
 A probe set is JSONL, one ``{"id", "messages", "tools"?, "temperature"?, "expect"?}`` per line (the bundled
-one: ``engine/samples/fidelity_probes.jsonl``). Each probe is sent, pinned with ``provider.only`` and
+one: ``engine/samples/probes/fidelity_probes.jsonl``). Each probe is sent, pinned with ``provider.only`` and
 ``allow_fallbacks: false``, to every :class:`ProbeTarget`; :func:`project_cost` is shown before the first one.
 """
 

@@ -61,7 +61,7 @@ __all__ = ["BUNDLED", "ProbeClient", "ProbeReport", "load_probe_set", "probe_bod
 
 #: The bundled probe set: 12 prompts whose tools should be called, 4 offering tools a good answer does not
 #: need, 8 plain; 5 of them greedy (temperature 0).
-BUNDLED = Path(__file__).resolve().parents[1] / "samples" / "fidelity_probes.jsonl"
+BUNDLED = Path(__file__).resolve().parents[1] / "samples" / "probes" / "fidelity_probes.jsonl"
 
 #: Attempts per probe request (retryable errors only: 429, 5xx, cut streams), backoff up to 8 s.
 RETRY = RetryPolicy(max_attempts=3, base_s=1.0, max_s=8.0)
