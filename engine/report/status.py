@@ -49,6 +49,7 @@ from typing import Any, TextIO
 from engine.client.conformance import decode_flags
 from engine.fidelity.endpoints import quantization_by_provider
 from engine.fidelity.looks import combined
+from engine.fidelity.summary import summarize
 from engine.metrics.rates import fmt_count, fmt_duration
 from engine.metrics.stats import UNKNOWN_PROVIDER, nearest_rank
 from engine.money.projection import range_text
@@ -122,6 +123,14 @@ def with_fidelity(conn: Handle, providers: list[dict[str, Any]]) -> list[dict[st
         out.append(dict(p, fidelity=f, quantization=quant.get(p["name"])))
     out += [{"name": name, "fidelity": f, "quantization": quant.get(name)} for name, f in sorted(fid.items())]
     return out
+
+
+def fidelity_by_dataset(conn: Handle) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{dataset: {provider: figures}}`` of the records phase two scored (:func:`engine.fidelity.summary.summarize`;
+    {} before any extraction scored them): where a provider's drift shows, dataset by dataset."""
+    from engine.storage.fidelity import load_scores_by_dataset
+
+    return {ds: {p: summarize(sc) for p, sc in sorted(by.items())} for ds, by in sorted(load_scores_by_dataset(conn).items())}
 
 
 def provider_costs(conn: Handle) -> dict[str, float]:
@@ -297,6 +306,7 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
             "calibration": run_proj["calibration"],
             "classes": classes,
             "providers": providers,
+            "fidelity_by_dataset": fidelity_by_dataset(conn),
             "excluded_providers": excluded,
             "live": {"cost_in_flight_usd": live.get("cost_in_flight_usd", 0.0) if alive else 0.0},
         }

@@ -84,11 +84,12 @@ def test_datagen_run_in_tmux_renders_pauses_and_survives_terminal_loss(tmp_path)
          f"env TERM=xterm-256color {cmd}; sleep 30")
     try:
         tmux("set-option", "-sg", "escape-time", "10")
-        screen = wait_for(lambda: (s := tmux.screen()) and "sharegpt" in s and "glaive" in s and "providers" in s
-                      and s, 30, "the dashboard at 160x48",
-                      show=lambda: tmux("display", "-p", "-t", "dash", "#{window_width}x#{window_height}") + tmux.screen())
-        for title in ("datasets", "throughput", "errors by class", "providers", "GPUs", "latest sample", "log",
-                      "Pause", "Quit"):
+        titles = ("datasets", "throughput", "errors by class", "providers", "GPUs", "latest sample", "log", "Pause", "Quit")
+        # every pane drawn (under load the first frames can show the upper panes only)
+        screen = wait_for(lambda: (s := tmux.screen()) and "sharegpt" in s and "glaive" in s
+                          and all(t in s for t in titles) and s, 30, "the dashboard at 160x48 with every pane",
+                          show=lambda: tmux("display", "-p", "-t", "dash", "#{window_width}x#{window_height}") + tmux.screen())
+        for title in titles:
             assert title in screen, f"{title!r} not on screen:\n{screen}"
         doc = wait_for(lambda: (d := status(run_dir)) and d["run"]["alive"] and d, 20, "a live run")
         pid = doc["run"]["pid"]

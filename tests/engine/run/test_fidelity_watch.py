@@ -136,3 +136,16 @@ async def test_a_look_reads_the_records_only_when_one_is_due(tmp_path, monkeypat
     assert judge_run(run_dir, CFG, now=2.0) == [] and len(reads) == 1  # nothing grew: nothing read
     _store_scores(run_dir, world, rng, {"SimB": (160, None)}, start=10_000)  # 460 >= 1.5 x 300: SimB is due
     assert judge_run(run_dir, CFG, now=3.0) == [] and len(reads) == 2
+
+
+async def test_status_shows_the_phase_two_figures_per_dataset(tmp_path):
+    from engine.report.status import collect_status
+
+    run_dir = await _run_dir(tmp_path)
+    world, rng = World(seed=3), np.random.default_rng(12)
+    _store_scores(run_dir, world, rng, {"SimA": (60, None), "SimT": (60, "temp")})
+    doc = collect_status(run_dir)
+    by = doc["fidelity_by_dataset"]["d"]
+    assert by["SimA"]["records"] == by["SimT"]["records"] == 60
+    assert abs(by["SimA"]["surprisal_z"]) < 4 and by["SimT"]["surprisal_z"] > 10
+    assert by["SimT"]["surprisal_excess"] > 0.3 and by["SimA"]["outside_share"] == 0.0
