@@ -42,7 +42,8 @@ async def test_paused_then_draining_show_the_dollars_streaming_the_end_and_the_a
         await until(pilot, lambda: "paused: " in _header(app), 5, what="the paused line")
         snap = app.snapshot
         o = snap.drain
-        assert snap.state == "paused" and o is not None and o.streams == snap.in_flight > 0
+        # every stream in flight, but one handed to a worker as P landed may not stream yet (15 of 16 under load)
+        assert snap.state == "paused" and o is not None and 0 < snap.in_flight - 1 <= o.streams <= snap.in_flight
         assert o.deadline_s is None and o.expected_s is not None and 0 < o.expected_s <= MAX_TOKENS / 10
         header = _header(app)
         assert f"paused: {snap.in_flight:,} still streaming ({money(snap.cost_in_flight_usd)})" in header, header
