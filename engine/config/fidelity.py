@@ -52,7 +52,9 @@ class FidelitySection(_Strict):
         "the chance that an honest provider is judged `drifting` over a whole run (all looks together); "
         "measured rates in [fidelity.md](fidelity.md#thresholds-and-why)"))
     min_records: int = Field(20, ge=1, description="below this many scored records a provider is `insufficient`")
-    min_tokens: int = Field(2000, ge=1, description="below this many scored completion tokens a provider is `insufficient`")
+    min_tokens: int = Field(2000, ge=1, description=(
+        "below this many scored completion tokens a provider is `insufficient` in phase two (cheap signals need "
+        "`min_records` only)"))
     outside_tolerance: float = Field(0.002, ge=0, lt=1, description=(
         "share of completion tokens outside the target's top-p nucleus an honest provider may show (numerical "
         "ties at the nucleus boundary); half of it is the margin a provider may show over the other providers' share"))

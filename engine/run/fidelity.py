@@ -172,6 +172,12 @@ def write_evidence(run_dir: Path, h: Handle, d: Drift, doc: dict[str, Any]) -> P
         from engine.storage.fidelity import score_rows
 
         records = score_rows(h, d.provider)
+    else:
+        from dataclasses import asdict
+
+        from engine.storage.cheapsignals import cheap_records
+
+        records = [asdict(r) for r in cheap_records(h).get(d.provider, [])]
     endpoints = latest_snapshot(h)
     body = {"provider": d.provider, "source": d.source, "action": d.action, "line": d.line(), "verdict": doc,
             "records": records, "endpoints": endpoints, "written_at": time.time()}

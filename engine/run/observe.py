@@ -13,6 +13,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
+from engine.metrics.stats import ProviderSnapshot
 from engine.money.inflight import abort_basis
 from engine.money.projection import EtaRow, project_run, schedule_eta
 from engine.report.snapshot import ClassSnapshot, DatasetSnapshot, RunSnapshot
@@ -181,6 +182,20 @@ def _live_row(sched: "RunView", snap: RunSnapshot | None = None) -> dict[str, An
         },
     }
 
+def with_judged(providers: tuple[ProviderSnapshot, ...], fidelity: dict[str, dict[str, Any]],
+                excluded: set[str]) -> tuple[ProviderSnapshot, ...]:
+    """``providers`` (this engine's since its start) with their fidelity objects, plus a row for every judged
+    provider that has not answered since: a provider a drift excluded before a restart answers no more, yet
+    its verdict must stay on the screen (``i``) and in ``x``'s list, where it can be cleared."""
+    seen = {p.name for p in providers}
+    out = [dataclasses.replace(p, fidelity=fidelity.get(p.name)) for p in providers]
+    out += [ProviderSnapshot(name=name, requests=0, errors={}, error_rate=0.0, latency_p50_s=None, latency_p95_s=None,
+                             ttft_p50_s=None, ttft_p95_s=None, tok_per_s_per_stream=None, mean_completion_tokens=None,
+                             cost_usd=0.0, excluded=name in excluded, fidelity=f)
+            for name, f in sorted(fidelity.items()) if name not in seen]
+    return tuple(out)
+
+
 def _workers_live(sched: "RunView") -> dict[str, Any]:
     """``status --json``'s ``stream_workers``: configured, alive, restarts, requests returned to
     pending by a worker's death, completions recovered from a dead worker's journal, workers up but
@@ -267,7 +282,7 @@ def build_snapshot(sched: "RunView") -> RunSnapshot:
     fly = sched.ending.in_flight_cost()
     providers, drain_left = tel.providers.snapshot(), sched.ending.drain_left_s()
     if tel.fidelity:
-        providers = tuple(dataclasses.replace(p, fidelity=tel.fidelity.get(p.name)) for p in providers)
+        providers = with_judged(providers, tel.fidelity, set(run.excluded_providers))
     waiting = fly.streams and (drain_left is not None or run.phase == RunPhase.PAUSED)  # the streams' outlook
     return RunSnapshot(
         name=sched.cfg.run.name, state=run.phase, state_reason=run.reason, elapsed_s=run_elapsed_s(sched),

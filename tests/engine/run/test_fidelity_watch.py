@@ -149,3 +149,16 @@ async def test_status_shows_the_phase_two_figures_per_dataset(tmp_path):
     assert by["SimA"]["records"] == by["SimT"]["records"] == 60
     assert abs(by["SimA"]["surprisal_z"]) < 4 and by["SimT"]["surprisal_z"] > 10
     assert by["SimT"]["surprisal_excess"] > 0.3 and by["SimA"]["outside_share"] == 0.0
+
+
+def test_a_provider_judged_before_a_restart_stays_on_the_dashboard():
+    from engine.metrics.stats import ProviderSnapshot
+    from engine.run.observe import with_judged
+
+    live = ProviderSnapshot(name="SimA", requests=3, errors={}, error_rate=0.0, latency_p50_s=1.0, latency_p95_s=1.0,
+                            ttft_p50_s=None, ttft_p95_s=None, tok_per_s_per_stream=None, mean_completion_tokens=10.0,
+                            cost_usd=0.01, excluded=False)
+    fid = {"SimA": {"verdict": "ok"}, "SimQ": {"verdict": "drifting"}}
+    got = with_judged((live,), fid, {"SimQ"})
+    assert [(p.name, p.requests, p.excluded, p.fidelity) for p in got] == [
+        ("SimA", 3, False, {"verdict": "ok"}), ("SimQ", 0, True, {"verdict": "drifting"})]
