@@ -36,6 +36,35 @@ def _model_file(model: str, name: str) -> Path | None:
         return None
 
 
+def checkpoint_key(model: str, pattern: re.Pattern[str], what: str,
+                   skip: tuple[str, ...] = (".layers.", "mtp", "vision")) -> tuple[str, Path]:
+    """The one tensor of ``model``'s safetensors whose key matches ``pattern`` outside the decoder layers, the
+    MTP head and a vision tower (``skip``), and the file holding it (the index's, or ``model.safetensors``).
+
+    Raises:
+        ExtractError: no safetensors, or not exactly one such key (``what`` names what was expected).
+    """
+    index = _model_file(model, "model.safetensors.index.json")
+    if index is not None:
+        wmap: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        keys = [k for k in wmap if pattern.search(k) and not any(s in k for s in skip)]
+        files = {k: _model_file(model, wmap[k]) for k in keys}
+    else:
+        single = _model_file(model, "model.safetensors")
+        if single is None:
+            raise ExtractError(f"model {model!r}: no model.safetensors(.index.json)")
+        from safetensors import safe_open
+
+        with safe_open(str(single), "pt") as f:
+            keys = [k for k in f.keys() if pattern.search(k) and not any(s in k for s in skip)]
+        files = {k: single for k in keys}
+    if len(keys) != 1 or files[keys[0]] is None:
+        raise ExtractError(f"model {model!r}: expected {what}, found {keys}")
+    path = files[keys[0]]
+    assert path is not None
+    return keys[0], path
+
+
 class FinalNorm:
     """``RMSNorm(weight, eps)`` applied to ``[..., H]`` tensors (see module doc)."""
 
@@ -61,28 +90,13 @@ class FinalNorm:
         eps = text.get("rms_norm_eps")
         if not isinstance(eps, (int, float)):
             raise ExtractError(f"model {model!r}: config has no rms_norm_eps (engine = \"vllm\" needs an RMSNorm model)")
-        index = _model_file(model, "model.safetensors.index.json")
-        if index is not None:
-            wmap: dict[str, str] = json.loads(index.read_text())["weight_map"]
-            keys = [k for k in wmap if _NORM_KEY.search(k) and ".layers." not in k and "mtp" not in k]
-            files = {k: _model_file(model, wmap[k]) for k in keys}
-        else:
-            single = _model_file(model, "model.safetensors")
-            if single is None:
-                raise ExtractError(f"model {model!r}: no model.safetensors(.index.json)")
-            from safetensors import safe_open
-
-            with safe_open(str(single), "pt") as f:
-                keys = [k for k in f.keys() if _NORM_KEY.search(k) and ".layers." not in k]
-            files = {k: single for k in keys}
-        if len(keys) != 1 or files[keys[0]] is None:
-            raise ExtractError(f"model {model!r}: expected one final norm weight (*model.norm.weight), found {keys}")
+        key, path = checkpoint_key(model, _NORM_KEY, "one final norm weight (*model.norm.weight)")
         from safetensors import safe_open
 
-        with safe_open(str(files[keys[0]]), "pt") as f:
-            if keys[0].replace("weight", "bias") in f.keys():
+        with safe_open(str(path), "pt") as f:
+            if key.replace("weight", "bias") in f.keys():
                 raise ExtractError(f"model {model!r}: the final norm has a bias (not an RMSNorm)")
-            weight = f.get_tensor(keys[0])
+            weight = f.get_tensor(key)
         return cls(weight, float(eps))
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

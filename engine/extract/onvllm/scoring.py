@@ -25,7 +25,7 @@ import torch
 
 from engine.extract.fidelity import Scorer, guarded, score_batch
 from engine.extract.job import ExtractError
-from engine.extract.onvllm.norm import _model_file
+from engine.extract.onvllm.norm import _model_file, checkpoint_key
 
 log = logging.getLogger(__name__)
 
@@ -49,27 +49,11 @@ def lm_head_weight(model: str) -> torch.Tensor:
     text = cfg.get("text_config") or cfg
     tied = bool(text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False)))
     pattern = _EMBED_KEY if tied else _HEAD_KEY
-    index = _model_file(model, "model.safetensors.index.json")
-    if index is not None:
-        wmap: dict[str, str] = json.loads(index.read_text())["weight_map"]
-        keys = [k for k in wmap if pattern.search(k) and ".layers." not in k and "mtp" not in k
-                and "vision" not in k]
-        files = {k: _model_file(model, wmap[k]) for k in keys}
-    else:
-        single = _model_file(model, "model.safetensors")
-        if single is None:
-            raise ExtractError(f"model {model!r}: no model.safetensors(.index.json)")
-        from safetensors import safe_open
-
-        with safe_open(str(single), "pt") as f:
-            keys = [k for k in f.keys() if pattern.search(k) and ".layers." not in k and "vision" not in k]
-        files = {k: single for k in keys}
-    if len(keys) != 1 or files[keys[0]] is None:
-        raise ExtractError(f"model {model!r}: expected one LM head weight ({pattern.pattern}), found {keys}")
+    key, path = checkpoint_key(model, pattern, f"one LM head weight ({pattern.pattern})")
     from safetensors import safe_open
 
-    with safe_open(str(files[keys[0]]), "pt") as f:
-        return f.get_tensor(keys[0])
+    with safe_open(str(path), "pt") as f:
+        return f.get_tensor(key)
 
 
 class VllmScoring:
