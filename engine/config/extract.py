@@ -125,7 +125,8 @@ class ExtractSection(_Strict):
     max_seq_len: int | None = Field(None, ge=1, description="longest sample (tokens); longer ones follow `over_length`")
     over_length: Literal["skip", "truncate"] = Field("skip", description=(
         "`skip` (not extracted, counted as skipped) or `truncate` (the first `max_seq_len` tokens are extracted; the "
-        "manifest records `truncated_from`)"))
+        "manifest records `truncated_from`; a sample cut inside its prompt keeps no completion token: it is skipped "
+        "and counted as `no_supervised_tokens`, never extracted)"))
     out_dir: Path | None = Field(None, json_schema_extra={"doc_default": "`RUN_DIR/extract`"},
                                  description="shards, manifest, per-worker status")
     disk_margin_gb: float = Field(10.0, ge=0, description=(

@@ -32,7 +32,8 @@ class TokenTable:
         full_lengths: ``[N]`` int64, tokens in the record.
         offsets: ``[N]`` int64 start of each sample in the flat arrays.
         input_ids: flat ``int32``; loss_mask: flat ``int8``.
-        dropped: ``{"duplicate": n, "empty": n, "mismatched": n, "over_length": n}`` rows left out.
+        dropped: ``{"duplicate": n, "empty": n, "mismatched": n, "over_length": n, "no_supervised_tokens": n}``
+            rows left out (the last: truncated to ``max_seq_len`` inside the prompt, no completion token kept).
         providers: per sample, who served the completion (``""``: unknown); temperatures / top_ps:
             ``[N]`` float64, what the record was bought with (NaN: the record does not say; phase-two
             fidelity scoring then uses the job's ``[generation]`` values). Empty when not collected.
@@ -76,7 +77,7 @@ class TokenTable:
         temps: list[float] = []
         top_ps: list[float] = []
         seen: set[str] = set()
-        dropped = {"duplicate": 0, "empty": 0, "mismatched": 0, "over_length": 0}
+        dropped = {"duplicate": 0, "empty": 0, "mismatched": 0, "over_length": 0, "no_supervised_tokens": 0}
         tok_chunks: list[np.ndarray] = []
         mask_chunks: list[np.ndarray] = []
         tok_buf: list[np.ndarray] = []
@@ -125,9 +126,22 @@ class TokenTable:
         if max_seq_len is None or not len(self) or int(self.lengths.max()) <= max_seq_len:
             return self
         if over_length == "truncate":
-            return TokenTable(self.ids, self.datasets, np.minimum(self.lengths, max_seq_len), self.full_lengths,
-                              self.offsets, self.input_ids, self.loss_mask, dict(self.dropped), self.providers,
-                              self.temperatures, self.top_ps)
+            cut = TokenTable(self.ids, self.datasets, np.minimum(self.lengths, max_seq_len), self.full_lengths,
+                             self.offsets, self.input_ids, self.loss_mask, dict(self.dropped), self.providers,
+                             self.temperatures, self.top_ps)
+            # a sample cut inside its prompt keeps no completion token: nothing to train on, yet its forward
+            # would cost as much as any other (trl #6668, NeMo #8025): skipped and counted
+            starts = np.concatenate(([0], np.cumsum(self.loss_mask.astype(np.int64))))
+            supervised = starts[cut.offsets + cut.lengths] - starts[cut.offsets]
+            keep = np.flatnonzero(supervised > 0)
+            if len(keep) == len(cut):
+                return cut
+            out = cut.take(keep)
+            n = len(cut) - len(keep)
+            out.dropped["no_supervised_tokens"] = out.dropped.get("no_supervised_tokens", 0) + n
+            log.warning("extract input: %d sample(s) keep no completion token after truncation to max_seq_len %d: "
+                        "skipped (e.g. %s)", n, max_seq_len, cut.ids[int(np.flatnonzero(supervised == 0)[0])])
+            return out
         keep = np.flatnonzero(self.lengths <= max_seq_len)
         out = self.take(keep)
         out.dropped["over_length"] += len(self) - len(keep)
