@@ -49,6 +49,10 @@ FAILING: dict[str, str] = {
 NOTES: dict[str, str] = {
     "finish_alias": "a provider's alias of a finish reason was read as the standard one (e.g. eos -> stop)",
     "stop_at_max_tokens": "finish_reason stop, but the billed completion reached max_tokens: read as a cut",
+    "finish_at_max_tokens": "a finish other than stop or length (tool_calls, ...), but the billed completion reached "
+                            "max_tokens: read as a cut (vLLM #58228, #53269)",
+    "native_finish_cut": "native_finish_reason says the generation was cut (length, max_tokens, abort, ...) while "
+                         "finish_reason does not: read as a cut",
     "tool_id_changed": "a tool call's id changed after its first fragment (the first id is kept)",
     "usage_reasoning_outside": "completion_tokens left out the reasoning tokens (reasoning_tokens > "
                                "completion_tokens): both counted",
@@ -182,11 +186,24 @@ def _prompt_text(req: ChatRequest) -> str:
     return json.dumps(req.messages, ensure_ascii=False)
 
 
+#: ``native_finish_reason`` values (lower-cased) that say the generation did not end by itself.
+NATIVE_CUT = frozenset({"length", "max_tokens", "max_output_tokens", "max_completion_tokens", "model_length",
+                        "abort", "aborted", "cancelled", "canceled", "timeout", "error"})
+
+
+def native_says_cut(native: str | None) -> bool:
+    """Whether a provider's own finish reason says the generation was cut (:data:`NATIVE_CUT`)."""
+    return bool(native) and str(native).strip().lower() in NATIVE_CUT
+
+
 def finalize(req: ChatRequest, c: Completion) -> Completion:
     """The completion with the invariants that need its request checked: its flags extended.
 
-    - a natural ``stop`` whose billed completion tokens reached ``req.max_tokens`` was cut by the limit:
-      its finish becomes ``length`` (never closed with an end-of-turn token; flag ``stop_at_max_tokens``);
+    - any finish but ``length`` whose billed completion tokens reached ``req.max_tokens`` was cut by the
+      limit: its finish becomes ``length`` (never closed with an end-of-turn token or tool-call markers;
+      flag ``stop_at_max_tokens`` for ``stop``, ``finish_at_max_tokens`` for the others, e.g. ``tool_calls``:
+      vLLM #58228); a ``native_finish_reason`` that says cut or aborted (:data:`NATIVE_CUT`) likewise
+      (flag ``native_finish_cut``);
     - U+FFFD in any generated text while the prompt has none: flag ``replacement_char`` (the model does
       not write U+FFFD unprompted; a provider that detokenises token by token does);
     - ``content_filter``: flag ``content_filtered``; ``tool_calls``/``function_call`` with no call:
@@ -203,9 +220,12 @@ def finalize(req: ChatRequest, c: Completion) -> Completion:
         flags.append("tool_calls_missing")
     elif fin not in STANDARD_FINISHES:
         flags.append("unknown_finish")
-    if fin == "stop" and c.usage_reported and req.max_tokens and c.usage.completion_tokens >= req.max_tokens:
+    if fin != "length" and c.usage_reported and req.max_tokens and c.usage.completion_tokens >= req.max_tokens:
+        flags.append("stop_at_max_tokens" if fin == "stop" else "finish_at_max_tokens")
         fin = "length"
-        flags.append("stop_at_max_tokens")
+    elif fin != "length" and native_says_cut(c.native_finish_reason):
+        flags.append("native_finish_cut")
+        fin = "length"
     if any(_REPLACEMENT in t for t in generated_texts(c)) and _REPLACEMENT not in _prompt_text(req):
         flags.append("replacement_char")
     if fin == c.finish_reason and len(flags) == len(c.flags):
