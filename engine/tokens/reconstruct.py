@@ -121,13 +121,31 @@ def _native_id(call_id: str, name: str, id_format: str) -> bool:
     return call_id.startswith(pre) and call_id.endswith(post) and mid.isdigit() and mid.isascii()
 
 
+#: Prefixes of the call ids providers and servers mint themselves (OpenAI and most gateways ``call_``, vLLM
+#: ``chatcmpl-tool-``, Anthropic-style ``toolu_``, Bedrock ``tooluse_``, Responses-style ``fc_``, ``tool_call_``).
+MINTED_PREFIXES = ("call_", "chatcmpl-tool-", "toolu_", "tooluse_", "fc_", "tool_call_")
+
+
+def provider_minted(call_id: str) -> bool:
+    """Whether ``call_id`` is one a provider minted rather than text the model wrote: a known prefix
+    (:data:`MINTED_PREFIXES`), or a random token of 9+ letters and digits in both cases (Mistral-style
+    ``D681PevKs``). Kimi writes odd ids itself (``functionsread3``, ``functions_read_3``, ``call00003``:
+    sglang PRs #21377, #25362, exo PR #2282), which a provider passing them through must keep verbatim."""
+    if call_id.startswith(MINTED_PREFIXES):
+        return True
+    return (len(call_id) >= 9 and call_id.isascii() and call_id.isalnum() and any(c.isupper() for c in call_id)
+            and any(c.islower() for c in call_id) and any(c.isdigit() for c in call_id))
+
+
 def native_tool_calls(tool_calls: list[dict[str, Any]], prior: int, id_format: str) -> tuple[list[dict[str, Any]], int]:
     """Rebuild the model's native call ids; keep names and ``arguments`` verbatim.
 
     An id the provider passed through in the native form with the call's own name (Kimi's
     ``functions.NAME:IDX``) is the model's own text and is kept verbatim, whatever its index (a model
-    may repeat or skip one); any other id (a provider's ``call_*``) is rebuilt as ``id_format`` with
-    the call's position (docs/wire-conformance.md, "Tool calls").
+    may repeat or skip one), and so is any other id that no provider mints (:func:`provider_minted`: the
+    odd shapes the model itself writes, ``functionsread3``, ``call00003``); an id a provider minted
+    (``call_*``, ``chatcmpl-tool-*``, ...) or none is rebuilt as ``id_format`` with the call's position
+    (docs/wire-conformance.md, "Tool calls").
 
     Args:
         tool_calls: OpenAI-shape calls as the provider returned them.
@@ -146,7 +164,8 @@ def native_tool_calls(tool_calls: list[dict[str, Any]], prior: int, id_format: s
         if not isinstance(args, str):  # an object instead of the JSON string: serialise it compactly
             args = json.dumps(args, ensure_ascii=False)
         old = str(tc.get("id") or "")
-        new = old if not id_format or _native_id(old, name, id_format) else id_format.format(name=name, index=prior + i)
+        keep = not id_format or _native_id(old, name, id_format) or (bool(old) and not provider_minted(old))
+        new = old if keep else id_format.format(name=name, index=prior + i)
         rebuilt += new != old
         out.append({"id": new, "type": "function", "function": {"name": name, "arguments": args}})
     return out, rebuilt

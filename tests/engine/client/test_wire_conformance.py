@@ -287,9 +287,16 @@ def test_kimi_ids_passed_through_are_kept_verbatim_minted_ids_rebuilt():
     calls = [call("functions.get_weather:0", "get_weather"), call("functions.get_weather:0", "get_weather"),
              call("call_8c1f3a", "search"), call("functions.other:7", "search"), call("functions.search:x", "search")]
     out, rebuilt = native_tool_calls(calls, 1, "functions.{name}:{index}")
+    # what the model wrote stays, even in another shape (issue 36); what a provider minted is rebuilt
     assert [c["id"] for c in out] == ["functions.get_weather:0", "functions.get_weather:0", "functions.search:3",
-                                      "functions.search:4", "functions.search:5"]
-    assert rebuilt == 3
+                                      "functions.other:7", "functions.search:x"]
+    assert rebuilt == 1
+    odd = [call(i, "read") for i in ("functionsread3", "functions_read_3", "call00003", "call_Zx81Kq2mPa0b",
+                                     "chatcmpl-tool-9f2c", "D681PevKs", "")]
+    out, rebuilt = native_tool_calls(odd, 0, "functions.{name}:{index}")
+    assert [c["id"] for c in out] == ["functionsread3", "functions_read_3", "call00003", "functions.read:3",
+                                      "functions.read:4", "functions.read:5", "functions.read:6"]
+    assert rebuilt == 4
 
 
 def test_providers_pane_shows_flags_once_a_provider_has_some():

@@ -203,7 +203,7 @@ def test_hf_family_with_other_markers(hf, tmp_path):
     assert info["special_ids"]["</reasoning>"] == hf.backend.tok.convert_tokens_to_ids("</reasoning>")
     assert info["traits"]["keeps_reasoning_plain"] is True
     r = rec(reasoning="Think.", content="Done.", tools=TOOLS, finish="tool_calls",
-            tool_calls=[{"id": "c1", "function": {"name": "get_weather", "arguments": '{"city":"Rome"}'}}])
+            tool_calls=[{"id": "call_c1", "function": {"name": "get_weather", "arguments": '{"city":"Rome"}'}}])
     x = reconstruct(hf, r)
     assert hf.decode(x.completion_ids) == ("Think.</reasoning>Done.<tool_calls><call>functions.get_weather:0<args>"
                                            '{"city":"Rome"}</call></tool_calls><|end|>')
