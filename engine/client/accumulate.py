@@ -176,6 +176,7 @@ class StreamAccumulator:
         self._meta(chunk)
         err = chunk.get("error")
         if err is not None:
+            self._usage(chunk)  # the usage billed so far, when the error chunk carries it, is spend
             raise self._midstream(err)
         choices = chunk.get("choices")
         choice = choices[0] if choices and type(choices) is list else None
@@ -360,7 +361,8 @@ class StreamAccumulator:
         if provider and not self.provider:
             self.provider = self.progress.provider = provider
         e.provider = provider or self.provider
-        e.tokens_received = self.tokens_received
+        billed = read_usage(self.usage_raw)[0].completion_tokens if self.usage_raw else 0
+        e.tokens_received = max(self.tokens_received, billed)  # an error chunk's usage may bill more than arrived
         e.partial_cost_usd = self.progress.cost_usd
         return e
 

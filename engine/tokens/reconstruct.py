@@ -24,6 +24,7 @@ Everything here is CPU-bound and synchronous; :mod:`engine.tokens.service` runs 
 from __future__ import annotations
 
 import json
+import re
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -121,20 +122,17 @@ def _native_id(call_id: str, name: str, id_format: str) -> bool:
     return call_id.startswith(pre) and call_id.endswith(post) and mid.isdigit() and mid.isascii()
 
 
-#: Prefixes of the call ids providers and servers mint themselves (OpenAI and most gateways ``call_``, vLLM
-#: ``chatcmpl-tool-``, Anthropic-style ``toolu_``, Bedrock ``tooluse_``, Responses-style ``fc_``, ``tool_call_``).
-MINTED_PREFIXES = ("call_", "chatcmpl-tool-", "toolu_", "tooluse_", "fc_", "tool_call_")
+#: Call ids in shapes Kimi itself writes besides its native ``functions.NAME:IDX`` (sglang PRs #21377 and #25362,
+#: exo PR #2282 show them in raw model output): ``functions`` + anything (``functionsread3``,
+#: ``functions_read_3``, ``functions.other:7``) or ``call`` + digits (``call00003``).
+_MODEL_WRITTEN = re.compile(r"functions.*|call\d+", re.S)
 
 
-def provider_minted(call_id: str) -> bool:
-    """Whether ``call_id`` is one a provider minted rather than text the model wrote: a known prefix
-    (:data:`MINTED_PREFIXES`), or a random token of 9+ letters and digits in both cases (Mistral-style
-    ``D681PevKs``). Kimi writes odd ids itself (``functionsread3``, ``functions_read_3``, ``call00003``:
-    sglang PRs #21377, #25362, exo PR #2282), which a provider passing them through must keep verbatim."""
-    if call_id.startswith(MINTED_PREFIXES):
-        return True
-    return (len(call_id) >= 9 and call_id.isascii() and call_id.isalnum() and any(c.isupper() for c in call_id)
-            and any(c.islower() for c in call_id) and any(c.isdigit() for c in call_id))
+def model_written(call_id: str) -> bool:
+    """Whether ``call_id`` has a shape the model itself writes (:data:`_MODEL_WRITTEN`): a provider passing it
+    through keeps the model's text, which the training record must keep verbatim. Ids providers mint
+    (``call_*``, ``chatcmpl-tool-*``, ``toolu_*``, a random token) are not."""
+    return bool(_MODEL_WRITTEN.fullmatch(call_id))
 
 
 def native_tool_calls(tool_calls: list[dict[str, Any]], prior: int, id_format: str) -> tuple[list[dict[str, Any]], int]:
@@ -142,10 +140,9 @@ def native_tool_calls(tool_calls: list[dict[str, Any]], prior: int, id_format: s
 
     An id the provider passed through in the native form with the call's own name (Kimi's
     ``functions.NAME:IDX``) is the model's own text and is kept verbatim, whatever its index (a model
-    may repeat or skip one), and so is any other id that no provider mints (:func:`provider_minted`: the
-    odd shapes the model itself writes, ``functionsread3``, ``call00003``); an id a provider minted
-    (``call_*``, ``chatcmpl-tool-*``, ...) or none is rebuilt as ``id_format`` with the call's position
-    (docs/wire-conformance.md, "Tool calls").
+    may repeat or skip one), and so is an id in another shape the model itself writes (:func:`model_written`:
+    ``functionsread3``, ``call00003``); any other id (a provider's ``call_*``, ``chatcmpl-tool-*``...) or none
+    is rebuilt as ``id_format`` with the call's position (docs/wire-conformance.md, "Tool calls").
 
     Args:
         tool_calls: OpenAI-shape calls as the provider returned them.
@@ -164,7 +161,7 @@ def native_tool_calls(tool_calls: list[dict[str, Any]], prior: int, id_format: s
         if not isinstance(args, str):  # an object instead of the JSON string: serialise it compactly
             args = json.dumps(args, ensure_ascii=False)
         old = str(tc.get("id") or "")
-        keep = not id_format or _native_id(old, name, id_format) or (bool(old) and not provider_minted(old))
+        keep = not id_format or _native_id(old, name, id_format) or model_written(old)
         new = old if keep else id_format.format(name=name, index=prior + i)
         rebuilt += new != old
         out.append({"id": new, "type": "function", "function": {"name": name, "arguments": args}})

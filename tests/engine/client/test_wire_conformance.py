@@ -292,11 +292,11 @@ def test_kimi_ids_passed_through_are_kept_verbatim_minted_ids_rebuilt():
                                       "functions.other:7", "functions.search:x"]
     assert rebuilt == 1
     odd = [call(i, "read") for i in ("functionsread3", "functions_read_3", "call00003", "call_Zx81Kq2mPa0b",
-                                     "chatcmpl-tool-9f2c", "D681PevKs", "")]
+                                     "chatcmpl-tool-9f2c", "D681PevKs", "c1", "")]
     out, rebuilt = native_tool_calls(odd, 0, "functions.{name}:{index}")
     assert [c["id"] for c in out] == ["functionsread3", "functions_read_3", "call00003", "functions.read:3",
-                                      "functions.read:4", "functions.read:5", "functions.read:6"]
-    assert rebuilt == 4
+                                      "functions.read:4", "functions.read:5", "functions.read:6", "functions.read:7"]
+    assert rebuilt == 5
 
 
 def test_providers_pane_shows_flags_once_a_provider_has_some():
