@@ -49,6 +49,7 @@ from engine.fidelity.probeset import (
     same_provider,
 )
 from engine.money.prices import prices_from_models_endpoint
+from engine.run.routing import thinking_plan
 
 if TYPE_CHECKING:
     from engine.client.accumulate import StreamProgress
@@ -103,6 +104,7 @@ def probe_body(cfg: "Config", target: ProbeTarget, probe: Probe) -> dict[str, An
         if v is not None:
             body[k] = v
     body.update(g.extra_body)
+    body.update(thinking_plan(cfg).add)
     routing = cfg.provider.routing.to_provider_object()
     body["provider"] = {**{k: routing[k] for k in KEPT_ROUTING if k in routing},
                         "only": [target.slug], "allow_fallbacks": False}

@@ -12,12 +12,26 @@ import json
 from typing import TYPE_CHECKING, Any, Callable
 
 from engine.client.types import ChatRequest
+from engine.tokens.modeswitch import ModePlan, plan
 
 if TYPE_CHECKING:
     from engine.config import Config
     from engine.run.runstate import RunState
     from engine.run.telemetry import Telemetry
     from engine.storage.store import PendingPrompt, Store
+
+
+def thinking_plan(cfg: "Config") -> ModePlan:
+    """How the request body matches ``[tokenizer] thinking`` (:func:`engine.tokens.modeswitch.plan`):
+    the switch to add, if any; an empty plan without ``[tokenizer]`` (no mode is configured).
+
+    Raises:
+        engine.tokens.modeswitch.ModeConflict: the settings can only buy records validation rejects.
+    """
+    if cfg.tokenizer is None:
+        return ModePlan()
+    g = cfg.generation
+    return plan(cfg.tokenizer.thinking, cfg.provider.kind, g.reasoning, g.extra_body)
 
 
 class Routing:
@@ -48,6 +62,7 @@ class Routing:
         if routing:
             body["provider"] = routing
         body.update(g.extra_body)
+        body.update(thinking_plan(cfg).add)
         #: the body new requests are sent with (the config's, plus the excluded providers).
         self.body = body
         self._config_body = dict(body)

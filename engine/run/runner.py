@@ -35,6 +35,7 @@ from engine.run.apikey import probe_keyless_server, resolve_api_key
 from engine.run.controller import Controller
 from engine.run.fidelity import FidelityWatch
 from engine.run.ingest import ingest_all
+from engine.run.routing import thinking_plan
 from engine.run.scheduler import Scheduler
 from engine.run.seams import AccountClient, TextOut
 from engine.run.supervisor import USAGE_BASELINE_KEY, Supervisor
@@ -152,7 +153,12 @@ async def prepare(cfg: Config, out: TextOut = sys.stdout) -> Job:
             failed ingest is recorded first: the run stopped with the reason, in the store and in
             ``datagen.log``).
         engine.proc.runlock.DirectoryInUse: another process runs on this run directory (nothing opened).
+        engine.tokens.modeswitch.ModeConflict: the request settings contradict ``[tokenizer] thinking``
+            (nothing opened, no request sent).
     """
+    mode = thinking_plan(cfg)  # ModeConflict: settings that can only buy rejected records, refused before anything
+    if mode.note:
+        print(mode.note, file=out)
     api_key = resolve_api_key(cfg.provider)
     if api_key is None and cfg.provider.kind == "openai":
         await probe_keyless_server(cfg.provider)

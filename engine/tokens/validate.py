@@ -15,7 +15,8 @@ are left out of exports unless asked. The checks (docs/eagle3-data.md, "checks t
 | ``roundtrip`` | ``decode(encode(piece)) != piece`` for a piece (reasoning, content, call id, arguments) |
 | ``reasoning_leak`` | a think marker's TEXT inside reasoning or content (provider failed to split) |
 | ``reasoning_missing`` | thinking mode, no reasoning text, but reasoning tokens were billed |
-| ``reasoning_unexpected`` | thinking off, but reasoning text came back |
+| ``reasoning_unexpected`` | thinking off, but reasoning text came back or reasoning tokens were billed (a thinking-mode reply) |
+| ``instant_reply`` | thinking mode, but no reasoning text and no reasoning tokens billed: instant mode served (docs/token-ids.md) |
 | ``special_text`` | another special token's text inside a generated piece |
 | ``bad_tool_args`` | a tool call's ``arguments`` is not valid JSON |
 | ``unknown_tool`` | a tool call names a function not among the request's ``tools`` (e.g. two calls glued into one) |
@@ -45,7 +46,7 @@ method B were checked on the pair rendered without the history's reasoning; the 
 prompt as served, see ``engine.tokens.reconstruct.Reconstruction``).
 
 Checks the cut explains (``think_end_count``, ``end_of_turn``, ``method_disagree``, ``billing_diff``)
-are skipped on truncated records. Every reason but ``truncated``, ``unknown_finish``, ``empty``,
+are skipped on truncated records. Every reason but ``truncated``, ``unknown_finish``, ``empty``, ``instant_reply``,
 ``billing_diff`` and the wire flags of what the provider sent is a "structural error"
 (:data:`NON_STRUCTURAL`, :func:`structural`).
 """
@@ -61,7 +62,7 @@ from engine.tokens.reconstruct import Reconstruction, Record
 #: Every failure reason, in report order.
 REASONS: tuple[str, ...] = (
     "render_error", "truncated", "unknown_finish", "empty", "think_end_count", "think_start", "end_of_turn",
-    "roundtrip", "reasoning_leak", "reasoning_missing", "reasoning_unexpected", "special_text", "bad_tool_args",
+    "roundtrip", "reasoning_leak", "reasoning_missing", "reasoning_unexpected", "instant_reply", "special_text", "bad_tool_args",
     "unknown_tool", "tool_layout", "prefix_unstable", "method_disagree", "billing_diff", "zero_supervised",
     *(f for f in FAILING if f != "unknown_finish"),
 )
@@ -69,7 +70,7 @@ REASONS: tuple[str, ...] = (
 #: completion, and a rebuilt length that disagrees with the provider's billed count (``billing_diff``:
 #: the ids can be perfectly formed while the vocabulary or the provider's count differs), and the wire
 #: flags of what the provider sent (all but ``token_ids_disagree``, which is about the ids).
-NON_STRUCTURAL: frozenset[str] = frozenset({"truncated", "unknown_finish", "empty", "billing_diff",
+NON_STRUCTURAL: frozenset[str] = frozenset({"truncated", "unknown_finish", "empty", "billing_diff", "instant_reply",
                                             *(f for f in FAILING if f != "token_ids_disagree")})
 _THINK_MARKERS = ("think_start", "think_end")
 
@@ -168,7 +169,9 @@ def check(rec: Reconstruction, r: Record, *, thinking: bool, ids: dict[str, int]
             failed.add("special_text")
     if thinking and not r.reasoning and r.reasoning_tokens > 0:
         failed.add("reasoning_missing")
-    if not thinking and r.reasoning:
+    if thinking and not r.reasoning and r.reasoning_tokens <= 0 and (r.content or r.tool_calls):
+        failed.add("instant_reply")  # never a thinking sample whose first generated token is think_end
+    if not thinking and (r.reasoning or r.reasoning_tokens > 0):
         failed.add("reasoning_unexpected")
     if rec.bad_args:
         failed.add("bad_tool_args")
