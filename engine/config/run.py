@@ -38,6 +38,14 @@ class RunSection(_Strict):
         "Shown in the header (`workers N`) and `datagen status --json` (`stream_workers`: configured, alive, "
         "restarts, requests returned by a worker's death, completions recovered from its journal, per-worker pid "
         "and in flight)"))
+    cross_dataset_duplicates: Literal["buy_once", "buy_each"] = Field("buy_once", description=(
+        'a prompt found in several datasets (the same request: messages, tools and its class\'s `max_tokens`): '
+        '`"buy_once"` buys it once, under the dataset that stored it first (config order at the first ingest; a '
+        "copy already bought wins), and records the other copies as duplicates (`dup`: never sent, not counted in that dataset's "
+        "prompts, exported once, under the dataset that bought it); `\"buy_each\"` buys it in each dataset on "
+        "purpose (another sample of the same request per dataset). Ingest prints one line per pair of datasets "
+        "that share prompts, either way; a restart or a dataset added later never buys a duplicate again "
+        "([datasets.md](datasets.md#a-prompt-in-several-datasets))"))
 
 
 class GenerationSection(_Strict):

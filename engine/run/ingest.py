@@ -14,6 +14,12 @@ uses (:mod:`engine.tokens.promptcheck`): an unrenderable prompt is rejected befo
 special-token texts typed in its messages are stored with it (``special_text_in_prompt``; rejected
 under ``prompt_special_text = "reject"``), and its class is picked by its real token count.
 
+A prompt stored in several datasets (the same request: :mod:`engine.datasets.overlap`) is bought once,
+under the dataset that stored it first (config order at a first ingest), the other copies stored as
+duplicates (``dup``), or in each dataset under ``[run] cross_dataset_duplicates = "buy_each"``; decided
+after every dataset is ingested, at every start (so a restart, a dataset added later or a changed
+setting applies it to what is stored), with one line per pair of datasets (:attr:`IngestReport.overlap`).
+
 A dataset whose every row is rejected (a wrong ``format`` or ``fields``, most likely) stops the run
 before any request: :func:`all_rejected` (``dataset NAME: all N rows rejected (first: FILE:LINE:
 reason)``). Nothing of that read is stored, so every later run reads it again and says so again.
@@ -32,6 +38,7 @@ from typing import TYPE_CHECKING
 from engine.config import Config, DatasetSection
 from engine.datasets import DatasetError, Reject, Shard, iter_prompts
 from engine.datasets import hub as hubs
+from engine.datasets.overlap import Copy, overlap_lines, plan
 from engine.datasets.sources import local_shards
 from engine.prompts import Became, Prompt
 from engine.storage.store import Store
@@ -71,6 +78,10 @@ class IngestReport:
         file_notes: problems of whole files met while reading, as ``"file...: reason"`` lines, shown
             before anything else (the reject that skipped the rest of a truncated compressed file or a
             broken JSON array, zstd frames without a checksum); empty when skipped.
+        duplicates: its prompts stored as duplicates of another dataset's (``dup``: not bought here,
+            not in ``prompts``), skipped or not; overlap: one line per other dataset it shares prompts
+            with (:func:`engine.datasets.overlap.overlap_lines`), e.g. ``"ingest: 37 prompt(s) of 'a'
+            also in 'b' (bought once, under 'b'; ...)"``.
     """
 
     dataset: str
@@ -92,6 +103,8 @@ class IngestReport:
     hub_files: int = 0
     hub_pattern: str = ""
     file_notes: list[str] = field(default_factory=list)
+    duplicates: int = 0
+    overlap: list[str] = field(default_factory=list)
 
     def revision_summary(self, url: str, revision: str) -> str | None:
         """One line on an ``hf://`` dataset's commit (None for a local path): ``"hf://datasets/ORG/NAME
@@ -234,7 +247,30 @@ async def ingest_all(cfg: Config, store: Store, checker: "PromptChecker | None" 
         except DatasetError as e:  # recorded with the dataset: `datagen status` shows it stopped, with the reason
             await store.fail_ingest(d.name, str(e))
             raise
+    await mark_overlap(cfg, store, reports)
     return reports
+
+
+async def mark_overlap(cfg: Config, store: Store, reports: list[IngestReport]) -> None:
+    """Decide, over everything stored, which copy of a prompt stored in several datasets is bought
+    (``[run] cross_dataset_duplicates``, :func:`engine.datasets.overlap.plan`), store the others as
+    ``dup``, and fill each report's ``prompts`` (duplicates not counted), ``duplicates`` and ``overlap``
+    lines (also logged)."""
+    mode = cfg.run.cross_dataset_duplicates
+    stored = await store.datasets()
+    eligible = {d.name for d in cfg.datasets if (stored.get(d.name) or {}).get("state") != "skipped"}
+    copies = [Copy(i, ds, key, cfg.classes[cls].max_tokens if cls in cfg.classes else cls, st, att, ec, of)
+              for i, ds, key, cls, st, att, ec, of in await store.shared_copies()]
+    p = plan(copies, mode, eligible)
+    await store.mark_copies(p.to_dup, p.to_pending)
+    lines = overlap_lines(p, mode)
+    stored = await store.datasets()
+    for rep in reports:
+        rep.prompts = int(stored[rep.dataset]["prompts"])
+        rep.duplicates = sum(n for (ds, _), n in p.pairs.items() if ds == rep.dataset) if mode == "buy_once" else 0
+        rep.overlap = lines.get(rep.dataset, [])
+        for line in rep.overlap:
+            log.info("%s", line)
 
 
 async def _ingest_one(cfg: Config, store: Store, checker: "PromptChecker | None", d: DatasetSection,
@@ -244,8 +280,10 @@ async def _ingest_one(cfg: Config, store: Store, checker: "PromptChecker | None"
     rev = await asyncio.to_thread(hubs.resolve, ref) if ref is not None else None
     fp = await asyncio.to_thread(fingerprint, d, rev)
     hub_info: dict = {} if rev is None else {"revision": rev.sha, "hub_files": len(rev.files), "hub_pattern": rev.pattern}
-    if prev is not None and prev["fingerprint"] == fp and (prev["prompts"] or not prev["rejected"]):
-        # (a store whose dataset was stored with every row rejected, before that stopped the run, is re-read)
+    if prev is not None and prev["fingerprint"] == fp and (
+            prev["prompts"] or not prev["rejected"] or await store.duplicate_count(d.name)):
+        # (a store whose dataset was stored with every row rejected, before that stopped the run, is re-read;
+        # one whose every prompt is a duplicate of another dataset's is not)
         await store.reclassify(d.name, lambda est, _n=d.name: cfg.class_for(_n, est))
         return IngestReport(d.name, True, prev["prompts"], rejected=prev["rejected"], **hub_info)
     old_sha = prev.get("revision") if prev is not None else None

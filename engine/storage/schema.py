@@ -8,10 +8,13 @@ One file per run. Tables (:data:`SCHEMA`; ``validations``: :data:`VALIDATIONS_DD
   last ingested at (NULL for a local path); ``ingest_error``: why its last ingest failed (NULL when
   it did not; cleared when the next one starts).
 - ``prompts``: one row per unique (dataset, key) with the messages and tools as JSON, the request
-  class and ``state`` in ``pending | done | failed``. A prompt stays ``pending`` until its result
+  class and ``state`` in ``pending | done | failed | dup``. A prompt stays ``pending`` until its result
   or failure is committed, so a crash only ever re-requests prompts whose result was not stored.
   ``special_text``: the special-token texts typed in its messages (``special_text_in_prompt``,
   :mod:`engine.tokens.promptcheck`), NULL when none or not checked (no ``[tokenizer]``).
+  ``state`` ``dup`` with ``dup_of`` (the id of the copy bought, in another dataset): the same request
+  stored in several datasets and bought once (``[run] cross_dataset_duplicates``,
+  :mod:`engine.datasets.overlap`): never sent, not counted in its dataset's ``prompts``.
 - ``results``: exactly one row per completed prompt (PRIMARY KEY prompt_id, UNIQUE dataset+key);
   ``usage_source`` says where its tokens and cost come from (:mod:`engine.money.usage`: ``reported`` |
   ``generation`` | ``counted`` | ``estimated`` | ``implausible``); ``usage_claimed``: with
@@ -65,7 +68,7 @@ CREATE TABLE IF NOT EXISTS prompts(
   id INTEGER PRIMARY KEY, dataset TEXT NOT NULL, key TEXT NOT NULL, source TEXT NOT NULL,
   class TEXT NOT NULL, est_prompt_tokens INTEGER NOT NULL, messages TEXT NOT NULL, tools TEXT NOT NULL,
   state TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0,
-  error_class TEXT, error TEXT, special_text TEXT, UNIQUE(dataset, key));
+  error_class TEXT, error TEXT, special_text TEXT, dup_of INTEGER, UNIQUE(dataset, key));
 CREATE INDEX IF NOT EXISTS prompts_dispatch ON prompts(dataset, class, state, id);
 CREATE TABLE IF NOT EXISTS results(
   prompt_id INTEGER PRIMARY KEY, dataset TEXT NOT NULL, key TEXT NOT NULL,
@@ -132,6 +135,9 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("results", "system_fingerprint", "TEXT NOT NULL DEFAULT ''"),
     ("results", "temperature", "REAL"),
     ("results", "top_p", "REAL"),
+    # a prompt also stored in another dataset, not bought here ([run] cross_dataset_duplicates =
+    # "buy_once", engine.datasets.overlap): state 'dup' and the id of the copy bought; NULL otherwise
+    ("prompts", "dup_of", "INTEGER"),
 )
 
 
