@@ -33,7 +33,7 @@ class TokenizerSection(_Strict):
         "thinking mode: the generation prompt ends with `think_start` and the completion has exactly one "
         "`think_end` (false: neither; the request must then carry the server's switch: OpenRouter's is sent for kinds "
         "`openrouter`/`simulated`, kind `openai` without one is refused at start, see "
-        "[eagle3-data.md](eagle3-data.md#thinking-and-instant-mode-the-switch-each-server-reads))"))
+        "[the switch each server reads](eagle3-data.md#thinking-and-instant-mode-the-switch-each-server-reads))"))
     think_start: str = Field("<think>", description=_SPECIAL)
     think_end: str = Field("</think>", description=_SPECIAL)
     end_of_turn: str = Field("<|im_end|>", description=_SPECIAL)

@@ -11,6 +11,8 @@ holds the run directory's lock: :func:`engine.report.liveness.engine_alive`) has
 ``spend_rate_usd_per_h`` is computed from the store when the document is read, with the
 dashboard's definition: this engine's spend over the last 5 minutes (:func:`engine.report.liveness.spend_rate`).
 Invariant of every dataset entry: ``done + failed + skipped + pending + in_flight == prompts``.
+``duplicates`` (per dataset and in ``totals``): its prompts also in another dataset and bought there
+(``[run] cross_dataset_duplicates = "buy_once"``, :mod:`engine.datasets.overlap`), not in ``prompts``.
 ``special_text_in_prompt`` (per dataset and in ``totals``) counts prompts flagged at ingest for
 special-token text typed in their messages (:mod:`engine.tokens.promptcheck`; 0 without ``[tokenizer]``).
 ``usage_sources`` (per dataset and in ``totals``) counts the stored results by where their tokens
@@ -215,6 +217,7 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
                 "name": dname, "path": dpath, "revision": revision,
                 "state": state, "state_reason": reason_d, "prompts": prompts, "rejected": rejected,
                 "done": done, "failed": failed, "skipped": skipped, "pending": pending, "in_flight": in_flight,
+                "duplicates": c.get("dup", 0),
                 "percent": progress_percent(done + failed, prompts),
                 "prompt_tokens": p, "completion_tokens": ct, "reasoning_tokens": r,
                 "cost_usd": round(cost, 8), "lost_cost_usd": round(lost_d, 8),
@@ -252,7 +255,7 @@ def collect_status(run_dir: Path, now: float | None = None) -> dict[str, Any]:
         else:
             eta_reason = "" if run_state == "completed" else "engine not running"
         totals: dict[str, Any] = {}
-        for k in ("prompts", "rejected", "done", "failed", "skipped", "pending", "in_flight",
+        for k in ("prompts", "rejected", "done", "failed", "skipped", "pending", "in_flight", "duplicates",
                   "prompt_tokens", "completion_tokens", "reasoning_tokens", "special_text_in_prompt"):
             totals[k] = sum(d[k] for d in datasets)
         totals["cost_usd"] = round(sum(d["cost_usd"] for d in datasets), 8)
@@ -446,6 +449,10 @@ def format_status(doc: dict[str, Any]) -> str:
         lines.append("special_text_in_prompt: " + ", ".join(f"{name} {n}" for name, n in flagged)
                      + " prompt(s) with special-token text typed in their messages (sent as special ids; "
                        "[tokenizer] prompt_special_text = \"reject\" rejects them at ingest)")
+    dups = [(d["name"], d["duplicates"]) for d in doc["datasets"] if d.get("duplicates")]
+    if dups:
+        lines.append("duplicates: " + ", ".join(f"{name} {n}" for name, n in dups) + " prompt(s) also in another "
+                     "dataset, bought there once (not in these prompts; [run] cross_dataset_duplicates)")
     return "\n".join(lines)
 
 

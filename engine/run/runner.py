@@ -211,6 +211,8 @@ async def prepare(cfg: Config, out: TextOut = sys.stdout) -> Job:
                 print(f"[{rep.dataset}] {rep.became_summary()}", file=out)
                 if rep.stale_summary():
                     print(f"[{rep.dataset}] {rep.stale_summary()}", file=out)
+            for line in rep.overlap:  # its prompts also in another dataset ([run] cross_dataset_duplicates)
+                print(line, file=out)
         sim = None
         if cfg.provider.kind == "simulated":
             from engine.sim import SimThread

@@ -19,9 +19,9 @@ def follow_data(tmp: Path, tiny: Path, follow_records: int = 20, prompts: int = 
     """a1, a2, a3 (``prompts`` short sharegpt prompts each) bought 4, 2 and 1 at a time, so a1
     ends first and a3 goes on longest."""
     tok = hf_dir()
-    prompts_file = tmp / "short.json"  # short prompts: each increment's forward is quick, its start-up dominates
-    prompts_file.write_text(json.dumps([{"id": f"q{i}", "conversations": [
-        {"from": "human", "value": f"Question {i}: name a colour and a number."}]} for i in range(prompts)]))
+    for n in ("a1", "a2", "a3"):  # short prompts: each increment's forward is quick, its start-up dominates
+        (tmp / f"short-{n}.json").write_text(json.dumps([{"id": f"q{i}", "conversations": [  # distinct per dataset
+            {"from": "human", "value": f"Question {i} of {n}: name a colour and a number."}]} for i in range(prompts)]))
     classes = {f"c{n}": {"max_tokens": 300, "concurrency": c, "datasets": [n]}
                for n, c in (("a1", 4), ("a2", 2), ("a3", 1))}
     data = {
@@ -30,7 +30,7 @@ def follow_data(tmp: Path, tiny: Path, follow_records: int = 20, prompts: int = 
                                                   "latency_ms": latency_ms, "tokens_per_s": 0}},
         "classes": {**classes, "rest": {"max_tokens": 300, "concurrency": 1}},
         "tokenizer": {"path": str(tok), "executor": "thread", **HF_MARKERS},
-        "datasets": [{"name": n, "path": str(prompts_file), "format": "sharegpt"} for n in ("a1", "a2", "a3")],
+        "datasets": [{"name": n, "path": str(tmp / f"short-{n}.json"), "format": "sharegpt"} for n in ("a1", "a2", "a3")],
         "extract": {"model": str(tiny), "aux_layers": [0, 1, 2], "max_tokens_per_batch": 4096, "disk_margin_gb": 0,
                     "workers": 1, "after_run": "follow", "follow_records": follow_records, **extract},
     }

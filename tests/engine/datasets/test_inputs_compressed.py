@@ -211,7 +211,8 @@ async def test_fingerprints_a_plain_file_as_before_and_a_shard_set_per_shard(tmp
     d.mkdir()
     (d / "0.jsonl").write_bytes(JSONL[: JSONL.index(b"\n") + 1])
     (d / "1.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(JSONL))
-    cfg = make_config(tmp_path, [{"name": "p", "path": str(plain)}, {"name": "s", "path": str(d)}])
+    cfg = make_config(tmp_path, [{"name": "p", "path": str(plain)}, {"name": "s", "path": str(d)}],
+                      run={"cross_dataset_duplicates": "buy_each"})  # the same prompts in both: each keeps its own
     st = plain.stat()
     before = json.dumps([str(plain), st.st_size, st.st_mtime_ns, "auto", {}, None], sort_keys=True)  # the stored formula
     assert fingerprint(cfg.datasets[0]) == hashlib.sha256(before.encode()).hexdigest()[:16]

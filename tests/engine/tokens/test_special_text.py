@@ -86,7 +86,7 @@ def test_keep_flags_rows_in_status_and_validate_and_exports_them(tmp_path, capsy
     printed = run(write_config(tmp_path, kimi_dir(), [("chat", data), ("plain", write_jsonl(tmp_path / "p.jsonl", RENDERABLE))]))
     n = len(SPECIAL)
     assert f"[chat] ingested {n + 1} prompts ({n + 1} new), 0 rejected rows" in printed
-    assert len(sim_requests(tmp_path)) == n + 1 + len(RENDERABLE)  # kept: all sent
+    assert len(sim_requests(tmp_path)) == n + len(RENDERABLE)  # kept: all sent (RENDERABLE[0], in both, once)
     run_dir = tmp_path / "run"
     db = sqlite3.connect(run_dir / "store.sqlite")
     stored = dict(db.execute("SELECT source, special_text FROM prompts WHERE dataset='chat'").fetchall())
