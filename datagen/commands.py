@@ -92,7 +92,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         written = export(Path(args.run_dir), out, args.format, tokenizer=section,
                          include_invalid=args.include_invalid, validate=lock is not None or live is None,
                          on_left_out=lambda rid, why: role_left_out.append((rid, why)),
-                         on_empty=lambda ds, why: empty.append((ds, why)), include_drifting=args.include_drifting)
+                         on_empty=lambda ds, why: empty.append((ds, why)), include_drifting=args.include_drifting,
+                         check_specforge=not args.force)
     except NothingToExport as e:  # a DatagenError with its own exit status
         print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
@@ -112,6 +113,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         _say_left_out(Path(args.run_dir), live)
     if args.format != "raw" and not args.include_drifting:
         _say_drift_left_out(Path(args.run_dir), args.include_invalid)
+    from engine.tokens.specforgeguard import REASON_PREFIX, left_out_line
+
+    parser_line = left_out_line(role_left_out, args.run_dir)
+    role_left_out = [(rid, why) for rid, why in role_left_out if not why.startswith(REASON_PREFIX)]
+    if parser_line:
+        print(parser_line)
     if role_left_out:
         rid, why = role_left_out[0]
         print(f"left out: {len(role_left_out)} row(s) whose turns SpecForge's parser would drop or cut (prompts "

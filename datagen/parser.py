@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--include-invalid", action="store_true", help="also export records that failed validation")
     ex.add_argument("--include-drifting", action="store_true", help="also export the records of providers judged "
                     "drifting (flagged provider_drift; docs/fidelity.md)")
+    ex.add_argument("--force", action="store_true", help="specforge: also export rows SpecForge's own parser would "
+                    "mis-train (reasoning dropped, a system prompt inserted, tool arguments re-serialised); without it "
+                    "they are left out, or the export refused when that is every row (thinking models: use tokens-jsonl)")
     ex.set_defaults(func=cmd_export, error_exit=EXIT_ERROR)
 
     v = sub.add_parser("validate", help="rebuild token ids of every stored result and check them (re-run after a "

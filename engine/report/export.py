@@ -92,7 +92,8 @@ FORMATS = ("raw", "specforge", "openai", "tokens", "tokens-jsonl")
 
 
 def export(run_dir: Path, out_dir: Path, fmt: str = "raw", *, tokenizer=None, include_invalid: bool = False,
-           validate: bool = True, on_left_out=None, on_empty=None, include_drifting: bool = False) -> dict[Path, int]:
+           validate: bool = True, on_left_out=None, on_empty=None, include_drifting: bool = False,
+           check_specforge: bool = True) -> dict[Path, int]:
     """Export a run in ``fmt``; returns ``{output file: rows written}`` (files written only).
 
     Args:
@@ -108,6 +109,8 @@ def export(run_dir: Path, out_dir: Path, fmt: str = "raw", *, tokenizer=None, in
         on_left_out: ``specforge`` only: called ``(row id, reason)`` per row left out because SpecForge's
             parser would drop or cut turns of it (see :func:`engine.tokens.exports.export_validated`).
         on_empty: called ``(dataset, why)`` per dataset with nothing to export: it gets no file.
+        check_specforge: ``specforge`` only: leave out (or refuse) rows SpecForge's parser would mis-train
+            (:mod:`engine.tokens.specforgeguard`); False (``--force``) exports them anyway.
 
     Raises:
         NothingToExport: no record qualifies (nothing is written).
@@ -120,6 +123,6 @@ def export(run_dir: Path, out_dir: Path, fmt: str = "raw", *, tokenizer=None, in
 
     written = export_validated(run_dir, out_dir, fmt, tokenizer=tokenizer, include_invalid=include_invalid,
                                validate=validate, on_left_out=on_left_out, on_empty=on_empty,
-                               include_drifting=include_drifting)
+                               include_drifting=include_drifting, check_specforge=check_specforge)
     ext = ".parquet" if fmt == "tokens" else ".jsonl"
     return {Path(out_dir) / f"{n}{ext}": c for n, c in written.items()}

@@ -9,7 +9,11 @@ temporary name in the same directory and renamed (atomic).
 - ``specforge`` (``DIR/<dataset>.jsonl``): ``{"id": "<dataset>:<key>", "conversations": [prompt
   messages..., generated assistant turn], "tools"}``; tool calls of the generated turn in native form
   (``functions.NAME:IDX``), arguments verbatim. A row SpecForge's parser would not train on whole (a
-  prompt stored before ingest normalised role order, ``engine.datasets.roles``) is left out and reported.
+  prompt stored before ingest normalised role order, ``engine.datasets.roles``) is left out and reported,
+  and so is a row its parser would mis-train with the template a user of this tokenizer picks
+  (``kimi-k2-thinking``: reasoning dropped, a system prompt inserted, tool arguments re-serialised;
+  :mod:`engine.tokens.specforgeguard`); when that is every row (a thinking model's run) the export is
+  refused and names ``tokens-jsonl`` + SpecForge's ``data.prompts_path``.
 - ``openai`` (``DIR/<dataset>.jsonl``): ``{"id", "messages": [..., generated assistant turn], "tools"}``,
   the assistant turn in OpenAI shape (``content`` null when the turn is only tool calls).
 - ``tokens`` (``DIR/<dataset>.parquet``): the :mod:`engine.tokens.records` format (``input_ids``
@@ -54,6 +58,7 @@ from engine.tokens import vstore
 from engine.tokens.jsonrows import assistant_message, export_message, json_text
 from engine.tokens.reconstruct import count_tool_calls, native_tool_calls
 from engine.tokens.records import TokenRecord, write_jsonl, write_parquet
+from engine.tokens.specforgeguard import SpecForgeGuard
 
 FORMATS = ("specforge", "openai", "tokens", "tokens-jsonl")
 
@@ -122,7 +127,7 @@ def empty_reason(conn: Handle, dataset: str, include_invalid: bool, role_left_ou
     if unvalidated:
         parts.append(f"{unvalidated} not validated")
     if role_left_out:
-        parts.append(f"{role_left_out} left out for SpecForge's role order")
+        parts.append(f"{role_left_out} left out for SpecForge's parser (role order, or it would mis-train them)")
     return f"no {'' if include_invalid else 'valid '}record: " + ", ".join(parts)
 
 
@@ -175,8 +180,9 @@ def drift_left_out(conn: Handle, include_invalid: bool = False) -> dict[str, tup
 
 
 def _json_lines(conn: Handle, dataset: str, fmt: str, include_invalid: bool, id_format: str,
-                on_left_out: Callable[[str, str], None] | None = None, drift: _Drift | None = None) -> Iterator[str]:
-    for _pid, key, _ok, _pl, _cl, _blob, _prov, _fin, msgs, tools, reasoning, content, tcs, *_ in _rows(
+                on_left_out: Callable[[str, str], None] | None = None, drift: _Drift | None = None,
+                guard: SpecForgeGuard | None = None) -> Iterator[str]:
+    for _pid, key, _ok, pl, _cl, blob, _prov, _fin, msgs, tools, reasoning, content, tcs, *_ in _rows(
             conn, dataset, include_invalid, drift):
         msgs, tools = json.loads(msgs), json.loads(tools)
         calls, _ = native_tool_calls(json.loads(tcs), count_tool_calls(msgs), id_format)
@@ -191,6 +197,12 @@ def _json_lines(conn: Handle, dataset: str, fmt: str, include_invalid: bool, id_
         else:
             turn = assistant_message(content if (content or not calls) else None, reasoning, calls)
         turns = [export_message(m) for m in msgs] + [turn]
+        if guard is not None:  # SpecForge's own parser would not train it as bought (engine.tokens.specforgecheck)
+            v = guard.verdict(turns, tools, vstore.unpack_ids(blob), pl)
+            if v is not None:
+                if on_left_out is not None:
+                    on_left_out(rid, v.detail)
+                continue
         doc = {"id": rid, "conversations" if fmt == "specforge" else "messages": turns, "tools": json_text(tools)}
         yield json.dumps(doc, ensure_ascii=False)
 
@@ -221,7 +233,7 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
                      include_invalid: bool = False, workers: int | None = None, validate: bool = True,
                      on_left_out: Callable[[str, str], None] | None = None,
                      on_empty: Callable[[str, str], None] | None = None,
-                     include_drifting: bool = False) -> dict[str, int]:
+                     include_drifting: bool = False, check_specforge: bool = True) -> dict[str, int]:
     """Export every dataset in ``fmt`` (one of :data:`FORMATS`); returns ``{dataset: rows}`` for the
     files written.
 
@@ -234,7 +246,13 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
         validate: validate unvalidated results first (False: leave them out, write nothing to the store).
         on_left_out: called ``(row id, reason)`` for each ``specforge`` row left out because SpecForge's
             parser would drop or cut turns of it (a prompt stored before ingest normalised role order;
-            docs/specforge-roles.md).
+            docs/specforge-roles.md), or would not train it as bought (``check_specforge``; the reason
+            starts with :data:`engine.tokens.specforgeguard.REASON_PREFIX`).
+        check_specforge: ``specforge`` only: run SpecForge's parser (transcribed,
+            :mod:`engine.tokens.specforgecheck`) over each row with the run's tokenizer and leave out the
+            rows it would mis-train (reasoning dropped, a system prompt inserted, tool arguments
+            re-serialised); when it would mis-train every row, nothing is written and NothingToExport
+            names the path to train from (``tokens-jsonl``).
         on_empty: called ``(dataset, why)`` for each dataset with no row to export: no file is
             written for it (see the module docstring).
 
@@ -255,8 +273,10 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
     try:
         _check_something_qualifies(conn, run_dir, include_invalid)
         drift = _Drift(conn, include_drifting)
+        guard = _guard(section) if fmt == "specforge" and check_specforge else None
         names = read.dataset_names(conn)
         out: dict[str, int] = {}
+        empties: list[tuple[str, int]] = []
         for name in names:
             dropped: list[str] = []
 
@@ -273,14 +293,29 @@ def export_validated(run_dir: Path, out_dir: Path, fmt: str, *, tokenizer: Token
                                        write_jsonl)
             else:
                 n = write_unless_empty(Path(out_dir) / f"{name}.jsonl",
-                                       _json_lines(conn, name, fmt, include_invalid, id_format, left, drift), write_lines)
+                                       _json_lines(conn, name, fmt, include_invalid, id_format, left, drift, guard),
+                                       write_lines)
             if n:
                 out[name] = n
-            elif on_empty is not None:
-                on_empty(name, empty_reason(conn, name, include_invalid, len(dropped)))
+            else:
+                empties.append((name, len(dropped)))
+        if guard is not None and guard.left and not guard.kept:
+            raise NothingToExport(guard.refusal(run_dir))
+        for name, n_dropped in empties:
+            if on_empty is not None:
+                on_empty(name, empty_reason(conn, name, include_invalid, n_dropped))
         return out
     finally:
         conn.close()
+
+
+def _guard(section: TokenizerSection | None) -> SpecForgeGuard:
+    """The ``specforge`` export's guard with the run's tokenizer (None: decided without one)."""
+    if section is None:
+        return SpecForgeGuard(None)
+    from engine.tokens.tokenizer import load_tokenizer
+
+    return SpecForgeGuard(load_tokenizer(section))
 
 
 def iter_token_records(run_dir: Path, *, include_invalid: bool = False,
