@@ -67,7 +67,7 @@ def _commands(r: dict[str, Path], mode: str) -> list[tuple[list[str], int]]:
         (["ctl", rd, "pause", "d"], 0),
         (["ctl", rd, "resume", "d"], 0),
         (["export", rd, "--out", str(out / "raw")], 0),
-        (["export", rd, "--format", "specforge", "--out", str(out / "sf")], 0),
+        (["export", rd, "--format", "specforge", "--force", "--out", str(out / "sf")], 0),
         (["export", rd, "--format", "tokens", "--out", str(out / "tok")], 0),
         (["validate", rd], 0),
         (["validate", rd, "--json"], 0),

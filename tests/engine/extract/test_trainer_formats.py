@@ -150,7 +150,10 @@ def specforge_prompts(path: Path, max_length: int = 1 << 20) -> list[dict]:
 def exported(tmp_path_factory):
     """A finished simulated run (Kimi-layout tokenizer), exported as ``tokens`` and ``tokens-jsonl``."""
     tmp = tmp_path_factory.mktemp("tokens_jsonl")
-    ds = [("good", write_jsonl(tmp / "good.jsonl", RENDERABLE)), ("more", write_jsonl(tmp / "more.jsonl", RENDERABLE[:2]))]
+    more = json.loads(json.dumps(RENDERABLE[:2]))  # prompts of their own (one shared prompt is bought once)
+    for row in more:
+        row["messages"][0]["content"] += " (asked again)"
+    ds = [("good", write_jsonl(tmp / "good.jsonl", RENDERABLE)), ("more", write_jsonl(tmp / "more.jsonl", more))]
     run(write_config(tmp, kimi_dir(), ds))
     for fmt in ("tokens", "tokens-jsonl"):
         assert main(["export", str(tmp / "run"), "--format", fmt, "--out", str(tmp / fmt)]) == 0

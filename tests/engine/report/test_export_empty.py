@@ -38,7 +38,7 @@ def finished_run(tmp_path_factory):
 
 def _export(capsys, run_dir, fmt, out):
     capsys.readouterr()
-    code = main(["export", str(run_dir), "--format", fmt, "--out", str(out)])
+    code = main(["export", str(run_dir), "--format", fmt, "--out", str(out), "--force"])
     return code, capsys.readouterr().out
 
 

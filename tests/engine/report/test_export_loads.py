@@ -117,7 +117,7 @@ def exported(tmp_path_factory):
     db.commit()
     db.close()
     for fmt in FORMATS:
-        assert main(["export", str(tmp / "run"), "--format", fmt, "--out", str(tmp / "out" / fmt)]) == 0
+        assert main(["export", str(tmp / "run"), "--format", fmt, "--out", str(tmp / "out" / fmt), "--force"]) == 0
     done = {d["name"]: d["done"] for d in collect_status(tmp / "run")["datasets"]}
     return tmp, truth(tmp / "run"), done
 
@@ -363,7 +363,7 @@ def test_a_store_from_before_the_newer_columns_exports_and_loads(exported, tmp_p
     for fmt in FORMATS:
         out = tmp_path / fmt
         capsys.readouterr()
-        assert main(["export", str(old), "--format", fmt, "--out", str(out)]) == 0, capsys.readouterr()
+        assert main(["export", str(old), "--format", fmt, "--out", str(out), "--force"]) == 0, capsys.readouterr()
         fs = sorted(out.iterdir())
         ds = load("parquet" if fmt == "tokens" else "json", fs, tmp_path)
         assert ds.num_rows == sum(done.values()), fmt

@@ -223,7 +223,7 @@ def test_every_exported_row_of_every_sample_dataset_passes_specforge(tmp_path):
     assert "[b7_sharegpt] 24 prompt(s) brought into SpecForge's role order" in r.stdout
     assert "[b8_swe_agent] 1 prompt(s) brought into SpecForge's role order" in r.stdout
     assert "[case10] 3 prompt(s) brought into SpecForge's role order" in r.stdout
-    x = subprocess.run([PY, "-m", "datagen", "export", str(tmp_path / "run"), "--format", "specforge", "--out",
+    x = subprocess.run([PY, "-m", "datagen", "export", str(tmp_path / "run"), "--format", "specforge", "--force", "--out",
                         str(tmp_path / "sf")], capture_output=True, text=True, timeout=300)
     assert x.returncode == 0, x.stderr
     files = sorted((tmp_path / "sf").glob("*.jsonl"))
@@ -265,7 +265,7 @@ def test_case10_sharegpt_roles_scripted_server(tmp_path):
                                    capture_output=True, text=True, check=True).stdout)
     d = st["datasets"][0]
     assert (d["done"], d["failed"], d["rejected"]) == (5, 0, 2)
-    x = subprocess.run([PY, "-m", "datagen", "export", str(tmp_path / "run"), "--format", "specforge", "--out",
+    x = subprocess.run([PY, "-m", "datagen", "export", str(tmp_path / "run"), "--format", "specforge", "--force", "--out",
                         str(tmp_path / "sf")], capture_output=True, text=True, timeout=120)
     assert x.returncode == 0, x.stderr
     rows = [json.loads(line) for line in (tmp_path / "sf" / "d.jsonl").read_text(encoding="utf-8").split("\n") if line]
@@ -286,7 +286,7 @@ def test_case10_sharegpt_roles_scripted_server(tmp_path):
     db.commit()
     db.close()
     assert n == 1
-    x = subprocess.run([PY, "-m", "datagen", "export", str(tmp_path / "run"), "--format", "specforge", "--out",
+    x = subprocess.run([PY, "-m", "datagen", "export", str(tmp_path / "run"), "--format", "specforge", "--force", "--out",
                         str(tmp_path / "sf2")], capture_output=True, text=True, timeout=120)
     assert x.returncode == 0, x.stderr
     assert "left out: 1 row(s) whose turns SpecForge's parser would drop or cut" in x.stdout

@@ -149,7 +149,7 @@ def test_injected_faults_are_flagged_with_the_right_reason(tmp_path, capsys):
     res = results(run_dir)
     n_ok = sum(1 for r in res.values() if r["ok"])
     for fmt in ("specforge", "openai"):
-        code, out = cli(capsys, "export", str(run_dir), "--format", fmt, "--out", str(tmp_path / fmt))
+        code, out = cli(capsys, "export", str(run_dir), "--format", fmt, "--out", str(tmp_path / fmt), "--force")
         assert code == 0 and f"left out: {sum(1 for r in res.values() if not r['ok'])} invalid record(s) (" in out
         lines = [json.loads(x) for f in sorted((tmp_path / fmt).glob("*.jsonl")) for x in f.read_text().split("\n") if x]
         assert len(lines) == n_ok < len(res)
