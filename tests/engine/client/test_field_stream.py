@@ -251,9 +251,10 @@ def test_unknown_tool_never_reaches_a_training_export_without_a_tokenizer(tmp_pa
     # Training exports always validate first: without a [tokenizer] they refuse; validated later with one,
     # the undeclared call fails unknown_tool and nothing is exported.
     def respond(req, n):
-        return stream(chunk(tcd(index=0, id="a", name="get_wether", arguments='{"city": "Rome"}')),
+        return stream(chunk({"role": "assistant", "reasoning": "Check the weather."}),  # a thinking-mode reply
+                      chunk(tcd(index=0, id="a", name="get_wether", arguments='{"city": "Rome"}')),
                       chunk({}, finish="tool_calls",
-                            usage=usage(10, true_count("", "", [("get_wether", '{"city": "Rome"}')]))))
+                            usage=usage(10, true_count("Check the weather.", "", [("get_wether", '{"city": "Rome"}')]))))
 
     prompts = [{"messages": [{"role": "user", "content": "Weather in Rome?"}], "tools": [WEATHER]}]
     with CaseServer(respond) as srv:
