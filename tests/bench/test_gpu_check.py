@@ -39,6 +39,7 @@ def test_the_emulated_gpu_machine_lacks_what_the_real_one_lacks(gpu_python: Path
     assert out == ["torch", "transformers", "safetensors", "accelerate", "pyarrow"]
 
 
+@pytest.mark.slow  # 18-33 s on 2 cores: `make slow` (which .ci/run runs) keeps CI-less breakage in sight
 def test_gpu_check_runs_end_to_end_on_cpu_small(gpu_python: Path, tmp_path: Path) -> None:
     """The check's CPU command line passes in the emulated environment and writes real numbers."""
     out = tmp_path / "out"
