@@ -1,4 +1,5 @@
-"""B1: completed streaming requests/s and CPU-seconds per 1,000 requests at 2,000 concurrency.
+"""B1: CPU-seconds per 1,000 completed requests (the headline) and completed streaming requests/s at
+2,000 concurrency.
 
 The simulator (own process, own core) streams ~2,000-token completions (mean 2,000, exponential,
 ``max_tokens`` 8,000) with zero latency and no rate limit, so the client side is the bottleneck.
@@ -18,6 +19,11 @@ completions):
   the concurrency.
 - ``httpx-sharded``: the same loop over the engine's ``ShardedTransport``.
 - ``openai``: ``AsyncOpenAI`` (``bench/baseline_openai.py``).
+
+The headline row is CPU-s per 1,000 completed requests of the engine (its process and its stream
+workers) vs the bare loop over ``ShardedTransport`` in the same runs, goal <= 1.2x: it does not
+depend on how many cores each side had (on 2 cores the bare loop has one to itself, the engine shares
+two). The req/s rows and the scaling rows (:func:`scaling_rows`) stay for many-core hosts.
 
 Each process measures a steady-state window (after ``start_after`` completions, for ``seconds`` s)
 of completions/s and its own CPU time (all threads; the engine adds its stream workers'). Runs are
@@ -255,7 +261,7 @@ def rows(results: dict[str, list[dict]], sim_share: dict[str, list[float]], reps
     default = default_stream_workers()
     where = stream_note(default)
     ours_note = f"{where}; {ours_note}" if ours_note else where
-    out = []
+    out = [headline_row(cpu, ours_note, details)]
     ours = summary(rps["ours"])
     for k in ("httpx-sharded", "httpx", "openai"):
         base = summary(rps[k])
@@ -264,16 +270,34 @@ def rows(results: dict[str, list[dict]], sim_share: dict[str, list[float]], reps
         met = (rat["median"] >= 1.0) if (rat["median"] is not None and k.startswith("httpx")) else None
         out.append(make_row("B1", f"completed streaming req/s, 2,000 conc., ~2,000-tok completions; vs {LABELS[k]}",
                             ours=ours, baseline=base, unit="req/s", ratio=rat, goal=goal, met=met,
-                            note=oa_note if k == "openai" else (ours_note if k == "httpx-sharded" else ""),
-                            details=details if k == "httpx-sharded" else {}))
+                            note=oa_note if k == "openai" else ""))
     out += scaling_rows(results, rps, default)
-    for k in ("httpx-sharded", "httpx", "openai"):
+    for k in ("httpx", "openai"):
         out.append(make_row("B1", "CPU-seconds per 1,000 requests (client processes, all threads: the engine and its "
                                   f"stream workers; a baseline's one process); vs {LABELS[k]}",
                             ours=summary(cpu["ours"]), baseline=summary(cpu[k]), unit="CPU-s/1k req",
                             ratio=ratio_summary(cpu["ours"], cpu[k]), goal="(report; lower is better)", met=None,
                             note=oa_note if k == "openai" else ""))
     return out
+
+
+#: The headline's goal: the engine's CPU per completed request at most this multiple of the bare loop's.
+CPU_GOAL_RATIO = 1.2
+
+
+def headline_row(cpu: dict[str, list], note: str, details: dict) -> dict:
+    """B1's headline: CPU-seconds per 1,000 completed requests of the engine (its process and its
+    stream workers, summed user+sys; the simulator excluded) vs the bare loop over
+    ``ShardedTransport`` in the same runs (paired by repetition), goal <= :data:`CPU_GOAL_RATIO` x.
+    CPU per request does not depend on the core count, unlike req/s on a machine where the bare loop
+    has a core to itself and the engine shares two (``cpu``: contender -> per-run figures)."""
+    rat = ratio_summary(cpu["ours"], cpu["httpx-sharded"])
+    return make_row("B1", "CPU-seconds per 1,000 completed requests, 2,000 conc., ~2,000-tok completions (the engine "
+                          "process + its stream workers, all threads); vs " + LABELS["httpx-sharded"] + " (headline)",
+                    ours=summary(cpu["ours"]), baseline=summary(cpu["httpx-sharded"]), unit="CPU-s/1k req", ratio=rat,
+                    goal=f"<= {CPU_GOAL_RATIO:.1f}x",
+                    met=None if rat["median"] is None else rat["median"] <= CPU_GOAL_RATIO,
+                    note=note, details=details)
 
 
 def scaling_rows(results: dict[str, list[dict]], rps: dict[str, list], default: int) -> list[dict]:
