@@ -63,6 +63,13 @@ __all__ = [
 ]
 
 
+#: Top-level chunk keys that never hold a usage (:func:`~engine.client.conformance.usage_location` looks
+#: at ``usage``, at ``choices[0].usage`` and inside ``x_*`` objects): a chunk with only these keys and no
+#: ``usage`` in its choice has none, and its usage lookup is skipped.
+_NO_USAGE_KEYS = frozenset({"id", "object", "created", "model", "provider", "system_fingerprint", "choices",
+                            "service_tier"})
+
+
 class StreamAccumulator:
     """Consumes parsed stream chunks (dicts) and assembles a :class:`Completion`.
 
@@ -105,6 +112,8 @@ class StreamAccumulator:
         "_token_ids",
         "_ids_bad",
         "_ident",
+        "_ident_key",
+        "_ident_same",
     )
 
     def __init__(
@@ -142,6 +151,8 @@ class StreamAccumulator:
         self._token_ids: list[Any] = []
         self._ids_bad = False
         self._ident = GenerationIdentity()
+        self._ident_key: tuple[Any, ...] = ()  # the last chunk's (id, model, provider, system_fingerprint) ...
+        self._ident_same = 0  # ... and how many chunks in a row carried it
 
     # -- state ------------------------------------------------------------------------------------------------
 
@@ -173,7 +184,13 @@ class StreamAccumulator:
         if type(chunk) is not dict:
             raise self.error(ErrorClass.PROTOCOL, f"stream chunk is not a JSON object: {truncate(repr(chunk), 200)}")
         self.chunks += 1
-        self._meta(chunk)
+        key = (chunk.get("id"), chunk.get("model"), chunk.get("provider"), chunk.get("system_fingerprint"))
+        if key == self._ident_key:
+            self._ident_same += 1
+        else:
+            self._ident_key, self._ident_same = key, 1
+        if self._ident_same <= 2:  # a third chunk in a row with the same identity changes nothing (_meta)
+            self._meta(chunk)
         err = chunk.get("error")
         if err is not None:
             self._usage(chunk)  # the usage billed so far, when the error chunk carries it, is spend
@@ -187,7 +204,8 @@ class StreamAccumulator:
             tids = choice.get("token_ids")
             if tids:
                 self._ids(tids)
-        self._usage(chunk)
+        if not (chunk.keys() <= _NO_USAGE_KEYS) or (type(choice) is dict and "usage" in choice):
+            self._usage(chunk)  # else: no usage anywhere usage_location looks (skipped: once per chunk)
         if type(choice) is not dict:
             return
         fr = choice.get("finish_reason")

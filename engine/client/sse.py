@@ -147,7 +147,7 @@ class SSEParser:
         p.feed(b": OPENROUTER PROCESSING\\n\\ndata: {\\"a\\": 1}\\n\\ndata: [DONE]\\n\\n")  # -> [{"a": 1}, DONE]
     """
 
-    __slots__ = ("_buf", "_data", "_type", "_id", "_pending_cr", "_start", "events", "comments", "empty_events",
+    __slots__ = ("_buf", "_data", "_type", "_id", "_id_text", "_pending_cr", "_start", "events", "comments", "empty_events",
                  "last_event_id", "retry_ms", "discarded")
 
     def __init__(self) -> None:
@@ -155,6 +155,7 @@ class SSEParser:
         self._data: list[bytes] = []
         self._type = b""
         self._id = b""
+        self._id_text = ""  # self._id decoded (what a dispatch sets last_event_id to)
         self._pending_cr = False
         self._start: bytes | None = b""  # bytes held at stream start until the BOM question is decided (None once decided)
         self.events = 0
@@ -178,9 +179,39 @@ class SSEParser:
         Raises:
             SSEDecodeError: a completed event's data is not JSON.
         """
+        lines = self._lines(data)
+        if not lines:
+            return []
+        # The hot path (one call per network read; ~1 event per token or per few tokens): the rules of
+        # :meth:`_line` and :meth:`_dispatch` fused into one loop for ``data:`` and blank lines, the payload
+        # decoded as it is dispatched; every other line takes :meth:`_line`.
         out: list[Any] = []
-        for ev in self._feed(data):
-            self._decode_into(ev[1], out)
+        buf = self._data
+        for line in lines:
+            if line:
+                if line[:5] == b"data:":
+                    buf.append(line[6:] if line[5:6] == b" " else line[5:])
+                else:
+                    self._line(line, [])  # a blank line never reaches it: it dispatches nothing
+                continue
+            self.last_event_id = self._id_text
+            self._type = b""
+            if not buf:
+                continue
+            payload = buf[0] if len(buf) == 1 else b"\n".join(buf)
+            buf = self._data = []
+            self.events += 1
+            if not payload or payload.isspace():
+                self.empty_events += 1
+                continue
+            try:
+                out.append(_fast_loads(payload))
+            except ValueError:  # not plain JSON: [DONE], or the standard library's cases
+                obj = decode_payload(payload)
+                if type(obj) is _Multi:
+                    out.extend(obj)
+                else:
+                    out.append(obj)
         return out
 
     def feed_events(self, data: bytes) -> list[Event]:
@@ -226,6 +257,14 @@ class SSEParser:
             out.append(obj)
 
     def _feed(self, data: bytes) -> list[tuple[bytes, bytes, str]]:
+        out: list[tuple[bytes, bytes, str]] = []
+        for line in self._lines(data):
+            self._line(line, out)
+        return out
+
+    def _lines(self, data: bytes) -> list[bytes]:
+        """The complete lines ``data`` ends (line breaks removed, BOM and CR rules applied); the partial
+        last line stays buffered."""
         if not data:
             return []
         if self._start is not None:
@@ -256,10 +295,7 @@ class SSEParser:
             return []
         lines = buf.split(b"\n")
         self._buf = lines.pop()
-        out: list[tuple[bytes, bytes, str]] = []
-        for line in lines:
-            self._line(line, out)
-        return out
+        return lines
 
     def _line(self, line: bytes, out: list[tuple[bytes, bytes, str]]) -> None:
         if not line:
@@ -285,13 +321,14 @@ class SSEParser:
         elif field == b"id":
             if b"\x00" not in value:
                 self._id = value
+                self._id_text = value.decode("utf-8", "replace")
         elif field == b"retry":
             if value.isdigit():  # bytes.isdigit: ASCII digits only, False when empty
                 self.retry_ms = int(value)
         # any other field is ignored
 
     def _dispatch(self, out: list[tuple[bytes, bytes, str]]) -> None:
-        self.last_event_id = self._id.decode("utf-8", "replace") if self._id else ""
+        self.last_event_id = self._id_text
         data = self._data
         etype = self._type
         self._type = b""
