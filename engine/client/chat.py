@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, cast
 
 import httpx
@@ -58,6 +58,14 @@ __all__ = ["ChatClient", "StreamProgress", "is_loopback_host"]
 
 _ERROR_BODY_LIMIT = 64 * 1024
 """At most this many bytes of an error response body are read."""
+
+
+def _gated(gate: Callable[[], Awaitable[None]]) -> Callable[[str, dict], Awaitable[None]]:
+    """httpcore's ``trace`` extension awaiting ``gate`` as the request headers start to be written."""
+    async def trace(event: str, info: dict) -> None:
+        if event.endswith("send_request_headers.started"):
+            await gate()
+    return trace
 
 
 class ChatClient:
@@ -195,7 +203,8 @@ class ChatClient:
 
     # -- public calls -----------------------------------------------------------------------------------------
 
-    async def complete(self, req: ChatRequest, progress: StreamProgress | None = None) -> Completion:
+    async def complete(self, req: ChatRequest, progress: StreamProgress | None = None,
+                       gate: Callable[[], Awaitable[None]] | None = None) -> Completion:
         """Send ONE chat-completions request and return the assembled :class:`Completion`.
 
         Args:
@@ -203,6 +212,9 @@ class ChatClient:
             progress: optional :class:`StreamProgress`, reset at the start and updated live (tokens received,
                 generation id, provider, status, cost): read it after a cancellation to account the spend of an
                 aborted stream.
+            gate: awaited once, on the connection, right before the request's first byte is written (after
+                any wait for a pooled connection and the connect); whatever it raises ends the call with
+                nothing sent, raised as is (:mod:`engine.stream.worker` holds a paused run's requests there).
 
         Raises:
             RequestError: every failure (see the module table); never contains the API key.
@@ -222,7 +234,7 @@ class ChatClient:
         t0 = time.monotonic()
         try:
             async with asyncio.timeout(self._total):
-                return finalize(req, await self._complete(body, progress, t0))
+                return finalize(req, await self._complete(body, progress, t0, gate))
         except TimeoutError:
             raise self._scrub(
                 RequestError(
@@ -310,8 +322,11 @@ class ChatClient:
         err.no_answer = no_answer
         return err
 
-    async def _complete(self, body: bytes, progress: StreamProgress, t0: float) -> Completion:
+    async def _complete(self, body: bytes, progress: StreamProgress, t0: float,
+                        gate: Callable[[], Awaitable[None]] | None = None) -> Completion:
         request = self._http.build_request("POST", self._chat_url, content=body)
+        if gate is not None:
+            request.extensions["trace"] = _gated(gate)
         try:
             resp = await self._http.send(request, stream=True)
         except (httpx.HTTPError, OSError) as e:

@@ -13,8 +13,11 @@ takes the class's concurrency slot and the budget reservation before it starts i
   pending; once that is applied the cancellation goes on (the task ends cancelled);
 - returned to pending without a failed attempt: the stream worker holding the stream died
   (:class:`~engine.stream.wire.StreamWorkerLost`: an :class:`Aborted` not ``cancelled``, what it had
-  streamed is counted), or a retry was due while the run or the dataset was paused, skipped or
-  stopping (:class:`Requeued`: nothing is sent: a pause means no request leaves, retries included).
+  streamed is counted), or the request was held before it was sent (:class:`Requeued`): an attempt,
+  first or retry, due while the run or the dataset is paused, skipped or stopping, or one the stream
+  workers held back unsent (:class:`~engine.stream.wire.StreamHeld`: the pause came after it was
+  handed to a worker, before its first byte left). Nothing is sent and no attempt is counted: a
+  pause means no request leaves, queued ones and retries included.
 
 The slot is released in ONE place, the ``finally`` around the attempts, whatever the outcome (a
 task cancelled before it ever started is undone by the dispatcher's done-callback instead). Every
@@ -42,7 +45,7 @@ from engine.client.retry import RetryPolicy, call_with_retries
 from engine.client.types import Completion, ErrorClass, RequestError
 from engine.errors import DatagenError
 from engine.money.plausible import completion_budget
-from engine.stream.wire import StreamWorkerLost
+from engine.stream.wire import StreamHeld, StreamWorkerLost
 
 if TYPE_CHECKING:
     from engine.client.types import ChatRequest
@@ -62,7 +65,7 @@ log = logging.getLogger("engine.run.scheduler")
 class _Requeue(DatagenError):
     """Ends the attempts of a request and returns its prompt to pending (not a :class:`RequestError`,
     so the retry loop neither records nor retries it). ``lost``: the stream worker died mid-stream
-    (its streamed spend is counted); else a retry was held back by a pause."""
+    (its streamed spend is counted); else the request was held back unsent by a pause or skip."""
 
     def __init__(self, lost: StreamWorkerLost | None = None) -> None:
         super().__init__("returned to pending")
@@ -85,10 +88,6 @@ class AttemptClock:
     attempts: int
     started: float = 0.0
     seq: int = 0
-    first: int = -1
-
-    def __post_init__(self) -> None:
-        self.first = self.attempts  # attempts made before this dispatch (a prompt back from pending)
 
 
 @dataclass(frozen=True)
@@ -123,7 +122,8 @@ class Aborted:
 
 @dataclass(frozen=True)
 class Requeued:
-    """A retry was held back (paused, skipped or stopping): nothing was sent; the prompt is pending again."""
+    """The request was held back (paused, skipped or stopping) before it was sent: nothing left, no
+    attempt is counted; the prompt is pending again."""
 
     spent: Spent
     at: AttemptClock
@@ -190,8 +190,10 @@ async def run_request(host: AttemptHost, rt: "DatasetRuntime", p: "PendingPrompt
 def _one_attempt(host: AttemptHost, rt: "DatasetRuntime", req: "ChatRequest", progress: StreamProgress,
                  at: AttemptClock, cls: str) -> Callable[[], Any]:
     async def one_attempt() -> Completion:
-        if at.attempts > at.first and not host.may_send(rt):
-            raise _Requeue()  # a retry due while paused, skipped or stopping: nothing leaves
+        if not host.may_send(rt):
+            # paused, skipped or stopping since it was dispatched (a first attempt whose task ran after
+            # the flip) or since its last attempt failed (a retry): nothing leaves
+            raise _Requeue()
         at.attempts += 1
         at.started = time.time()
         progress.chars_received = 0
@@ -200,6 +202,10 @@ def _one_attempt(host: AttemptHost, rt: "DatasetRuntime", req: "ChatRequest", pr
             c = await host.complete(req, progress=progress)
         except StreamWorkerLost as e:
             raise _Requeue(e) from None
+        except StreamHeld:  # a pause or skip reached the stream worker before the request's first byte left
+            at.attempts -= 1
+            host.telemetry.attempt_over(rt.name, at.seq)
+            raise _Requeue() from None
         except RequestError as e:  # a request too expensive for the in-flight budget: name its class and fit
             budget_error_for_request(e, req.max_tokens, cls)
             raise

@@ -104,6 +104,9 @@ class Scheduler:
             (:meth:`engine.client.fleet.EndpointFleet.snapshot`), for snapshots; None with one.
         workers: the stream workers' figures now (:meth:`engine.stream.pool.StreamWorkerPool.figures`),
             for snapshots; None when ``complete`` is not a pool's (tests).
+        hold: ``hold(run, datasets)`` of the stream workers (:meth:`engine.stream.pool.StreamWorkerPool.hold`):
+            called with the hold state in the same step that pauses, resumes, skips or reactivates,
+            so the requests handed to a worker and not sent yet are held back too; None: no workers.
     """
 
     # The run state's fields under the names callers use (kept on self.runstate).
@@ -140,6 +143,7 @@ class Scheduler:
         recon: Reconstructor | None = None,
         endpoints: EndpointsFn | None = None,
         workers: WorkersFn | None = None,
+        hold: Callable[[bool, frozenset[str]], None] | None = None,
     ) -> None:
         self.cfg = cfg
         self.store = store
@@ -165,6 +169,8 @@ class Scheduler:
         self.endpoints: EndpointsFn | None = endpoints
         #: the stream workers' figures (engine.stream.pool) or None.
         self.workers: WorkersFn | None = workers
+        #: the stream workers' hold (engine.stream.pool) or None.
+        self.hold = hold
         #: a request's costs: results, partial spend, /generation true-ups, and the provider's ``get_json``
         #: and the reconstruction service ``recon`` (engine.run.accounting).
         self.accounting = Accounting(self.spend, self.telemetry, writer, lambda: self.clock(), get_json, recon)
@@ -411,6 +417,7 @@ class Scheduler:
         """
         kind = PauseKind(kind)
         self.runstate.set_pause(kind, reason)
+        self._hold()
         self.event("warning", str(kind), None, f"run paused: {reason}")
         if kind != PauseKind.USER:
             self.telemetry.notice(f"run paused by a guard: {reason}. Resume: R in the dashboard, or "
@@ -419,6 +426,7 @@ class Scheduler:
     def resume_all(self) -> None:
         """Resume dispatching (datasets paused individually stay paused)."""
         self.runstate.set_pause(None, "")
+        self._hold()
         self.failures.on_resume()
         self.event("info", "resume", None, "run resumed")
         self.runstate.notify()
@@ -431,6 +439,7 @@ class Scheduler:
         """
         rt = self.datasets[name]
         rt.control, rt.reason = Control(control), reason
+        self._hold()
         await self.store.set_dataset_state(name, control, reason, time.time())
         self.event("warning" if guard else "info", control, name,
                    f"dataset {control}" + (f": {reason}" if reason else ""))
@@ -440,11 +449,21 @@ class Scheduler:
         self.runstate.notify()
         self.runstate.check_finished()
 
+    def _hold(self) -> None:
+        """Tell the stream workers what may not leave now (:attr:`hold`): every request while the run
+        is paused, else those of the datasets not active (paused, skipped, budget met). Called in the
+        step that flips the state, before anything reads it: no request handed to a worker leaves
+        unsent once the pause shows."""
+        if self.hold is not None:
+            self.hold(self.runstate.paused,
+                      frozenset(rt.name for rt in self.datasets.values() if rt.control != Control.ACTIVE))
+
     # ---- running ----------------------------------------------------------------------------
     async def run(self) -> int:
         """Dispatch until every dataset is done/skipped, or the run is stopped. Returns an exit code."""
         if not self.datasets:
             await self.load()
+        self._hold()  # the states loaded (a dataset paused by an earlier process)
         self.runstate.lifecycle = RunPhase.RUNNING  # shown as paused while runstate.pause holds
         self.runstate.check_finished()
         # `datagen status` asks this engine for its own figures while it runs (engine.report.statusserver)

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 class WorkerFigures:
     """One worker now: its slot, process id (0 before it exists), whether it is up, requests in
     flight; ``frozen``: up but not heard from for :data:`~engine.stream.liveness.SILENT_S` (stopped,
-    or its loop blocked), ``silent_s``: seconds since it was last heard (0.0 while answering)."""
+    or its loop blocked), ``silent_s``: seconds since it was last heard (0.0 while answering);
+    ``unsent``: its requests not sent yet (handed to it, bytes not started to go out), as of its
+    last heartbeat."""
 
     slot: int
     pid: int
@@ -18,6 +20,7 @@ class WorkerFigures:
     in_flight: int
     frozen: bool = False
     silent_s: float = 0.0
+    unsent: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +31,9 @@ class PoolFigures:
         configured: ``[run] stream_workers``. alive: workers up now. restarts: workers replaced since
         start. lost_requests: requests returned to pending by a worker's death. recovered: completions a
         dead worker had journaled, delivered from its journal. workers: per worker. frozen: workers
-        up but silent (see :class:`WorkerFigures`).
+        up but silent (see :class:`WorkerFigures`). held_back: requests held unsent by a pause or skip
+        (returned to pending, nothing sent). unsent_peak: the most requests one worker had waiting
+        unsent at once (between two of its heartbeats), since start.
     """
 
     configured: int
@@ -38,6 +43,8 @@ class PoolFigures:
     recovered: int
     workers: tuple[WorkerFigures, ...] = ()
     frozen: int = 0
+    held_back: int = 0
+    unsent_peak: int = 0
 
 
 __all__ = ["PoolFigures", "WorkerFigures"]

@@ -8,6 +8,12 @@ each connected by a socket pair, and offers the one call the scheduler makes of 
 - A request goes to the live worker with the fewest requests in flight. The caller's
   :class:`~engine.client.accumulate.StreamProgress` is updated from the worker's batched progress
   (every 100 ms), so budgets, censored lengths and the dollars in flight read it as before.
+- :meth:`StreamWorkerPool.hold` (the run paused, datasets paused or skipped: the scheduler calls it
+  in the same step that flips the state) reaches every worker at once: each cuts the requests it
+  covers whose bytes have not started to go out and answers them ``unsent``, which :meth:`send`
+  raises as :class:`~engine.stream.wire.StreamHeld` (the run returns the prompt to pending, no
+  attempt counted); while it holds, :meth:`send` refuses the requests it covers before any frame.
+  Each heartbeat says how many requests wait unsent in the worker (:attr:`WorkerFigures.unsent`).
 - Cancelling the awaiting task (abort, skip with abort, a drain's deadline) sends ``cancel``: the
   worker closes that stream's connection at once and answers ``gone``. The task waits for that
   answer (up to :data:`CANCEL_WAIT_S`): a completion that finished before the cancel reached the
@@ -38,7 +44,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +53,9 @@ from engine.client.types import ChatRequest, Completion, ErrorClass
 from engine.proc.childproc import TERMINAL_SIGNALS
 from engine.stream import journal
 from engine.stream.figures import PoolFigures, WorkerFigures
+from engine.stream.hold import Hold
 from engine.stream.liveness import HEARTBEAT_S, SILENT_S
-from engine.stream.wire import StreamWorkerLost, WorkerInit, encode, error_from_fields, read_frame
+from engine.stream.wire import StreamHeld, StreamWorkerLost, WorkerInit, encode, error_from_fields, read_frame
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +97,7 @@ class _Req:
 
 class _Worker:
     __slots__ = ("slot", "proc", "pid", "reader", "writer", "in_flight", "alive", "task", "heard", "frozen",
-                 "stopped_s", "thaw")
+                 "stopped_s", "thaw", "unsent")
 
     def __init__(self, slot: int) -> None:
         self.slot = slot
@@ -107,6 +114,7 @@ class _Worker:
         #: After a silence, until the heartbeat with the stop's time is read: (the silence as the run
         #: saw it (s), ``stopped_s`` before the stop (s), heartbeats read since without it).
         self.thaw: tuple[float, float, int] | None = None
+        self.unsent = 0  # its requests not sent yet, as its last heartbeat said
 
     def running(self) -> bool:
         """Whether its process exists and was not reaped (starting, up, or dead and not yet noticed)."""
@@ -156,6 +164,11 @@ class StreamWorkerPool:
         self._respawns: set[asyncio.Task] = set()
         self._pids: set[int] = set()  # every worker process this pool started
         self._watcher: asyncio.Task | None = None
+        self._hold = Hold()
+        #: requests answered ``unsent`` (held before their first byte left), since start.
+        self.held_back = 0
+        #: the most requests one worker had waiting unsent, at any moment between two of its heartbeats.
+        self.unsent_peak = 0
 
     def __repr__(self) -> str:
         return f"StreamWorkerPool(workers={self.n}, endpoints={self.endpoints!r})"
@@ -206,6 +219,8 @@ class StreamWorkerPool:
         w.send(("init", WorkerInit(slot=w.slot, endpoints=self.endpoints, api_key=self._key, client=self._client,
                                    journal_dir=str(self.run_dir) if self.run_dir is not None else "",
                                    progress_s=self._progress_s)))
+        if self._hold:
+            w.send(("hold", self._hold))
         try:
             msg = await asyncio.wait_for(read_frame(w.reader), START_TIMEOUT_S)
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
@@ -247,6 +262,23 @@ class StreamWorkerPool:
             if not r.fut.done():
                 r.fut.set_exception(StreamWorkerLost(ErrorClass.DISCONNECT, "the run closed its stream workers"))
         self._reqs.clear()
+        log.info("stream workers: %d request(s) held back unsent by a pause or skip; at most %d request(s) waited "
+                 "unsent in one worker", self.held_back, self.unsent_peak)
+
+    # ---- holds -------------------------------------------------------------------------------
+    def hold(self, run: bool, datasets: Iterable[str] = ()) -> None:
+        """Set the hold state: ``run`` True holds every request (the run is paused or stopping),
+        ``datasets`` those of the datasets named (paused, skipped, budget met); ``hold(False)`` releases.
+
+        Sent to every worker now (one frame each, written before this returns): each cuts the
+        requests it covers whose bytes have not started to go out, and their :meth:`send` raises
+        :class:`StreamHeld`; requests already sending go on. New workers get it with their init."""
+        state = Hold(bool(run), frozenset(datasets))
+        if state == self._hold:
+            return
+        self._hold = state
+        for w in self._workers:
+            w.send(("hold", state))
 
     # ---- requests ----------------------------------------------------------------------------
     async def complete(self, req: ChatRequest, progress: StreamProgress | None = None) -> Completion:
@@ -259,12 +291,16 @@ class StreamWorkerPool:
         Raises:
             RequestError: the attempt's error, as the client raised it in the worker.
             StreamWorkerLost: the worker died with the request open (the completion was not journaled).
+            StreamHeld: the hold (:meth:`hold`) covers it: refused here, or cut in the worker before its
+                first byte left; nothing reached the provider.
             asyncio.CancelledError: cancelled; the worker closes the stream.
         """
         if progress is None:
             progress = StreamProgress()
         else:
             progress.reset()
+        if self._hold.covers(req):
+            raise StreamHeld("held before it was handed to a stream worker")
         w = await self._pick()
         rid = next(self._rids)
         fut = asyncio.get_running_loop().create_future()
@@ -324,6 +360,9 @@ class StreamWorkerPool:
                     w.thaw = (w.heard - heard, w.thaw[1] if w.thaw is not None else w.stopped_s, 0)
                 if verb == "hb":
                     self._heartbeat(w, float(msg[1]))
+                    if len(msg) > 3:
+                        w.unsent = int(msg[2])
+                        self.unsent_peak = max(self.unsent_peak, int(msg[3]))
                 elif verb == "prog":
                     for rid, chars, status, gid, provider, cost in msg[1]:
                         r = reqs.get(rid)
@@ -342,6 +381,11 @@ class StreamWorkerPool:
                     r = reqs.pop(msg[1], None)
                     if r is not None and not r.fut.done():
                         r.fut.set_exception(error_from_fields(msg[2]))
+                elif verb == "unsent":  # held before its first byte left (a hold, or a req under one)
+                    r = reqs.pop(msg[1], None)
+                    self.held_back += 1
+                    if r is not None and not r.fut.done():
+                        r.fut.set_exception(StreamHeld("held in the stream worker before it was sent"))
                 elif verb == "gone":  # the worker cut the stream (its answer to a cancel)
                     r = reqs.pop(msg[1], None)
                     if r is not None and not r.fut.done():
@@ -484,9 +528,11 @@ class StreamWorkerPool:
         """The pool's figures now."""
         now = time.monotonic()
         ws = tuple(WorkerFigures(w.slot, w.pid, w.alive, len(w.in_flight), w.alive and w.frozen,
-                                 round(now - w.heard, 1) if w.alive and w.frozen else 0.0) for w in self._workers)
+                                 round(now - w.heard, 1) if w.alive and w.frozen else 0.0, w.unsent if w.alive else 0)
+                   for w in self._workers)
         return PoolFigures(self.n, sum(1 for w in ws if w.alive), self.restarts, self.lost_requests, self.recovered, ws,
-                           frozen=sum(1 for w in ws if w.frozen))
+                           frozen=sum(1 for w in ws if w.frozen), held_back=self.held_back,
+                           unsent_peak=self.unsent_peak)
 
 
 def _finished(p: StreamProgress, c: Completion) -> None:

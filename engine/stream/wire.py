@@ -6,13 +6,17 @@ else can reach the socket). Messages, first element the verb:
 
 run -> worker:
     ``("init", WorkerInit)``, ``("req", rid, endpoint_index, ChatRequest)``, ``("cancel", rid)``,
+    ``("hold", Hold)`` (the whole hold state, :class:`engine.stream.hold.Hold`; ``Hold()`` releases),
     ``("close",)`` (cancel everything, exit).
 worker -> run:
     ``("ready", pid)``; ``("prog", [(rid, chars, status, generation_id, provider, cost_usd), ...])``
     every ``progress_s`` for the streams that changed; ``("done", rid, Completion)`` once the
     completion is in the journal; ``("err", rid, error_fields)``; ``("gone", rid)`` after a cancel;
-    ``("hb", frozen_s)`` every second and at once after the worker's loop was found stopped
-    (``frozen_s``: seconds in all it did not run; :mod:`engine.stream.liveness`).
+    ``("unsent", rid)``: the request was held (``hold``) before its first byte left, nothing reached
+    the provider;
+    ``("hb", frozen_s, unsent)`` every second and at once after the worker's loop was found stopped
+    (``frozen_s``: seconds in all it did not run, :mod:`engine.stream.liveness`; ``unsent``: its
+    requests not sent yet, a count).
 
 Errors cross as plain fields (:func:`error_fields` / :func:`error_from_fields`), never as pickled
 exception objects, so an exception class with another constructor cannot break the frame.
@@ -71,6 +75,15 @@ class StreamWorkerLost(RequestError):
     """
 
 
+class StreamHeld(Exception):
+    """A request held back unsent: the run or its dataset was paused, skipped or is stopping
+    (:meth:`engine.stream.pool.StreamWorkerPool.hold`) before its first byte left the worker.
+
+    Not a :class:`RequestError`: nothing reached the provider, nothing was spent, no attempt is
+    counted and no endpoint is judged; the run returns the prompt to pending
+    (:func:`engine.run.attempt.run_request`)."""
+
+
 def encode(msg: tuple) -> bytes:
     """One frame: length header and the pickled message."""
     data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
@@ -106,4 +119,4 @@ def error_from_fields(f: dict[str, Any]) -> RequestError:
     return e
 
 
-__all__ = ["MAX_FRAME", "StreamWorkerLost", "WorkerInit", "encode", "error_fields", "error_from_fields", "read_frame"]
+__all__ = ["MAX_FRAME", "StreamHeld", "StreamWorkerLost", "WorkerInit", "encode", "error_fields", "error_from_fields", "read_frame"]

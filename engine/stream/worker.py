@@ -7,7 +7,16 @@ every decision stay with the run) and answers with one message:
 - a finished completion is appended to the journal and fsynced first (:mod:`engine.stream.journal`),
   then sent as ``done``: whatever is killed afterwards, the paid completion is on disk;
 - a failure is sent as ``err`` with the :class:`~engine.client.types.RequestError`'s fields;
-- a ``cancel`` closes the stream's connection (the provider sees the disconnect) and answers ``gone``.
+- a ``cancel`` closes the stream's connection (the provider sees the disconnect) and answers ``gone``;
+- a request held before its first byte was written answers ``unsent`` (nothing reached the provider).
+
+Holds: ``("hold", Hold)`` is the run's whole hold state (:class:`~engine.stream.hold.Hold`: the run
+paused, the datasets paused or skipped). On it, every request it covers whose bytes have not started to go out (its task not run
+yet, waiting for a pooled connection, connecting) is cut and answered ``unsent`` at once; a ``req`` it
+covers is answered ``unsent`` as it arrives. Whether a request's bytes went out is known per stream
+from the client's ``gate`` (httpcore's ``trace`` hook as the request headers start to be written):
+one check per request, nothing per chunk; before it lets a request go, the frames the run already
+wrote are read (a hold among them applies first). The heartbeat carries how many requests wait unsent.
 
 Progress (tokens received, generation id, provider, status) goes to the run in one batched ``prog``
 message every ``progress_s`` (100 ms), not one per SSE event; the in-flight ledger is rewritten every
@@ -38,10 +47,15 @@ from engine.client.chat import ChatClient
 from engine.client.fleet import shown_url
 from engine.client.types import ChatRequest, Completion, ErrorClass, RequestError
 from engine.stream import journal
+from engine.stream.hold import Hold
 from engine.stream.liveness import HEARTBEAT_S, FreezeClock
-from engine.stream.wire import WorkerInit, encode, error_fields, read_frame
+from engine.stream.wire import StreamHeld, WorkerInit, encode, error_fields, read_frame
 
 log = logging.getLogger("engine.stream.worker")
+
+#: Loop turns a request about to be sent waits, at most, for the command loop to read the frames the
+#: run already wrote (a ``hold`` among them is applied before the request leaves).
+GATE_YIELDS = 20
 
 
 class _WatchedSelector(selectors.DefaultSelector):
@@ -87,9 +101,10 @@ class RunningTimeLoop(asyncio.SelectorEventLoop):
 
 
 class _Stream:
-    """One request in this worker: its task, progress and what was last reported of it."""
+    """One request in this worker: its task, progress and what was last reported of it; ``out``:
+    its bytes started to go out (past the gate)."""
 
-    __slots__ = ("rid", "req", "task", "progress", "started", "sent")
+    __slots__ = ("rid", "req", "task", "progress", "started", "sent", "out")
 
     def __init__(self, rid: int, req: ChatRequest) -> None:
         self.rid = rid
@@ -98,6 +113,7 @@ class _Stream:
         self.progress = StreamProgress()
         self.started = time.time()
         self.sent: tuple = ()
+        self.out = False
 
 
 class Worker:
@@ -106,12 +122,16 @@ class Worker:
     Args:
         init: the pool's :class:`~engine.stream.wire.WorkerInit`.
         reader, writer: the socket to the run.
+        sock: that socket itself (None: unknown), peeked at before a request's first byte is written
+            (:meth:`_gate`).
     """
 
-    def __init__(self, init: WorkerInit, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, init: WorkerInit, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 sock: socket.socket | None = None) -> None:
         self.init = init
         self.reader = reader
         self.writer = writer
+        self.sock = sock
         self.clients = [ChatClient(url, init.api_key, **init.client) for url in init.endpoints]
         self.streams: dict[int, _Stream] = {}
         self.jdir = journal.journal_dir(init.journal_dir) if init.journal_dir else None
@@ -121,6 +141,9 @@ class Worker:
         self._wake = asyncio.Event()
         self._closing = False
         self._journal_failed = False
+        self.holding = Hold()  # what may not leave (the run's pause, datasets paused or skipped)
+        self.unsent = 0  # requests here whose bytes have not started to go out
+        self.unsent_peak = 0  # the most of them since the last heartbeat
 
     def send(self, msg: tuple) -> None:
         """Queue one frame to the run (the socket's buffer absorbs bursts)."""
@@ -129,25 +152,89 @@ class Worker:
 
     # ---- requests ----------------------------------------------------------------------------
     def start(self, rid: int, endpoint: int, req: ChatRequest) -> None:
+        if self.holding.covers(req):
+            self.send(("unsent", rid))
+            return
         s = _Stream(rid, req)
         self.streams[rid] = s
+        self.unsent += 1
+        self.unsent_peak = max(self.unsent_peak, self.unsent)
         s.task = asyncio.get_running_loop().create_task(self._run(s, endpoint))
+        s.task.add_done_callback(lambda t: self._ended(s, t))
+
+    async def _gate(self, s: _Stream) -> None:
+        """Right before ``s``'s first byte is written: raise :class:`StreamHeld` when held, else mark it out.
+
+        A ``hold`` the run has already written may still wait unread (a busy loop reads frames late):
+        while frames from the run wait, the command loop reads them first (a few loop turns at most,
+        :data:`GATE_YIELDS`), so nothing leaves after the run wrote its hold."""
+        for _ in range(GATE_YIELDS):
+            if not self._frames_waiting():
+                break
+            await asyncio.sleep(0)
+        if self.holding.covers(s.req):
+            raise StreamHeld("held before it was sent")
+        if not s.out:  # once: a connection the pool finds gone re-runs it on another, nothing sent before
+            s.out = True
+            self.unsent -= 1
+
+    def _frames_waiting(self) -> bool:
+        """Whether the run wrote bytes this worker has not parsed yet: in its reader's buffer, or in the socket."""
+        if getattr(self.reader, "_buffer", b""):  # read off the socket (asyncio's StreamReader buffer), not parsed yet
+            return True
+        if self.sock is None:
+            return False
+        try:
+            return bool(self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+        except OSError:  # nothing waiting (EAGAIN), or the socket is gone
+            return False
+
+    def _ended(self, s: _Stream, task: asyncio.Task) -> None:
+        """``s``'s task ended: uncount it if it never went out; a task cancelled before it ever ran
+        (its handlers never ran) still answers ``gone``."""
+        if not s.out:
+            s.out = True
+            self.unsent -= 1
+        if task.cancelled() and self.streams.get(s.rid) is s:
+            del self.streams[s.rid]
+            self.send(("gone", s.rid))
+
+    def hold(self, state: Hold) -> int:
+        """Take the run's hold state; cut every request it covers whose bytes have not started to go
+        out, answering ``unsent`` for each at once. Returns how many were cut."""
+        self.holding = state
+        if not state:
+            return 0
+        cut = [s for s in self.streams.values() if not s.out and state.covers(s.req)]
+        for s in cut:
+            del self.streams[s.rid]
+            self.send(("unsent", s.rid))
+            if s.task is not None:
+                s.task.cancel()
+        return len(cut)
 
     async def _run(self, s: _Stream, endpoint: int) -> None:
         try:
-            c = await self.clients[endpoint].complete(s.req, s.progress)
+            c = await self.clients[endpoint].complete(s.req, s.progress, gate=lambda: self._gate(s))
             if len(self.clients) > 1:  # journaled with the base_urls entry that served it
                 c = dataclasses.replace(c, endpoint=shown_url(self.init.endpoints[endpoint]))
         except asyncio.CancelledError:
-            self.streams.pop(s.rid, None)
-            self.send(("gone", s.rid))
+            if self.streams.get(s.rid) is s:  # not already answered (`unsent` by a hold)
+                del self.streams[s.rid]
+                self.send(("gone", s.rid))
+            return
+        except StreamHeld:
+            if self.streams.get(s.rid) is s:
+                del self.streams[s.rid]
+                self.send(("unsent", s.rid))
             return
         except RequestError as e:
-            self.streams.pop(s.rid, None)
-            self.send(("err", s.rid, error_fields(e)))
+            if self.streams.pop(s.rid, None) is s:
+                self.send(("err", s.rid, error_fields(e)))
             return
         except Exception as e:  # a bug costs this attempt, not the worker
-            self.streams.pop(s.rid, None)
+            if self.streams.pop(s.rid, None) is not s:
+                return
             log.exception("unexpected error in a stream")
             self.send(("err", s.rid, error_fields(RequestError(ErrorClass.OTHER,
                                                                f"internal error: {type(e).__name__}: {e}"))))
@@ -225,9 +312,11 @@ class Worker:
                     warned = False
 
     def heartbeat(self) -> None:
-        """Send ``("hb", seconds this worker's loop was found not running in all)``."""
+        """Send ``("hb", seconds this worker's loop was found not running in all, requests unsent now,
+        the most unsent since the last heartbeat)``."""
         clock = getattr(asyncio.get_running_loop(), "freeze", None)
-        self.send(("hb", clock.frozen_s if clock is not None else 0.0))
+        self.send(("hb", clock.frozen_s if clock is not None else 0.0, self.unsent, self.unsent_peak))
+        self.unsent_peak = self.unsent
 
     def woke(self, gap: float) -> None:
         """The loop did not run for ``gap`` s (found as it woke): say so at once, before the results
@@ -263,6 +352,8 @@ class Worker:
                     self.start(msg[1], msg[2], msg[3])
                 elif verb == "cancel":
                     self.cancel(msg[1])
+                elif verb == "hold":
+                    self.hold(msg[1])
                 elif verb == "close":
                     return
         finally:
@@ -300,7 +391,7 @@ async def _main(fd: int) -> None:
     msg = await read_frame(reader)
     if msg[0] != "init":
         raise SystemExit(f"stream worker: expected init, got {msg[0]!r}")
-    await Worker(msg[1], reader, writer).serve()
+    await Worker(msg[1], reader, writer, sock).serve()
 
 
 def main(argv: list[str] | None = None) -> None:
