@@ -13,10 +13,22 @@ reusing the same warm keep-alive connections); the count drops when the response
 from __future__ import annotations
 
 import ssl
+import sys
 import urllib.request
 from collections.abc import AsyncIterator
+from typing import Any
 
+import httpcore
 import httpx
+
+try:
+    import sniffio  # noqa: F401 - only whether it can be imported
+except ImportError:
+    # httpcore 1.0 runs ``import sniffio`` on every lock and event it sets up (several per request); without
+    # sniffio installed (anyio >= 4.5 no longer needs it) each try searches every sys.path entry (~9% of a
+    # stream's CPU, measured). A None entry fails that import at once; httpcore then assumes asyncio (the
+    # same answer: trio is not used here).
+    sys.modules.setdefault("sniffio", None)  # type: ignore[arg-type]
 
 __all__ = ["ShardedTransport", "env_proxy_for"]
 
@@ -60,6 +72,55 @@ class _CountedStream(httpx.AsyncByteStream):
                 self._owner._in_flight[self._shard] -= 1
 
 
+class _LeanPool(httpcore.AsyncConnectionPool):
+    """httpcore 1.0's connection pool with its bookkeeping pass (run at every request start and end) in
+    linear time: the same decisions in the same order as
+    ``AsyncConnectionPool._assign_requests_to_connections``, without its quadratic part (for every idle
+    connection it builds a list of all connections only to take its length) and without lists built per
+    queued request that are not used. Installed by :class:`ShardedTransport` on httpcore 1.0.x only."""
+
+    def _assign_requests_to_connections(self) -> list[Any]:
+        closing: list[Any] = []
+        conns = self._connections
+        keep = self._max_keepalive_connections
+        for connection in list(conns):
+            if connection.is_closed():
+                conns.remove(connection)
+            elif connection.has_expired():
+                conns.remove(connection)
+                closing.append(connection)
+            elif connection.is_idle() and len(conns) > keep:
+                conns.remove(connection)
+                closing.append(connection)
+        for pool_request in [r for r in self._requests if r.is_queued()]:
+            origin = pool_request.request.url.origin
+            available = next((c for c in conns if c.can_handle_request(origin) and c.is_available()), None)
+            if available is not None:
+                pool_request.assign_to_connection(available)
+            elif len(conns) < self._max_connections:
+                connection = self.create_connection(origin)
+                conns.append(connection)
+                pool_request.assign_to_connection(connection)
+            else:
+                idle = next((c for c in conns if c.is_idle()), None)
+                if idle is not None:
+                    conns.remove(idle)
+                    closing.append(idle)
+                    connection = self.create_connection(origin)
+                    conns.append(connection)
+                    pool_request.assign_to_connection(connection)
+        return closing
+
+
+def _lean(transport: httpx.AsyncHTTPTransport) -> httpx.AsyncHTTPTransport:
+    """``transport`` with its pool made a :class:`_LeanPool` when it is httpcore 1.0's plain pool (not a
+    proxy's; another httpcore version keeps its own)."""
+    pool = getattr(transport, "_pool", None)
+    if type(pool) is httpcore.AsyncConnectionPool and httpcore.__version__.startswith("1.0."):
+        pool.__class__ = _LeanPool
+    return transport
+
+
 class ShardedTransport(httpx.AsyncBaseTransport):
     """``httpx.AsyncBaseTransport`` over ``ceil(max_connections / shard_size)`` HTTP/1.1 connection pools.
 
@@ -87,7 +148,7 @@ class ShardedTransport(httpx.AsyncBaseTransport):
         if max_connections % shard_size:
             sizes.append(max_connections % shard_size)
         self._shards = [
-            httpx.AsyncHTTPTransport(
+            _lean(httpx.AsyncHTTPTransport(
                 verify=ctx,
                 http1=True,
                 http2=False,
@@ -96,7 +157,7 @@ class ShardedTransport(httpx.AsyncBaseTransport):
                 ),
                 proxy=proxy,
                 retries=0,
-            )
+            ))
             for n in sizes
         ]
         self._in_flight = [0] * len(self._shards)
