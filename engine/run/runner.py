@@ -202,7 +202,9 @@ async def prepare(cfg: Config, out: TextOut = sys.stdout) -> Job:
             if rep.skipped_unchanged:
                 print(f"[{rep.dataset}] {rep.prompts} prompts (already ingested), {rep.rejected} rejected rows", file=out)
             else:
-                print(f"[{rep.dataset}] ingested {rep.prompts} prompts ({rep.inserted} new), {rep.rejected} rejected rows", file=out)
+                dups = f" + {rep.duplicates} bought under another dataset" if rep.duplicates else ""
+                print(f"[{rep.dataset}] ingested {rep.prompts} prompts{dups} ({rep.inserted} new), {rep.rejected} rejected rows",
+                      file=out)
                 for ex in rep.examples:
                     print(f"    rejected {ex}", file=out)
                 if rep.normalised:

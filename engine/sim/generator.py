@@ -20,7 +20,8 @@ Token accounting (the "tokens" in usage):
   ``[tokenizer]`` loads it (:func:`engine.tokens.tokenizer.load_tokenizer`: a tiktoken directory
   natively, else transformers), and texts are encoded as plain text (``Tokenizer.encode``).
   ``completion_tokens = len(encode(reasoning)) + 1 + len(encode(content)) + 1`` (the ``+1``s stand
-  for ``</think>`` and the end-of-turn token), plus ``len(encode(id)) + len(encode(arguments)) + 5``
+  for ``</think>`` and the end-of-turn token; no ``</think>`` in instant mode, ``reasoning = { enabled = false }``
+  or ``effort = "none"``, whose served prompt ends ``<think></think>``), plus ``len(encode(id)) + len(encode(arguments)) + 5``
   for a tool call (the five Kimi-layout tool-call markers); ``reasoning_tokens =
   len(encode(reasoning))``. This is the layout :mod:`engine.tokens.reconstruct` rebuilds, so a
   canonical completion's billing difference is exactly 0. Prompt tokens: when the tokenizer has a
@@ -316,7 +317,8 @@ def make_plan(
     # 3. reasoning / content split
     ropts = reasoning_opts if isinstance(reasoning_opts, dict) else {}
     frac = reasoning_fraction
-    if ropts.get("effort") == "none" or ropts.get("enabled") is False:
+    thinking = not (ropts.get("effort") == "none" or ropts.get("enabled") is False)
+    if not thinking:  # instant mode: the served prompt ends <think></think>, no </think> is generated
         frac = 0.0
     n_r = int(round(n * frac))
     if isinstance(ropts.get("max_tokens"), int) and ropts["max_tokens"] >= 0:
@@ -382,7 +384,7 @@ def make_plan(
         completion = len(r_pieces) + len(c_pieces) + (tool.cost if tool else 0)
     else:
         reasoning_tokens = counter.encode_len(reasoning)
-        completion = reasoning_tokens + 1 + counter.encode_len(content) + 1 + (tool.cost if tool else 0)
+        completion = reasoning_tokens + int(thinking) + counter.encode_len(content) + 1 + (tool.cost if tool else 0)
         if cut:
             completion = min(completion, budget)
     visible = ropts.get("exclude") is not True

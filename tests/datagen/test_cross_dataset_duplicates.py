@@ -74,6 +74,7 @@ def test_a_prompt_in_two_datasets_is_bought_once_across_reruns_and_added_dataset
     sent = _requests(tmp_path)
     assert len(sent) == 12 and len(set(sent)) == 12  # 16 copies, 4 shared: 12 requests, none twice
     assert LINE in out.splitlines()
+    assert "[b] ingested 4 prompts + 4 bought under another dataset (8 new), 0 rejected rows" in out.splitlines()
     doc = status_json(tmp_path / "run")
     assert doc["run"]["state"] == "completed"
     assert _counts(doc) == {"a": (8, 8, 0), "b": (4, 4, 4)}

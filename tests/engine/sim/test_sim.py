@@ -681,3 +681,7 @@ async def test_tokenizer_mode_counts_with_real_tokenizer(tmp_path: Path) -> None
         assert u["completion_tokens"] != words(m["reasoning"], m["content"])  # punctuation is its own token
         j = (await c.post("/chat/completions", json=body("count me", max_tokens=10))).json()
         assert j["choices"][0]["finish_reason"] == "length" and j["usage"]["completion_tokens"] <= 10
+        for off in ({"enabled": False}, {"effort": "none"}):  # instant mode: no </think> generated, none billed
+            j = (await c.post("/chat/completions", json=body("count me", reasoning=off))).json()
+            m, u = j["choices"][0]["message"], j["usage"]
+            assert not m["reasoning"] and u["completion_tokens"] == n(m["content"]) + 1
