@@ -1,6 +1,6 @@
 """Where the time goes: run one benchmark worker under py-spy and print a breakdown.
 
-    python -m bench.profiling b1-ours          # the engine at 2,000 unthrottled streams (B1)
+    python -m bench.profiling b1-ours          # the engine and its stream workers at 2,000 unthrottled streams (B1)
     python -m bench.profiling b1-httpx         # the bare httpx loop (ShardedTransport), same load
     python -m bench.profiling hold-headless    # 2,000 streams at 20 tok/s, headless (B2/B3)
     python -m bench.profiling hold-dashboard   # the same under the dashboard (B2/B7)
@@ -29,6 +29,7 @@ from bench.common import PY, REPO, SimProcess, placement, raise_fd_limit, sim_ar
 CATEGORIES = (  # first match wins, tested against the whole stack (py-spy prints paths relative to sys.path)
     ("dashboard (textual/rich/tui)", ("(textual/", "(rich/", "(tui/")),
     ("SSE parse + JSON decode", ("(engine/client/sse.py", "(json/")),
+    ("connection pool bookkeeping (httpcore)", ("_assign_requests_to_connections",)),
     ("stream accumulation", ("(engine/client/accumulate.py",)),
     ("store / writer (aiosqlite)", ("(engine/storage/writer.py", "(engine/storage/store.py", "(aiosqlite/")),
     ("HTTP stack (httpx/httpcore/h11/anyio)", ("(httpx/", "(httpcore/", "(h11/", "(anyio/")),
@@ -72,8 +73,9 @@ def breakdown(raw: Path, top: int = 25) -> str:
 
 def pyspy(pid: int, seconds: float, out: Path) -> None:
     exe = shutil.which("py-spy") or str(Path(PY).with_name("py-spy"))
+    # --subprocesses: the engine's HTTP streams run in its stream-worker processes (engine.stream)
     r = subprocess.run([exe, "record", "-p", str(pid), "-d", str(int(seconds)), "-r", "100", "-f", "raw", "-o", str(out),
-                        "--nonblocking"], capture_output=True, text=True)
+                        "--nonblocking", "--subprocesses"], capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit(f"py-spy failed: {r.stderr[-800:]}")
 
