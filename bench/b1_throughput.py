@@ -79,6 +79,9 @@ OPENAI_OPEN_AT_S = 6.0
 OPENAI_WINDOW_S = 6.0  # its starved loop stretches the window anyway (each check waits a loop iteration)
 WINDOW_S = 10.0 if PROFILE == "full" else 6.0
 START_AFTER = 500 if PROFILE == "full" else 400
+#: The simulator's account credits (USD): every run of every contender draws on one account, and its
+#: default ($100) ran out in the last repetitions (HTTP 402 in the window) once the runs got faster.
+SIM_EXTRA = ["--credits", "1000000000"]
 #: The SDK is run at most this many times (each run costs ~35 s of a 15-minute budget; it is a reference).
 OPENAI_REPS = 2
 
@@ -183,7 +186,8 @@ def run(reps: int, seconds: float, start_after: int) -> list[dict]:
     sim_share: dict[str, list[float]] = {k: [] for k in plan}
     with tempdir("b1") as tmp:
         prompts = write_prompts(tmp / "prompts.jsonl", N_PROMPTS)
-        with SimProcess(*sim_args(tokens_per_s=0, latency_ms=0, mean_tokens=MEAN_TOKENS), cpu=sim_cpu) as sim:
+        with SimProcess(*sim_args(tokens_per_s=0, latency_ms=0, mean_tokens=MEAN_TOKENS, extra=SIM_EXTRA),
+                        cpu=sim_cpu) as sim:
             for rep in range(reps):
                 for name, (module, extra, workers) in plan.items():
                     if name == "openai" and rep >= OPENAI_REPS:
