@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.client.types import ErrorClass, RequestError
+from engine.errors import DatagenError
 
 _HEADER = struct.Struct(">I")
 #: Largest frame accepted (bytes): a completion of 262,144 tokens is well under it.
@@ -75,7 +76,7 @@ class StreamWorkerLost(RequestError):
     """
 
 
-class StreamHeld(Exception):
+class StreamHeld(DatagenError):
     """A request held back unsent: the run or its dataset was paused, skipped or is stopping
     (:meth:`engine.stream.pool.StreamWorkerPool.hold`) before its first byte left the worker.
 
