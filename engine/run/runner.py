@@ -278,7 +278,8 @@ async def prepare(cfg: Config, out: TextOut = sys.stdout) -> Job:
         sched = Scheduler(cfg, store, writer, fleet.complete if fleet is not None else pool.complete,
                           get_json=client.get_json if account_api else None,
                           recon=recon, policy=fleet_retry_policy(cfg, fleet),
-                          endpoints=fleet.snapshot if fleet is not None else None, workers=pool.figures)
+                          endpoints=fleet.snapshot if fleet is not None else None, workers=pool.figures,
+                          hold=pool.hold)
         if fleet is not None:
             for url, probe in await fleet.start():  # unreachable endpoints start down, probed again later
                 print(f"endpoint {url}: " + (f"healthy (GET /models answered in {probe.seconds * 1000:.0f} ms)"

@@ -182,14 +182,18 @@ def test_a_live_run_paused_by_an_outage_completes_after_ctl_resume(tmp_path):
 def test_402_mid_run_pauses_the_run_not_the_dataset_by_the_anomaly_guard(tmp_path):
     seen: list[str] = []
     lock = threading.Lock()
+    many = threading.Event()  # more 402s in flight than the guard's window (a pause holds what is not sent yet)
 
     def respond(req, n):
         with lock:
             if last_user(req) not in seen:
                 seen.append(last_user(req))
             first = seen.index(last_user(req)) < 4
+            if len(seen) >= 15:
+                many.set()
         if first:
             return ok_reply(req)
+        many.wait(10)
         return error_reply(402, "Insufficient credits. This account never purchased credits. Make sure your key "
                                 "is on the correct account or org, and if so, purchase more at "
                                 "https://openrouter.ai/settings/credits")
