@@ -80,8 +80,12 @@ async def test_run_paused_by_credits_then_completed_reads_completed(tmp_path):
     def ready(job):
         sched = job.scheduler
 
+        def all_sent() -> bool:  # every stream in flight answered (a pause holds the requests not sent yet)
+            streams = sched.runstate.datasets["a"].streams.values()
+            return bool(streams) and all(prog.status for _cls, prog, _p in streams)
+
         async def pauser():
-            while sched.snapshot().dataset("a").pending > 0 or not sched.snapshot().in_flight:
+            while sched.snapshot().dataset("a").pending > 0 or not sched.snapshot().in_flight or not all_sent():
                 await asyncio.sleep(0.01)
             sched.pause_all("credits floor: $0.05 left minus $0.19 in flight is below credits_floor_usd $0.00",
                             kind="credits")

@@ -27,7 +27,8 @@ def absurd(req: dict, n: int):
 
 def test_absurd_usage_is_not_believed_and_the_cap_holds(tmp_path):
     with CaseServer(absurd) as srv:
-        cfg = case_config(tmp_path, srv.base_url, prompts(N), max_tokens=256, dataset_extra="max_cost_usd = 1.0")
+        cfg = case_config(tmp_path, srv.base_url, prompts(N), max_tokens=256, dataset_extra="max_cost_usd = 1.0",
+                          concurrency=1)  # prompt 0 (the $1.6M one) is the first the once-per-provider warning names
         r = run_case(cfg, "--exit-on-pause", timeout=90)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
