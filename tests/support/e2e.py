@@ -235,6 +235,9 @@ def write_run_config(tmp: Path, tok: Path, markers: dict[str, str], *, faults: s
         entries.append(("tools", p, "openai"))
     ds = "".join(f'\n[[datasets]]\nname = "{n}"\npath = "{p}"\nformat = "{f}"\n' for n, p, f in entries)
     mk = "".join(f'{k} = "{v}"\n' for k, v in markers.items())
+    # injected data faults fail records on purpose: the anomaly guard would pause the datasets, and a pause holds
+    # what was dispatched but not sent, so the run would wait for a resume that never comes
+    guard = "max_failure_rate = 0\n" if faults else ""
     cfg = tmp / "config.toml"
     cfg.write_text(f"""
 [run]
@@ -258,5 +261,5 @@ path = "{tok}"
 billing_tolerance_tokens = 0
 billing_tolerance_pct = 0
 executor = "thread"
-{mk}{ds}""")
+{guard}{mk}{ds}""")
     return cfg
