@@ -38,11 +38,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -50,12 +45,12 @@ from typing import Any
 
 from engine.client.accumulate import StreamProgress
 from engine.client.types import ChatRequest, Completion, ErrorClass
-from engine.proc.childproc import TERMINAL_SIGNALS
 from engine.stream import journal
 from engine.stream.figures import PoolFigures, WorkerFigures
 from engine.stream.hold import Hold
-from engine.stream.liveness import HEARTBEAT_S, SILENT_S
-from engine.stream.wire import StreamHeld, StreamWorkerLost, WorkerInit, encode, error_from_fields, read_frame
+from engine.stream.procs import WorkerProc, default_stream_workers, journaled, open_segment, owned, start_process
+from engine.stream.watch import THAW_HEARTBEATS, WorkerWatch
+from engine.stream.wire import StreamHeld, StreamWorkerLost, WorkerInit, error_from_fields, read_frame
 
 log = logging.getLogger(__name__)
 
@@ -68,61 +63,17 @@ CLOSE_TIMEOUT_S = 5.0
 #: finished before the cancel arrived) before it gives up on it.
 CANCEL_WAIT_S = 5.0
 
-#: Heartbeats read after a worker's silence without a grown stopped time before the line saying it
-#: answers again is logged anyway (its loop kept running: the silence was elsewhere).
-THAW_HEARTBEATS = 3
-
 #: ``on_event(level, message)``: a worker died, was replaced, or could not start.
 OnEvent = Callable[[str, str], None]
-
-
-def default_stream_workers() -> int:
-    """One stream worker per core beyond the first (the first runs the control plane and the
-    dashboard), at least 1: ``max(1, usable cores - 1)``."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, cores - 1)
 
 
 class _Req:
     __slots__ = ("fut", "progress", "worker")
 
-    def __init__(self, fut: asyncio.Future, progress: StreamProgress, worker: "_Worker") -> None:
+    def __init__(self, fut: asyncio.Future, progress: StreamProgress, worker: "WorkerProc") -> None:
         self.fut = fut
         self.progress = progress
         self.worker = worker
-
-
-class _Worker:
-    __slots__ = ("slot", "proc", "pid", "reader", "writer", "in_flight", "alive", "task", "heard", "frozen",
-                 "stopped_s", "thaw", "unsent")
-
-    def __init__(self, slot: int) -> None:
-        self.slot = slot
-        self.proc: subprocess.Popen | None = None
-        self.pid = 0
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-        self.in_flight: set[int] = set()
-        self.alive = False
-        self.task: asyncio.Task | None = None
-        self.heard = time.monotonic()  # when a frame of it was last read (monotonic s)
-        self.frozen = False  # silent for SILENT_S while alive (warned once)
-        self.stopped_s = 0.0  # the time its own loop did not run in all, as its last heartbeat said (s)
-        #: After a silence, until the heartbeat with the stop's time is read: (the silence as the run
-        #: saw it (s), ``stopped_s`` before the stop (s), heartbeats read since without it).
-        self.thaw: tuple[float, float, int] | None = None
-        self.unsent = 0  # its requests not sent yet, as its last heartbeat said
-
-    def running(self) -> bool:
-        """Whether its process exists and was not reaped (starting, up, or dead and not yet noticed)."""
-        return self.proc is not None and self.proc.returncode is None
-
-    def send(self, msg: tuple) -> None:
-        if self.writer is not None and not self.writer.is_closing():
-            self.writer.write(encode(msg))
 
 
 class StreamWorkerPool:
@@ -152,7 +103,7 @@ class StreamWorkerPool:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self._on_event = on_event
         self._progress_s = progress_s
-        self._workers = [_Worker(i) for i in range(workers)]
+        self._workers = [WorkerProc(i) for i in range(workers)]
         self._reqs: dict[int, _Req] = {}
         self._rids = itertools.count(1)
         self._ready = asyncio.Event()
@@ -164,6 +115,7 @@ class StreamWorkerPool:
         self._respawns: set[asyncio.Task] = set()
         self._pids: set[int] = set()  # every worker process this pool started
         self._watcher: asyncio.Task | None = None
+        self._watch = WorkerWatch(lambda: self._workers, self._emit)
         self._hold = Hold()
         #: requests answered ``unsent`` (held before their first byte left), since start.
         self.held_back = 0
@@ -188,33 +140,12 @@ class StreamWorkerPool:
         """
         await asyncio.gather(*(self._spawn(w) for w in self._workers))
         if self._watcher is None:
-            self._watcher = asyncio.create_task(self._watch(), name="stream-worker-liveness")
+            self._watcher = asyncio.create_task(self._watch.loop(), name="stream-worker-liveness")
 
-    def _stderr(self):
-        if self.run_dir is None:
-            return subprocess.DEVNULL
-        path = self.run_dir / "stream-workers.log"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        return os.fdopen(fd, "ab")
-
-    async def _spawn(self, w: _Worker) -> None:
-        ours, theirs = socket.socketpair()
-        err = self._stderr()
-        try:
-            old = signal.pthread_sigmask(signal.SIG_BLOCK, TERMINAL_SIGNALS)  # the child is born deaf to the terminal
-            try:
-                w.proc = subprocess.Popen(
-                    [sys.executable, "-m", "engine.stream.worker", str(theirs.fileno()), str(os.getpid())],
-                    pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                    close_fds=True)
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, old)
-            w.pid = w.proc.pid  # its journal's names, known before it opens them (it is this process)
-            self._pids.add(w.pid)
-        finally:
-            theirs.close()
-            if err is not subprocess.DEVNULL:
-                err.close()
+    async def _spawn(self, w: WorkerProc) -> None:
+        w.proc, ours = start_process(self.run_dir)
+        w.pid = w.proc.pid  # its journal's names, known before it opens them (it is this process)
+        self._pids.add(w.pid)
         w.reader, w.writer = await asyncio.open_connection(sock=ours, limit=2 ** 22)
         w.send(("init", WorkerInit(slot=w.slot, endpoints=self.endpoints, api_key=self._key, client=self._client,
                                    journal_dir=str(self.run_dir) if self.run_dir is not None else "",
@@ -320,7 +251,7 @@ class StreamWorkerPool:
         finally:
             w.in_flight.discard(rid)
 
-    async def _cancel(self, rid: int, w: "_Worker", fut: asyncio.Future) -> Completion | None:
+    async def _cancel(self, rid: int, w: "WorkerProc", fut: asyncio.Future) -> Completion | None:
         """Cut request ``rid`` (its caller was cancelled): the completion when it finished before the
         cut (received already, or answered by the worker to the ``cancel``); None when it was cut."""
         if self._reqs.get(rid) is not None and not fut.done():
@@ -333,7 +264,7 @@ class StreamWorkerPool:
             fut.cancel()
         return None
 
-    async def _pick(self) -> _Worker:
+    async def _pick(self) -> WorkerProc:
         while True:
             live = [w for w in self._workers if w.alive]
             if live:  # a frozen worker only when every live one is
@@ -347,19 +278,16 @@ class StreamWorkerPool:
                 raise StreamWorkerLost(ErrorClass.DISCONNECT, "no stream worker is running") from None
 
     # ---- the socket --------------------------------------------------------------------------
-    async def _read(self, w: _Worker) -> None:
+    async def _read(self, w: WorkerProc) -> None:
         reqs = self._reqs
         assert w.reader is not None
         try:
             while True:
                 msg = await read_frame(w.reader)
-                heard, w.heard = w.heard, time.monotonic()
+                self._watch.heard(w)  # a frozen worker gets requests again at once
                 verb = msg[0]
-                if w.frozen:  # answers again: given requests at once, its line once its stop's time is known
-                    w.frozen = False
-                    w.thaw = (w.heard - heard, w.thaw[1] if w.thaw is not None else w.stopped_s, 0)
                 if verb == "hb":
-                    self._heartbeat(w, float(msg[1]))
+                    self._watch.heartbeat(w, float(msg[1]))
                     if len(msg) > 3:
                         w.unsent = int(msg[2])
                         self.unsent_peak = max(self.unsent_peak, int(msg[3]))
@@ -397,7 +325,7 @@ class StreamWorkerPool:
         if not self._closing:
             await self._lost(w)
 
-    async def _lost(self, w: _Worker) -> None:
+    async def _lost(self, w: WorkerProc) -> None:
         """Worker ``w`` is gone: answer its requests from its journal or with :class:`StreamWorkerLost`, replace it."""
         w.alive = False
         if w.writer is not None:
@@ -414,7 +342,7 @@ class StreamWorkerPool:
         found: dict[int, Completion] = {}
         jdir = self.journal_dir
         if jdir is not None and open_rids:
-            found = await asyncio.to_thread(_journaled, jdir, f"w{w.slot}-{w.pid}-", set(open_rids))
+            found = await asyncio.to_thread(journaled, jdir, f"w{w.slot}-{w.pid}-", set(open_rids))
         lost = 0
         for rid in open_rids:
             r = self._reqs.pop(rid, None)
@@ -443,8 +371,8 @@ class StreamWorkerPool:
         self._respawns.add(t)
         t.add_done_callback(self._respawns.discard)
 
-    async def _respawn(self, w: _Worker, msg: str) -> None:
-        fresh = _Worker(w.slot)
+    async def _respawn(self, w: WorkerProc, msg: str) -> None:
+        fresh = WorkerProc(w.slot)
         self._workers[w.slot] = fresh
         try:
             await self._spawn(fresh)
@@ -452,52 +380,6 @@ class StreamWorkerPool:
             self._emit("error", f"{msg}; a new worker could not start: {e}")
             return
         self._emit("warning", f"{msg}; a new worker (pid {fresh.pid}) took its place")
-
-    # ---- liveness ----------------------------------------------------------------------------
-    async def _watch(self) -> None:
-        """Every heartbeat period: mark the live workers silent for :data:`SILENT_S` frozen (one warning
-        each). After a gap in this loop itself (the run's process was stopped), the workers' frames
-        queued meanwhile are read first: nobody is judged on that tick."""
-        last = time.monotonic()
-        while True:
-            await asyncio.sleep(HEARTBEAT_S)
-            now = time.monotonic()
-            gap, last = now - last, now
-            if gap > 2 * HEARTBEAT_S + 1.0:
-                for w in self._workers:
-                    w.heard = max(w.heard, now)
-                continue
-            for w in self._workers:
-                if w.alive and not w.frozen and now - w.heard >= SILENT_S:
-                    w.frozen = True
-                    self._emit("warning", (
-                        f"stream worker {w.slot} (pid {w.pid}) has not answered for {now - w.heard:.0f}s "
-                        f"(stopped or frozen): its {len(w.in_flight)} stream(s) wait for it, no new request "
-                        f"goes to it; a stall is judged by the time it runs, not by this silence"))
-
-    def _heartbeat(self, w: _Worker, stopped_s: float) -> None:
-        """Heartbeat of ``w`` saying its loop did not run for ``stopped_s`` seconds in all; after a
-        silence, the line saying it answers again (:meth:`_thawed`).
-
-        The frames a worker sends first after a stop may come before the heartbeat that carries the
-        stop (callbacks of the loop's iteration the stop interrupted run before the loop finds the gap),
-        so the line waits for a heartbeat whose figure grew, or :data:`THAW_HEARTBEATS` heartbeats."""
-        if w.thaw is not None:
-            silent_s, before, n = w.thaw
-            if stopped_s > before or n + 1 >= THAW_HEARTBEATS:
-                w.thaw = None
-                self._thawed(w, silent_s, stopped_s - before)
-            else:
-                w.thaw = (silent_s, before, n + 1)
-        w.stopped_s = stopped_s
-
-    def _thawed(self, w: _Worker, silent_s: float, stopped_s: float) -> None:
-        """Log that ``w`` answers again after ``silent_s`` seconds of silence (as the run saw it), its
-        own loop having not run for ``stopped_s`` seconds of it (the worker's figure, this stop's)."""
-        own = (f"its own loop did not run for {stopped_s:.1f}s (the worker's figure)" if stopped_s > 0 else
-               "its own loop kept running (it was not stopped)")
-        self._emit("info", f"stream worker {w.slot} (pid {w.pid}) answers again after {silent_s:.1f}s of silence; "
-                           f"{own}, which its streams' stall and total timeouts leave out")
 
     def _emit(self, level: str, msg: str) -> None:
         if self._on_event is not None:  # the run records and logs it (once)
@@ -508,20 +390,11 @@ class StreamWorkerPool:
     def owns(self, path: Path) -> bool:
         """Whether journal file ``path`` (a segment or a ledger) is one of a worker this pool started
         (recovery at start leaves those alone: :mod:`engine.stream.recover`)."""
-        owner = journal.file_owner(path)
-        return owner is not None and owner[1] in self._pids
+        return owned(path, self._pids)
 
     def is_open_segment(self, path: Path) -> bool:
-        """Whether journal segment ``path`` may still be written: the newest segment of a worker whose
-        process exists (starting, up, or dead and not yet reaped), empty or not."""
-        owner = journal.file_owner(path)
-        if owner is None or not path.name.endswith(".jsonl"):
-            return False
-        for w in self._workers:
-            if w.pid == owner[1] and w.slot == owner[0] and w.running():
-                names = [p.name for p in journal.segments(path.parent, f"w{w.slot}-{w.pid}-")]
-                return not names or path.name >= max(names)
-        return False
+        """Whether journal segment ``path`` may still be written (:func:`engine.stream.procs.open_segment`)."""
+        return open_segment(path, self._workers)
 
     # ---- figures -----------------------------------------------------------------------------
     def figures(self) -> PoolFigures:
@@ -546,18 +419,4 @@ def _finished(p: StreamProgress, c: Completion) -> None:
         p.cost_usd = c.usage.cost_usd
 
 
-def _journaled(jdir: Path, prefix: str, rids: set[int]) -> dict[int, Completion]:
-    """The completions of requests ``rids`` in the journal segments starting with ``prefix``."""
-    out: dict[int, Completion] = {}
-    for seg in journal.segments(jdir, prefix):
-        for rec in journal.read_records(seg):
-            rid = rec.get("rid")
-            if rid in rids:
-                try:
-                    out[rid] = journal.completion_from_dict(rec["c"])
-                except (KeyError, TypeError, ValueError):
-                    continue
-    return out
-
-
-__all__ = ["PoolFigures", "StreamWorkerPool", "WorkerFigures", "default_stream_workers"]
+__all__ = ["THAW_HEARTBEATS", "PoolFigures", "StreamWorkerPool", "WorkerFigures", "default_stream_workers"]
