@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable
 
 from engine.client.accumulate import StreamProgress
+from engine.client.aiochoice import stream_backend
 from engine.client.chat import ChatClient
 from engine.client.fleet import shown_url
 from engine.client.types import ChatRequest, Completion, ErrorClass, RequestError
@@ -132,7 +133,8 @@ class Worker:
         self.reader = reader
         self.writer = writer
         self.sock = sock
-        self.clients = [ChatClient(url, init.api_key, **init.client) for url in init.endpoints]
+        backend = {"http_backend": stream_backend()}  # aiohttp unless DATAGEN_STREAM_HTTP=httpx
+        self.clients = [ChatClient(url, init.api_key, **{**backend, **init.client}) for url in init.endpoints]
         self.streams: dict[int, _Stream] = {}
         self.jdir = journal.journal_dir(init.journal_dir) if init.journal_dir else None
         self.journal = journal.JournalWriter(self.jdir, init.slot, os.getpid()) if self.jdir else None
