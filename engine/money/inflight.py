@@ -118,6 +118,17 @@ def stream_cost(prompt_tokens: float, received: float, model: LengthModel, promp
     return InFlightCost(1, gen, exp, gen + share * (exp - gen), int(abort_share is not None))
 
 
+def _class_models(rows: list[tuple[str, Any, float, float]], lengths: Callable[[str], list[float]],
+                  max_tokens: Callable[[str], int], model: Callable[[str, list[float]], Any] | None) -> dict[str, Any]:
+    """The length model of each class of ``rows`` (``(class, progress, prompt tokens, received)``), its
+    streams' received tokens as the censored lengths."""
+    got: dict[str, list[float]] = {}
+    for cls, _prog, _p, r in rows:
+        got.setdefault(cls, []).append(r)
+    return {cls: (model(cls, r) if model is not None else LengthModel(lengths(cls), r, max_tokens(cls)))
+            for cls, r in got.items()}
+
+
 def streams_cost(streams: Iterable[tuple[str, Any, float]], lengths: Callable[[str], list[float]],
                  max_tokens: Callable[[str], int], prompt_usd_per_token: float, completion_usd_per_token: float,
                  share_for: Callable[[str], float | None] = lambda _p: None,
@@ -135,15 +146,41 @@ def streams_cost(streams: Iterable[tuple[str, Any, float]], lengths: Callable[[s
             ``expected_total``), e.g. :meth:`engine.money.spend.SpendControl.length_model`, which has
             the cut streams too; None: :class:`LengthModel` over ``lengths(class)``.
     """
-    streams = list(streams)
-    got: dict[str, list[float]] = {}
-    for cls, prog, _p in streams:
-        got.setdefault(cls, []).append(prog.tokens_received)
-    models = {cls: (model(cls, r) if model is not None else LengthModel(lengths(cls), r, max_tokens(cls)))
-              for cls, r in got.items()}
-    return [(prog, stream_cost(p, prog.tokens_received, models[cls], prompt_usd_per_token, completion_usd_per_token,
+    rows = [(cls, prog, p, prog.tokens_received) for cls, prog, p in streams]
+    models = _class_models(rows, lengths, max_tokens, model)
+    return [(prog, stream_cost(p, r, models[cls], prompt_usd_per_token, completion_usd_per_token,
                                share_for(getattr(prog, "provider", "") or "")))
-            for cls, prog, p in streams]
+            for cls, prog, p, r in rows]
+
+
+def streams_total(streams: Iterable[tuple[str, Any, float]], lengths: Callable[[str], list[float]],
+                  max_tokens: Callable[[str], int], prompt_usd_per_token: float, completion_usd_per_token: float,
+                  share_for: Callable[[str], float | None] = lambda _p: None,
+                  model: Callable[[str, list[float]], Any] | None = None) -> InFlightCost:
+    """The sum of :func:`streams_cost` over ``streams`` (same arguments; USD), equal to it to the last
+    bit (the same operations in the same order), at about half its CPU: no object per stream, each
+    tokens count read once, each provider's share looked up once."""
+    rows = [(cls, prog, p, prog.tokens_received) for cls, prog, p in streams]
+    models = _class_models(rows, lengths, max_tokens, model)
+    shares: dict[str, float | None] = {}
+    pp, cp = prompt_usd_per_token, completion_usd_per_token
+    gen_t = exp_t = abort_t = 0.0
+    observed = 0
+    for cls, prog, p, r in rows:
+        prov = getattr(prog, "provider", "") or ""
+        if prov in shares:
+            share = shares[prov]
+        else:
+            share = shares[prov] = share_for(prov)
+        base = pp * max(0.0, p)
+        rr = max(0.0, float(r))
+        gen = base + cp * rr
+        exp = base + cp * models[cls].expected_total(rr)
+        gen_t += gen
+        exp_t += exp
+        abort_t += gen + (PRIOR_SHARE if share is None else share) * (exp - gen)
+        observed += share is not None
+    return InFlightCost(len(rows), gen_t, exp_t, abort_t, observed)
 
 
 @dataclass
@@ -178,6 +215,9 @@ class AbortBilling:
         self._pending: dict[str, tuple[str, float, float]] = {}
         self._by_provider: dict[str, _Billed] = {}
         self._earlier: dict[str, list[int]] = {}  # provider -> [streams, billed beyond generated]
+        #: bumped by every recorded bill (:meth:`add`, :meth:`add_earlier`): a figure priced with
+        #: :meth:`share_for` at one version is the figure at every later read of that version.
+        self.version = 0
 
     def note(self, generation_id: str, provider: str, cost: InFlightCost) -> None:
         """Remember an aborted stream (its figures at abort time) until its bill is known."""
@@ -197,6 +237,7 @@ class AbortBilling:
 
     def add(self, provider: str, generated_usd: float, expected_usd: float, billed_usd: float) -> None:
         """Record one billed aborted stream directly (USD figures at abort time, and its bill)."""
+        self.version += 1
         b = self._by_provider.setdefault(provider or "", _Billed())
         b.n += 1
         b.generated += generated_usd
@@ -207,6 +248,7 @@ class AbortBilling:
         """Record the bill of a stream an earlier process aborted, whose expected cost at abort time is
         not known: it counts as billed beyond what was generated when ``billed_usd`` exceeds
         :data:`KEPT_BILLING` x ``generated_usd`` (USD)."""
+        self.version += 1
         k = self._earlier.setdefault(provider or "", [0, 0])
         k[0] += 1
         k[1] += int(billed_usd > KEPT_BILLING * generated_usd)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from engine.config import Config
-from engine.money.inflight import InFlightCost, LengthModel, abort_basis, abort_line, streams_cost
+from engine.money.flightcache import FlightCache
+from engine.money.inflight import InFlightCost, LengthModel, abort_basis, abort_line, streams_cost, streams_total
 from engine.money.spend import SpendControl
 from engine.run.runstate import RunPhase, RunState
 
@@ -60,19 +61,62 @@ class RunEnding:
         self.abort_costs: dict[int, tuple[Any, InFlightCost]] = {}
         #: the task that ends the run within the grace after an abort of everything (None: none yet).
         self.ender: asyncio.Task | None = None
+        #: each dataset's dollars in flight between reads (:meth:`in_flight_cost`): at most
+        #: :data:`engine.money.flightcache.MAX_AGE_S` seconds of ``clock`` old.
+        self.flight = FlightCache()
+        self._aborts = 0  # aborts so far: a figure priced before one is not given back after it
 
     # ---- dollars in flight ------------------------------------------------------------------
-    def in_flight_cost(self, dataset: str | None = None) -> InFlightCost:
+    def in_flight_cost(self, dataset: str | None = None, *, fresh: bool = False) -> InFlightCost:
         """Dollars of the streams in flight (of ``dataset`` or all), from :mod:`engine.money.inflight`: what
         was generated so far, what they cost when completed, and what an abort now is estimated to
-        bill (each provider's observed billing of aborted streams). Zero dollars while no price is known."""
+        bill (each provider's observed billing of aborted streams). Zero dollars while no price is known.
+
+        For display and guards: each dataset's figure is kept between reads
+        (:class:`engine.money.flightcache.FlightCache`) and is at most
+        :data:`~engine.money.flightcache.MAX_AGE_S` (1 s) of the run's ``clock`` old, within about 1%
+        for the streams that started or ended since (none below 100 streams: exact); new prices, a bill
+        of an aborted stream, an abort or a class's first completion recompute at once. ``fresh``: priced
+        now (what :meth:`abort` and :meth:`cut_costs` use for the dollars they account)."""
+        prices = self.spend.prices()
         total = InFlightCost()
-        for _prog, c in self.stream_costs(dataset):
-            total = total + c
+        key: tuple | None = None
+        now = 0.0
+        for rt in self.run.datasets.values():
+            if (dataset is not None and rt.name != dataset) or not rt.streams:
+                continue
+            if prices is None:
+                total = total + InFlightCost(len(rt.streams))
+                continue
+            if fresh:
+                total = total + self._priced(rt, prices)
+                continue
+            if key is None:
+                key, now = self._flight_key(prices), self.clock()
+            got = self.flight.get(rt.name, now, key, rt.streams.keys())
+            if got is None:
+                got = self.flight.put(rt.name, now, key, rt.streams.keys(), self._priced(rt, prices))
+            total = total + got
         return total
 
+    def _flight_key(self, prices: Any) -> tuple:
+        """What moves the dollars in flight at once (:class:`~engine.money.flightcache.FlightCache`'s
+        key): the prices, the abort billing learned (its version), the aborts, and which classes of
+        which datasets have a completion (the length model leaves its ``max_tokens`` bound)."""
+        known = tuple(est.count > 0 for b in self.spend.budgets.values() for est in b.estimators.values())
+        return prices, self.spend.aborts.version, self._aborts, known
+
+    def _priced(self, rt: Any, prices: Any) -> InFlightCost:
+        """The dollars of ``rt``'s streams in flight priced now (:func:`engine.money.inflight.streams_total`)."""
+        return streams_total(
+            rt.streams.values(), functools.partial(self.spend.observed_lengths, rt.name),
+            lambda cls: self.cfg.classes[cls].max_tokens, prices.prompt_usd_per_token,
+            prices.completion_usd_per_token, self.spend.abort_share,
+            model=functools.partial(self.spend.length_model, rt.name))
+
     def cost_in_flight_usd(self, dataset: str | None = None) -> float:
-        """Expected USD of the streams in flight (of ``dataset`` or all): what they cost when completed."""
+        """Expected USD of the streams in flight (of ``dataset`` or all): what they cost when completed
+        (as :meth:`in_flight_cost`: at most a second of the run's clock old)."""
         return self.in_flight_cost(dataset).expected_usd
 
     def stream_costs(self, dataset: str | None = None) -> list[tuple[Any, InFlightCost]]:
@@ -131,6 +175,7 @@ class RunEnding:
         the run is stopping, the run ends within :data:`ABORT_GRACE_S` of an abort of everything even
         if a request ignores its cancellation."""
         cost = InFlightCost()
+        self._aborts += 1
         live = {id(prog) for rt in self.run.datasets.values() for _c, prog, _p in rt.streams.values()}
         for k in [k for k in self.abort_costs if k not in live]:  # applied, or finished within the cut's grace
             del self.abort_costs[k]
