@@ -5,8 +5,9 @@ streams it was about half of the engine process's CPU (measured ~10 ms a figure,
 second by the snapshot, the live row's per-dataset figures, the run-directory guard and the credits
 floor). :class:`FlightCache` keeps one figure per dataset and gives it back while all of these hold:
 
-- the same ``key``: the caller's version of what moves the figure at once (prices, the abort
-  billing learned so far, an abort, which classes have a completion); a new key recomputes;
+- the same ``key``: the caller's version of what moves the figure at once (the prices to 4
+  significant digits, :func:`price_key`; the abort billing learned so far, an abort, which classes
+  have a completion); a new key recomputes;
 - at most ``max_age_s`` seconds of the RUN's clock old (:data:`MAX_AGE_S`): the tokens streamed and
   the length model move continuously, and a displayed figure follows them within that age; a
   clock read earlier than the figure (a test's clock set back) recomputes;
@@ -19,12 +20,13 @@ floor). :class:`FlightCache` keeps one figure per dataset and gives it back whil
   streams (every change of a small run recomputes, so its figures are always exact but for the age).
 
 So a cached figure is at most :data:`MAX_AGE_S` seconds of the run's clock old and, within that, off
-by the streams' progress in that time (the tokens they streamed: ``generated_usd`` grows by them) and
-about 1% for the turnover. It is for display and guards (the dashboard, ``status``, the credits floor,
-the drain and quit confirmations: each reads a figure that was exact at most a second earlier, and
-none acts on a 1% difference); what is billed or accounted (an abort's costs, the cut streams'
-costs) is priced fresh by the caller, never from here. Pure bookkeeping: no I/O, no clocks (the
-caller passes ``now``).
+by the streams' progress in that time (the tokens they streamed: ``generated_usd`` grows by them),
+about 1% for the turnover, and up to 0.05% of a price refitted in that time. It is for display and
+guards (the dashboard, ``status``, the credits floor, the run-directory guard, the drain and quit
+confirmations: each reads a figure that was exact at most a second earlier, and none acts on a 1%
+difference: the credits floor's margin is dollars of credits, re-read every poll); what is billed or
+accounted (an abort's costs, the cut streams' costs) is priced fresh by the caller, never from here.
+Pure bookkeeping: no I/O, no clocks (the caller passes ``now``).
 """
 
 from __future__ import annotations
@@ -42,6 +44,22 @@ MATERIAL_SHARE = 0.01
 """Share of a dataset's in-flight dollars the turnover of its streams may move a cached figure by
 (see the module docstring): ``k`` streams started or ended out of ``n`` are immaterial while
 ``k <= (MATERIAL_SHARE x n)**2``."""
+
+
+PRICE_DIGITS = 4
+"""Significant digits of a price a figure is keyed on (:func:`price_key`): observed prices are refitted
+at every result (:class:`engine.money.prices.PriceObserver`) and move in the 5th digit and beyond
+after the first results, which moves no displayed dollar figure."""
+
+
+def price_key(prices: Any) -> tuple | None:
+    """What of ``prices`` (:class:`engine.money.prices.Prices` or None) keys a cached figure: each
+    per-token price to :data:`PRICE_DIGITS` significant digits (a change beyond 0.05% of a price
+    recomputes at once) and its source; None without prices."""
+    if prices is None:
+        return None
+    return (float(f"{prices.prompt_usd_per_token:.{PRICE_DIGITS}g}"),
+            float(f"{prices.completion_usd_per_token:.{PRICE_DIGITS}g}"), prices.source)
 
 
 def material_turnover(changed: int, streams: int, share: float = MATERIAL_SHARE) -> bool:

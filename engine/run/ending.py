@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from engine.config import Config
-from engine.money.flightcache import FlightCache
+from engine.money.flightcache import FlightCache, price_key
 from engine.money.inflight import InFlightCost, LengthModel, abort_basis, abort_line, streams_cost, streams_total
 from engine.money.spend import SpendControl
 from engine.run.runstate import RunPhase, RunState
@@ -101,10 +101,12 @@ class RunEnding:
 
     def _flight_key(self, prices: Any) -> tuple:
         """What moves the dollars in flight at once (:class:`~engine.money.flightcache.FlightCache`'s
-        key): the prices, the abort billing learned (its version), the aborts, and which classes of
-        which datasets have a completion (the length model leaves its ``max_tokens`` bound)."""
+        key): the prices (to 4 significant digits: observed prices are refitted at every result,
+        :func:`~engine.money.flightcache.price_key`), the abort billing learned (its version), the
+        aborts, and which classes of which datasets have a completion (the length model leaves its
+        ``max_tokens`` bound)."""
         known = tuple(est.count > 0 for b in self.spend.budgets.values() for est in b.estimators.values())
-        return prices, self.spend.aborts.version, self._aborts, known
+        return price_key(prices), self.spend.aborts.version, self._aborts, known
 
     def _priced(self, rt: Any, prices: Any) -> InFlightCost:
         """The dollars of ``rt``'s streams in flight priced now (:func:`engine.money.inflight.streams_total`)."""

@@ -86,3 +86,16 @@ def test_cache_refuses_negative_settings():
         FlightCache(max_age_s=-1)
     with pytest.raises(ValueError):
         FlightCache(material_share=-0.1)
+
+
+def test_price_key_ignores_the_refit_jitter_of_observed_prices():
+    from engine.money.flightcache import PRICE_DIGITS, price_key
+    from engine.money.prices import Prices
+
+    assert PRICE_DIGITS == 4
+    assert price_key(None) is None
+    a = Prices(6.0e-7, 2.5e-6, "observed")
+    assert price_key(a) == (6.0e-7, 2.5e-6, "observed")
+    assert price_key(Prices(6.00001e-7, 2.500004e-6, "observed")) == price_key(a)  # a refit, 5th digit
+    assert price_key(Prices(6.0e-7, 2.502e-6, "observed")) != price_key(a)  # 0.08%: recomputed
+    assert price_key(Prices(6.0e-7, 2.5e-6, "config")) != price_key(a)

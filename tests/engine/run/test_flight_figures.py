@@ -140,3 +140,19 @@ def test_cached_figures_are_at_most_a_second_of_the_run_clock_old(tmp_path):
     misses = end.flight.misses
     assert end.in_flight_cost() != again and end.flight.misses == misses + 1
     _same(end.in_flight_cost(), _exact(end))
+
+
+def test_observed_prices_refitted_at_every_result_keep_the_figure_until_they_move(tmp_path):
+    end, run, spend, t = _ending(tmp_path, ("a",))
+    rng = _Rng()
+    rng.add(run.datasets["a"], 150)
+    for i in range(40):  # observed prices replace the config's once 20 results had a cost
+        spend.observer.observe(300 + i, 1000 + 37 * i, (300 + i) * 0.6e-6 + (1000 + 37 * i) * 2.5e-6)
+    first = end.in_flight_cost()
+    assert spend.prices().source == "observed"
+    spend.observer.observe(500, 2000, 500 * 0.6e-6 + 2000 * 2.5e-6 * (1 + 1e-7))  # a refit: 7th digit
+    assert end.in_flight_cost() == first and end.flight.misses == 1
+    for _ in range(40):  # the completion price moved 2x: recomputed at once, same clock
+        spend.observer.observe(500, 2000, 500 * 0.6e-6 + 2000 * 5.0e-6)
+    assert end.in_flight_cost().generated_usd > first.generated_usd * 1.2
+    _same(end.in_flight_cost(), _exact(end))
