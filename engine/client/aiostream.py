@@ -1,5 +1,5 @@
 """The chat-completions POST over aiohttp: the HTTP/1.1 streaming part of :class:`~engine.client.chat.ChatClient`
-when it is built with ``http_backend="aiohttp"`` (the stream workers' default:
+when it is built with ``http_backend="aiohttp"`` (the stream workers with ``DATAGEN_STREAM_HTTP=aiohttp``:
 :func:`~engine.client.aiochoice.stream_backend`).
 
 Why: per streamed request aiohttp (its C HTTP parser, no anyio/httpcore layers) spends about two thirds of the CPU

@@ -254,13 +254,12 @@ def test_aiohttp_errors_map_to_the_httpx_ones():
 
 
 def test_stream_backend_switch(monkeypatch):
-    assert stream_backend({}) == "aiohttp"
+    assert stream_backend({}) == "httpx"
     assert stream_backend({STREAM_HTTP_ENV: "HTTPX "}) == "httpx"
-    assert stream_backend({STREAM_HTTP_ENV: "aiohttp"}) == "aiohttp"
+    assert stream_backend({STREAM_HTTP_ENV: " AioHTTP"}) == "aiohttp"
     with pytest.raises(ValueError, match="DATAGEN_STREAM_HTTP"):
         stream_backend({STREAM_HTTP_ENV: "curl"})
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
-    assert stream_backend({}) == "httpx"
     with pytest.raises(ValueError, match="not installed"):
         stream_backend({STREAM_HTTP_ENV: "aiohttp"})
 
