@@ -46,11 +46,15 @@ class RunEnding:
         spend: the money ledger (prices, observed lengths, abort billing).
         clock: monotonic clock in seconds.
         event: ``event(level, kind, dataset, message)`` records a run event.
+        on_stop: called in the step that stops the run (the scheduler's hold of the stream workers:
+            what was handed to them and not sent yet returns to pending, nothing new leaves).
     """
 
     def __init__(self, cfg: Config, runstate: RunState, spend: SpendControl, clock: Callable[[], float],
-                 event: Callable[[str, str, str | None, str], None]) -> None:
+                 event: Callable[[str, str, str | None, str], None],
+                 on_stop: Callable[[], None] | None = None) -> None:
         self.cfg = cfg
+        self._on_stop = on_stop
         self.run = runstate
         self.spend = spend
         self.clock = clock
@@ -224,6 +228,8 @@ class RunEnding:
         The first non-zero ``exit_code`` given is kept (a later stop does not hide an earlier failure)."""
         self.run.stopping = True
         self.run.lifecycle, self.run.reason = RunPhase.STOPPING, reason
+        if self._on_stop is not None:
+            self._on_stop()  # the stream workers hold what they have not sent (a drain sends nothing new)
         if not self.run.exit_code:
             self.run.exit_code = exit_code
         self._event("error" if exit_code and exit_code != 130 else "info", "stop", None, f"run stopping: {reason}")

@@ -175,7 +175,7 @@ class Scheduler:
         #: and the reconstruction service ``recon`` (engine.run.accounting).
         self.accounting = Accounting(self.spend, self.telemetry, writer, lambda: self.clock(), get_json, recon)
         #: stop, abort, drain, and the dollars in flight (engine.run.ending).
-        self.ending = RunEnding(cfg, self.runstate, self.spend, clock, self.event)
+        self.ending = RunEnding(cfg, self.runstate, self.spend, clock, self.event, on_stop=self._hold)
         #: the request body and the excluded providers (engine.run.routing).
         self.routing = Routing(cfg, self.runstate, store, self.telemetry, self.event)
         #: applies what each request ended in (engine.run.outcomes).
@@ -451,11 +451,12 @@ class Scheduler:
 
     def _hold(self) -> None:
         """Tell the stream workers what may not leave now (:attr:`hold`): every request while the run
-        is paused, else those of the datasets not active (paused, skipped, budget met). Called in the
-        step that flips the state, before anything reads it: no request handed to a worker leaves
-        unsent once the pause shows."""
+        is paused or stopping (a drain waits for the streams in flight, it sends nothing new), else
+        those of the datasets not active (paused, skipped, budget met). Called in the step that flips
+        the state, before anything reads it: no request handed to a worker leaves unsent once the
+        pause or the stop shows."""
         if self.hold is not None:
-            self.hold(self.runstate.paused,
+            self.hold(self.runstate.paused or self.runstate.stopping,
                       frozenset(rt.name for rt in self.datasets.values() if rt.control != Control.ACTIVE))
 
     # ---- running ----------------------------------------------------------------------------

@@ -58,3 +58,15 @@ async def test_a_request_held_unsent_returns_to_pending_without_an_attempt_and_i
     assert len(held) == 5 and len(fake.calls) == 5  # each held once, then sent once
     assert attempts == [1] * 5  # a held request is no attempt: each result took its first
     assert {r[0] for r in rows} == {1} and len(rows) == 5 and "error" not in {r[1] for r in rows}, rows
+
+
+async def test_a_stop_or_drain_holds_what_the_workers_have_not_sent(tmp_path):
+    # a drain waits for the streams in flight; what was handed to a worker and not sent yet must not
+    # leave after the stop shows (before: no hold was sent at a stop, those requests went out)
+    fake = Fake()
+    cfg, store, writer, sched = await build(tmp_path, {"a": 2}, fake)
+    seen: list[tuple[bool, frozenset[str]]] = []
+    sched.hold = lambda run, datasets: seen.append((run, datasets))
+    sched.ending.stop("drain requested", abort=False)
+    assert seen == [(True, frozenset())]
+    await store.close()
