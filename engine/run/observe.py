@@ -199,14 +199,17 @@ def with_judged(providers: tuple[ProviderSnapshot, ...], fidelity: dict[str, dic
 def _workers_live(sched: "RunView") -> dict[str, Any]:
     """``status --json``'s ``stream_workers``: configured, alive, restarts, requests returned to
     pending by a worker's death, completions recovered from a dead worker's journal, workers up but
-    not answering (``frozen``), per worker (``frozen`` and ``silent_s``: seconds not heard from)."""
+    not answering (``frozen``), requests held back unsent by a pause, skip or stop since start
+    (``held_back``), the most one worker had waiting unsent at once (``unsent_peak``), per worker
+    (``frozen``, ``silent_s``: seconds not heard from, ``unsent``: handed to it and not sent yet, as of
+    its last heartbeat)."""
     workers = sched.workers
     assert workers is not None  # the caller checks
     f = workers()
     return {"configured": f.configured, "alive": f.alive, "restarts": f.restarts, "lost_requests": f.lost_requests,
-            "recovered": f.recovered, "frozen": f.frozen,
+            "recovered": f.recovered, "frozen": f.frozen, "held_back": f.held_back, "unsent_peak": f.unsent_peak,
             "workers": [{"slot": w.slot, "pid": w.pid, "alive": w.alive, "in_flight": w.in_flight, "frozen": w.frozen,
-                         "silent_s": w.silent_s} for w in f.workers]}
+                         "silent_s": w.silent_s, "unsent": w.unsent} for w in f.workers]}
 
 
 def build_snapshot(sched: "RunView") -> RunSnapshot:

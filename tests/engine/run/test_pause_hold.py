@@ -70,3 +70,16 @@ async def test_a_stop_or_drain_holds_what_the_workers_have_not_sent(tmp_path):
     sched.ending.stop("drain requested", abort=False)
     assert seen == [(True, frozenset())]
     await store.close()
+
+
+def test_status_json_shows_the_requests_held_back_and_waiting_unsent():
+    from types import SimpleNamespace
+
+    from engine.run.observe import _workers_live
+    from engine.stream.figures import PoolFigures, WorkerFigures
+
+    figs = PoolFigures(2, 2, 0, 0, 0, (WorkerFigures(0, 11, True, 40, unsent=7), WorkerFigures(1, 12, True, 38)),
+                       held_back=310, unsent_peak=123)
+    doc = _workers_live(SimpleNamespace(workers=lambda: figs))
+    assert (doc["held_back"], doc["unsent_peak"]) == (310, 123)
+    assert [w["unsent"] for w in doc["workers"]] == [7, 0]
