@@ -44,11 +44,20 @@ from pathlib import Path
 from typing import Any
 
 from engine.client.accumulate import StreamProgress
+from engine.client.aiochoice import stream_backend
 from engine.client.types import ChatRequest, Completion, ErrorClass
 from engine.stream import journal
 from engine.stream.figures import PoolFigures, WorkerFigures
 from engine.stream.hold import Hold
-from engine.stream.procs import WorkerProc, default_stream_workers, journaled, open_segment, owned, start_process
+from engine.stream.procs import (
+    WorkerProc,
+    WorkersNotStarted,
+    default_stream_workers,
+    journaled,
+    open_segment,
+    owned,
+    start_process,
+)
 from engine.stream.watch import THAW_HEARTBEATS, WorkerWatch
 from engine.stream.wire import StreamHeld, StreamWorkerLost, WorkerInit, error_from_fields, read_frame
 
@@ -135,9 +144,13 @@ class StreamWorkerPool:
         """Start every worker and wait until each is ready.
 
         Raises:
-            RuntimeError: a worker did not start within :data:`START_TIMEOUT_S` (its stderr is in
-                ``RUN_DIR/stream-workers.log``).
+            WorkersNotStarted: (a RuntimeError) a worker did not start within :data:`START_TIMEOUT_S` (its stderr is in
+                ``RUN_DIR/stream-workers.log``), or ``DATAGEN_STREAM_HTTP`` names no usable library.
         """
+        try:
+            stream_backend()  # what each worker will read: a bad DATAGEN_STREAM_HTTP is named here, not in its log
+        except ValueError as e:
+            raise WorkersNotStarted(f"stream workers not started: {e}") from None
         await asyncio.gather(*(self._spawn(w) for w in self._workers))
         if self._watcher is None:
             self._watcher = asyncio.create_task(self._watch.loop(), name="stream-worker-liveness")
@@ -156,7 +169,7 @@ class StreamWorkerPool:
             msg = await asyncio.wait_for(read_frame(w.reader), START_TIMEOUT_S)
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as e:
             w.proc.kill()
-            raise RuntimeError(f"stream worker {w.slot} did not start ({type(e).__name__}); see "
+            raise WorkersNotStarted(f"stream worker {w.slot} did not start ({type(e).__name__}); see "
                                f"{self.run_dir / 'stream-workers.log' if self.run_dir else 'its stderr'}") from None
         w.pid = int(msg[1])
         self._pids.add(w.pid)

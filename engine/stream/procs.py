@@ -18,9 +18,16 @@ import time
 from pathlib import Path
 
 from engine.client.types import Completion
+from engine.errors import DatagenError
 from engine.proc.childproc import TERMINAL_SIGNALS
 from engine.stream import journal
 from engine.stream.wire import encode
+
+
+class WorkersNotStarted(DatagenError, RuntimeError):
+    """The stream workers could not be started: a worker did not answer within the start limit (its
+    stderr is in ``RUN_DIR/stream-workers.log``), or ``DATAGEN_STREAM_HTTP`` names no usable library.
+    The CLI prints the message as one ``error:`` line."""
 
 
 def default_stream_workers() -> int:
@@ -145,4 +152,4 @@ def open_segment(path: Path, workers: list[WorkerProc]) -> bool:
     return False
 
 
-__all__ = ["WorkerProc", "default_stream_workers", "journaled", "open_segment", "owned", "start_process"]
+__all__ = ["WorkerProc", "WorkersNotStarted", "default_stream_workers", "journaled", "open_segment", "owned", "start_process"]

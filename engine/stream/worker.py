@@ -133,7 +133,7 @@ class Worker:
         self.reader = reader
         self.writer = writer
         self.sock = sock
-        backend = {"http_backend": stream_backend()}  # httpx unless DATAGEN_STREAM_HTTP=aiohttp
+        backend = {"http_backend": stream_backend()}  # aiohttp unless DATAGEN_STREAM_HTTP=httpx
         self.clients = [ChatClient(url, init.api_key, **{**backend, **init.client}) for url in init.endpoints]
         self.streams: dict[int, _Stream] = {}
         self.jdir = journal.journal_dir(init.journal_dir) if init.journal_dir else None

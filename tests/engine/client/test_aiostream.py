@@ -254,7 +254,7 @@ def test_aiohttp_errors_map_to_the_httpx_ones():
 
 
 def test_stream_backend_switch(monkeypatch):
-    assert stream_backend({}) == "httpx"
+    assert stream_backend({}) == "aiohttp"  # the default when installed (by B1's numbers)
     assert stream_backend({STREAM_HTTP_ENV: "HTTPX "}) == "httpx"
     assert stream_backend({STREAM_HTTP_ENV: " AioHTTP"}) == "aiohttp"
     with pytest.raises(ValueError, match="DATAGEN_STREAM_HTTP"):
@@ -262,6 +262,7 @@ def test_stream_backend_switch(monkeypatch):
     monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
     with pytest.raises(ValueError, match="not installed"):
         stream_backend({STREAM_HTTP_ENV: "aiohttp"})
+    assert stream_backend({}) == "httpx"  # aiohttp missing: httpx
 
 
 def test_bad_backend_and_proxies(monkeypatch):
@@ -276,3 +277,16 @@ def test_bad_backend_and_proxies(monkeypatch):
     c = ChatClient("https://api.example/v1", None, http_backend="aiohttp")
     assert c._aio is not None and c._aio._proxy == "http://127.0.0.1:9"  # the environment's proxy, as httpx's
     assert ChatClient("https://api.example/v1", None, http_backend="aiohttp", trust_env=False)._aio._proxy is None
+
+
+async def test_a_bad_stream_http_setting_stops_the_run_with_one_line_before_any_worker(monkeypatch):
+    from engine.errors import DatagenError
+    from engine.stream.pool import StreamWorkerPool
+
+    monkeypatch.setenv(STREAM_HTTP_ENV, "curl")
+    pool = StreamWorkerPool(1, ["http://127.0.0.1:9/v1"], None, {})
+    with pytest.raises(DatagenError, match="stream workers not started: DATAGEN_STREAM_HTTP must be 'aiohttp' or "
+                                           "'httpx', got 'curl'"):
+        await pool.start()
+    assert pool.figures().workers[0].pid == 0  # no process was started
+    await pool.aclose()
