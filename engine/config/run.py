@@ -36,8 +36,13 @@ class RunSection(_Strict):
         "processes that hold the HTTP streams (connections, SSE parsing, stream assembly; `engine/stream/`), each "
         "with its own event loop, each on its own core; the first core keeps the control plane and the dashboard. "
         "Shown in the header (`workers N`) and `datagen status --json` (`stream_workers`: configured, alive, "
-        "restarts, requests returned by a worker's death, completions recovered from its journal, per-worker pid "
-        "and in flight)"))
+        "restarts, requests returned by a worker's death, completions recovered from its journal, requests held "
+        "back unsent by a pause, skip or stop (`held_back`, `unsent_peak`), per-worker pid, in flight and unsent). "
+        "The workers stream the chat-completions POST over aiohttp (`engine/client/aiostream.py`; about half the "
+        "CPU per stream of httpx, [benchmarks](benchmarks.md#b1-cpu-per-request-issue-37)); the environment "
+        "variable `DATAGEN_STREAM_HTTP=httpx` makes them use httpx (the same failure classes, SSE parser, "
+        "accumulator and pause gate; also used with a SOCKS proxy in the environment); any other value than "
+        "`aiohttp`/`httpx` stops the run at start with one `error:` line"))
     cross_dataset_duplicates: Literal["buy_once", "buy_each"] = Field("buy_once", description=(
         'a prompt found in several datasets (the same request: messages, tools and its class\'s `max_tokens`): '
         '`"buy_once"` buys it once, under the dataset that stored it first (config order at the first ingest; a '
