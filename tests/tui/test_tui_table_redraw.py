@@ -3,8 +3,8 @@
 Textual's ``DataTable`` keys its cell cache on a table-wide counter that every ``update_cell`` bumps,
 so one changed figure used to re-render every cell of the table each frame. The cell renders are
 counted where Textual makes them: each one wraps the cell in ``rich.padding.Padding`` inside
-``textual.widgets._data_table`` (counted by replacing that name), independent of how
-``DatasetsTable`` keeps its cells."""
+``textual.widgets._data_table`` (counted by replacing that name), or is drawn by the table's text-cell
+path, independent of how ``DatasetsTable`` keeps its cells."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from rich.padding import Padding
 from textual.app import App, ComposeResult
 
 from tui.panes.datasets import DatasetsTable
+from tui.panes.kepttable import KeptDataTable
 from tui.testing import fixed_snapshot
 
 
@@ -35,6 +36,15 @@ def renders(monkeypatch) -> list[int]:
             super().__init__(*a, **kw)
 
     monkeypatch.setattr(data_table_module, "Padding", CountingPadding)
+    # one-line text cells are drawn without Padding, segment for segment alike (tui/panes/kepttable.py)
+    text_cell = KeptDataTable._text_cell
+
+    def counting_text_cell(self, *a, **kw):
+        lines = text_cell(self, *a, **kw)
+        count[0] += lines is not None
+        return lines
+
+    monkeypatch.setattr(KeptDataTable, "_text_cell", counting_text_cell)
     return count
 
 

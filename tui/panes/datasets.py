@@ -11,13 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from rich.segment import Segment
-from rich.style import Style
 from rich.text import Text
-from textual.widgets import DataTable
 
 from engine.api import DatasetSnapshot, RunSnapshot, range_text
 from tui.fmt import bar_parts, fmt_count, fmt_duration, money
+from tui.panes.kepttable import KeptDataTable
 
 DS_STATE_STYLE = {
     "pending": "dim", "running": "green", "paused": "bold yellow", "skipped": "magenta", "done": "blue",
@@ -73,9 +71,6 @@ NOTE_MIN = 12
 
 RESERVED_FROM = 150
 """Table widths (cells) from which the tokens column also shows the tokens reserved in flight."""
-
-DRAWN_MAX = 4096
-"""Most rendered cells :class:`DatasetsTable` keeps (all are dropped when it is reached)."""
 
 NAME_MAX = 28
 """Widest name column (longer names end with an ellipsis; the detail view shows them whole)."""
@@ -195,7 +190,7 @@ def _needs(rows: Mapping[str, dict[str, Cell]]) -> dict[str, int]:
     return out
 
 
-class DatasetsTable(DataTable):
+class DatasetsTable(KeptDataTable):
     """Datasets with state, progress, counts, cost, ETA, rate, tokens, average lengths and reason.
 
     Rows are keyed by dataset name; :meth:`update_from` calls ``update_cell`` only for cells whose
@@ -203,20 +198,16 @@ class DatasetsTable(DataTable):
     datasets or the set/widths of columns changes. :meth:`fit_width` chooses the columns for a
     table width (call it from every resize); the name column is fixed when scrolling sideways.
 
-    Drawing re-renders only the cells that changed: Textual's ``DataTable`` keys its cell cache on
-    a table-wide update counter that every ``update_cell`` bumps, so one changed cell made it
-    re-render every cell of the table (~100 Rich renders, 10-25 ms a frame at 2,000 streams, B2's
-    longest callback). :meth:`_render_cell` keeps each cell's lines until its value object, place,
-    width or style changes (``cell_renders`` counts the cells actually rendered).
+    Drawing re-renders only what changed (:class:`~tui.panes.kepttable.KeptDataTable`): Textual's
+    ``DataTable`` keys its caches on a table-wide counter that every ``update_cell`` bumps, so one
+    changed cell made it re-render every cell (~100 Rich renders, 10-25 ms a frame at 2,000 streams,
+    B2's longest callback) and re-assemble every row's line.
 
     Args:
         details_key: the key that opens the detail view, hinted on the bottom border.
     """
 
     def __init__(self, details_key: str = "i", **kw) -> None:
-        self._drawn: dict[tuple, tuple[tuple, object, list[list[Segment]]]] = {}
-        """``{(row key, column key, base style, cursor, hover): (place key, value, lines)}``: :meth:`_render_cell`'s kept cells
-        (set first: ``DataTable.__init__`` already clears caches)."""
         super().__init__(cursor_type="row", zebra_stripes=True, fixed_columns=1, **kw)
         self.border_subtitle = f"{details_key.split(',')[0].strip()} details"
         self._cells: dict[str, dict[str, Cell]] = {}
@@ -227,8 +218,6 @@ class DatasetsTable(DataTable):
         self._stale = True
         self.cell_updates = 0
         """Cells rewritten so far (for tests and profiling)."""
-        self.cell_renders = 0
-        """Cells rendered by Rich so far (those whose kept lines did not apply; for tests and profiling)."""
 
     @property
     def wide(self) -> bool:
@@ -246,46 +235,6 @@ class DatasetsTable(DataTable):
         if available != self.available:
             self.available = available
             self._stale = True
-
-    def _render_cell(self, row_index: int, column_index: int, base_style: Style, width: int,
-                     cursor: bool = False, hover: bool = False) -> list[list[Segment]]:
-        """One cell's lines (``DataTable._render_cell``), reused while the cell's value object (the
-        ``Text`` that ``update_cell`` set, or the column's label for the header), its place, width,
-        row height, style, cursor and hover state are the same."""
-        row_key = self._header_row_key if row_index == -1 else self._row_locations.get_key(row_index)
-        column_key = self._column_locations.get_key(column_index)
-        if row_key is None or column_key is None:  # a row label or a cell out of range: not kept
-            return super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
-        if row_index == -1:
-            value: object = self.columns[column_key].label
-            height = self.header_height
-        else:
-            value = self._data.get(row_key, {}).get(column_key)
-            height = self.rows[row_key].height
-        slot = (row_key, column_key, base_style, cursor, hover)  # a cell is drawn in a few styles (fixed, cursor)
-        key = (row_index, column_index, width, height, self._show_hover_cursor, self._pseudo_class_state,
-               self.cell_padding)
-        kept = self._drawn.get(slot)
-        if kept is not None and kept[0] == key and kept[1] is value:
-            return kept[2]
-        lines = super()._render_cell(row_index, column_index, base_style, width, cursor, hover)
-        self.cell_renders += 1
-        if len(self._drawn) >= DRAWN_MAX:
-            self._drawn.clear()
-        self._drawn[slot] = (key, value, lines)
-        return lines
-
-    def _clear_caches(self) -> None:
-        super()._clear_caches()
-        self._drawn.clear()
-
-    def notify_style_update(self) -> None:
-        super().notify_style_update()
-        self._drawn.clear()
-
-    def clear(self, columns: bool = False):
-        self._drawn.clear()
-        return super().clear(columns)
 
     def _set_columns(self, columns: tuple[tuple[str, str, int], ...]) -> None:
         self._keep = self.selected or self._keep
