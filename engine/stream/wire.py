@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import socket
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,6 +90,38 @@ def encode(msg: tuple) -> bytes:
     """One frame: length header and the pickled message."""
     data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
     return _HEADER.pack(len(data)) + data
+
+
+class FrameReader(asyncio.StreamReader):
+    """An :class:`asyncio.StreamReader` that counts the bytes it holds unread (received off the socket,
+    not yet taken by :meth:`readexactly`), through the public methods only: the stream worker's gate asks
+    whether a frame of the run (a ``hold``) waits before it lets a request go.
+
+    Attributes:
+        unread: bytes fed and not read yet (>= 0).
+    """
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(limit=limit)
+        self.unread = 0
+
+    def feed_data(self, data: Any) -> None:  # bytes off the socket (typeshed: Iterable[SupportsIndex])
+        super().feed_data(data)
+        self.unread += len(data)
+
+    async def readexactly(self, n: int) -> bytes:
+        data = await super().readexactly(n)
+        self.unread -= len(data)
+        return data
+
+
+async def open_frames(sock: socket.socket, limit: int) -> tuple[FrameReader, asyncio.StreamWriter]:
+    """``asyncio.open_connection(sock=sock)`` with a :class:`FrameReader` (``limit``: its buffer's bytes)."""
+    loop = asyncio.get_running_loop()
+    reader = FrameReader(limit)
+    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+    transport, _ = await loop.create_connection(lambda: protocol, sock=sock)
+    return reader, asyncio.StreamWriter(transport, protocol, reader, loop)
 
 
 async def read_frame(reader: asyncio.StreamReader) -> tuple:

@@ -50,7 +50,7 @@ from engine.client.types import ChatRequest, Completion, ErrorClass, RequestErro
 from engine.stream import journal
 from engine.stream.hold import Hold
 from engine.stream.liveness import HEARTBEAT_S, FreezeClock
-from engine.stream.wire import StreamHeld, WorkerInit, encode, error_fields, read_frame
+from engine.stream.wire import FrameReader, StreamHeld, WorkerInit, encode, error_fields, open_frames, read_frame
 
 log = logging.getLogger("engine.stream.worker")
 
@@ -122,12 +122,12 @@ class Worker:
 
     Args:
         init: the pool's :class:`~engine.stream.wire.WorkerInit`.
-        reader, writer: the socket to the run.
+        reader, writer: the socket to the run (:func:`engine.stream.wire.open_frames`: the reader counts its unread bytes).
         sock: that socket itself (None: unknown), peeked at before a request's first byte is written
             (:meth:`_gate`).
     """
 
-    def __init__(self, init: WorkerInit, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+    def __init__(self, init: WorkerInit, reader: FrameReader, writer: asyncio.StreamWriter,
                  sock: socket.socket | None = None) -> None:
         self.init = init
         self.reader = reader
@@ -182,7 +182,7 @@ class Worker:
 
     def _frames_waiting(self) -> bool:
         """Whether the run wrote bytes this worker has not parsed yet: in its reader's buffer, or in the socket."""
-        if getattr(self.reader, "_buffer", b""):  # read off the socket (asyncio's StreamReader buffer), not parsed yet
+        if self.reader.unread > 0:  # read off the socket (the FrameReader's buffer), not parsed yet
             return True
         if self.sock is None:
             return False
@@ -389,7 +389,7 @@ async def _main(fd: int) -> None:
     # taken every file descriptor, an import would fail with EMFILE and the journal with it.
     await asyncio.to_thread(int)
     sock = socket.socket(fileno=fd)
-    reader, writer = await asyncio.open_connection(sock=sock, limit=2 ** 20)
+    reader, writer = await open_frames(sock, 2 ** 20)
     msg = await read_frame(reader)
     if msg[0] != "init":
         raise SystemExit(f"stream worker: expected init, got {msg[0]!r}")

@@ -137,11 +137,11 @@ async def test_a_hold_the_run_already_wrote_is_read_before_a_request_leaves():
     import socket
 
     from engine.stream.hold import Hold
-    from engine.stream.wire import WorkerInit, encode
+    from engine.stream.wire import WorkerInit, encode, open_frames
     from engine.stream.worker import Worker, _Stream
 
     run_end, worker_end = socket.socketpair()
-    reader, writer = await asyncio.open_connection(sock=worker_end)
+    reader, writer = await open_frames(worker_end, 2 ** 20)  # as the worker opens its socket
     w = Worker(WorkerInit(slot=0, endpoints=("http://127.0.0.1:9/api/v1",), api_key=None), reader, writer,
                worker_end)
     serving = asyncio.create_task(w.serve())
