@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
+from engine.client.aiochoice import stream_backend
 from engine.client.chat import ChatClient
 from engine.client.endpoints import HealthPolicy
 from engine.client.fleet import EndpointFleet
@@ -44,6 +45,7 @@ from engine.storage.rundir import RunDirWatch, store_where
 from engine.storage.store import Store, make_run_dir
 from engine.storage.writer import StoreWriter
 from engine.stream.pool import StreamWorkerPool, default_stream_workers
+from engine.stream.procs import WorkersNotStarted
 from engine.stream.recover import prune, recover_cut_streams, recover_results
 
 if TYPE_CHECKING:
@@ -155,8 +157,14 @@ async def prepare(cfg: Config, out: TextOut = sys.stdout) -> Job:
         engine.proc.runlock.DirectoryInUse: another process runs on this run directory (nothing opened).
         engine.tokens.modeswitch.ModeConflict: the request settings contradict ``[tokenizer] thinking``
             (nothing opened, no request sent).
+        engine.stream.procs.WorkersNotStarted: ``DATAGEN_STREAM_HTTP`` names no usable library (nothing
+            opened), or a stream worker did not start.
     """
     mode = thinking_plan(cfg)  # ModeConflict: settings that can only buy rejected records, refused before anything
+    try:  # the stream workers' HTTP library (DATAGEN_STREAM_HTTP), named before anything is opened
+        stream_backend()
+    except ValueError as e:
+        raise WorkersNotStarted(f"stream workers not started: {e}") from None
     if mode.note:
         print(mode.note, file=out)
     api_key = resolve_api_key(cfg.provider)
@@ -324,6 +332,10 @@ async def prepare(cfg: Config, out: TextOut = sys.stdout) -> Job:
         await sup.gate_before_dispatch()  # a restarted run: the calibration gate decided on the stored results
         if recon is not None:
             print(format_startup_line(await recon.start()), file=out)
+            left = await recon.start_backlog()  # stored by an earlier process (or recovered) without a verdict
+            if left:
+                print(f"validating {left:,} result(s) stored without a verdict by an earlier process "
+                      "(stopped or killed before it validated them)", file=out)
         # Long-lived start-up objects (config, tokenizer, imports) leave the GC's young generations,
         # and collections run less often: full collections stalled the loop 170-230 ms under load.
         gc.collect()

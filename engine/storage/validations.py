@@ -93,6 +93,12 @@ def record_rows(h: Handle, *, unvalidated_only: bool = False, batch: int = 256) 
         last = rows[-1][0]
 
 
+def last_result_id(h: Handle) -> int:
+    """The highest prompt id with a stored result (-1: none)."""
+    (n,) = h._db.execute("SELECT COALESCE(MAX(prompt_id), -1) FROM results").fetchone()
+    return int(n)
+
+
 def has_validations(h: Handle) -> bool:
     """Whether the store has a ``validations`` table (nothing was validated in it otherwise)."""
     return h._db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='validations'").fetchone() is not None

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures as cf
+import itertools
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ from typing import Any, Callable, Iterable
 
 from engine.config import TokenizerSection
 from engine.proc.childproc import quiet_child, spawn_context, spawn_guard
+from engine.storage import validations
 from engine.storage.handle import Handle
 from engine.tokens import vstore
 from engine.tokens.reconstruct import Record, reconstruct
@@ -55,6 +57,10 @@ def process(tok: Tokenizer, r: Record) -> tuple:
 
 
 _WORKER: Tokenizer | None = None
+
+
+BACKLOG_QUEUED = 512
+"""Records of an earlier process's unvalidated backlog waiting in the pool at once, at most."""
 
 
 def _init_worker(section_json: dict[str, Any], parent_pid: int | None = None) -> None:
@@ -132,6 +138,9 @@ class ReconstructionService:
         self.skipped = 0
         #: dead pools replaced so far.
         self.replacements = 0
+        #: results stored by earlier processes without a verdict, queued by :meth:`start_backlog`.
+        self.backlog = 0
+        self._backlog_task: asyncio.Task | None = None
 
     async def start(self) -> dict[str, Any]:
         """Load the tokenizer, run the start-up check, record it in the store, start the pool.
@@ -152,6 +161,46 @@ class ReconstructionService:
         self._pool = _make_pool(self.section, self.tok, self.section.workers, self.section.executor)
         self._task = asyncio.get_running_loop().create_task(self._committer())
         return self.info
+
+    async def start_backlog(self, max_queued: int = BACKLOG_QUEUED) -> int:
+        """Queue the results stored without a verdict before this start (an earlier process stored them
+        and was killed, or stopped, before validating them; completions recovered from the stream
+        workers' journals at start): each is validated as a live one is. Returns how many; they are
+        read and queued by a background task, at most ``max_queued`` records waiting at once (a store
+        of thousands left unvalidated is not read into memory at once).
+
+        Raises:
+            RuntimeError: before :meth:`start`."""
+        if self._task is None or self._conn is None:
+            raise RuntimeError("ReconstructionService.start_backlog before start()")
+        conn = self._conn
+        n = await asyncio.to_thread(vstore.unvalidated_count, conn)
+        if not n:
+            return 0
+        last = await asyncio.to_thread(validations.last_result_id, conn)
+        self.backlog = n
+        self._backlog_task = asyncio.get_running_loop().create_task(self._queue_backlog(last, max_queued))
+        return n
+
+    async def _queue_backlog(self, last_id: int, max_queued: int) -> None:
+        """Read the unvalidated results up to prompt id ``last_id`` (those stored before this start)
+        in chunks and queue them, keeping at most ``max_queued`` waiting."""
+        conn = await asyncio.to_thread(vstore.connect, self.run_dir)  # its own cursor, beside the committer's
+        try:
+            it = vstore.iter_records(conn, unvalidated_only=True)
+            while not self._closing:
+                chunk = await asyncio.to_thread(lambda: list(itertools.islice(it, _CHUNK)))
+                chunk = [r for r in chunk if r.prompt_id <= last_id]
+                if not chunk:
+                    return
+                for r in chunk:
+                    self._enqueue(r.dataset, r, retries=1)
+                while len(self._pending) > max_queued and not self._closing:
+                    await asyncio.sleep(0.05)
+        except Exception as e:  # the rest stays unvalidated: `datagen validate` or an export rebuilds it
+            log.warning("reconstruction: the results left unvalidated by an earlier process were not all queued: %s", e)
+        finally:
+            conn.close()
 
     def submit(self, prompt_id: int, dataset: str, key: str, messages: list[dict[str, Any]],
                tools: list[dict[str, Any]] | None, completion: Any) -> None:
@@ -299,6 +348,8 @@ class ReconstructionService:
         pool and close the connection. Work still queued at the limit is dropped: those results are
         stored and stay unvalidated until ``datagen validate`` or an export rebuilds them."""
         self._closing = True
+        if self._backlog_task is not None:
+            await asyncio.gather(self._backlog_task, return_exceptions=True)
         if self._pending:
             _, late = await asyncio.wait(list(self._pending), timeout=timeout_s)
             if late:

@@ -290,3 +290,18 @@ async def test_a_bad_stream_http_setting_stops_the_run_with_one_line_before_any_
         await pool.start()
     assert pool.figures().workers[0].pid == 0  # no process was started
     await pool.aclose()
+
+
+def test_a_bad_stream_http_setting_is_refused_before_the_run_directory_exists(tmp_path, monkeypatch, capsys):
+    from datagen.cli import main
+
+    (tmp_path / "p.jsonl").write_text('{"prompt": "hello"}\n')
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(f'[run]\nname = "x"\ndir = "{tmp_path / "run"}"\n[provider]\nkind = "simulated"\n'
+                   f'[classes.short]\nmax_tokens = 64\nconcurrency = 2\n'
+                   f'[[datasets]]\nname = "a"\npath = "{tmp_path / "p.jsonl"}"\nformat = "text"\n')
+    monkeypatch.setenv(STREAM_HTTP_ENV, "bogus")
+    assert main(["run", str(cfg), "--headless"]) == 1
+    assert capsys.readouterr().err.strip() == ("error: stream workers not started: DATAGEN_STREAM_HTTP must be "
+                                               "'aiohttp' or 'httpx', got 'bogus'")
+    assert not (tmp_path / "run").exists()  # nothing ingested, no store

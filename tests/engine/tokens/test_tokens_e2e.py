@@ -240,3 +240,22 @@ async def test_the_guard_counts_anomalies_and_not_a_tail_of_cuts_at_max_tokens(t
     await svc.close()
     assert len(verdicts) == n and all(not ok and "truncated" in r for _, ok, r in verdicts[40:])
     assert svc.failure_rate("a") == 0.0 and svc.guard("a") is None
+
+
+def test_a_restarted_run_validates_what_an_earlier_process_stored_without_a_verdict(tmp_path):
+    # an earlier process stored results and was killed before validating them (or they were recovered from
+    # the stream workers' journals at start): the next start validates them as live ones, not only an export
+    cfg = write_run_config(tmp_path, kimi_dir(), {})
+    run(cfg)
+    run_dir = tmp_path / "run"
+    db = sqlite3.connect(run_dir / "store.sqlite")
+    db.execute("DELETE FROM validations WHERE prompt_id % 3 = 0")
+    db.commit()
+    (gone,) = db.execute("SELECT COUNT(*) FROM results WHERE prompt_id NOT IN (SELECT prompt_id FROM validations)").fetchone()
+    db.close()
+    assert gone >= 40
+    out = io.StringIO()
+    assert asyncio.run(run_headless(load_config(cfg), out, install_signals=False)) == 0, out.getvalue()
+    assert f"validating {gone} result(s) stored without a verdict by an earlier process" in out.getvalue()
+    live = results(run_dir)
+    assert len(live) == 134 and all(r["ok"] == 1 for r in live.values())  # before: `gone` of them had no verdict
