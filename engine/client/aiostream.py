@@ -1,8 +1,8 @@
 """The chat-completions POST over aiohttp: the HTTP/1.1 streaming part of :class:`~engine.client.chat.ChatClient`
-when it is built with ``http_backend="aiohttp"`` (the stream workers with ``DATAGEN_STREAM_HTTP=aiohttp``:
-:func:`~engine.client.aiochoice.stream_backend`).
+when it is built with ``http_backend="aiohttp"`` (the stream workers by default; ``DATAGEN_STREAM_HTTP=httpx`` goes
+back: :func:`~engine.client.aiochoice.stream_backend`).
 
-Why: per streamed request aiohttp (its C HTTP parser, no anyio/httpcore layers) spends about two thirds of the CPU
+Why: per streamed request aiohttp (its C HTTP parser, no anyio/httpcore layers) spends about half the CPU
 of httpx with :class:`~engine.client.pool.ShardedTransport` (docs/benchmarks.md, B1). Everything above the bytes
 stays the same code: :class:`AioStream.post` returns an :class:`AioResponse` with the few members of
 ``httpx.Response`` that :class:`~engine.client.chat.ChatClient` reads (``status_code``, ``headers``,

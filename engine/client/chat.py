@@ -111,7 +111,7 @@ class ChatClient:
             the generated ids, read into :attr:`Completion.token_ids`; ``[provider] return_token_ids``). Off by
             default: a server that does not know the field may refuse the request (400).
         http_backend: the library of the chat-completions POST: ``"httpx"`` or ``"aiohttp"``
-            (:mod:`engine.client.aiostream`: same errors and parsing, about 2/3 of the CPU per stream; with an
+            (:mod:`engine.client.aiostream`: same errors and parsing, about half the CPU per stream; with an
             environment proxy that is not http(s), httpx). Every other call uses httpx.
 
     Raises:

@@ -81,7 +81,8 @@ class RunEnding:
         :data:`~engine.money.flightcache.MAX_AGE_S` (1 s) of the run's ``clock`` old, within about 1%
         for the streams that started or ended since (none below 100 streams: exact); new prices, a bill
         of an aborted stream, an abort or a class's first completion recompute at once. ``fresh``: priced
-        now (what :meth:`abort` and :meth:`cut_costs` use for the dollars they account)."""
+        now, past the cache. The dollars an abort or a cut accounts never come from here: :meth:`abort`
+        prices per stream (:meth:`stream_costs`), cut streams by :meth:`cut_costs`."""
         prices = self.spend.prices()
         total = InFlightCost()
         key: tuple | None = None

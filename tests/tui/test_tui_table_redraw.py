@@ -8,21 +8,13 @@ path, independent of how ``DatasetsTable`` keeps its cells."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import textual.widgets._data_table as data_table_module
 from rich.padding import Padding
-from textual.app import App, ComposeResult
+from tui_table import advanced, shown_table
 
 from tui.panes.datasets import DatasetsTable
 from tui.panes.kepttable import KeptDataTable
-from tui.testing import fixed_snapshot
-
-
-class TableApp(App[None]):
-    def compose(self) -> ComposeResult:
-        yield DatasetsTable(id="datasets")
 
 
 @pytest.fixture
@@ -48,23 +40,13 @@ def renders(monkeypatch) -> list[int]:
     return count
 
 
-def advanced(snap, **changes):
-    """``snap`` with its first dataset's fields replaced."""
-    first = dataclasses.replace(snap.datasets[0], **changes)
-    return dataclasses.replace(snap, datasets=(first, *snap.datasets[1:]))
-
 
 def row_text(table: DatasetsTable, row: int) -> str:
     return "".join(seg.text for seg in table.render_line(row + 1)).strip()  # line 0 is the header
 
 
 async def test_one_changed_cell_renders_one_cell(renders):
-    app = TableApp()
-    async with app.run_test(size=(160, 20)) as pilot:
-        table = app.query_one(DatasetsTable)
-        snap = fixed_snapshot()
-        table.update_from(snap)
-        await pilot.pause()
+    async with shown_table() as (pilot, table, snap):
         rows_before = [r.value for r in table.rows]
         assert rows_before == ["b7_sharegpt", "b1_glaive", "b3_oss_instruct", "b8_swe_agent"]
         n_cells = len(table.rows) * len(table.columns)
@@ -87,12 +69,7 @@ async def test_one_changed_cell_renders_one_cell(renders):
 
 
 async def test_several_changes_and_the_cursor_redraw_what_they_touch(renders):
-    app = TableApp()
-    async with app.run_test(size=(160, 20)) as pilot:
-        table = app.query_one(DatasetsTable)
-        snap = fixed_snapshot()
-        table.update_from(snap)
-        await pilot.pause()
+    async with shown_table() as (pilot, table, snap):
         n_columns = len(table.columns)
 
         before, updates = renders[0], table.cell_updates
@@ -115,12 +92,7 @@ async def test_several_changes_and_the_cursor_redraw_what_they_touch(renders):
 
 
 async def test_a_new_width_rebuilds_and_draws_the_new_columns(renders):
-    app = TableApp()
-    async with app.run_test(size=(160, 20)) as pilot:
-        table = app.query_one(DatasetsTable)
-        snap = fixed_snapshot()
-        table.update_from(snap)
-        await pilot.pause()
+    async with shown_table() as (pilot, table, snap):
         assert "tokens" in table.column_keys
         table.fit_width(70)  # narrow: fewer columns, rows rebuilt
         table.update_from(snap)

@@ -10,17 +10,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from textual.app import App, ComposeResult
 from textual.dom import DOMNode
 from textual.widgets import DataTable
+from tui_table import advanced, shown_table
 
 from tui.panes.datasets import DatasetsTable
-from tui.testing import fixed_snapshot
-
-
-class TableApp(App[None]):
-    def compose(self) -> ComposeResult:
-        yield DatasetsTable(id="datasets")
 
 
 @pytest.fixture
@@ -37,24 +31,13 @@ def assembled(monkeypatch) -> list[str]:
     return seen
 
 
-def advanced(snap, i: int, **changes):
-    """``snap`` with dataset ``i``'s fields replaced."""
-    ds = list(snap.datasets)
-    ds[i] = dataclasses.replace(ds[i], **changes)
-    return dataclasses.replace(snap, datasets=tuple(ds))
-
 
 def lines(table: DatasetsTable) -> list[str]:
     return ["".join(seg.text for seg in table.render_line(y)).rstrip() for y in range(1 + len(table.rows))]
 
 
 async def test_one_changed_row_is_assembled_again_alone(assembled):
-    app = TableApp()
-    async with app.run_test(size=(160, 20)) as pilot:
-        table = app.query_one(DatasetsTable)
-        snap = fixed_snapshot()
-        table.update_from(snap)
-        await pilot.pause()
+    async with shown_table() as (pilot, table, snap):
         assert len(table.rows) == 4
         assert {None, "b7_sharegpt", "b1_glaive", "b3_oss_instruct", "b8_swe_agent"} <= set(assembled)
 
@@ -77,11 +60,7 @@ async def test_one_changed_row_is_assembled_again_alone(assembled):
 
 
 async def test_the_cursor_reassembles_the_two_rows_it_touches(assembled):
-    app = TableApp()
-    async with app.run_test(size=(160, 20)) as pilot:
-        table = app.query_one(DatasetsTable)
-        table.update_from(fixed_snapshot())
-        await pilot.pause()
+    async with shown_table() as (pilot, table, snap):
         before = lines(table)
         del assembled[:]
         table.move_cursor(row=2)
@@ -107,12 +86,7 @@ async def test_component_styles_are_computed_once_a_pass(monkeypatch):
             looked_up.append(names)
         return orig(self, *names)
 
-    app = TableApp()
-    async with app.run_test(size=(160, 20)) as pilot:
-        table = app.query_one(DatasetsTable)
-        snap = fixed_snapshot()
-        table.update_from(snap)
-        await pilot.pause()
+    async with shown_table() as (pilot, table, snap):
         monkeypatch.setattr(DOMNode, "get_component_styles", counting)
         # every dataset changes: every row line is assembled again, in one pass
         ds = tuple(dataclasses.replace(d, failed=d.failed + 5) for d in snap.datasets)

@@ -6,16 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 from rich.text import Text
-from textual.app import App, ComposeResult
 from textual.widgets import DataTable
+from tui_table import shown_table
 
 from tui.panes.datasets import DatasetsTable
-from tui.testing import fixed_snapshot
-
-
-class TableApp(App[None]):
-    def compose(self) -> ComposeResult:
-        yield DatasetsTable(id="datasets")
 
 
 def textual_cell(table: DatasetsTable, row: int, column: int, width: int, cursor: bool, hover: bool):
@@ -24,10 +18,7 @@ def textual_cell(table: DatasetsTable, row: int, column: int, width: int, cursor
 
 
 async def test_text_cells_match_textual_segment_for_segment():
-    app = TableApp()
-    async with app.run_test(size=(160, 20)) as pilot:
-        table = app.query_one(DatasetsTable)
-        snap = fixed_snapshot()
+    async with shown_table() as (pilot, table, snap):
         # a long name (ellipsis), a wide character and a styled span
         odd = dataclasses.replace(snap.datasets[0], name="a_rather_long_dataset_name_that_is_cut_here",
                                   state_reason="paused: 予算 reached")
@@ -57,11 +48,7 @@ async def test_text_cells_match_textual_segment_for_segment():
 
 
 async def test_the_table_draws_its_cells_by_the_text_path():
-    app = TableApp()
-    async with app.run_test(size=(160, 20)) as pilot:
-        table = app.query_one(DatasetsTable)
-        table.update_from(fixed_snapshot())
-        await pilot.pause()
+    async with shown_table() as (pilot, table, snap):
         # every data cell drawn by the text path; the header cells by Textual
         assert table.text_cells >= len(table.rows) * len(table.columns)
         assert table.cell_renders - table.text_cells == len(table.columns)
